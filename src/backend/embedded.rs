@@ -1,0 +1,557 @@
+//! The embedded log: a partitioned append-only log in RocksDB, the default backend.
+//!
+//! One RocksDB database at `<data_dir>/log` with two column families: `topics` (name -> partition
+//! count) and `events` (key `len(topic) topic partition(be) offset(be)` -> encoded event). Offsets
+//! start at 0 and are contiguous per partition. Appends are serialized by one lock, which also
+//! makes a publish batch atomic (one WriteBatch). Retention deletes a prefix of each partition by
+//! age and by size.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch};
+use tokio::sync::Notify;
+
+use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
+use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds};
+use crate::core::names::{topic_prefix, TopicName, TopicPartition};
+use crate::core::offsets::Clock;
+
+type Db = DBWithThreadMode<MultiThreaded>;
+
+const CF_TOPICS: &str = "topics";
+const CF_EVENTS: &str = "events";
+
+/// Settings of the embedded log (from the `[embedded]` config section).
+#[derive(Debug, Clone)]
+pub struct EmbeddedLogSettings {
+    pub default_partitions: u32,
+    /// Events older than this are deleted; 0 keeps them forever.
+    pub retention_ms: u64,
+    /// A partition larger than this loses its oldest events; 0 means no size limit.
+    pub retention_bytes_per_partition: u64,
+    /// Sync the WAL on every publish (slower; survives power loss, not only process crashes).
+    pub sync_writes: bool,
+}
+
+/// In-memory bounds of one partition, recovered from the keys at open.
+struct PartitionLog {
+    start: u64,
+    end: u64,
+    /// Encoded bytes written to the partition before `start` and before `end`: their difference
+    /// is the partition's size, used by retention by size.
+    bytes_before_start: u64,
+    bytes_before_end: u64,
+    /// Woken after every append, for long polls.
+    appended: Arc<Notify>,
+}
+
+pub struct EmbeddedLog {
+    db: Db,
+    settings: EmbeddedLogSettings,
+    topics: RwLock<HashMap<TopicName, Vec<PartitionLog>>>,
+    /// Serializes appends, topic creation and deletion, and retention.
+    append_lock: Mutex<()>,
+    cursors: PullCursors,
+    round_robin: AtomicU32,
+    broker_acks: AtomicU64,
+    clock: Arc<dyn Clock>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Io(e.to_string())
+}
+
+fn event_key(topic: &TopicName, partition: u32, offset: u64) -> Vec<u8> {
+    let mut key = partition_prefix(topic, partition);
+    key.extend_from_slice(&offset.to_be_bytes());
+    key
+}
+
+fn partition_prefix(topic: &TopicName, partition: u32) -> Vec<u8> {
+    let mut key = topic_prefix(topic);
+    key.extend_from_slice(&partition.to_be_bytes());
+    key
+}
+
+impl EmbeddedLog {
+    /// Opens (or creates) the log under `data_dir`, with its pull checkpoint beside it.
+    pub fn open(data_dir: &Path, settings: EmbeddedLogSettings, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cfs = [CF_TOPICS, CF_EVENTS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let db = Db::open_cf_descriptors(&opts, data_dir.join("log"), cfs).map_err(io_err)?;
+        let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
+        let log = Self {
+            db,
+            settings,
+            topics: RwLock::new(HashMap::new()),
+            append_lock: Mutex::new(()),
+            cursors,
+            round_robin: AtomicU32::new(0),
+            broker_acks: AtomicU64::new(0),
+            clock,
+        };
+        log.recover_topics()?;
+        Ok(log)
+    }
+
+    fn recover_topics(&self) -> Result<(), BackendError> {
+        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let mut recovered = HashMap::new();
+        for item in self.db.iterator_cf(&cf, IteratorMode::Start) {
+            let (name, value) = item.map_err(io_err)?;
+            let topic = std::str::from_utf8(&name).ok().and_then(|n| TopicName::parse(n).ok());
+            let count = value.get(..4).map(|b| u32::from_be_bytes(b.try_into().unwrap()));
+            let (Some(topic), Some(count)) = (topic, count) else {
+                return Err(io_err("corrupt topic record in the embedded log"));
+            };
+            let partitions = (0..count).map(|p| self.recover_partition(&topic, p)).collect::<Result<_, _>>()?;
+            recovered.insert(topic, partitions);
+        }
+        *self.topics.write().unwrap() = recovered;
+        Ok(())
+    }
+
+    fn recover_partition(&self, topic: &TopicName, partition: u32) -> Result<PartitionLog, BackendError> {
+        let cf = self.events_cf()?;
+        let prefix = partition_prefix(topic, partition);
+        let first = self.db.iterator_cf(&cf, IteratorMode::From(&prefix, Direction::Forward)).next();
+        let last_key = event_key(topic, partition, u64::MAX);
+        let last = self.db.iterator_cf(&cf, IteratorMode::From(&last_key, Direction::Reverse)).next();
+        let in_partition = |item: Option<Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>| -> Result<Option<(u64, StoredEvent)>, BackendError> {
+            match item {
+                Some(Ok((key, value))) if key.starts_with(&prefix) && key.len() == prefix.len() + 8 => {
+                    let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
+                    Ok(Some((offset, StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?)))
+                }
+                Some(Err(e)) => Err(io_err(e)),
+                _ => Ok(None),
+            }
+        };
+        let mut log = PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) };
+        if let (Some((start, first)), Some((last_offset, last))) = (in_partition(first)?, in_partition(last)?) {
+            log.start = start;
+            log.end = last_offset + 1;
+            log.bytes_before_start = first.bytes_before;
+            log.bytes_before_end = last.bytes_before + last.encoded_len;
+        } else if let Some(end) = self.stored_partition_end(topic, partition)? {
+            // Every event was deleted by retention: offsets continue where they were.
+            log.start = end;
+            log.end = end;
+        }
+        Ok(log)
+    }
+
+    /// The `end` remembered for a partition whose events are all gone (see `remember_end`).
+    fn stored_partition_end(&self, topic: &TopicName, partition: u32) -> Result<Option<u64>, BackendError> {
+        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let value = self.db.get_cf(&cf, end_marker_key(topic, partition)).map_err(io_err)?;
+        Ok(value.and_then(|v| v.get(..8).map(|b| u64::from_be_bytes(b.try_into().unwrap()))))
+    }
+
+    fn events_cf(&self) -> Result<Arc<rocksdb::BoundColumnFamily<'_>>, BackendError> {
+        self.db.cf_handle(CF_EVENTS).ok_or_else(|| io_err("missing events column family"))
+    }
+
+    fn write_opts(&self) -> rocksdb::WriteOptions {
+        let mut opts = rocksdb::WriteOptions::default();
+        opts.set_sync(self.settings.sync_writes);
+        opts
+    }
+
+    fn create_topic_locked(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        if let Some(existing) = self.topics.read().unwrap().get(topic) {
+            return if existing.len() as u32 == partitions {
+                Ok(false)
+            } else {
+                Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.len())))
+            };
+        }
+        if partitions == 0 || partitions > 10_000 {
+            return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
+        }
+        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        let logs = (0..partitions)
+            .map(|_| PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) })
+            .collect();
+        self.topics.write().unwrap().insert(topic.clone(), logs);
+        tracing::info!(%topic, partitions, "topic created");
+        Ok(true)
+    }
+
+    fn pick_partition(&self, event: &NewEvent, count: u32) -> Result<u32, BackendError> {
+        match (event.partition, &event.key) {
+            (Some(p), _) if p < count => Ok(p),
+            (Some(p), _) => Err(BackendError::InvalidInput(format!("partition {p} does not exist; the topic has {count}"))),
+            (None, Some(key)) => Ok(fnv1a(key.as_bytes()) % count),
+            (None, None) => Ok(self.round_robin.fetch_add(1, Ordering::Relaxed) % count),
+        }
+    }
+
+    /// Reads up to `max` events from `from` (clamped to the partition's start), never past `end`.
+    fn read_events(&self, tp: &TopicPartition, from: u64, max: usize) -> Result<Vec<Event>, BackendError> {
+        let (start, end) = self.bounds(tp)?;
+        let from = from.max(start);
+        if from >= end || max == 0 {
+            return Ok(Vec::new());
+        }
+        let cf = self.events_cf()?;
+        let prefix = partition_prefix(&tp.topic, tp.partition);
+        let first = event_key(&tp.topic, tp.partition, from);
+        let mut events = Vec::with_capacity(max.min((end - from) as usize));
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(&first, Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
+                break;
+            }
+            let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
+            if offset >= end {
+                break;
+            }
+            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err(format!("corrupt event at {tp}@{offset}")))?;
+            events.push(stored.into_event(tp.partition, offset));
+            if events.len() == max {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    fn bounds(&self, tp: &TopicPartition) -> Result<(u64, u64), BackendError> {
+        self.with_partition(tp, |p| (p.start, p.end))
+    }
+
+    fn with_partition<T>(&self, tp: &TopicPartition, f: impl FnOnce(&PartitionLog) -> T) -> Result<T, BackendError> {
+        let topics = self.topics.read().unwrap();
+        let partitions = topics.get(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        let partition = partitions
+            .get(tp.partition as usize)
+            .ok_or_else(|| BackendError::InvalidInput(format!("partition {} does not exist in {}", tp.partition, tp.topic)))?;
+        Ok(f(partition))
+    }
+
+    /// Deletes the oldest events of every partition that break the age or size limit. Returns how
+    /// many events went. Called periodically by the gateway.
+    pub fn enforce_retention(&self) -> Result<u64, BackendError> {
+        let now = self.clock.now_ms();
+        let _guard = self.append_lock.lock().unwrap();
+        let targets: Vec<(TopicName, u32, u64, u64, u64)> = self
+            .topics
+            .read()
+            .unwrap()
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().enumerate().map(|(i, p)| (t.clone(), i as u32, p.start, p.end, p.bytes_before_end)))
+            .filter(|(_, _, start, end, _)| start < end)
+            .collect();
+        let mut removed = 0;
+        for (topic, partition, start, end, bytes_before_end) in targets {
+            let (new_start, new_bytes_before_start) = self.retention_cut(&topic, partition, start, end, bytes_before_end, now)?;
+            if new_start == start {
+                continue;
+            }
+            let cf = self.events_cf()?;
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(&cf, event_key(&topic, partition, start), event_key(&topic, partition, new_start));
+            if new_start == end {
+                let topics_cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+                batch.put_cf(&topics_cf, end_marker_key(&topic, partition), end.to_be_bytes());
+            }
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            if let Some(p) = self.topics.write().unwrap().get_mut(&topic).and_then(|ps| ps.get_mut(partition as usize)) {
+                p.start = new_start;
+                p.bytes_before_start = new_bytes_before_start;
+            }
+            removed += new_start - start;
+            tracing::debug!(%topic, partition, from = start, to = new_start, "retention deleted events");
+        }
+        Ok(removed)
+    }
+
+    /// First offset to keep in one partition, and the bytes written before it.
+    fn retention_cut(&self, topic: &TopicName, partition: u32, start: u64, end: u64, bytes_before_end: u64, now: u64) -> Result<(u64, u64), BackendError> {
+        let max_age = self.settings.retention_ms;
+        let max_bytes = self.settings.retention_bytes_per_partition;
+        let cf = self.events_cf()?;
+        let prefix = partition_prefix(topic, partition);
+        let mut keep_from = (start, 0);
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(&event_key(topic, partition, start), Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
+                break;
+            }
+            let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
+            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?;
+            let too_old = max_age > 0 && now.saturating_sub(stored.timestamp) > max_age;
+            let too_big = max_bytes > 0 && bytes_before_end - stored.bytes_before > max_bytes;
+            keep_from = (offset, stored.bytes_before);
+            if !(too_old || too_big) || offset >= end {
+                return Ok(keep_from);
+            }
+            keep_from = (offset + 1, stored.bytes_before + stored.encoded_len);
+        }
+        Ok(keep_from)
+    }
+
+    /// Broker acks counted so far (the embedded log has nothing to acknowledge).
+    pub fn broker_acks(&self) -> u64 {
+        self.broker_acks.load(Ordering::Relaxed)
+    }
+
+    /// Flushes the WAL and memtables; called at shutdown.
+    pub fn flush(&self) -> Result<(), BackendError> {
+        self.db.flush_wal(true).map_err(io_err)
+    }
+}
+
+fn end_marker_key(topic: &TopicName, partition: u32) -> Vec<u8> {
+    format!("{topic}#{partition}#end").into_bytes()
+}
+
+#[async_trait]
+impl LogBackend for EmbeddedLog {
+    async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+        let mut topics: Vec<_> = self.topics.read().unwrap().iter().map(|(t, ps)| (t.clone(), ps.len() as u32)).collect();
+        topics.sort();
+        Ok(topics)
+    }
+
+    async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
+        Ok(self.topics.read().unwrap().get(topic).map(|ps| ps.len() as u32))
+    }
+
+    async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        let _guard = self.append_lock.lock().unwrap();
+        self.create_topic_locked(topic, partitions)
+    }
+
+    async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
+        let _guard = self.append_lock.lock().unwrap();
+        let Some(partitions) = self.topics.write().unwrap().remove(topic) else {
+            return Ok(false);
+        };
+        let cf = self.events_cf()?;
+        let topics_cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let mut batch = WriteBatch::default();
+        let mut upper = topic_prefix(topic);
+        upper.extend_from_slice(&[0xff; 13]);
+        batch.delete_range_cf(&cf, topic_prefix(topic), upper);
+        batch.delete_cf(&topics_cf, topic.as_str());
+        for p in 0..partitions.len() as u32 {
+            batch.delete_cf(&topics_cf, end_marker_key(topic, p));
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.cursors.remove_topic(topic);
+        for p in &partitions {
+            p.appended.notify_waiters();
+        }
+        tracing::info!(%topic, "topic deleted");
+        Ok(true)
+    }
+
+    async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+        let now = self.clock.now_ms();
+        let _guard = self.append_lock.lock().unwrap();
+        let count = match self.topics.read().unwrap().get(topic) {
+            Some(ps) => ps.len() as u32,
+            None => 0,
+        };
+        let count = if count == 0 {
+            self.create_topic_locked(topic, self.settings.default_partitions)?;
+            self.settings.default_partitions
+        } else {
+            count
+        };
+        let targets = events.iter().map(|e| self.pick_partition(e, count)).collect::<Result<Vec<_>, _>>()?;
+        // Assign offsets from a copy of the ends, so a failed write changes nothing.
+        let mut ends: Vec<(u64, u64)> = self.topics.read().unwrap()[topic].iter().map(|p| (p.end, p.bytes_before_end)).collect();
+        let cf = self.events_cf()?;
+        let mut batch = WriteBatch::default();
+        let mut assigned = Vec::with_capacity(events.len());
+        for (event, partition) in events.into_iter().zip(targets) {
+            let (end, bytes) = &mut ends[partition as usize];
+            let value = StoredEvent::encode(&event, now, *bytes);
+            batch.put_cf(&cf, event_key(topic, partition, *end), &value);
+            assigned.push((partition, *end));
+            *end += 1;
+            *bytes += value.len() as u64;
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        let mut topics = self.topics.write().unwrap();
+        let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        for (p, (end, bytes)) in partitions.iter_mut().zip(ends) {
+            if p.end != end {
+                p.end = end;
+                p.bytes_before_end = bytes;
+                p.appended.notify_waiters();
+            }
+        }
+        Ok(assigned)
+    }
+
+    async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+        let (log_start, log_end) = self.bounds(tp)?;
+        Ok(PartitionBounds { log_start, log_end })
+    }
+
+    async fn poll(&self, tp: &TopicPartition, start_offset: i64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let appended = self.with_partition(tp, |p| p.appended.clone())?;
+            let notified = appended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let from = if start_offset >= 0 {
+                start_offset as u64
+            } else {
+                let (start, _) = self.bounds(tp)?;
+                self.cursors.get(tp).unwrap_or(start).max(start)
+            };
+            let events = self.read_events(tp, from, max)?;
+            if let (true, Some(last)) = (start_offset < 0, events.last()) {
+                self.cursors.set(tp, last.offset + 1);
+            }
+            if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(events);
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    fn seek(&self, tp: &TopicPartition, offset: u64) {
+        self.cursors.set(tp, offset);
+    }
+
+    fn pull_offset(&self, tp: &TopicPartition) -> Option<u64> {
+        self.cursors.get(tp)
+    }
+
+    fn ack_pulled_message(&self, _tp: &TopicPartition, _offset: u64) {
+        self.broker_acks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn checkpoint(&self) -> Result<(), BackendError> {
+        self.cursors.save().map_err(io_err)
+    }
+
+    async fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+/// 32-bit FNV-1a: a stable key hash, so a key maps to the same partition across restarts.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |hash, b| (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+/// The stored form of an event:
+/// `timestamp(8) bytes_before(8) flags(1) [key_len(4) key] header_count(4) {len(4) name len(4) value}* payload`.
+struct StoredEvent {
+    timestamp: u64,
+    bytes_before: u64,
+    encoded_len: u64,
+    key: Option<String>,
+    headers: Vec<(String, String)>,
+    payload: Vec<u8>,
+    payload_is_json: bool,
+}
+
+const FLAG_JSON: u8 = 1;
+const FLAG_KEY: u8 = 2;
+
+impl StoredEvent {
+    fn encode(event: &NewEvent, timestamp: u64, bytes_before: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32 + event.payload.len());
+        out.extend_from_slice(&timestamp.to_be_bytes());
+        out.extend_from_slice(&bytes_before.to_be_bytes());
+        let flags = if event.payload_is_json { FLAG_JSON } else { 0 } | if event.key.is_some() { FLAG_KEY } else { 0 };
+        out.push(flags);
+        let push = |out: &mut Vec<u8>, bytes: &[u8]| {
+            out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+            out.extend_from_slice(bytes);
+        };
+        if let Some(key) = &event.key {
+            push(&mut out, key.as_bytes());
+        }
+        out.extend_from_slice(&(event.headers.len() as u32).to_be_bytes());
+        for (name, value) in &event.headers {
+            push(&mut out, name.as_bytes());
+            push(&mut out, value.as_bytes());
+        }
+        out.extend_from_slice(&event.payload);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut fields = Fields { rest: bytes };
+        let timestamp = fields.u64()?;
+        let bytes_before = fields.u64()?;
+        let flags = fields.u8()?;
+        let key = if flags & FLAG_KEY != 0 { Some(fields.string()?) } else { None };
+        let header_count = fields.u32()?;
+        let mut headers = Vec::with_capacity(header_count.min(64) as usize);
+        for _ in 0..header_count {
+            headers.push((fields.string()?, fields.string()?));
+        }
+        Some(Self {
+            timestamp,
+            bytes_before,
+            encoded_len: bytes.len() as u64,
+            key,
+            headers,
+            payload: fields.rest.to_vec(),
+            payload_is_json: flags & FLAG_JSON != 0,
+        })
+    }
+
+    fn into_event(self, partition: u32, offset: u64) -> Event {
+        Event {
+            partition,
+            offset,
+            timestamp: self.timestamp,
+            key: self.key,
+            headers: self.headers,
+            payload: self.payload,
+            payload_is_json: self.payload_is_json,
+        }
+    }
+}
+
+/// A cursor over length-prefixed fields.
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl Fields<'_> {
+    fn u8(&mut self) -> Option<u8> {
+        let value = *self.rest.first()?;
+        self.rest = &self.rest[1..];
+        Some(value)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        let value = u64::from_be_bytes(self.rest.get(..8)?.try_into().ok()?);
+        self.rest = &self.rest[8..];
+        Some(value)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        let value = u32::from_be_bytes(self.rest.get(..4)?.try_into().ok()?);
+        self.rest = &self.rest[4..];
+        Some(value)
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let len = self.u32()? as usize;
+        let value = String::from_utf8(self.rest.get(..len)?.to_vec()).ok()?;
+        self.rest = &self.rest[len..];
+        Some(value)
+    }
+}

@@ -1,0 +1,331 @@
+//! Configuration: `config.toml` plus `ACKGATE_<SECTION>__<KEY>` environment overrides.
+//!
+//! Every field has a default equal to the one in the repository's `config.toml`; unknown keys are
+//! an error that names the key. `Config::validate` checks values after loading.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub embedded: EmbeddedConfig,
+    pub kafka: KafkaConfig,
+    pub offsets: OffsetsConfig,
+    pub delivery: DeliveryConfig,
+    pub limits: LimitsConfig,
+    pub auth: AuthConfig,
+    pub cluster: ClusterConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// HTTP and WebSocket address. Port 0 picks a free port (tests).
+    pub listen: String,
+    /// Name in `welcome` and `/session/recommend`; empty means host name + port.
+    pub instance_id: String,
+    /// How other instances and clients reach this one; empty means `http://<listen>`.
+    pub public_url: String,
+    /// How long shutdown waits for sessions to close and writes to drain.
+    pub shutdown_grace_ms: u64,
+    /// `text` or `json` log lines.
+    pub log_format: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            instance_id: String::new(),
+            public_url: String::new(),
+            shutdown_grace_ms: 10_000,
+            log_format: "text".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// `embedded` (the default) or `kafka`.
+    pub backend: String,
+    /// RocksDB databases (`log`, `offsets`) and the pull checkpoint file live here.
+    pub data_dir: PathBuf,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self { backend: "embedded".into(), data_dir: PathBuf::from("data") }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedConfig {
+    /// Partitions of a topic created by its first publish.
+    pub default_partitions: u32,
+    /// Events older than this are deleted; 0 keeps them forever.
+    pub retention_secs: u64,
+    /// A partition larger than this (encoded bytes) loses its oldest events; 0 = no limit.
+    pub retention_bytes_per_partition: u64,
+    /// How often retention runs.
+    pub retention_check_interval_ms: u64,
+    /// fsync the log's WAL on every publish (power-loss durability, slower).
+    pub sync_writes: bool,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self {
+            default_partitions: 4,
+            retention_secs: 604_800,
+            retention_bytes_per_partition: 1 << 30,
+            retention_check_interval_ms: 60_000,
+            sync_writes: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Kafka brokers, `host:port,host:port`; used when `storage.backend = "kafka"`.
+    pub bootstrap_servers: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OffsetsConfig {
+    /// `rocksdb` (durable, the default) or `memory` (lost at restart).
+    pub store: String,
+    /// Pull-offset checkpoint period.
+    pub checkpoint_interval_ms: u64,
+    /// Offsets of clients absent longer than this expire (from the stored `updated_at`).
+    pub retention_secs: u64,
+    /// How often expired offsets are swept.
+    pub sweep_interval_ms: u64,
+    /// fsync every offset batch (power-loss durability, slower). Off: WAL without fsync, which
+    /// survives a process crash.
+    pub sync_writes: bool,
+}
+
+impl Default for OffsetsConfig {
+    fn default() -> Self {
+        Self { store: "rocksdb".into(), checkpoint_interval_ms: 5_000, retention_secs: 604_800, sweep_interval_ms: 60_000, sync_writes: false }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// An unacknowledged delivery is redelivered after this.
+    pub ack_timeout_ms: u64,
+    /// Unacknowledged deliveries per session.
+    pub max_in_flight: usize,
+    /// Deliveries of one event to one client before it becomes a dead letter.
+    pub max_attempts: u32,
+    /// Where a client without a stored offset starts: `earliest` or `latest`.
+    pub reset_policy: String,
+    /// A session whose in-flight window stays full this long is closed with 4003; 0 = never.
+    pub slow_client_timeout_ms: u64,
+    /// Events each partition reader keeps in memory for its subscribers.
+    pub reader_buffer_events: usize,
+    /// Events read from the log in one go.
+    pub fetch_batch: usize,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            ack_timeout_ms: 30_000,
+            max_in_flight: 1000,
+            max_attempts: 16,
+            reset_policy: "earliest".into(),
+            slow_client_timeout_ms: 300_000,
+            reader_buffer_events: 10_000,
+            fetch_batch: 256,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Larger WebSocket frames close the socket with 1009.
+    pub max_frame_bytes: usize,
+    /// Events in one publish request.
+    pub max_batch_events: usize,
+    /// Size of one REST request body.
+    pub max_body_bytes: usize,
+    /// Live sessions on this instance.
+    pub max_sessions: usize,
+    /// Topics one session may subscribe to.
+    pub max_subscriptions_per_session: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 1_048_576,
+            max_batch_events: 10_000,
+            max_body_bytes: 16_777_216,
+            max_sessions: 100_000,
+            max_subscriptions_per_session: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Bearer token for `/admin/*` and publishing; empty = no auth.
+    pub admin_token: String,
+    /// HS256 secret for `/ws` tokens; empty = no auth. (Not supported yet: refused at start.)
+    pub jwt_secret: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// `public_url`s of the other instances.
+    pub peers: Vec<String>,
+}
+
+/// Prefix of environment overrides: `ACKGATE_DELIVERY__ACK_TIMEOUT_MS=500`.
+pub const ENV_PREFIX: &str = "ACKGATE_";
+
+impl Config {
+    /// Loads `path` (a missing file is allowed only when `required` is false), applies the
+    /// environment overrides in `env`, and validates the result.
+    pub fn load(path: &Path, required: bool, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Self> {
+        let mut table = match std::fs::read_to_string(path) {
+            Ok(text) => text.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => toml::Table::new(),
+            Err(e) => anyhow::bail!("cannot read config {}: {e}", path.display()),
+        };
+        apply_env(&mut table, env)?;
+        let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| anyhow::anyhow!("config: {}", e.message()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!("server.listen {:?} is not an ip:port address", self.server.listen));
+        }
+        if !matches!(self.server.log_format.as_str(), "text" | "json") {
+            problems.push(format!("server.log_format must be \"text\" or \"json\", got {:?}", self.server.log_format));
+        }
+        match self.storage.backend.as_str() {
+            "embedded" => {}
+            "kafka" => problems.push("storage.backend = \"kafka\" is not available in this build yet".into()),
+            other => problems.push(format!("storage.backend must be \"embedded\" or \"kafka\", got {other:?}")),
+        }
+        if !matches!(self.offsets.store.as_str(), "rocksdb" | "memory") {
+            problems.push(format!("offsets.store must be \"rocksdb\" or \"memory\", got {:?}", self.offsets.store));
+        }
+        if !matches!(self.delivery.reset_policy.as_str(), "earliest" | "latest") {
+            problems.push(format!("delivery.reset_policy must be \"earliest\" or \"latest\", got {:?}", self.delivery.reset_policy));
+        }
+        let positive = [
+            ("embedded.default_partitions", self.embedded.default_partitions as u64),
+            ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
+            ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
+            ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
+            ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
+            ("delivery.max_in_flight", self.delivery.max_in_flight as u64),
+            ("delivery.max_attempts", self.delivery.max_attempts as u64),
+            ("delivery.reader_buffer_events", self.delivery.reader_buffer_events as u64),
+            ("delivery.fetch_batch", self.delivery.fetch_batch as u64),
+            ("limits.max_frame_bytes", self.limits.max_frame_bytes as u64),
+            ("limits.max_batch_events", self.limits.max_batch_events as u64),
+            ("limits.max_body_bytes", self.limits.max_body_bytes as u64),
+            ("limits.max_sessions", self.limits.max_sessions as u64),
+            ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                problems.push(format!("{key} must be greater than 0"));
+            }
+        }
+        if self.embedded.default_partitions > 10_000 {
+            problems.push("embedded.default_partitions must be at most 10000".into());
+        }
+        if self.delivery.max_in_flight > 1_000_000 {
+            problems.push("delivery.max_in_flight must be at most 1000000".into());
+        }
+        if !self.auth.jwt_secret.is_empty() {
+            problems.push("auth.jwt_secret is not supported by this build yet; leave it empty".into());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "))
+        }
+    }
+}
+
+/// Applies `ACKGATE_<SECTION>__<KEY>=value` overrides. A value is read as a TOML value when it
+/// parses as one (`500`, `true`, `["a"]`), otherwise as a string.
+fn apply_env(table: &mut toml::Table, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
+        let Some((section, key)) = rest.split_once("__") else { continue };
+        let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        let value = format!("v = {raw}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        let section_table = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(section_table) = section_table.as_table_mut() else {
+            anyhow::bail!("{name}: config key {section} is not a section");
+        };
+        section_table.insert(key, value);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path, true, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn repository_config_equals_the_defaults() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+        let from_file = load(&text, &[]).unwrap();
+        let defaults = Config::default();
+        assert_eq!(toml::to_string(&from_file).unwrap(), toml::to_string(&defaults).unwrap());
+    }
+
+    #[test]
+    fn env_overrides_keys() {
+        let c = load("", &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "500"), ("ACKGATE_SERVER__LISTEN", "127.0.0.1:0"), ("ACKGATE_TARGET", "x")]).unwrap();
+        assert_eq!(c.delivery.ack_timeout_ms, 500);
+        assert_eq!(c.server.listen, "127.0.0.1:0");
+        let c = load("", &[("ACKGATE_CLUSTER__PEERS", r#"["http://a:1"]"#)]).unwrap();
+        assert_eq!(c.cluster.peers, vec!["http://a:1".to_string()]);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = load("[delivery]\nack_timeout = 5\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("ack_timeout"), "{e}");
+        let e = load("", &[("ACKGATE_NOPE__X", "1")]).unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+        let e = load("[delivery]\nmax_in_flight = 0\nreset_policy = \"middle\"\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("delivery.max_in_flight") && e.contains("reset_policy"), "{e}");
+    }
+}

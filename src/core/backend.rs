@@ -1,0 +1,109 @@
+//! The pull layer's contract: what ackgate needs from a durable log (embedded, Kafka, ...).
+//!
+//! The backend owns the pull offset of each `topic#partition` (how far this instance has pulled)
+//! and checkpoints it; ackgate's own ack offsets live in the `OffsetStore`, never here.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::names::{TopicName, TopicPartition};
+
+/// One stored event as read from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub partition: u32,
+    pub offset: u64,
+    /// Epoch ms at publish.
+    pub timestamp: u64,
+    pub key: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+    /// True when `payload` holds valid JSON text (checked once, at publish or at pull).
+    pub payload_is_json: bool,
+}
+
+impl Event {
+    /// The payload as JSON text, when it is JSON.
+    pub fn json_payload(&self) -> Option<&str> {
+        if self.payload_is_json {
+            std::str::from_utf8(&self.payload).ok()
+        } else {
+            None
+        }
+    }
+}
+
+/// An event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    pub key: Option<String>,
+    /// Explicit partition; `None` picks one by key hash, or round robin without a key.
+    pub partition: Option<u32>,
+    pub headers: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+    pub payload_is_json: bool,
+}
+
+/// Offsets of a partition: `log_start` is the first stored offset, `log_end` the next to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionBounds {
+    pub log_start: u64,
+    pub log_end: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    #[error("unknown topic {0}")]
+    UnknownTopic(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("backend I/O: {0}")]
+    Io(String),
+}
+
+/// A durable, partitioned log used as a FIFO. Every method is safe to call concurrently.
+#[async_trait]
+pub trait LogBackend: Send + Sync + 'static {
+    /// Every topic with its partition count.
+    async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError>;
+
+    /// Partition count of `topic`, `None` when it does not exist.
+    async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError>;
+
+    /// Creates a topic. `Ok(false)` when it already exists with the same partition count,
+    /// `Conflict` when it exists with another.
+    async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError>;
+
+    /// Deletes a topic and its events; `Ok(false)` when there was none.
+    async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError>;
+
+    /// Appends events; answers `(partition, offset)` per event in the order given.
+    async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError>;
+
+    async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError>;
+
+    /// Reads up to `max` events. `start_offset = -1` reads at the backend-managed pull cursor and
+    /// advances it; a start offset `>= 0` reads from there and leaves the cursor alone (catch-up
+    /// reads). Waits up to `wait` when nothing is there yet; reads below `log_start` begin at it.
+    async fn poll(&self, tp: &TopicPartition, start_offset: i64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>;
+
+    /// Moves the pull cursor (boot alignment, rewinds).
+    fn seek(&self, tp: &TopicPartition, offset: u64);
+
+    /// The pull cursor: next offset `poll(-1)` reads; `None` before the first poll or seek.
+    fn pull_offset(&self, tp: &TopicPartition) -> Option<u64>;
+
+    /// The deferred broker ACK, fired after a client's ack is durable. Log backends only count it.
+    fn ack_pulled_message(&self, tp: &TopicPartition, offset: u64);
+
+    /// Writes the pull cursors to the checkpoint file (atomically).
+    fn checkpoint(&self) -> Result<(), BackendError>;
+
+    /// Whether the backend can serve reads and writes now (readiness).
+    async fn is_ready(&self) -> bool;
+}

@@ -1,0 +1,105 @@
+//! What this instance remembers about one client across its sessions: an ack tracker per
+//! partition and the delivery id format that points back into them.
+//!
+//! A delivery id is `seq.slot.partition.offset` in hex: `seq` is unique for the life of the
+//! instance, `slot` indexes the client's topics. Because the id names its event, a late ack with a
+//! superseded id is resolved without keeping a map of every id ever issued.
+
+use std::collections::HashMap;
+
+use super::ack_tracker::AckTracker;
+use super::names::{TopicName, TopicPartition};
+
+/// The parts of a delivery id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeliveryRef {
+    pub seq: u64,
+    pub slot: u32,
+    pub partition: u32,
+    pub offset: u64,
+}
+
+impl DeliveryRef {
+    pub fn to_id(self) -> String {
+        format!("{:x}.{:x}.{:x}.{:x}", self.seq, self.slot, self.partition, self.offset)
+    }
+
+    /// `None` for anything this instance could not have issued.
+    pub fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.split('.');
+        let mut next = || parts.next().and_then(|p| u64::from_str_radix(p, 16).ok());
+        let (seq, slot, partition, offset) = (next()?, next()?, next()?, next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Self { seq, slot: u32::try_from(slot).ok()?, partition: u32::try_from(partition).ok()?, offset })
+    }
+
+    /// The event this delivery carries: `(slot, partition, offset)`.
+    pub fn event(self) -> EventRef {
+        EventRef { slot: self.slot, partition: self.partition, offset: self.offset }
+    }
+}
+
+/// One event of one client's topics, independent of which delivery carried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventRef {
+    pub slot: u32,
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// Per-client acknowledgement state, shared by the client's sessions on this instance.
+#[derive(Debug, Default)]
+pub struct ClientState {
+    pub trackers: HashMap<TopicPartition, AckTracker>,
+    topic_slots: Vec<TopicName>,
+}
+
+impl ClientState {
+    /// The slot of `topic` in this client's delivery ids, assigning one on first use.
+    pub fn slot(&mut self, topic: &TopicName) -> u32 {
+        match self.topic_slots.iter().position(|t| t == topic) {
+            Some(i) => i as u32,
+            None => {
+                self.topic_slots.push(topic.clone());
+                (self.topic_slots.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn topic_of(&self, slot: u32) -> Option<&TopicName> {
+        self.topic_slots.get(slot as usize)
+    }
+
+    /// The tracker of the partition an event belongs to.
+    pub fn tracker_mut(&mut self, event: EventRef) -> Option<(TopicPartition, &mut AckTracker)> {
+        let tp = TopicPartition::new(self.topic_of(event.slot)?.clone(), event.partition);
+        let tracker = self.trackers.get_mut(&tp)?;
+        Some((tp, tracker))
+    }
+
+    /// True when nothing delivered is waiting for an ack: the state can be dropped.
+    pub fn is_idle(&self) -> bool {
+        self.trackers.values().all(|t| t.pending_count() == 0)
+    }
+
+    /// Forgets the trackers of `topic` (unsubscribe does not; topic deletion and resets do).
+    pub fn forget_topic(&mut self, topic: &TopicName) {
+        self.trackers.retain(|tp, _| tp.topic != *topic);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_ids_round_trip_and_reject_garbage() {
+        let d = DeliveryRef { seq: 7, slot: 1, partition: 3, offset: u64::MAX };
+        assert_eq!(DeliveryRef::parse(&d.to_id()), Some(d));
+        for bad in ["", "1.2.3", "1.2.3.4.5", "x.1.2.3", "1.1.1ffffffff.1", "1..2.3"] {
+            assert_eq!(DeliveryRef::parse(bad), None, "{bad}");
+        }
+    }
+}

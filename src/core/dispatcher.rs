@@ -1,0 +1,338 @@
+//! The dispatcher: shared state behind every session of this instance.
+//!
+//! It owns the session registry (one live session per client_id; a new one takes over), the
+//! per-client ack state shared by a client's sessions, the partition readers, the offset writer,
+//! and the rules that pick where a subscription starts. Sessions themselves run in
+//! `core::session`, one task each.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::ack_tracker::AckTracker;
+use super::backend::{BackendError, LogBackend};
+use super::client_state::ClientState;
+use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use super::offset_writer::OffsetWriter;
+use super::offsets::{Clock, OffsetStore, OffsetWrite, StoreError};
+use super::protocol::{ErrorCode, FrameError, StartFrom};
+use super::reader::Readers;
+
+/// Where a client with no stored offset starts (`delivery.reset_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetPolicy {
+    Earliest,
+    Latest,
+}
+
+/// Delivery knobs (the `[delivery]` and `[limits]` config sections).
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    pub ack_timeout: Duration,
+    pub max_in_flight: usize,
+    pub max_attempts: u32,
+    pub reset_policy: ResetPolicy,
+    /// A session whose window stays full this long is closed with 4003; zero disables.
+    pub slow_client_timeout: Duration,
+    pub max_subscriptions_per_session: usize,
+    pub max_sessions: usize,
+    /// Events each partition reader keeps for its subscribers.
+    pub reader_buffer_events: usize,
+    /// Events read from the log at once.
+    pub fetch_batch: usize,
+}
+
+/// Messages to a running session from outside its task.
+#[derive(Debug)]
+pub enum SessionControl {
+    /// A newer connection of the same client took over: close with 4001.
+    TakenOver,
+    /// An operator asked to disconnect it: close with 4002.
+    Disconnect,
+    /// Describe the in-flight deliveries.
+    Describe(tokio::sync::oneshot::Sender<Vec<InFlightView>>),
+}
+
+/// One in-flight delivery as the admin routes show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InFlightView {
+    pub delivery_id: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
+    /// Epoch ms.
+    pub deadline: u64,
+}
+
+/// Counters of one session, readable without asking its task.
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    pub in_flight: AtomicUsize,
+    pub delivered: AtomicU64,
+    pub acked: AtomicU64,
+    pub redelivered: AtomicU64,
+    /// Epoch ms of the last ack, 0 before the first.
+    pub last_ack_at: AtomicU64,
+    pub window_full: AtomicBool,
+}
+
+/// What the registry knows of one live session.
+pub struct SessionInfo {
+    pub session_id: String,
+    pub client_id: ClientId,
+    pub remote_addr: Option<SocketAddr>,
+    /// Epoch ms.
+    pub connected_at: u64,
+    pub stats: SessionStats,
+    pub subscriptions: Mutex<Vec<TopicName>>,
+}
+
+struct SessionEntry {
+    info: Arc<SessionInfo>,
+    control: mpsc::UnboundedSender<SessionControl>,
+}
+
+/// What a new session gets from `Dispatcher::register`.
+pub struct Registration {
+    pub info: Arc<SessionInfo>,
+    pub control: mpsc::UnboundedReceiver<SessionControl>,
+    pub client: Arc<Mutex<ClientState>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    sessions: HashMap<String, SessionEntry>,
+    by_client: HashMap<ClientId, String>,
+    clients: HashMap<ClientId, Arc<Mutex<ClientState>>>,
+}
+
+pub struct Dispatcher {
+    pub settings: DeliverySettings,
+    pub instance: String,
+    pub backend: Arc<dyn LogBackend>,
+    pub store: Arc<dyn OffsetStore>,
+    pub writer: OffsetWriter,
+    pub readers: Readers,
+    pub clock: Arc<dyn Clock>,
+    /// Cancelled when the gateway shuts down: sessions close with 1001.
+    pub shutdown: CancellationToken,
+    registry: Mutex<Registry>,
+    next_seq: AtomicU64,
+    next_session: AtomicU64,
+    /// Dead letters recorded since start.
+    pub dead_letters: AtomicU64,
+}
+
+/// One partition's starting point chosen at subscribe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartPoint {
+    pub partition: u32,
+    pub from: u64,
+    pub log_start: u64,
+}
+
+impl Dispatcher {
+    pub fn new(
+        settings: DeliverySettings,
+        instance: String,
+        backend: Arc<dyn LogBackend>,
+        store: Arc<dyn OffsetStore>,
+        writer: OffsetWriter,
+        clock: Arc<dyn Clock>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let readers = Readers::new(backend.clone(), settings.reader_buffer_events, settings.fetch_batch, shutdown.clone());
+        Self {
+            settings,
+            instance,
+            backend,
+            store,
+            writer,
+            readers,
+            clock,
+            shutdown,
+            registry: Mutex::new(Registry::default()),
+            next_seq: AtomicU64::new(1),
+            next_session: AtomicU64::new(1),
+            dead_letters: AtomicU64::new(0),
+        }
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A delivery sequence number never used before on this instance.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a new session of `client_id`. A live session of the same client is told to close
+    /// with 4001; the new one shares its ack state, so in-flight events go to the new session.
+    pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {
+        let mut registry = self.registry();
+        let replaces = registry.by_client.get(&client_id).cloned();
+        if replaces.is_none() && registry.sessions.len() >= self.settings.max_sessions {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings.max_sessions),
+            ));
+        }
+        if let Some(old) = replaces.and_then(|id| registry.sessions.remove(&id)) {
+            let _ = old.control.send(SessionControl::TakenOver);
+            tracing::info!(client_id = %client_id, old_session = %old.info.session_id, "session taken over");
+        }
+        let n = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let session_id = format!("s{n:x}-{:x}", self.clock.now_ms());
+        let info = Arc::new(SessionInfo {
+            session_id: session_id.clone(),
+            client_id: client_id.clone(),
+            remote_addr,
+            connected_at: self.clock.now_ms(),
+            stats: SessionStats::default(),
+            subscriptions: Mutex::new(Vec::new()),
+        });
+        let (tx, control) = mpsc::unbounded_channel();
+        registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: tx });
+        registry.by_client.insert(client_id.clone(), session_id);
+        let client = registry.clients.entry(client_id).or_default().clone();
+        Ok(Registration { info, control, client })
+    }
+
+    /// Removes a session that ended. The client's ack state is dropped when nothing is pending.
+    pub fn unregister(&self, info: &SessionInfo) {
+        let mut registry = self.registry();
+        registry.sessions.remove(&info.session_id);
+        if registry.by_client.get(&info.client_id) == Some(&info.session_id) {
+            registry.by_client.remove(&info.client_id);
+            let idle = registry.clients.get(&info.client_id).is_some_and(|c| c.lock().unwrap().is_idle());
+            if idle {
+                registry.clients.remove(&info.client_id);
+            }
+        }
+    }
+
+    pub fn is_live(&self, client_id: &ClientId) -> bool {
+        self.registry().by_client.contains_key(client_id)
+    }
+
+    pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {
+        let mut sessions: Vec<_> = self.registry().sessions.values().map(|e| e.info.clone()).collect();
+        sessions.sort_by(|a, b| a.connected_at.cmp(&b.connected_at).then(a.session_id.cmp(&b.session_id)));
+        sessions
+    }
+
+    pub fn session(&self, session_id: &str) -> Option<Arc<SessionInfo>> {
+        self.registry().sessions.get(session_id).map(|e| e.info.clone())
+    }
+
+    /// Sends a control message; false when no such session is live.
+    pub fn control(&self, session_id: &str, message: SessionControl) -> bool {
+        self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message).is_ok())
+    }
+
+    /// True when any live session subscribes to `topic`.
+    pub fn topic_in_use(&self, topic: &TopicName) -> bool {
+        self.registry().sessions.values().any(|e| e.info.subscriptions.lock().unwrap().contains(topic))
+    }
+
+    /// Forgets what this instance remembers of a client's progress on `topic` (after an admin
+    /// reset or delete of its stored offsets, which are only allowed while it is offline).
+    pub fn forget_client_topic(&self, client_id: &ClientId, topic: &TopicName) {
+        if let Some(client) = self.registry().clients.get(client_id) {
+            client.lock().unwrap().forget_topic(topic);
+        }
+    }
+
+    /// Forgets every client's state and the readers of a deleted topic.
+    pub fn forget_topic(&self, topic: &TopicName) {
+        for client in self.registry().clients.values() {
+            client.lock().unwrap().forget_topic(topic);
+        }
+        self.readers.remove_topic(topic);
+    }
+
+    /// Picks where each partition of `topic` starts for `client`, and prepares its trackers.
+    ///
+    /// Per partition: the larger of the stored committed offset and the client's resume token;
+    /// without either, `from` (or the reset policy for `committed`). Never below `log_start`.
+    /// When the start is above the stored committed offset (a resume token, `latest`, or
+    /// retention), the committed offset moves there too, or acks above it could never lift it.
+    pub async fn plan_subscription(
+        &self,
+        client_id: &ClientId,
+        client: &Mutex<ClientState>,
+        topic: &TopicName,
+        from: StartFrom,
+        resume: &std::collections::BTreeMap<u32, u64>,
+    ) -> Result<Vec<StartPoint>, FrameError> {
+        let partitions = self
+            .backend
+            .partitions(topic)
+            .await
+            .map_err(backend_frame_error)?
+            .ok_or_else(|| FrameError::new(ErrorCode::UnknownTopic, format!("topic {topic} does not exist")))?;
+        if let Some(bad) = resume.keys().find(|p| **p >= partitions) {
+            return Err(FrameError::new(ErrorCode::BadFrame, format!("resume names partition {bad}; {topic} has {partitions}")));
+        }
+        let mut starts = Vec::with_capacity(partitions as usize);
+        let mut writes = Vec::new();
+        for partition in 0..partitions {
+            let tp = TopicPartition::new(topic.clone(), partition);
+            let bounds = self.backend.log_bounds(&tp).await.map_err(backend_frame_error)?;
+            let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
+            let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
+            let stored = match remembered {
+                Some(known) => Some(known),
+                None => self.store.read(&key).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
+            };
+            let policy = match (from, self.settings.reset_policy) {
+                (StartFrom::Latest, _) | (StartFrom::Committed, ResetPolicy::Latest) => bounds.log_end,
+                _ => bounds.log_start,
+            };
+            let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
+            let start = match (stored, requested) {
+                (Some((committed, _)), Some(token)) => committed.max(token),
+                (Some((committed, _)), None) if from == StartFrom::Latest => committed.max(policy),
+                (Some((committed, _)), None) => committed,
+                (None, Some(token)) => token,
+                (None, None) => policy,
+            }
+            .max(bounds.log_start);
+            let mut state = client.lock().unwrap();
+            let keep = remembered.is_some_and(|(floor, _)| floor == start);
+            if !keep {
+                let last_acked = stored.and_then(|(_, l)| l);
+                state.trackers.insert(tp.clone(), AckTracker::new(start, last_acked));
+            }
+            if stored.is_none_or(|(committed, _)| committed < start) {
+                let last_acked = stored.and_then(|(_, l)| l);
+                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms() });
+            }
+            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start });
+        }
+        if !writes.is_empty() {
+            self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        }
+        Ok(starts)
+    }
+}
+
+pub fn backend_frame_error(e: BackendError) -> FrameError {
+    match e {
+        BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
+        BackendError::InvalidInput(m) => FrameError::new(ErrorCode::BadFrame, m),
+        BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
+        BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::new(ErrorCode::Unavailable, m),
+    }
+}
+
+pub fn store_frame_error(e: StoreError) -> FrameError {
+    FrameError::new(ErrorCode::Unavailable, e.to_string())
+}

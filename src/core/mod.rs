@@ -1,0 +1,14 @@
+//! The domain core: no HTTP, no RocksDB, no Kafka client. Everything here is driven through
+//! plain Rust types and the `LogBackend` / `OffsetStore` traits.
+
+pub mod ack_tracker;
+pub mod alignment;
+pub mod client_state;
+pub mod dispatcher;
+pub mod offset_writer;
+pub mod reader;
+pub mod session;
+pub mod backend;
+pub mod names;
+pub mod offsets;
+pub mod protocol;

@@ -1,0 +1,115 @@
+//! One thread that applies ack-offset writes in batches and then fires the deferred broker ACKs.
+//!
+//! Sessions send a `WriteRequest` and, when the client asked for a receipt, wait for its reply.
+//! Everything that arrived while the previous batch was being written goes into the next single
+//! store batch (one RocksDB WriteBatch), so many clients acking at once cost one write.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::backend::LogBackend;
+use super::names::TopicPartition;
+use super::offsets::{OffsetStore, OffsetWrite, WriteOutcome};
+
+/// Requests coalesced into one store batch at most.
+const MAX_REQUESTS_PER_BATCH: usize = 4096;
+
+pub struct WriteRequest {
+    pub writes: Vec<OffsetWrite>,
+    /// Events whose broker ACK fires once `writes` are durable.
+    pub broker_acks: Vec<(TopicPartition, u64)>,
+    /// Answered after the write (and the broker ACKs) when the sender waits for durability.
+    pub done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+/// Counters for operators and metrics.
+#[derive(Default)]
+pub struct OffsetWriteStats {
+    pub advanced: AtomicU64,
+    pub stale: AtomicU64,
+    pub failed_batches: AtomicU64,
+    pub broker_acks: AtomicU64,
+}
+
+/// Handle to the writer thread. Dropping every handle (and calling `join`) drains it.
+pub struct OffsetWriter {
+    tx: mpsc::Sender<WriteRequest>,
+    pub stats: Arc<OffsetWriteStats>,
+}
+
+impl Clone for OffsetWriter {
+    fn clone(&self) -> Self {
+        Self { tx: self.tx.clone(), stats: self.stats.clone() }
+    }
+}
+
+impl OffsetWriter {
+    /// Starts the writer thread; `capacity` bounds the queue (senders wait when it is full).
+    pub fn start(store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, capacity: usize) -> (Self, JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let stats = Arc::new(OffsetWriteStats::default());
+        let thread_stats = stats.clone();
+        let handle = std::thread::Builder::new()
+            .name("offset-writer".into())
+            .spawn(move || write_loop(rx, store, backend, thread_stats))
+            .expect("spawning the offset writer thread");
+        (Self { tx, stats }, handle)
+    }
+
+    /// Queues a request; fails only when the writer has stopped (shutdown).
+    pub async fn submit(&self, request: WriteRequest) -> Result<(), String> {
+        self.tx.send(request).await.map_err(|_| "offset writer stopped".to_string())
+    }
+
+    /// Queues a request and waits until it is durable.
+    pub async fn write_durably(&self, writes: Vec<OffsetWrite>, broker_acks: Vec<(TopicPartition, u64)>) -> Result<(), String> {
+        let (done, wait) = oneshot::channel();
+        self.submit(WriteRequest { writes, broker_acks, done: Some(done) }).await?;
+        wait.await.map_err(|_| "offset writer stopped".to_string())?
+    }
+}
+
+fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, stats: Arc<OffsetWriteStats>) {
+    let mut batch = Vec::new();
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_REQUESTS_PER_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let writes: Vec<OffsetWrite> = batch.iter().flat_map(|r| r.writes.iter().cloned()).collect();
+        let result = if writes.is_empty() { Ok(Vec::new()) } else { store.write_offsets(&writes) };
+        let result = match result {
+            Ok(outcomes) => {
+                let advanced = outcomes.iter().filter(|o| **o == WriteOutcome::Advanced).count() as u64;
+                stats.advanced.fetch_add(advanced, Ordering::Relaxed);
+                stats.stale.fetch_add(outcomes.len() as u64 - advanced, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, writes = writes.len(), "offset write failed");
+                Err(e.to_string())
+            }
+        };
+        for request in batch.drain(..) {
+            if result.is_ok() {
+                for (tp, offset) in &request.broker_acks {
+                    backend.ack_pulled_message(tp, *offset);
+                }
+                stats.broker_acks.fetch_add(request.broker_acks.len() as u64, Ordering::Relaxed);
+            }
+            if let Some(done) = request.done {
+                let _ = done.send(result.clone());
+            }
+        }
+    }
+    if let Err(e) = store.flush() {
+        tracing::error!(error = %e, "offset store flush at shutdown failed");
+    }
+}

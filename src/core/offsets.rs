@@ -1,0 +1,225 @@
+//! The ack layer: committed offsets per `topic#client_id#partition`, and their retention.
+//!
+//! A committed offset is the next offset the client has not acknowledged (Kafka's convention).
+//! Writes are CAS-max: `OffsetStore::write_offsets` never lowers a stored offset, so a replay after
+//! a restart cannot drag a fast client back. Only `reset` moves an offset backwards.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::names::{ClientId, OffsetKey, TopicName};
+
+/// Version byte at the start of every stored record value, so the format can change later.
+pub const RECORD_FORMAT_VERSION: u8 = 1;
+
+/// `updated_at` value that means "unknown". Such a record is never considered expired: treating a
+/// sentinel as a real timestamp is exactly the KAFKA-8069 bug (offsets expired right after load).
+pub const UNKNOWN_TIME: u64 = 0;
+
+/// One stored ack offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetRecord {
+    /// Next offset not acknowledged; every offset below it is acknowledged.
+    pub committed: u64,
+    /// Highest acknowledged offset, for operators; `None` before the first ack.
+    pub last_acked: Option<u64>,
+    /// Epoch ms of the last write; `UNKNOWN_TIME` when not known.
+    pub updated_at: u64,
+}
+
+impl OffsetRecord {
+    /// Fixed 25-byte encoding: version, committed, last_acked (+1, 0 = none), updated_at.
+    pub fn encode(&self) -> [u8; 25] {
+        let mut out = [0u8; 25];
+        out[0] = RECORD_FORMAT_VERSION;
+        out[1..9].copy_from_slice(&self.committed.to_be_bytes());
+        out[9..17].copy_from_slice(&self.last_acked.map_or(0, |v| v + 1).to_be_bytes());
+        out[17..25].copy_from_slice(&self.updated_at.to_be_bytes());
+        out
+    }
+
+    /// Decodes a stored value. A value shorter than the current format (an older or damaged
+    /// record) keeps its committed offset and gets `UNKNOWN_TIME`, never an expired time.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.first() != Some(&RECORD_FORMAT_VERSION) || bytes.len() < 9 {
+            return None;
+        }
+        let word = |at: usize| bytes.get(at..at + 8).map(|b| u64::from_be_bytes(b.try_into().unwrap()));
+        Some(Self {
+            committed: word(1)?,
+            last_acked: word(9).and_then(|v| v.checked_sub(1)),
+            updated_at: word(17).unwrap_or(UNKNOWN_TIME),
+        })
+    }
+}
+
+/// One CAS-max write: raise `key` to `committed` unless it already is at or above it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetWrite {
+    pub key: OffsetKey,
+    pub committed: u64,
+    pub last_acked: Option<u64>,
+    pub updated_at: u64,
+}
+
+/// What a CAS-max write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The stored offset moved forward (or was created).
+    Advanced,
+    /// The stored offset was already at or above the write: nothing changed.
+    Stale,
+}
+
+/// Which records a scan returns; each present field is an exact match.
+#[derive(Debug, Clone, Default)]
+pub struct OffsetFilter {
+    pub topic: Option<TopicName>,
+    pub client_id: Option<ClientId>,
+    pub partition: Option<u32>,
+}
+
+impl OffsetFilter {
+    pub fn matches(&self, key: &OffsetKey) -> bool {
+        self.topic.as_ref().is_none_or(|t| *t == key.topic)
+            && self.client_id.as_ref().is_none_or(|c| *c == key.client_id)
+            && self.partition.is_none_or(|p| p == key.partition)
+    }
+}
+
+/// An event that will never be delivered again to one client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub topic: TopicName,
+    pub client_id: ClientId,
+    pub partition: u32,
+    pub offset: u64,
+    /// Deliveries made before giving up.
+    pub attempts: u32,
+    /// `max_attempts`, or the reason the client gave with `term`.
+    pub reason: String,
+    /// Epoch ms.
+    pub at: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("offset store I/O: {0}")]
+    Io(String),
+    #[error("offset store record is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Durable storage of ack offsets (and of dead letters, which count as acknowledged).
+/// Implementations: `store::memory` and `store::rocks`.
+pub trait OffsetStore: Send + Sync + 'static {
+    fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError>;
+
+    /// Applies CAS-max writes atomically as one batch; writes to the same key are serialized, so a
+    /// stored offset only ever moves forward. Returns one outcome per write, in order.
+    fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError>;
+
+    /// Records matching `filter`, ordered by key. A topic or client filter is a prefix scan.
+    fn scan(&self, filter: &OffsetFilter) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
+
+    /// Sets `key` to `committed`, backwards allowed (the admin reset route).
+    fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
+
+    /// Removes the given records; returns how many existed.
+    fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError>;
+
+    fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError>;
+
+    fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// Makes every write so far durable (called at shutdown).
+    fn flush(&self) -> Result<(), StoreError>;
+
+    /// The single-write form of `write_offsets`.
+    fn write_offset(&self, write: OffsetWrite) -> Result<WriteOutcome, StoreError> {
+        Ok(self.write_offsets(std::slice::from_ref(&write))?[0])
+    }
+}
+
+/// Wall clock in epoch milliseconds; injectable so tests can move time.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> u64;
+}
+
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// A clock that moves only when told to (tests).
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    pub fn new(now_ms: u64) -> Self {
+        Self(AtomicU64::new(now_ms))
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// True when a record has not been written for longer than `retention_ms`. Computed from the
+/// stored `updated_at` only, never from when the record was loaded; an unknown time never expires.
+pub fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool {
+    record.updated_at != UNKNOWN_TIME && now_ms.saturating_sub(record.updated_at) > retention_ms
+}
+
+/// Removes the offsets of clients that stayed away longer than `retention_ms`. Clients for which
+/// `is_live` answers true (a live session on this instance) never expire. Returns how many went.
+pub fn sweep_expired_offsets(
+    store: &dyn OffsetStore,
+    now_ms: u64,
+    retention_ms: u64,
+    is_live: impl Fn(&ClientId) -> bool,
+) -> Result<usize, StoreError> {
+    let expired: Vec<OffsetKey> = store
+        .scan(&OffsetFilter::default())?
+        .into_iter()
+        .filter(|(key, record)| is_expired(record, now_ms, retention_ms) && !is_live(&key.client_id))
+        .map(|(key, _)| key)
+        .collect();
+    store.remove(&expired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_and_old_records_get_unknown_time() {
+        let record = OffsetRecord { committed: 10, last_acked: Some(9), updated_at: 1_700_000_000_000 };
+        assert_eq!(OffsetRecord::decode(&record.encode()), Some(record));
+        let none = OffsetRecord { committed: 0, last_acked: None, updated_at: 5 };
+        assert_eq!(OffsetRecord::decode(&none.encode()), Some(none));
+        // A shorter record (no timestamp field) keeps its offset and an unknown time.
+        let short = OffsetRecord::decode(&record.encode()[..17]).unwrap();
+        assert_eq!((short.committed, short.updated_at), (10, UNKNOWN_TIME));
+        assert_eq!(OffsetRecord::decode(&[9, 0, 0]), None);
+    }
+
+    #[test]
+    fn expiry_uses_stored_time_and_never_expires_unknown_time() {
+        let day = 86_400_000;
+        let at = |updated_at| OffsetRecord { committed: 1, last_acked: Some(0), updated_at };
+        assert!(!is_expired(&at(UNKNOWN_TIME), u64::MAX, day), "sentinel must never expire (KAFKA-8069)");
+        assert!(!is_expired(&at(10 * day), 10 * day + day, day));
+        assert!(is_expired(&at(10 * day), 10 * day + day + 1, day));
+        // A clock behind the stored time (skew) is not an expiry.
+        assert!(!is_expired(&at(10 * day), 0, day));
+    }
+}

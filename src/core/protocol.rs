@@ -1,0 +1,396 @@
+//! WebSocket frames of PROTOCOL.md, sans IO: parsing client frames and writing gateway frames.
+//!
+//! Parsing never panics; every failure is a `FrameError` that the session answers with an `error`
+//! frame. Event frames are written by hand so the stored JSON payload is copied into the frame as
+//! is, without parsing it again.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::backend::Event;
+
+/// Stable error codes of PROTOCOL.md (WebSocket `error` frames and REST error bodies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadFrame,
+    InvalidName,
+    UnknownTopic,
+    NotSubscribed,
+    UnknownDelivery,
+    LimitExceeded,
+    Unauthorized,
+    Forbidden,
+    Unavailable,
+    Internal,
+    BadRequest,
+    NotFound,
+    Conflict,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadFrame => "bad_frame",
+            Self::InvalidName => "invalid_name",
+            Self::UnknownTopic => "unknown_topic",
+            Self::NotSubscribed => "not_subscribed",
+            Self::UnknownDelivery => "unknown_delivery",
+            Self::LimitExceeded => "limit_exceeded",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+            Self::BadRequest => "bad_request",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+        }
+    }
+}
+
+/// WebSocket close codes of PROTOCOL.md.
+pub mod close_code {
+    pub const GOING_AWAY: u16 = 1001;
+    pub const POLICY: u16 = 1008;
+    pub const TOO_BIG: u16 = 1009;
+    pub const TAKEN_OVER: u16 = 4001;
+    pub const OPERATOR: u16 = 4002;
+    pub const SLOW_CLIENT: u16 = 4003;
+}
+
+/// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub req: Option<Value>,
+}
+
+impl FrameError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), req: None }
+    }
+
+    pub fn with_req(mut self, req: Option<Value>) -> Self {
+        self.req = req;
+        self
+    }
+}
+
+/// Where a subscription starts when the client names no resume token for a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartFrom {
+    #[default]
+    Committed,
+    Earliest,
+    Latest,
+}
+
+/// A frame sent by the client.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientFrame {
+    Subscribe { topic: String, from: StartFrom, resume: BTreeMap<u32, u64>, req: Option<Value> },
+    Unsubscribe { topic: String, req: Option<Value> },
+    Ack { delivery_ids: Vec<String>, req: Option<Value> },
+    Nack { delivery_id: String, delay_ms: u64, req: Option<Value> },
+    Extend { delivery_id: String, req: Option<Value> },
+    Term { delivery_id: String, reason: Option<String>, req: Option<Value> },
+    Ping { req: Option<Value> },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum RawFrame {
+    Subscribe {
+        topic: String,
+        #[serde(default)]
+        from: StartFrom,
+        #[serde(default)]
+        resume: Option<BTreeMap<String, u64>>,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Unsubscribe {
+        topic: String,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Ack {
+        #[serde(default)]
+        delivery_id: Option<String>,
+        #[serde(default)]
+        delivery_ids: Option<Vec<String>>,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Nack {
+        delivery_id: String,
+        #[serde(default)]
+        delay_ms: Option<u64>,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Extend {
+        delivery_id: String,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Term {
+        delivery_id: String,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Ping {
+        #[serde(default)]
+        req: Option<Value>,
+    },
+}
+
+/// Parses one text frame. On failure the error still carries the frame's `req` when it has one.
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
+    let raw: RawFrame = serde_json::from_str(text).map_err(|e| {
+        let req = serde_json::from_str::<Value>(text).ok().and_then(|v| v.get("req").cloned());
+        let message = if e.is_syntax() || e.is_eof() {
+            format!("frame is not JSON: {e}")
+        } else if e.to_string().contains("missing field `op`") {
+            "frame has no \"op\" field".to_string()
+        } else if e.to_string().contains("unknown variant") {
+            format!("unknown op: {e}")
+        } else {
+            format!("bad frame: {e}")
+        };
+        FrameError::new(ErrorCode::BadFrame, message).with_req(req.filter(is_valid_req))
+    })?;
+    let frame = match raw {
+        RawFrame::Subscribe { topic, from, resume, req } => {
+            let mut parsed = BTreeMap::new();
+            for (partition, offset) in resume.unwrap_or_default() {
+                let p = partition.parse::<u32>().map_err(|_| {
+                    FrameError::new(ErrorCode::BadFrame, format!("resume key {partition:?} is not a partition number"))
+                        .with_req(req.clone())
+                })?;
+                parsed.insert(p, offset);
+            }
+            ClientFrame::Subscribe { topic, from, resume: parsed, req }
+        }
+        RawFrame::Unsubscribe { topic, req } => ClientFrame::Unsubscribe { topic, req },
+        RawFrame::Ack { delivery_id, delivery_ids, req } => {
+            let mut ids = delivery_ids.unwrap_or_default();
+            ids.extend(delivery_id);
+            if ids.is_empty() {
+                return Err(FrameError::new(ErrorCode::BadFrame, "ack needs delivery_id or delivery_ids").with_req(req));
+            }
+            ClientFrame::Ack { delivery_ids: ids, req }
+        }
+        RawFrame::Nack { delivery_id, delay_ms, req } => ClientFrame::Nack { delivery_id, delay_ms: delay_ms.unwrap_or(0), req },
+        RawFrame::Extend { delivery_id, req } => ClientFrame::Extend { delivery_id, req },
+        RawFrame::Term { delivery_id, reason, req } => ClientFrame::Term { delivery_id, reason, req },
+        RawFrame::Ping { req } => ClientFrame::Ping { req },
+    };
+    match frame.req() {
+        Some(req) if !is_valid_req(req) => {
+            Err(FrameError::new(ErrorCode::BadFrame, "req must be a string or a number"))
+        }
+        _ => Ok(frame),
+    }
+}
+
+fn is_valid_req(req: &Value) -> bool {
+    req.is_string() || req.is_number()
+}
+
+impl ClientFrame {
+    pub fn req(&self) -> Option<&Value> {
+        match self {
+            Self::Subscribe { req, .. }
+            | Self::Unsubscribe { req, .. }
+            | Self::Ack { req, .. }
+            | Self::Nack { req, .. }
+            | Self::Extend { req, .. }
+            | Self::Term { req, .. }
+            | Self::Ping { req } => req.as_ref(),
+        }
+    }
+
+    /// The op name, for logs and metrics.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Self::Subscribe { .. } => "subscribe",
+            Self::Unsubscribe { .. } => "unsubscribe",
+            Self::Ack { .. } => "ack",
+            Self::Nack { .. } => "nack",
+            Self::Extend { .. } => "extend",
+            Self::Term { .. } => "term",
+            Self::Ping { .. } => "ping",
+        }
+    }
+}
+
+/// `{"partition", "from"}` in a `subscribed` frame.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubscribedPartition {
+    pub partition: u32,
+    pub from: u64,
+}
+
+/// Gateway frames other than `event` (which `write_event_frame` writes by hand).
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerFrame {
+    Welcome { session_id: String, client_id: String, instance: String, ack_timeout_ms: u64, max_in_flight: usize },
+    Subscribed {
+        topic: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<Value>,
+        partitions: Vec<SubscribedPartition>,
+    },
+    Unsubscribed {
+        topic: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<Value>,
+    },
+    AckOk { req: Value, committed: BTreeMap<String, BTreeMap<String, u64>> },
+    Pong {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<Value>,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<Value>,
+    },
+}
+
+impl ServerFrame {
+    pub fn to_json(&self) -> String {
+        // Serializing these plain structs cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl From<FrameError> for ServerFrame {
+    fn from(e: FrameError) -> Self {
+        Self::Error { code: e.code, message: e.message, req: e.req }
+    }
+}
+
+/// Writes one `event` frame. The payload is copied verbatim when the event says it is JSON.
+pub fn write_event_frame(out: &mut String, delivery_id: &str, topic: &str, attempt: u32, event: &Event) {
+    out.push_str("{\"type\":\"event\",\"delivery_id\":");
+    push_json_str(out, delivery_id);
+    out.push_str(",\"topic\":");
+    push_json_str(out, topic);
+    let _ = write!(
+        out,
+        ",\"partition\":{},\"offset\":{},\"attempt\":{},\"timestamp\":{},\"key\":",
+        event.partition, event.offset, attempt, event.timestamp
+    );
+    match &event.key {
+        Some(key) => push_json_str(out, key),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"headers\":{");
+    for (i, (name, value)) in event.headers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_json_str(out, name);
+        out.push(':');
+        push_json_str(out, value);
+    }
+    out.push('}');
+    match event.json_payload() {
+        Some(json) => {
+            out.push_str(",\"payload\":");
+            out.push_str(json);
+        }
+        None => {
+            out.push_str(",\"payload_base64\":\"");
+            base64::engine::general_purpose::STANDARD.encode_string(&event.payload, out);
+            out.push('"');
+        }
+    }
+    out.push('}');
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    // serde_json's string escaping, written straight into the buffer.
+    let quoted = serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    out.push_str(&quoted);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(text: &str) -> FrameError {
+        parse_client_frame(text).unwrap_err()
+    }
+
+    #[test]
+    fn parses_every_op() {
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":"latest","resume":{"2":7},"req":1}"#).unwrap();
+        assert_eq!(
+            f,
+            ClientFrame::Subscribe { topic: "t".into(), from: StartFrom::Latest, resume: [(2, 7)].into(), req: Some(json!(1)) }
+        );
+        let f = parse_client_frame(r#"{"op":"ack","delivery_ids":["a","b"],"delivery_id":"c"}"#).unwrap();
+        assert_eq!(f, ClientFrame::Ack { delivery_ids: vec!["a".into(), "b".into(), "c".into()], req: None });
+        let f = parse_client_frame(r#"{"op":"nack","delivery_id":"a","delay_ms":5,"extra":true}"#).unwrap();
+        assert_eq!(f, ClientFrame::Nack { delivery_id: "a".into(), delay_ms: 5, req: None });
+        assert!(matches!(parse_client_frame(r#"{"op":"ping","req":"x"}"#), Ok(ClientFrame::Ping { .. })));
+        assert!(matches!(parse_client_frame(r#"{"op":"term","delivery_id":"d"}"#), Ok(ClientFrame::Term { .. })));
+        assert!(matches!(parse_client_frame(r#"{"op":"extend","delivery_id":"d"}"#), Ok(ClientFrame::Extend { .. })));
+        assert!(matches!(parse_client_frame(r#"{"op":"unsubscribe","topic":"t"}"#), Ok(ClientFrame::Unsubscribe { .. })));
+    }
+
+    #[test]
+    fn bad_frames_are_errors_that_keep_req() {
+        assert!(err("not json").message.contains("not JSON"));
+        let e = err(r#"{"op":"fly","req":"r1"}"#);
+        assert_eq!((e.code, e.req), (ErrorCode::BadFrame, Some(json!("r1"))));
+        assert!(e.message.contains("unknown op"));
+        assert!(err(r#"{"topic":"t"}"#).message.contains("op"));
+        assert!(err(r#"{"op":"subscribe"}"#).message.contains("topic"));
+        assert!(err(r#"{"op":"ack","req":2}"#).message.contains("delivery_id"));
+        assert!(err(r#"{"op":"ack","delivery_id":5}"#).message.contains("bad frame"));
+        assert!(err(r#"{"op":"ping","req":{"a":1}}"#).message.contains("req"));
+        assert!(err(r#"{"op":"subscribe","topic":"t","resume":{"x":1}}"#).message.contains("partition"));
+        assert!(err(r#"[1,2]"#).code == ErrorCode::BadFrame);
+    }
+
+    #[test]
+    fn event_frames_embed_json_or_base64() {
+        let mut event = Event {
+            partition: 1,
+            offset: 42,
+            timestamp: 7,
+            key: Some("k\"1".into()),
+            headers: vec![("h".into(), "v".into())],
+            payload: br#"{"n":1}"#.to_vec(),
+            payload_is_json: true,
+        };
+        let mut out = String::new();
+        write_event_frame(&mut out, "d1", "t", 2, &event);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["payload"], json!({"n": 1}));
+        assert_eq!((v["offset"].as_u64(), v["attempt"].as_u64(), v["key"].as_str()), (Some(42), Some(2), Some("k\"1")));
+        assert_eq!(v["headers"], json!({"h": "v"}));
+        event.payload = vec![0xff, 0x00];
+        event.payload_is_json = false;
+        event.key = None;
+        out.clear();
+        write_event_frame(&mut out, "d2", "t", 1, &event);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((v["payload_base64"].as_str(), v["key"].is_null()), (Some("/wA="), true));
+    }
+}

@@ -1,0 +1,181 @@
+//! Partition readers: one per `topic#partition` on this instance, shared by its subscribers.
+//!
+//! A reader pulls at the backend-managed cursor (`poll(-1)`, the pull layer) only while some
+//! subscriber waits at the end of what was pulled, and keeps the last `capacity` events in a ring
+//! buffer. Subscribers read from the buffer; one that is behind the buffer (slow, or starting from
+//! an older committed offset) or ahead of it reads the log directly by offset (a catch-up read).
+//! So a slow client never holds back the others, and memory per partition stays bounded.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::{BackendError, Event, LogBackend};
+use super::names::{TopicName, TopicPartition};
+
+/// How long one long poll of the backend waits for new events.
+const PULL_WAIT: Duration = Duration::from_millis(500);
+/// How long a subscriber waits at the end before looking again on its own.
+const FETCH_RECHECK: Duration = Duration::from_millis(1000);
+
+struct Buffer {
+    /// Every event with an offset in `[covered_from, covered_to)` is in `events` (a log with
+    /// offset gaps simply has fewer events). `covered_to` is the pull cursor.
+    covered_from: u64,
+    covered_to: u64,
+    events: VecDeque<Arc<Event>>,
+}
+
+pub struct PartitionReader {
+    tp: TopicPartition,
+    backend: Arc<dyn LogBackend>,
+    capacity: usize,
+    batch: usize,
+    buffer: Mutex<Buffer>,
+    /// Woken when new events enter the buffer.
+    pulled: Notify,
+    /// Woken when a subscriber waits at the end.
+    demand: Notify,
+    waiting: AtomicUsize,
+}
+
+impl PartitionReader {
+    /// The pull cursor as the reader sees it.
+    pub fn pull_offset(&self) -> u64 {
+        self.buffer.lock().unwrap().covered_to
+    }
+
+    /// Up to `max` events from `from` on, in offset order; waits when there are none yet.
+    pub async fn fetch(&self, from: u64, max: usize) -> Result<Vec<Arc<Event>>, BackendError> {
+        loop {
+            let pulled = self.pulled.notified();
+            tokio::pin!(pulled);
+            pulled.as_mut().enable();
+            let direct = {
+                let buffer = self.buffer.lock().unwrap();
+                if from >= buffer.covered_from && from < buffer.covered_to {
+                    let first = buffer.events.partition_point(|e| e.offset < from);
+                    let events: Vec<_> = buffer.events.range(first..).take(max).cloned().collect();
+                    if !events.is_empty() {
+                        return Ok(events);
+                    }
+                    false
+                } else {
+                    from != buffer.covered_to
+                }
+            };
+            if direct {
+                let events = self.backend.poll(&self.tp, from as i64, max, Duration::ZERO).await?;
+                if !events.is_empty() {
+                    return Ok(events.into_iter().map(Arc::new).collect());
+                }
+            }
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.demand.notify_one();
+            let _ = tokio::time::timeout(FETCH_RECHECK, pulled).await;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = self.demand.notified() => {}
+            }
+            while self.waiting.load(Ordering::SeqCst) > 0 && !cancel.is_cancelled() {
+                let polled = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    polled = self.backend.poll(&self.tp, -1, self.batch, PULL_WAIT) => polled,
+                };
+                match polled {
+                    Ok(events) if events.is_empty() => {}
+                    Ok(events) => self.append(events),
+                    Err(e) => {
+                        tracing::warn!(tp = %self.tp, error = %e, "pull failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn append(&self, events: Vec<Event>) {
+        let mut buffer = self.buffer.lock().unwrap();
+        let first = events[0].offset;
+        if first < buffer.covered_to {
+            // The cursor was moved back under us (a seek): the range restarts here.
+            buffer.events.clear();
+            buffer.covered_from = first;
+        }
+        let last = events[events.len() - 1].offset;
+        buffer.events.extend(events.into_iter().map(Arc::new));
+        buffer.covered_to = buffer.covered_to.max(last + 1);
+        while buffer.events.len() > self.capacity {
+            buffer.events.pop_front();
+            let next = buffer.events.front().map_or(buffer.covered_to, |e| e.offset);
+            buffer.covered_from = next;
+        }
+        drop(buffer);
+        self.pulled.notify_waiters();
+    }
+}
+
+/// All partition readers of this instance, created on first subscription.
+pub struct Readers {
+    backend: Arc<dyn LogBackend>,
+    capacity: usize,
+    batch: usize,
+    readers: Mutex<HashMap<TopicPartition, (Arc<PartitionReader>, CancellationToken)>>,
+    shutdown: CancellationToken,
+}
+
+impl Readers {
+    pub fn new(backend: Arc<dyn LogBackend>, capacity: usize, batch: usize, shutdown: CancellationToken) -> Self {
+        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown }
+    }
+
+    /// The reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
+    pub fn get(&self, tp: &TopicPartition, log_start: u64) -> Arc<PartitionReader> {
+        let mut readers = self.readers.lock().unwrap();
+        if let Some((reader, _)) = readers.get(tp) {
+            return reader.clone();
+        }
+        let cursor = self.backend.pull_offset(tp).unwrap_or(log_start).max(log_start);
+        self.backend.seek(tp, cursor);
+        let reader = Arc::new(PartitionReader {
+            tp: tp.clone(),
+            backend: self.backend.clone(),
+            capacity: self.capacity,
+            batch: self.batch,
+            buffer: Mutex::new(Buffer { covered_from: cursor, covered_to: cursor, events: VecDeque::new() }),
+            pulled: Notify::new(),
+            demand: Notify::new(),
+            waiting: AtomicUsize::new(0),
+        });
+        let cancel = self.shutdown.child_token();
+        tokio::spawn(reader.clone().run(cancel.clone()));
+        readers.insert(tp.clone(), (reader.clone(), cancel));
+        reader
+    }
+
+    /// Stops and forgets the readers of a deleted topic.
+    pub fn remove_topic(&self, topic: &TopicName) {
+        self.readers.lock().unwrap().retain(|tp, (_, cancel)| {
+            let keep = tp.topic != *topic;
+            if !keep {
+                cancel.cancel();
+            }
+            keep
+        });
+    }
+
+    /// `(topic#partition, pull cursor)` of every reader.
+    pub fn pull_offsets(&self) -> Vec<(TopicPartition, u64)> {
+        self.readers.lock().unwrap().iter().map(|(tp, (r, _))| (tp.clone(), r.pull_offset())).collect()
+    }
+}

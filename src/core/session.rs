@@ -1,0 +1,638 @@
+//! One WebSocket session: a task that owns its subscriptions, its in-flight window and its
+//! timers, fed by client frames, by partition readers, and by control messages.
+//!
+//! The task is generic over a `Stream` of `Inbound` and a `Sink` of `Outbound`, so it holds no
+//! HTTP types; `http::ws` adapts a real WebSocket to it. Frames of a session are handled one at a
+//! time in the order sent; everything a step wants to send is queued and written in one flush.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use serde_json::Value;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::ack_tracker::AckEffect;
+use super::backend::Event;
+use super::client_state::{ClientState, DeliveryRef, EventRef};
+use super::dispatcher::{Dispatcher, InFlightView, Registration, SessionControl, SessionInfo};
+use super::names::{OffsetKey, TopicName, TopicPartition};
+use super::offsets::{DeadLetter, OffsetWrite};
+use super::protocol::{close_code, parse_client_frame, write_event_frame, ClientFrame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
+use super::reader::PartitionReader;
+
+/// What the transport hands the session.
+#[derive(Debug)]
+pub enum Inbound {
+    Text(String),
+    /// A binary frame: not part of the protocol.
+    Binary,
+    /// A frame over `limits.max_frame_bytes`.
+    TooLarge,
+}
+
+/// What the session hands the transport.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outbound {
+    Text(String),
+    Close(u16, String),
+}
+
+/// Events taken from the feeder channel in one step before flushing the socket.
+const FEED_DRAIN: usize = 256;
+/// How often the session checks for a window that stays full.
+const SLOW_CHECK: Duration = Duration::from_millis(500);
+
+/// An event handed over by a partition feeder, holding one slot of the in-flight window.
+struct Fed {
+    subscription: u64,
+    topic: TopicName,
+    event: Arc<Event>,
+    permit: OwnedSemaphorePermit,
+}
+
+struct Subscription {
+    id: u64,
+    slot: u32,
+    cancel: CancellationToken,
+}
+
+struct InFlight {
+    seq: u64,
+    topic: TopicName,
+    attempt: u32,
+    deadline: Instant,
+    deadline_ms: u64,
+    /// Bumped on every deadline change; timers of older generations are ignored.
+    generation: u64,
+    event: Arc<Event>,
+    _permit: OwnedSemaphorePermit,
+}
+
+enum Step {
+    Continue,
+    Close(u16, &'static str),
+    End,
+}
+
+struct Session {
+    d: Arc<Dispatcher>,
+    info: Arc<SessionInfo>,
+    client: Arc<Mutex<ClientState>>,
+    window: Arc<Semaphore>,
+    subscriptions: HashMap<TopicName, Subscription>,
+    in_flight: HashMap<EventRef, InFlight>,
+    timers: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
+    feed_tx: mpsc::Sender<Fed>,
+    next_subscription: u64,
+    next_generation: u64,
+    window_full_since: Option<Instant>,
+    cancel: CancellationToken,
+    out: Vec<Outbound>,
+}
+
+/// Runs a session until the client leaves, it is closed, or the gateway shuts down.
+pub async fn run_session<I, O>(d: Arc<Dispatcher>, registration: Registration, mut inbound: I, mut outbound: O)
+where
+    I: Stream<Item = Inbound> + Unpin,
+    O: Sink<Outbound> + Unpin,
+{
+    let Registration { info, mut control, client } = registration;
+    let (feed_tx, mut feed_rx) = mpsc::channel(d.settings.fetch_batch.max(16));
+    let mut s = Session {
+        window: Arc::new(Semaphore::new(d.settings.max_in_flight)),
+        d: d.clone(),
+        info: info.clone(),
+        client,
+        subscriptions: HashMap::new(),
+        in_flight: HashMap::new(),
+        timers: BinaryHeap::new(),
+        feed_tx,
+        next_subscription: 1,
+        next_generation: 1,
+        window_full_since: None,
+        cancel: CancellationToken::new(),
+        out: Vec::new(),
+    };
+    tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
+    s.out.push(Outbound::Text(
+        ServerFrame::Welcome {
+            session_id: info.session_id.clone(),
+            client_id: info.client_id.to_string(),
+            instance: d.instance.clone(),
+            ack_timeout_ms: d.settings.ack_timeout.as_millis() as u64,
+            max_in_flight: d.settings.max_in_flight,
+        }
+        .to_json(),
+    ));
+    let mut slow_check = tokio::time::interval(SLOW_CHECK);
+    let mut reason = "client left";
+    loop {
+        if !flush(&mut outbound, &mut s.out).await {
+            reason = "socket write failed";
+            break;
+        }
+        let next_timer = s.timers.peek().map(|Reverse((at, _, _))| *at);
+        let step = tokio::select! {
+            biased;
+            _ = d.shutdown.cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
+            Some(message) = control.recv() => s.on_control(message),
+            frame = inbound.next() => match frame {
+                Some(Inbound::Text(text)) => s.on_text(&text).await,
+                Some(Inbound::Binary) => {
+                    s.error(FrameError::new(ErrorCode::BadFrame, "binary frames are not supported; send JSON text frames"));
+                    Step::Continue
+                }
+                Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
+                None => Step::End,
+            },
+            _ = sleep_until(next_timer) => {
+                s.on_timers().await;
+                Step::Continue
+            }
+            Some(fed) = feed_rx.recv() => {
+                s.on_fed(fed).await;
+                for _ in 0..FEED_DRAIN {
+                    match feed_rx.try_recv() {
+                        Ok(fed) => s.on_fed(fed).await,
+                        Err(_) => break,
+                    }
+                }
+                Step::Continue
+            }
+            _ = slow_check.tick() => s.check_window(),
+        };
+        match step {
+            Step::Continue => {}
+            Step::End => break,
+            Step::Close(code, why) => {
+                s.out.push(Outbound::Close(code, why.to_string()));
+                let _ = flush(&mut outbound, &mut s.out).await;
+                reason = why;
+                break;
+            }
+        }
+    }
+    s.cancel.cancel();
+    let released = s.in_flight.len();
+    s.in_flight.clear();
+    d.unregister(&info);
+    let stats = &info.stats;
+    tracing::info!(
+        session_id = %info.session_id,
+        client_id = %info.client_id,
+        reason,
+        delivered = stats.delivered.load(Ordering::Relaxed),
+        acked = stats.acked.load(Ordering::Relaxed),
+        redelivered = stats.redelivered.load(Ordering::Relaxed),
+        released,
+        "session ended"
+    );
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes queued frames with one flush; false when the socket is gone.
+async fn flush<O: Sink<Outbound> + Unpin>(outbound: &mut O, queue: &mut Vec<Outbound>) -> bool {
+    if queue.is_empty() {
+        return true;
+    }
+    for frame in queue.drain(..) {
+        if outbound.feed(frame).await.is_err() {
+            return false;
+        }
+    }
+    outbound.flush().await.is_ok()
+}
+
+impl Session {
+    fn send(&mut self, frame: ServerFrame) {
+        self.out.push(Outbound::Text(frame.to_json()));
+    }
+
+    fn error(&mut self, e: FrameError) {
+        self.send(e.into());
+    }
+
+    fn on_control(&mut self, message: SessionControl) -> Step {
+        match message {
+            SessionControl::TakenOver => Step::Close(close_code::TAKEN_OVER, "taken over by a newer session"),
+            SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
+            SessionControl::Describe(reply) => {
+                let mut views: Vec<InFlightView> = self
+                    .in_flight
+                    .iter()
+                    .map(|(ev, f)| InFlightView {
+                        delivery_id: DeliveryRef { seq: f.seq, slot: ev.slot, partition: ev.partition, offset: ev.offset }.to_id(),
+                        topic: f.topic.to_string(),
+                        partition: ev.partition,
+                        offset: ev.offset,
+                        attempt: f.attempt,
+                        deadline: f.deadline_ms,
+                    })
+                    .collect();
+                views.sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
+                let _ = reply.send(views);
+                Step::Continue
+            }
+        }
+    }
+
+    fn check_window(&mut self) -> Step {
+        let full = self.window.available_permits() == 0;
+        self.info.stats.window_full.store(full, Ordering::Relaxed);
+        if !full {
+            self.window_full_since = None;
+            return Step::Continue;
+        }
+        let since = *self.window_full_since.get_or_insert_with(Instant::now);
+        let limit = self.d.settings.slow_client_timeout;
+        if !limit.is_zero() && since.elapsed() > limit {
+            return Step::Close(close_code::SLOW_CLIENT, "slow client: in-flight window full too long");
+        }
+        Step::Continue
+    }
+
+    async fn on_text(&mut self, text: &str) -> Step {
+        let frame = match parse_client_frame(text) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.error(e);
+                return Step::Continue;
+            }
+        };
+        let result = match frame {
+            ClientFrame::Subscribe { topic, from, resume, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
+            ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
+            ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
+            ClientFrame::Nack { delivery_id, delay_ms, req } => {
+                self.reschedule(&delivery_id, Duration::from_millis(delay_ms), true).map_err(|e| e.with_req(req))
+            }
+            ClientFrame::Extend { delivery_id, req } => {
+                let timeout = self.d.settings.ack_timeout;
+                self.reschedule(&delivery_id, timeout, false).map_err(|e| e.with_req(req))
+            }
+            ClientFrame::Term { delivery_id, reason, req } => self.term(&delivery_id, reason).await.map_err(|e| e.with_req(req)),
+            ClientFrame::Ping { req } => {
+                self.send(ServerFrame::Pong { req });
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.error(e);
+        }
+        Step::Continue
+    }
+
+    async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
+        let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        let limit = self.d.settings.max_subscriptions_per_session;
+        if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)"),
+            ));
+        }
+        // Subscribing again restarts the subscription from the committed offsets.
+        self.release_topic(&topic);
+        let starts = self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await?;
+        let slot = self.client.lock().unwrap().slot(&topic);
+        let id = self.next_subscription;
+        self.next_subscription += 1;
+        let cancel = self.cancel.child_token();
+        self.send(ServerFrame::Subscribed {
+            topic: topic.to_string(),
+            req,
+            partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from }).collect(),
+        });
+        for start in &starts {
+            let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
+            tokio::spawn(feed_partition(
+                reader,
+                start.from,
+                self.d.settings.fetch_batch,
+                self.window.clone(),
+                self.feed_tx.clone(),
+                id,
+                topic.clone(),
+                cancel.clone(),
+            ));
+        }
+        self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
+        self.info.subscriptions.lock().unwrap().push(topic);
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, topic: &str, req: Option<Value>) -> Result<(), FrameError> {
+        let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        if !self.release_topic(&topic) {
+            return Err(FrameError::new(ErrorCode::NotSubscribed, format!("not subscribed to {topic}")));
+        }
+        self.send(ServerFrame::Unsubscribed { topic: topic.to_string(), req });
+        Ok(())
+    }
+
+    /// Stops a subscription and releases its in-flight deliveries; false when there was none.
+    fn release_topic(&mut self, topic: &TopicName) -> bool {
+        let Some(subscription) = self.subscriptions.remove(topic) else {
+            return false;
+        };
+        subscription.cancel.cancel();
+        self.in_flight.retain(|ev, _| ev.slot != subscription.slot);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
+        true
+    }
+
+    async fn on_fed(&mut self, fed: Fed) {
+        let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
+            return; // from a subscription that has ended
+        };
+        let event = EventRef { slot: subscription.slot, partition: fed.event.partition, offset: fed.event.offset };
+        let seq = self.d.next_seq();
+        let tp = TopicPartition::new(fed.topic.clone(), fed.event.partition);
+        let attempt = {
+            let mut client = self.client.lock().unwrap();
+            match client.trackers.get_mut(&tp) {
+                Some(tracker) => tracker.on_delivery(event.offset, seq),
+                None => None,
+            }
+        };
+        let Some(attempt) = attempt else {
+            return; // already acknowledged (a redelivery after a restart of the subscription)
+        };
+        if attempt > self.d.settings.max_attempts {
+            self.dead_letter(&fed.topic, event, attempt - 1, "max_attempts".into()).await;
+            return;
+        }
+        self.push_event(&fed.topic, seq, attempt, &fed.event, event);
+        let (deadline, deadline_ms, generation) = self.next_deadline(self.d.settings.ack_timeout);
+        self.in_flight.insert(
+            event,
+            InFlight { seq, topic: fed.topic, attempt, deadline, deadline_ms, generation, event: fed.event, _permit: fed.permit },
+        );
+        self.timers.push(Reverse((deadline, event, generation)));
+        self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+    }
+
+    fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {
+        let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset }.to_id();
+        let mut frame = String::with_capacity(160 + event.payload.len());
+        write_event_frame(&mut frame, &id, topic.as_str(), attempt, event);
+        self.out.push(Outbound::Text(frame));
+    }
+
+    fn next_deadline(&mut self, after: Duration) -> (Instant, u64, u64) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        (Instant::now() + after, self.d.clock.now_ms() + after.as_millis() as u64, generation)
+    }
+
+    async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
+        let mut unknown = Vec::new();
+        let mut acked = Vec::new();
+        // Floor of every touched partition before this ack, to see which moved.
+        let mut touched: BTreeMap<TopicPartition, u64> = BTreeMap::new();
+        let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        let mut writes = Vec::new();
+        let now_ms = self.d.clock.now_ms();
+        {
+            let mut client = self.client.lock().unwrap();
+            for id in ids {
+                let Some(delivery) = DeliveryRef::parse(id) else {
+                    unknown.push(id.as_str());
+                    continue;
+                };
+                let Some((tp, tracker)) = client.tracker_mut(delivery.event()) else {
+                    unknown.push(id.as_str());
+                    continue;
+                };
+                let before = tracker.floor();
+                match tracker.ack(delivery.offset, delivery.seq) {
+                    AckEffect::Acked => acked.push((tp.clone(), delivery.event())),
+                    AckEffect::AlreadyAcked => {}
+                    AckEffect::Unknown => {
+                        unknown.push(id.as_str());
+                        continue;
+                    }
+                }
+                touched.entry(tp).or_insert(before);
+            }
+            for (tp, before) in &touched {
+                let tracker = &client.trackers[tp];
+                if tracker.floor() > before.to_owned() {
+                    writes.push(OffsetWrite {
+                        key: OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition),
+                        committed: tracker.floor(),
+                        last_acked: tracker.last_acked(),
+                        updated_at: now_ms,
+                    });
+                }
+                committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
+            }
+        }
+        for (_, event) in &acked {
+            self.in_flight.remove(event);
+        }
+        let stats = &self.info.stats;
+        stats.acked.fetch_add(acked.len() as u64, Ordering::Relaxed);
+        stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        if !acked.is_empty() {
+            stats.last_ack_at.store(now_ms, Ordering::Relaxed);
+        }
+        let broker_acks: Vec<(TopicPartition, u64)> = acked.into_iter().map(|(tp, e)| (tp, e.offset)).collect();
+        let valid = ids.len() - unknown.len();
+        if let Some(req) = req.clone().filter(|_| unknown.is_empty()) {
+            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            self.send(ServerFrame::AckOk { req, committed });
+        } else if req.is_some() {
+            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        } else if !writes.is_empty() || !broker_acks.is_empty() {
+            self.d.writer.submit(super::offset_writer::WriteRequest { writes, broker_acks, done: None }).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        }
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::new(
+                ErrorCode::UnknownDelivery,
+                format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", ")),
+            ))
+        }
+    }
+
+    /// Finds the in-flight delivery a client frame names by its current delivery id.
+    fn current_delivery(&self, delivery_id: &str) -> Result<EventRef, FrameError> {
+        let unknown = || FrameError::new(ErrorCode::UnknownDelivery, format!("no in-flight delivery {delivery_id} in this session"));
+        let delivery = DeliveryRef::parse(delivery_id).ok_or_else(unknown)?;
+        match self.in_flight.get(&delivery.event()) {
+            Some(f) if f.seq == delivery.seq => Ok(delivery.event()),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
+    fn reschedule(&mut self, delivery_id: &str, after: Duration, is_nack: bool) -> Result<(), FrameError> {
+        let event = self.current_delivery(delivery_id)?;
+        let (deadline, deadline_ms, generation) = self.next_deadline(after);
+        if let Some(f) = self.in_flight.get_mut(&event) {
+            f.deadline = deadline;
+            f.deadline_ms = deadline_ms;
+            f.generation = generation;
+        }
+        self.timers.push(Reverse((deadline, event, generation)));
+        if is_nack {
+            tracing::debug!(session_id = %self.info.session_id, delivery_id, "nack");
+        }
+        Ok(())
+    }
+
+    async fn term(&mut self, delivery_id: &str, reason: Option<String>) -> Result<(), FrameError> {
+        let event = self.current_delivery(delivery_id)?;
+        let (topic, attempt) = match self.in_flight.get(&event) {
+            Some(f) => (f.topic.clone(), f.attempt),
+            None => return Ok(()),
+        };
+        self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into())).await;
+        Ok(())
+    }
+
+    /// Redelivers every in-flight event whose deadline passed.
+    async fn on_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, event, generation))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if self.in_flight.get(&event).is_some_and(|f| f.generation == generation) {
+                self.redeliver(event).await;
+            }
+        }
+    }
+
+    async fn redeliver(&mut self, event: EventRef) {
+        let Some(flight) = self.in_flight.get(&event) else { return };
+        let (topic, attempt, payload) = (flight.topic.clone(), flight.attempt, flight.event.clone());
+        if attempt >= self.d.settings.max_attempts {
+            self.dead_letter(&topic, event, attempt, "max_attempts".into()).await;
+            return;
+        }
+        let seq = self.d.next_seq();
+        let tp = TopicPartition::new(topic.clone(), event.partition);
+        let next_attempt = self.client.lock().unwrap().trackers.get_mut(&tp).and_then(|t| t.on_delivery(event.offset, seq));
+        let Some(next_attempt) = next_attempt else {
+            self.in_flight.remove(&event); // acknowledged meanwhile (by a superseded id)
+            return;
+        };
+        self.push_event(&topic, seq, next_attempt, &payload, event);
+        let (deadline, deadline_ms, generation) = self.next_deadline(self.d.settings.ack_timeout);
+        if let Some(f) = self.in_flight.get_mut(&event) {
+            f.seq = seq;
+            f.attempt = next_attempt;
+            f.deadline = deadline;
+            f.deadline_ms = deadline_ms;
+            f.generation = generation;
+        }
+        self.timers.push(Reverse((deadline, event, generation)));
+        self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives up on an event: records the dead letter, then counts it as acknowledged.
+    async fn dead_letter(&mut self, topic: &TopicName, event: EventRef, attempts: u32, reason: String) {
+        let now_ms = self.d.clock.now_ms();
+        let dead = DeadLetter {
+            topic: topic.clone(),
+            client_id: self.info.client_id.clone(),
+            partition: event.partition,
+            offset: event.offset,
+            attempts,
+            reason,
+            at: now_ms,
+        };
+        if let Err(e) = self.d.store.record_dead_letter(&dead) {
+            // Keep the event pending: it will be delivered again rather than lost.
+            tracing::error!(error = %e, "recording a dead letter failed");
+            return;
+        }
+        self.d.dead_letters.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason, "dead letter");
+        self.in_flight.remove(&event);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        let tp = TopicPartition::new(topic.clone(), event.partition);
+        let write = {
+            let mut client = self.client.lock().unwrap();
+            let Some(tracker) = client.trackers.get_mut(&tp) else { return };
+            let before = tracker.floor();
+            tracker.settle(event.offset);
+            (tracker.floor() > before).then(|| OffsetWrite {
+                key: OffsetKey::new(topic.clone(), self.info.client_id.clone(), event.partition),
+                committed: tracker.floor(),
+                last_acked: tracker.last_acked(),
+                updated_at: now_ms,
+            })
+        };
+        let request = super::offset_writer::WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };
+        if let Err(e) = self.d.writer.submit(request).await {
+            tracing::error!(error = %e, "offset write after a dead letter failed");
+        }
+    }
+}
+
+/// Feeds one partition of one subscription into its session, in offset order, one window slot
+/// per event: when the window is full this task waits and nothing more is pushed.
+#[allow(clippy::too_many_arguments)]
+async fn feed_partition(
+    reader: Arc<PartitionReader>,
+    mut next: u64,
+    batch: usize,
+    window: Arc<Semaphore>,
+    tx: mpsc::Sender<Fed>,
+    subscription: u64,
+    topic: TopicName,
+    cancel: CancellationToken,
+) {
+    loop {
+        let fetched = tokio::select! {
+            _ = cancel.cancelled() => return,
+            fetched = reader.fetch(next, batch) => fetched,
+        };
+        let events = match fetched {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "reading for a subscriber failed; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                }
+            }
+        };
+        for event in events {
+            if event.offset < next {
+                continue;
+            }
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                permit = window.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            next = event.offset + 1;
+            let fed = Fed { subscription, topic: topic.clone(), event, permit };
+            if tx.send(fed).await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Wiring: open the stores, align the pull layer, bind the listener (`Gateway::build`), then serve
+//! until shutdown and drain (`Gateway::run`).
+
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+use crate::config::Config;
+use crate::core::alignment::align_pull_offsets_to_ack;
+use crate::core::backend::LogBackend;
+use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
+use crate::core::offset_writer::OffsetWriter;
+use crate::core::offsets::{sweep_expired_offsets, Clock, OffsetStore, SystemClock};
+use crate::http::{router, AppState};
+use crate::store::memory::MemoryOffsetStore;
+use crate::store::rocks::RocksOffsetStore;
+
+/// Capacity of the offset writer's queue (requests, each one or more writes).
+const WRITE_QUEUE: usize = 65_536;
+
+/// A gateway whose stores are open and whose listener is bound, ready to `run`.
+pub struct Gateway {
+    listener: TcpListener,
+    app: AppState,
+    embedded: Arc<EmbeddedLog>,
+    writer_thread: std::thread::JoinHandle<()>,
+}
+
+/// What outside code (tests, signal handlers) may do with a running gateway.
+#[derive(Clone)]
+pub struct GatewayHandle {
+    pub local_addr: SocketAddr,
+    pub dispatcher: Arc<Dispatcher>,
+    retention_ms: u64,
+}
+
+impl GatewayHandle {
+    /// Starts a graceful shutdown.
+    pub fn shutdown(&self) {
+        self.dispatcher.shutdown.cancel();
+    }
+
+    /// Runs the offset retention sweep now; returns how many offsets expired.
+    pub fn sweep_offsets_now(&self) -> anyhow::Result<usize> {
+        sweep_offsets(&self.dispatcher, self.retention_ms)
+    }
+}
+
+fn sweep_offsets(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize> {
+    let removed = sweep_expired_offsets(d.store.as_ref(), d.clock.now_ms(), retention_ms, |c| d.is_live(c))?;
+    if removed > 0 {
+        tracing::info!(removed, "expired offsets of absent clients");
+    }
+    Ok(removed)
+}
+
+fn delivery_settings(config: &Config) -> DeliverySettings {
+    let d = &config.delivery;
+    DeliverySettings {
+        ack_timeout: Duration::from_millis(d.ack_timeout_ms),
+        max_in_flight: d.max_in_flight,
+        max_attempts: d.max_attempts,
+        reset_policy: if d.reset_policy == "latest" { ResetPolicy::Latest } else { ResetPolicy::Earliest },
+        slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
+        max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
+        max_sessions: config.limits.max_sessions,
+        reader_buffer_events: d.reader_buffer_events,
+        fetch_batch: d.fetch_batch,
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn open_store(config: &Config, data_dir: &Path) -> anyhow::Result<Arc<dyn OffsetStore>> {
+    Ok(match config.offsets.store.as_str() {
+        "memory" => Arc::new(MemoryOffsetStore::new()),
+        _ => Arc::new(
+            RocksOffsetStore::open(data_dir, config.offsets.sync_writes)
+                .with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
+        ),
+    })
+}
+
+impl Gateway {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        Self::build_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// `build` with an injected clock (tests move time with `ManualClock`).
+    pub async fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        let data_dir = config.storage.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
+        let store = open_store(&config, &data_dir)?;
+        let settings = EmbeddedLogSettings {
+            default_partitions: config.embedded.default_partitions,
+            retention_ms: config.embedded.retention_secs.saturating_mul(1000),
+            retention_bytes_per_partition: config.embedded.retention_bytes_per_partition,
+            sync_writes: config.embedded.sync_writes,
+        };
+        let embedded = Arc::new(
+            EmbeddedLog::open(&data_dir, settings, clock.clone()).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?,
+        );
+        let backend: Arc<dyn LogBackend> = embedded.clone();
+        let delivery = delivery_settings(&config);
+        let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy)
+            .await
+            .map_err(|e| anyhow::anyhow!("aligning pull offsets: {e}"))?;
+        tracing::info!(partitions = report.partitions, aligned = report.aligned, by_policy = report.by_policy, "pull offsets aligned to committed offsets");
+        let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE);
+        let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
+        let local_addr = listener.local_addr()?;
+        let instance = match config.server.instance_id.as_str() {
+            "" => format!("{}:{}", host_name(), local_addr.port()),
+            id => id.to_string(),
+        };
+        let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
+        let app = AppState { dispatcher, config: Arc::new(config), tasks: TaskTracker::new() };
+        Ok(Self { listener, app, embedded, writer_thread })
+    }
+
+    pub fn handle(&self) -> GatewayHandle {
+        GatewayHandle {
+            local_addr: self.listener.local_addr().expect("a bound listener has an address"),
+            dispatcher: self.app.dispatcher.clone(),
+            retention_ms: self.app.config.offsets.retention_secs.saturating_mul(1000),
+        }
+    }
+
+    /// Serves until `shutdown` resolves (or `GatewayHandle::shutdown`), then closes sessions
+    /// with 1001, drains offset writes, checkpoints the pull cursors and closes the stores.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let Gateway { listener, app, embedded, writer_thread } = self;
+        let cancel = app.dispatcher.shutdown.clone();
+        let config = app.config.clone();
+        let local_addr = listener.local_addr()?;
+        spawn_background(&app, &embedded);
+        let listener = listener.tap_io(|tcp| {
+            // Without it, small frames wait for Nagle's algorithm: 40 ms per round trip.
+            let _ = tcp.set_nodelay(true);
+        });
+        let service = router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
+        let stop_serving = cancel.clone();
+        let server = axum::serve(listener, service).with_graceful_shutdown(async move { stop_serving.cancelled().await });
+        let server = tokio::spawn(server.into_future());
+        tracing::info!(%local_addr, instance = %app.dispatcher.instance, "ackgate listening");
+        tokio::select! {
+            _ = shutdown => {}
+            _ = cancel.cancelled() => {}
+        }
+        tracing::info!("shutting down: closing sessions with 1001");
+        cancel.cancel();
+        let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        app.tasks.close();
+        if tokio::time::timeout(grace, app.tasks.wait()).await.is_err() {
+            tracing::warn!(?grace, "sessions did not finish within the shutdown grace period");
+        }
+        if tokio::time::timeout(grace, server).await.is_err() {
+            tracing::warn!("HTTP connections did not close within the shutdown grace period");
+        }
+        // Everything queued before this barrier is durable once it returns.
+        if let Err(e) = app.dispatcher.writer.write_durably(Vec::new(), Vec::new()).await {
+            tracing::error!(error = %e, "draining offset writes failed");
+        }
+        if let Err(e) = app.dispatcher.backend.checkpoint() {
+            tracing::error!(error = %e, "final pull checkpoint failed");
+        }
+        if let Err(e) = embedded.flush() {
+            tracing::error!(error = %e, "flushing the embedded log failed");
+        }
+        // Dropping the last dispatcher closes the writer queue; the thread flushes and exits,
+        // releasing the stores (so the same data_dir can be opened again in this process).
+        let last = Arc::strong_count(&app.dispatcher) == 1;
+        drop(app);
+        drop(embedded);
+        if last {
+            let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+        }
+        tracing::info!("ackgate stopped");
+        Ok(())
+    }
+}
+
+/// Pull checkpoint, offset retention sweep and log retention, each until shutdown.
+fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
+    let config = &app.config;
+    let cancel = app.dispatcher.shutdown.clone();
+    let every = |ms: u64| {
+        let mut interval = tokio::time::interval(Duration::from_millis(ms));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval
+    };
+
+    let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.checkpoint_interval_ms));
+    app.tasks.spawn(async move {
+        loop {
+            tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+            if let Err(e) = d.backend.checkpoint() {
+                tracing::error!(error = %e, "pull checkpoint failed");
+            }
+        }
+    });
+
+    let retention_ms = config.offsets.retention_secs.saturating_mul(1000);
+    let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.sweep_interval_ms));
+    app.tasks.spawn(async move {
+        loop {
+            // The first tick fires at once: a sweep right after start must find nothing to expire
+            // that a client still owns (the KAFKA-8069 regression).
+            tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+            if let Err(e) = sweep_offsets(&d, retention_ms) {
+                tracing::error!(error = %e, "offset retention sweep failed");
+            }
+        }
+    });
+
+    let (log, stop, mut tick) = (embedded.clone(), cancel, every(config.embedded.retention_check_interval_ms));
+    app.tasks.spawn(async move {
+        loop {
+            tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+            match log.enforce_retention() {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "log retention deleted old events"),
+                Err(e) => tracing::error!(error = %e, "log retention failed"),
+            }
+        }
+    });
+}

@@ -1,0 +1,32 @@
+//! `GET /healthz` (the process answers) and `GET /readyz` (offset store open, backend reachable).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::AppState;
+use crate::core::names::{ClientId, OffsetKey, TopicName};
+
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(app): State<AppState>) -> Response {
+    let d = &app.dispatcher;
+    // Reading any key proves the store answers.
+    let probe = OffsetKey::new(TopicName::parse("readyz").unwrap(), ClientId::parse("readyz").unwrap(), 0);
+    let store_ok = d.store.read(&probe).is_ok();
+    let backend_ok = d.backend.is_ready().await;
+    let shutting_down = d.shutdown.is_cancelled();
+    let ready = store_ok && backend_ok && !shutting_down;
+    let body = json!({
+        "ready": ready,
+        "offset_store": if store_ok { "ok" } else { "failing" },
+        "backend": if backend_ok { "ok" } else { "unreachable" },
+        "shutting_down": shutting_down,
+    });
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}

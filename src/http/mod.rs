@@ -1,0 +1,78 @@
+//! The HTTP edge: one `router(state)` shared by the binary and the tests. Each REST resource has
+//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`.
+
+pub mod dead_letters;
+pub mod error;
+pub mod health;
+pub mod offsets;
+pub mod sessions;
+pub mod topics;
+pub mod ws;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::core::dispatcher::Dispatcher;
+use crate::core::protocol::ErrorCode;
+use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub dispatcher: Arc<Dispatcher>,
+    pub config: Arc<Config>,
+    /// Sessions and background tasks that shutdown waits for.
+    pub tasks: TaskTracker,
+}
+
+pub fn router(state: AppState) -> Router {
+    let guarded = Router::new()
+        .route("/topics/{topic}/events", post(topics::publish))
+        .route("/admin/offsets", get(offsets::list))
+        .route("/admin/offsets/{topic}/{client_id}", get(offsets::client_view).delete(offsets::delete))
+        .route("/admin/offsets/{topic}/{client_id}/{partition}", put(offsets::reset))
+        .route("/admin/sessions", get(sessions::list))
+        .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
+        .route("/admin/dead-letters", get(dead_letters::list))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin_token));
+    Router::new()
+        .route("/ws", get(ws::upgrade))
+        .route("/topics", get(topics::list).post(topics::create))
+        .route("/topics/{topic}", axum::routing::delete(topics::delete))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .merge(guarded)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found(format!("no route {} {}", request.method(), request.uri().path()))
+}
+
+/// `auth.admin_token`: `/admin/*` and publishing need `Authorization: Bearer <token>`.
+async fn require_admin_token(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let expected = &app.config.auth.admin_token;
+    if expected.is_empty() {
+        return next.run(request).await;
+    }
+    let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "Authorization: Bearer <auth.admin_token> is required").into_response(),
+        Some(token) if !constant_time_eq(token.as_bytes(), expected.as_bytes()) => {
+            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "wrong admin token").into_response()
+        }
+        Some(_) => next.run(request).await,
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,121 @@
+//! `/admin/offsets`: stored ack offsets, per-client lag, reset and delete (offline clients only).
+
+use std::collections::HashMap;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use crate::core::offsets::{OffsetFilter, OffsetRecord};
+
+fn parse_names(topic: &str, client_id: &str) -> Result<(TopicName, ClientId), ApiError> {
+    let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
+    let client_id = ClientId::parse(client_id).map_err(|e| ApiError::invalid_name(e.0))?;
+    Ok((topic, client_id))
+}
+
+fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
+    json!({
+        "key": key.to_string(),
+        "topic": key.topic.as_str(),
+        "client_id": key.client_id.as_str(),
+        "partition": key.partition,
+        "committed": record.committed,
+        "last_acked": record.last_acked,
+        "updated_at": record.updated_at,
+    })
+}
+
+/// `GET /admin/offsets?topic=&client_id=&partition=`
+pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "partition")) {
+        return Err(ApiError::bad_request(format!("unknown filter {unknown:?}; use topic, client_id or partition")));
+    }
+    let filter = OffsetFilter {
+        topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        partition: query
+            .get("partition")
+            .map(|p| p.parse::<u32>())
+            .transpose()
+            .map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?,
+    };
+    let rows: Vec<Value> = app.dispatcher.store.scan(&filter)?.iter().map(|(k, r)| row(k, r)).collect();
+    Ok(Json(json!({ "offsets": rows })))
+}
+
+/// `GET /admin/offsets/{topic}/{client_id}`: every partition of the topic with the lag to log end.
+pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
+    let (topic, client_id) = parse_names(&topic, &client_id)?;
+    let d = &app.dispatcher;
+    let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
+    let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
+    let stored: HashMap<u32, OffsetRecord> = d.store.scan(&filter)?.into_iter().map(|(k, r)| (k.partition, r)).collect();
+    let mut partitions = Vec::with_capacity(count as usize);
+    for partition in 0..count {
+        let bounds = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await?;
+        let record = stored.get(&partition);
+        let committed = record.map(|r| r.committed);
+        // Without a stored offset the lag is what the reset policy would deliver.
+        let lag_from = committed.unwrap_or(bounds.log_start).max(bounds.log_start);
+        partitions.push(json!({
+            "partition": partition,
+            "committed": committed,
+            "last_acked": record.and_then(|r| r.last_acked),
+            "log_end": bounds.log_end,
+            "lag": bounds.log_end.saturating_sub(lag_from),
+        }));
+    }
+    Ok(Json(json!({"topic": topic.as_str(), "client_id": client_id.as_str(), "partitions": partitions})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetBody {
+    offset: u64,
+}
+
+/// `PUT /admin/offsets/{topic}/{client_id}/{partition}` with `{"offset"}`: reset, backwards allowed.
+pub async fn reset(
+    State(app): State<AppState>,
+    Path((topic, client_id, partition)): Path<(String, String, String)>,
+    body: Result<Json<ResetBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let (topic, client_id) = parse_names(&topic, &client_id)?;
+    let partition: u32 = partition.parse().map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?;
+    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let d = &app.dispatcher;
+    let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
+    if partition >= count {
+        return Err(ApiError::bad_request(format!("partition {partition} does not exist; {topic} has {count}")));
+    }
+    if d.is_live(&client_id) {
+        return Err(ApiError::conflict(format!("client {client_id} has a live session; disconnect it first")));
+    }
+    let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
+    let record = d.store.reset(&key, body.offset, d.clock.now_ms())?;
+    d.forget_client_topic(&client_id, &topic);
+    tracing::info!(%key, offset = body.offset, "offset reset by an operator");
+    Ok(Json(row(&key, &record)))
+}
+
+/// `DELETE /admin/offsets/{topic}/{client_id}`: forget the client's offsets on the topic.
+pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
+    let (topic, client_id) = parse_names(&topic, &client_id)?;
+    let d = &app.dispatcher;
+    if d.is_live(&client_id) {
+        return Err(ApiError::conflict(format!("client {client_id} has a live session; disconnect it first")));
+    }
+    let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
+    let keys: Vec<OffsetKey> = d.store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
+    let deleted = d.store.remove(&keys)?;
+    d.forget_client_topic(&client_id, &topic);
+    tracing::info!(%topic, %client_id, deleted, "offsets deleted by an operator");
+    Ok(Json(json!({ "deleted": deleted })))
+}

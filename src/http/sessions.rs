@@ -1,0 +1,58 @@
+//! `/admin/sessions`: live sessions, one session with its in-flight deliveries, disconnect.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::core::dispatcher::{SessionControl, SessionInfo};
+
+fn session_json(info: &SessionInfo) -> Value {
+    let stats = &info.stats;
+    let last_ack = stats.last_ack_at.load(Ordering::Relaxed);
+    let subscriptions: Vec<String> = info.subscriptions.lock().unwrap().iter().map(|t| t.to_string()).collect();
+    json!({
+        "session_id": info.session_id,
+        "client_id": info.client_id.as_str(),
+        "remote_addr": info.remote_addr.map(|a| a.to_string()),
+        "connected_at": info.connected_at,
+        "subscriptions": subscriptions,
+        "in_flight": stats.in_flight.load(Ordering::Relaxed),
+        "delivered": stats.delivered.load(Ordering::Relaxed),
+        "acked": stats.acked.load(Ordering::Relaxed),
+        "redelivered": stats.redelivered.load(Ordering::Relaxed),
+        "last_ack_at": (last_ack > 0).then_some(last_ack),
+        "window_full": stats.window_full.load(Ordering::Relaxed),
+    })
+}
+
+pub async fn list(State(app): State<AppState>) -> Json<Value> {
+    let sessions: Vec<Value> = app.dispatcher.sessions().iter().map(|s| session_json(s)).collect();
+    Json(json!({ "sessions": sessions }))
+}
+
+fn missing(session_id: &str) -> ApiError {
+    ApiError::not_found(format!("no live session {session_id}"))
+}
+
+pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let info = app.dispatcher.session(&session_id).ok_or_else(|| missing(&session_id))?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if !app.dispatcher.control(&session_id, SessionControl::Describe(reply)) {
+        return Err(missing(&session_id));
+    }
+    let deliveries = answer.await.map_err(|_| missing(&session_id))?;
+    let mut body = session_json(&info);
+    body["deliveries"] = json!(deliveries);
+    Ok(Json(body))
+}
+
+pub async fn disconnect(State(app): State<AppState>, Path(session_id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if !app.dispatcher.control(&session_id, SessionControl::Disconnect) {
+        return Err(missing(&session_id));
+    }
+    tracing::info!(%session_id, "session disconnected by an operator");
+    Ok(Json(json!({ "disconnected": session_id })))
+}

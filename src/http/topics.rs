@@ -1,0 +1,164 @@
+//! Topics: publish (`POST /topics/{topic}/events`), list, create and delete.
+
+use std::collections::BTreeMap;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::core::backend::NewEvent;
+use crate::core::names::{OffsetKey, TopicName, TopicPartition};
+use crate::core::offsets::OffsetFilter;
+use crate::core::protocol::ErrorCode;
+
+/// One event of a publish body. `payload` is kept as raw JSON text, never parsed into a tree.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishedEvent<'a> {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    partition: Option<u32>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default, borrow)]
+    payload: Option<&'a RawValue>,
+    /// Binary payloads, base64 (an extension: `payload` must be JSON).
+    #[serde(default)]
+    payload_base64: Option<String>,
+}
+
+fn parse_topic(topic: &str) -> Result<TopicName, ApiError> {
+    TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))
+}
+
+fn too_large(message: String) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, message)
+}
+
+pub async fn publish(State(app): State<AppState>, Path(topic): Path<String>, body: Body) -> Result<Json<Value>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let limits = &app.config.limits;
+    let bytes = to_bytes(body, limits.max_body_bytes)
+        .await
+        .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
+    let events = parse_publish_body(&bytes, limits.max_batch_events)?;
+    let offsets = app.dispatcher.backend.publish(&topic, events).await?;
+    let offsets: Vec<Value> = offsets.into_iter().map(|(partition, offset)| json!({"partition": partition, "offset": offset})).collect();
+    Ok(Json(json!({ "offsets": offsets })))
+}
+
+fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, ApiError> {
+    // The top level is read as raw fields first, so `{"events": [...]}` and a single event can
+    // be told apart without parsing payloads.
+    let top: BTreeMap<String, &RawValue> = serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("body is not a JSON object: {e}")))?;
+    let raw_events: Vec<PublishedEvent> = match top.get("events") {
+        Some(_) if top.len() > 1 => return Err(ApiError::bad_request("a batch body holds only \"events\"")),
+        Some(events) => serde_json::from_str(events.get()).map_err(|e| ApiError::bad_request(format!("\"events\" is not a list of events: {e}")))?,
+        None => vec![serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("body is not an event: {e}")))?],
+    };
+    if raw_events.is_empty() {
+        return Err(ApiError::bad_request("\"events\" is empty"));
+    }
+    if raw_events.len() > max_events {
+        return Err(too_large(format!("{} events in one request; at most {max_events} (limits.max_batch_events)", raw_events.len())));
+    }
+    raw_events.into_iter().enumerate().map(|(i, e)| to_new_event(e).map_err(|m| ApiError::bad_request(format!("event {i}: {m}")))).collect()
+}
+
+fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
+    let (payload, payload_is_json) = match (event.payload, event.payload_base64) {
+        (Some(raw), None) => (raw.get().as_bytes().to_vec(), true),
+        (None, Some(b64)) => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("payload_base64 is not base64: {e}"))?;
+            let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
+            (bytes, is_json)
+        }
+        (Some(_), Some(_)) => return Err("give payload or payload_base64, not both".into()),
+        (None, None) => return Err("payload is required".into()),
+    };
+    Ok(NewEvent {
+        key: event.key,
+        partition: event.partition,
+        headers: event.headers.unwrap_or_default().into_iter().collect(),
+        payload,
+        payload_is_json,
+    })
+}
+
+pub async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let backend = &app.dispatcher.backend;
+    let mut topics = Vec::new();
+    for (topic, count) in backend.topics().await? {
+        let mut partitions = Vec::with_capacity(count as usize);
+        for partition in 0..count {
+            let tp = TopicPartition::new(topic.clone(), partition);
+            let bounds = backend.log_bounds(&tp).await?;
+            partitions.push(json!({
+                "partition": partition,
+                "log_start": bounds.log_start,
+                "log_end": bounds.log_end,
+                "pull_offset": backend.pull_offset(&tp),
+            }));
+        }
+        topics.push(json!({"name": topic.as_str(), "partitions": partitions}));
+    }
+    Ok(Json(json!({ "topics": topics })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopic {
+    name: String,
+    partitions: u32,
+}
+
+pub async fn create(State(app): State<AppState>, body: Result<Json<CreateTopic>, axum::extract::rejection::JsonRejection>) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let topic = parse_topic(&body.name)?;
+    let created = app.dispatcher.backend.create_topic(&topic, body.partitions).await?;
+    Ok(Json(json!({"name": topic.as_str(), "partitions": body.partitions, "created": created})))
+}
+
+pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> Result<Json<Value>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let d = &app.dispatcher;
+    if d.topic_in_use(&topic) {
+        return Err(ApiError::conflict(format!("a live session subscribes to {topic}; unsubscribe it first")));
+    }
+    if !d.backend.delete_topic(&topic).await? {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {topic} does not exist")));
+    }
+    let keys: Vec<OffsetKey> = d.store.scan(&OffsetFilter { topic: Some(topic.clone()), ..Default::default() })?.into_iter().map(|(k, _)| k).collect();
+    let offsets_deleted = d.store.remove(&keys)?;
+    d.forget_topic(&topic);
+    Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_bodies() {
+        let one = parse_publish_body(br#"{"key":"k","payload":{"a": [1, 2]}}"#, 10).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].key.as_deref(), one[0].payload.as_slice(), one[0].payload_is_json), (Some("k"), br#"{"a": [1, 2]}"#.as_slice(), true));
+        let batch = parse_publish_body(br#"{"events":[{"payload":1},{"payload_base64":"/wA=","partition":2}]}"#, 10).unwrap();
+        assert_eq!((batch.len(), batch[1].partition, batch[1].payload_is_json), (2, Some(2), false));
+        let code = |body: &[u8], max| parse_publish_body(body, max).err().map(|e| (e.status.as_u16(), e.code));
+        assert_eq!(code(b"{", 10), Some((400, ErrorCode::BadRequest)));
+        assert_eq!(code(br#"{"key":"k"}"#, 10), Some((400, ErrorCode::BadRequest)));
+        assert_eq!(code(br#"{"events":[]}"#, 10), Some((400, ErrorCode::BadRequest)));
+        assert_eq!(code(br#"{"events":[{"payload":1},{"payload":2}]}"#, 1), Some((413, ErrorCode::LimitExceeded)));
+        assert_eq!(code(br#"{"payload":1,"surprise":2}"#, 10), Some((400, ErrorCode::BadRequest)));
+        assert_eq!(code(br#"{"payload":1,"partition":-1}"#, 10), Some((400, ErrorCode::BadRequest)));
+    }
+}

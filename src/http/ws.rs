@@ -1,0 +1,98 @@
+//! `GET /ws?client_id=ID`: the handshake checks, then adapts the axum WebSocket to the
+//! transport-free session task in `core::session`.
+
+use std::collections::HashMap;
+use std::future::ready;
+use std::net::SocketAddr;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Query, State};
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::core::dispatcher::Registration;
+use crate::core::names::ClientId;
+use crate::core::protocol::{ErrorCode, ServerFrame};
+use crate::core::session::{run_session, Inbound, Outbound};
+
+/// Close code for "try again later" (RFC 6455 1013), used when the session limit is reached.
+const TRY_AGAIN_LATER: u16 = 1013;
+
+pub async fn upgrade(
+    State(app): State<AppState>,
+    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
+    };
+    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
+        Some(Ok(client_id)) => client_id,
+        Some(Err(e)) => return ApiError::invalid_name(e.0).into_response(),
+        None => return ApiError::invalid_name("the client_id query parameter is required").into_response(),
+    };
+    let remote = Some(remote);
+    let max_frame = app.config.limits.max_frame_bytes;
+    ws.max_message_size(max_frame).max_frame_size(max_frame).on_upgrade(move |socket| async move {
+        // Counted by the shutdown drain until the session ends.
+        let _running = app.tasks.token();
+        match app.dispatcher.register(client_id, remote) {
+            Ok(registration) => serve_socket(app, registration, socket).await,
+            Err(e) => refuse(socket, e.code, e.message).await,
+        }
+    })
+}
+
+async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
+    let frame = ServerFrame::Error { code, message: message.clone(), req: None }.to_json();
+    let _ = socket.send(Message::Text(frame.into())).await;
+    let close = CloseFrame { code: TRY_AGAIN_LATER, reason: "session limit reached".into() };
+    let _ = socket.send(Message::Close(Some(close))).await;
+}
+
+enum Received {
+    Frame(Inbound),
+    Skip,
+    End,
+}
+
+fn receive(message: Result<Message, axum::Error>) -> Received {
+    match message {
+        Ok(Message::Text(text)) => Received::Frame(Inbound::Text(text.as_str().to_owned())),
+        Ok(Message::Binary(_)) => Received::Frame(Inbound::Binary),
+        Ok(Message::Ping(_) | Message::Pong(_)) => Received::Skip,
+        Ok(Message::Close(_)) => Received::End,
+        Err(e) if is_too_large(&e) => Received::Frame(Inbound::TooLarge),
+        Err(_) => Received::End,
+    }
+}
+
+/// Feeds a real WebSocket to a session.
+async fn serve_socket(app: AppState, registration: Registration, socket: WebSocket) {
+    let (sink, stream) = socket.split();
+    let inbound = stream
+        .map(receive)
+        .take_while(|r| ready(!matches!(r, Received::End)))
+        .filter_map(|r| ready(match r {
+            Received::Frame(frame) => Some(frame),
+            _ => None,
+        }));
+    let outbound = sink.with(|frame: Outbound| {
+        ready(Ok::<_, axum::Error>(match frame {
+            Outbound::Text(text) => Message::Text(text.into()),
+            Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
+        }))
+    });
+    run_session(app.dispatcher.clone(), registration, Box::pin(inbound), Box::pin(outbound)).await;
+}
+
+/// tungstenite reports a frame over the limit as a capacity error ("Space limit exceeded").
+fn is_too_large(e: &axum::Error) -> bool {
+    let text = e.to_string();
+    text.contains("Space limit exceeded") || text.contains("too long") || text.contains("too big")
+}

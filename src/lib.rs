@@ -1,0 +1,29 @@
+//! ackgate: reliable, acknowledged push delivery from a durable log to WebSocket clients.
+//!
+//! # Layout
+//!
+//! - `config`: `config.toml` + `ACKGATE_SECTION__KEY` overrides, validated at start.
+//! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
+//!   - `names`: validated topic / client names and the collision-free offset key;
+//!   - `protocol`: WebSocket frames (parse / write), error and close codes;
+//!   - `offsets`: the `OffsetStore` trait (CAS-max), records, retention sweep, clocks;
+//!   - `backend`: the `LogBackend` trait (pull layer) and events;
+//!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
+//!   - `reader`: one shared partition reader per `topic#partition`;
+//!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
+//!   - `dispatcher`: session registry, takeover, subscription start points;
+//!   - `session`: one task per WebSocket session (window, timers, acks);
+//!   - `alignment`: boot alignment of pull cursors to committed offsets.
+//! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
+//! - `backend`: `LogBackend` implementations (`embedded`) and the pull checkpoint file.
+//! - `http`: the axum router, one file per REST resource, the WebSocket adapter.
+//! - `gateway`: wiring: `Gateway::build(config)` then `run(shutdown)`.
+
+pub mod backend;
+pub mod config;
+pub mod core;
+pub mod gateway;
+pub mod http;
+pub mod store;
+
+pub use gateway::Gateway;

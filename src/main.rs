@@ -1,0 +1,61 @@
+//! `ackgate [--config PATH]`: run the gateway until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(version, about = "HTTP/WebSocket gateway: acknowledged push delivery from a durable log")]
+struct Cli {
+    /// Configuration file; keys may be overridden as ACKGATE_<SECTION>__<KEY>.
+    #[arg(long, default_value = "config.toml")]
+    config: PathBuf,
+}
+
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The default path may be absent (all defaults); an explicit one must exist.
+    let required = cli.config != PathBuf::from("config.toml");
+    let config = match ackgate::config::Config::load(&cli.config, required, std::env::vars()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("ackgate: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    init_logs(&config.server.log_format);
+    let gateway = match ackgate::Gateway::build(config).await {
+        Ok(gateway) => gateway,
+        Err(e) => {
+            tracing::error!("cannot start: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match gateway.run(stop_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("stopped with an error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

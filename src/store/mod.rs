@@ -1,0 +1,4 @@
+//! `OffsetStore` implementations: `memory` (tests, ephemeral runs) and `rocks` (the default).
+
+pub mod memory;
+pub mod rocks;

@@ -1,0 +1,300 @@
+//! The delivery loop and its rules: ack floors, redelivery, dead letters, windows, start points.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn id(event: &Value) -> &str {
+    event["delivery_id"].as_str().unwrap()
+}
+
+async fn recv_events(client: &mut WsClient, n: usize) -> Vec<Value> {
+    let mut events = Vec::with_capacity(n);
+    while events.len() < n {
+        events.push(client.recv_type("event").await);
+    }
+    events
+}
+
+#[tokio::test]
+async fn publish_receive_ack_moves_the_committed_offset_to_log_end() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "orders", 1, 0, 3).await;
+    let mut client = WsClient::connect(gw.addr(), "alice").await;
+    assert_eq!(client.welcome["client_id"], "alice");
+    assert_eq!(client.welcome["max_in_flight"], 1000);
+    let subscribed = client.subscribe("orders", json!({})).await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}]));
+    let events = recv_events(&mut client, 3).await;
+    let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![0, 1, 2], "first deliveries go out in offset order");
+    assert_eq!(events[1]["payload"], json!({"n": 1}));
+    assert_eq!((events[0]["attempt"].as_u64(), events[0]["topic"].as_str()), (Some(1), Some("orders")));
+    let ids: Vec<&str> = events.iter().map(id).collect();
+    let ok = client.ack_confirmed(&ids, "a1").await;
+    assert_eq!(ok["type"], "ack_ok");
+    assert_eq!(ok["committed"], json!({"orders": {"0": 3}}));
+    let row = stored_offset(&gw.base, "orders", "alice", 0).await.unwrap();
+    assert_eq!((row["committed"].as_u64(), row["last_acked"].as_u64()), (Some(3), Some(2)));
+    assert_eq!(row["key"], "orders#alice#0");
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"][0]["partitions"][0]["log_end"], 3);
+    // Acking again is a no-op success.
+    let again = client.ack_confirmed(&[ids[0]], "a2").await;
+    assert_eq!(again["committed"], json!({"orders": {"0": 3}}));
+    client.close().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn out_of_order_acks_keep_the_floor_until_the_gap_closes() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "c1").await;
+    client.subscribe("t", json!({})).await;
+    let events = recv_events(&mut client, 10).await;
+    let later: Vec<&str> = events[1..].iter().map(id).collect();
+    let ok = client.ack_confirmed(&later, "r1").await;
+    assert_eq!(ok["committed"], json!({"t": {"0": 0}}));
+    let row = stored_offset(&gw.base, "t", "c1", 0).await.unwrap();
+    assert_eq!((row["committed"].as_u64(), row["last_acked"].as_u64()), (Some(0), Some(9)));
+    let ok = client.ack_confirmed(&[id(&events[0])], "r2").await;
+    assert_eq!(ok["committed"], json!({"t": {"0": 10}}));
+    assert_eq!(stored_offset(&gw.base, "t", "c1", 0).await.unwrap()["committed"], 10);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn fan_out_delivers_every_event_to_every_client() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "fan", 2, 0, 20).await;
+    publish(&gw.base, "fan", json!({"events": (0..20).map(|i| json!({"partition": 1, "payload": i})).collect::<Vec<_>>()})).await;
+    for name in ["a", "b"] {
+        let mut client = WsClient::connect(gw.addr(), name).await;
+        client.subscribe("fan", json!({})).await;
+        let events = recv_events(&mut client, 40).await;
+        let seen: BTreeSet<(u64, u64)> = events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap())).collect();
+        assert_eq!(seen.len(), 40, "{name} got every event once");
+        let ids: Vec<&str> = events.iter().map(id).collect();
+        let ok = client.ack_confirmed(&ids, "all").await;
+        assert_eq!(ok["committed"], json!({"fan": {"0": 20, "1": 20}}));
+        client.close().await;
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn unacked_events_are_redelivered_after_the_timeout_and_late_acks_count() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 300;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    let mut client = WsClient::connect(gw.addr(), "slow").await;
+    client.subscribe("t", json!({})).await;
+    let first = client.recv_type("event").await;
+    let second = client.recv_type("event").await;
+    assert_eq!((second["offset"].as_u64(), second["attempt"].as_u64()), (Some(0), Some(2)));
+    assert_ne!(first["delivery_id"], second["delivery_id"], "a redelivery gets a new id");
+    // The superseded id of a still-unacknowledged event counts.
+    let ok = client.ack_confirmed(&[id(&first)], "late").await;
+    assert_eq!(ok["committed"], json!({"t": {"0": 1}}));
+    client.expect_silence(Duration::from_millis(700)).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn nack_redelivers_and_term_and_max_attempts_make_dead_letters() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 1000;
+    config.delivery.max_attempts = 2;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 3).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let events = recv_events(&mut client, 3).await;
+    // 0: nack -> redelivered at once with attempt 2, then acked.
+    client.send(json!({"op": "nack", "delivery_id": id(&events[0])})).await;
+    // 1: term -> dead letter with the reason, counts as acknowledged.
+    client.send(json!({"op": "term", "delivery_id": id(&events[1]), "reason": "poison"})).await;
+    // 2: never acked -> after 2 attempts a dead letter.
+    let mut redelivered = None;
+    let mut attempts_of_2 = 1;
+    while redelivered.is_none() || attempts_of_2 < 2 {
+        let e = client.recv_type("event").await;
+        match e["offset"].as_u64() {
+            Some(0) => {
+                client.send(json!({"op": "ack", "delivery_id": id(&e)})).await;
+                redelivered = Some(e);
+            }
+            Some(2) => attempts_of_2 = e["attempt"].as_u64().unwrap(),
+            other => panic!("unexpected redelivery of {other:?}"),
+        }
+    }
+    assert_eq!(redelivered.unwrap()["attempt"], 2);
+    let mut committed = 0;
+    for _ in 0..50 {
+        committed = stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"].as_u64().unwrap();
+        if committed == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(committed, 3, "dead letters count as acknowledged");
+    let (_, dead) = get_json(&format!("{}/admin/dead-letters?topic=t", gw.base)).await;
+    let dead: Vec<(u64, String, u64)> = dead["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["offset"].as_u64().unwrap(), d["reason"].as_str().unwrap().to_string(), d["attempts"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(dead, vec![(1, "poison".to_string(), 1), (2, "max_attempts".to_string(), 2)]);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn extend_keeps_a_delivery_from_being_redelivered() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 1500;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let event = client.recv_type("event").await;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        client.send(json!({"op": "extend", "delivery_id": id(&event)})).await;
+    }
+    // 2.4 s after delivery, far past the 1.5 s timeout, it still was not redelivered.
+    client.send(json!({"op": "ping", "req": 1})).await;
+    let next = client.recv().await;
+    assert_eq!(next["type"], "pong", "no redelivery while extended, got {next}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_window_stops_pushing_until_acks_arrive() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight = 3;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "w").await;
+    client.subscribe("t", json!({})).await;
+    let events = recv_events(&mut client, 3).await;
+    client.expect_silence(Duration::from_millis(800)).await;
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    let session = &sessions["sessions"][0];
+    assert_eq!((session["in_flight"].as_u64(), session["window_full"].as_bool()), (Some(3), Some(true)));
+    client.send(json!({"op": "ack", "delivery_id": id(&events[0])})).await;
+    let next = client.recv_type("event").await;
+    assert_eq!(next["offset"], 3);
+    client.expect_silence(Duration::from_millis(300)).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn start_points_follow_from_resume_and_committed() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 5).await;
+    let mut latest = WsClient::connect(gw.addr(), "latest").await;
+    let sub = latest.subscribe("t", json!({"from": "latest"})).await;
+    assert_eq!(sub["partitions"][0]["from"], 5);
+    let mut resumed = WsClient::connect(gw.addr(), "resumed").await;
+    let sub = resumed.subscribe("t", json!({"resume": {"0": 3}})).await;
+    assert_eq!(sub["partitions"][0]["from"], 3);
+    assert_eq!(resumed.recv_type("event").await["offset"], 3);
+    publish(&gw.base, "t", json!({"partition": 0, "payload": "new"})).await;
+    let e = latest.recv_type("event").await;
+    assert_eq!((e["offset"].as_u64(), e["payload"].as_str()), (Some(5), Some("new")));
+    // Starting above the stored offset moves the committed offset there.
+    assert_eq!(stored_offset(&gw.base, "t", "latest", 0).await.unwrap()["committed"], 5);
+    // A resume token below the stored committed offset does not move it back.
+    latest.close().await;
+    let mut again = WsClient::connect(gw.addr(), "latest").await;
+    let sub = again.subscribe("t", json!({"resume": {"0": 1}})).await;
+    assert_eq!(sub["partitions"][0]["from"], 5);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn resubscribing_redelivers_only_unacknowledged_events() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 5).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let events = recv_events(&mut client, 5).await;
+    let later: Vec<&str> = events[1..].iter().map(id).collect();
+    client.ack_confirmed(&later, "x").await;
+    client.send(json!({"op": "unsubscribe", "topic": "t", "req": "u"})).await;
+    assert_eq!(client.recv_type("unsubscribed").await["req"], "u");
+    client.subscribe("t", json!({})).await;
+    let again = client.recv_type("event").await;
+    assert_eq!((again["offset"].as_u64(), again["attempt"].as_u64()), (Some(0), Some(2)));
+    client.expect_silence(Duration::from_millis(500)).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_client_does_not_hold_back_a_fast_one() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.reader_buffer_events = 8;
+    config.delivery.fetch_batch = 4;
+    config.delivery.max_in_flight = 2;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 0).await;
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("t", json!({})).await;
+    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    fast.subscribe("t", json!({})).await;
+    publish(&gw.base, "t", json!({"events": (0..100).map(|i| json!({"payload": i})).collect::<Vec<_>>()})).await;
+    for expected in 0..100u64 {
+        let e = fast.recv_type("event").await;
+        assert_eq!(e["offset"], expected);
+        fast.send(json!({"op": "ack", "delivery_id": id(&e)})).await;
+    }
+    // The slow client got its window's worth and waits; then it catches up from the log.
+    let held = recv_events(&mut slow, 2).await;
+    slow.expect_silence(Duration::from_millis(300)).await;
+    let ids: Vec<&str> = held.iter().map(id).collect();
+    slow.ack_confirmed(&ids, "s").await;
+    let mut next = 2;
+    while next < 100 {
+        let e = slow.recv_type("event").await;
+        assert_eq!(e["offset"], next);
+        next += 1;
+        slow.send(json!({"op": "ack", "delivery_id": id(&e)})).await;
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn takeover_closes_the_old_session_and_hands_in_flight_events_over() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    let mut old = WsClient::connect(gw.addr(), "same").await;
+    old.subscribe("t", json!({})).await;
+    recv_events(&mut old, 2).await;
+    let mut new = WsClient::connect(gw.addr(), "same").await;
+    assert_eq!(old.close_code().await, 4001);
+    new.subscribe("t", json!({})).await;
+    let events = recv_events(&mut new, 2).await;
+    assert!(events.iter().all(|e| e["attempt"] == 2), "attempts count across sessions: {events:?}");
+    let ids: Vec<&str> = events.iter().map(id).collect();
+    assert_eq!(new.ack_confirmed(&ids, "k").await["committed"], json!({"t": {"0": 2}}));
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
+    gw.stop().await;
+}

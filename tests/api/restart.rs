@@ -1,0 +1,135 @@
+//! What survives a restart: floors (not maxima), monotonic offsets, boot alignment, the pull
+//! checkpoint, and offset retention without the KAFKA-8069 bug.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ackgate::core::offsets::{Clock, ManualClock, SystemClock};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn ids(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["delivery_id"].as_str().unwrap()).collect()
+}
+
+async fn receive(client: &mut WsClient, n: usize) -> Vec<Value> {
+    let mut events = Vec::new();
+    while events.len() < n {
+        events.push(client.recv_type("event").await);
+    }
+    events
+}
+
+#[tokio::test]
+async fn only_the_floor_is_durable_delivery_resumes_at_the_gap_after_restart() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "gap").await;
+    client.subscribe("t", json!({})).await;
+    let events = receive(&mut client, 10).await;
+    assert_eq!(client.ack_confirmed(&ids(&events[1..]), "r").await["committed"], json!({"t": {"0": 0}}));
+    client.close().await;
+    gw.stop().await;
+
+    let gw = InProcess::start(test_config(&data)).await;
+    let mut client = WsClient::connect(gw.addr(), "gap").await;
+    let sub = client.subscribe("t", json!({})).await;
+    assert_eq!(sub["partitions"][0]["from"], 0);
+    let first = client.recv_type("event").await;
+    assert_eq!(first["offset"], 0, "the unacknowledged gap is delivered again");
+    let row = stored_offset(&gw.base, "t", "gap", 0).await.unwrap();
+    assert_eq!((row["committed"].as_u64(), row["last_acked"].as_u64()), (Some(0), Some(9)));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_replay_after_restart_never_lowers_a_fast_clients_offset() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    fast.subscribe("t", json!({})).await;
+    let events = receive(&mut fast, 10).await;
+    fast.ack_confirmed(&ids(&events), "f").await;
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("t", json!({})).await;
+    let events = receive(&mut slow, 3).await;
+    slow.ack_confirmed(&ids(&events), "s").await;
+    fast.close().await;
+    slow.close().await;
+    gw.stop().await;
+
+    let gw = InProcess::start(test_config(&data)).await;
+    // Boot alignment put the shared pull cursor at the slowest client's floor...
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 3);
+    // ...and the replay for the slow client leaves the fast one where it was.
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("t", json!({})).await;
+    let replay = receive(&mut slow, 7).await;
+    assert_eq!(replay[0]["offset"], 3);
+    slow.ack_confirmed(&ids(&replay), "s2").await;
+    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    let sub = fast.subscribe("t", json!({})).await;
+    assert_eq!(sub["partitions"][0]["from"], 10);
+    fast.expect_silence(Duration::from_millis(300)).await;
+    assert_eq!(stored_offset(&gw.base, "t", "fast", 0).await.unwrap()["committed"], 10);
+    assert_eq!(stored_offset(&gw.base, "t", "slow", 0).await.unwrap()["committed"], 10);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_pull_checkpoint_is_written_at_shutdown_and_read_at_start() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 2, 0, 6).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    receive(&mut client, 6).await;
+    client.close().await;
+    gw.stop().await;
+    let file = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
+    assert!(file.lines().any(|l| l == "t#0=6"), "checkpoint holds the pull cursor:\n{file}");
+    // Without client offsets, the checkpointed cursor is what the next start uses.
+    std::fs::write(data.join("pull-offsets.properties"), "t#0=4\nt#1=0\n").unwrap();
+    let gw = InProcess::start(test_config(&data)).await;
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 4);
+    gw.stop().await;
+}
+
+/// KAFKA-8069: offsets must not expire right after they are loaded back.
+#[tokio::test]
+async fn offsets_survive_a_sweep_right_after_restart_and_expire_only_past_retention() {
+    let (_dir, data) = temp_dir();
+    let day_ms = 86_400_000;
+    let mut config = test_config(&data);
+    config.offsets.retention_secs = 86_400;
+    let start = SystemClock.now_ms();
+    let gw = InProcess::start_with_clock(config.clone(), Arc::new(ManualClock::new(start))).await;
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    for name in ["absent", "present"] {
+        let mut client = WsClient::connect(gw.addr(), name).await;
+        client.subscribe("t", json!({})).await;
+        let events = receive(&mut client, 2).await;
+        client.ack_confirmed(&ids(&events), "a").await;
+        client.close().await;
+    }
+    gw.stop().await;
+
+    let clock = Arc::new(ManualClock::new(start + 1000));
+    let gw = InProcess::start_with_clock(config, clock.clone()).await;
+    assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 0, "nothing expires right after a restart");
+    let (_, all) = get_json(&format!("{}/admin/offsets", gw.base)).await;
+    assert_eq!(all["offsets"].as_array().unwrap().len(), 2);
+    let mut present = WsClient::connect(gw.addr(), "present").await;
+    clock.advance(day_ms + 2000);
+    assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 1);
+    assert!(stored_offset(&gw.base, "t", "absent", 0).await.is_none(), "the absent client's offset expired");
+    assert_eq!(stored_offset(&gw.base, "t", "present", 0).await.unwrap()["committed"], 2, "a live client's offset never expires");
+    present.send(json!({"op": "ping"})).await;
+    present.recv_type("pong").await;
+    gw.stop().await;
+}

@@ -1,0 +1,263 @@
+//! Test support: start a real gateway (in this process, or as the real binary), talk to it over
+//! real WebSockets and HTTP on 127.0.0.1.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ackgate::config::Config;
+use ackgate::core::offsets::Clock;
+use ackgate::gateway::GatewayHandle;
+use ackgate::Gateway;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// How long a test waits for any one thing before failing (never a measured duration).
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub fn test_config(data_dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".into();
+    config.storage.data_dir = data_dir.to_path_buf();
+    config.server.shutdown_grace_ms = 3000;
+    config
+}
+
+/// A gateway running inside the test process.
+pub struct InProcess {
+    pub handle: GatewayHandle,
+    pub base: String,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcess {
+    pub async fn start(config: Config) -> Self {
+        let gateway = Gateway::build(config).await.expect("gateway builds");
+        Self::run(gateway)
+    }
+
+    pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Self {
+        let gateway = Gateway::build_with_clock(config, clock).await.expect("gateway builds");
+        Self::run(gateway)
+    }
+
+    fn run(gateway: Gateway) -> Self {
+        let handle = gateway.handle();
+        let base = format!("http://{}", handle.local_addr);
+        let task = tokio::spawn(gateway.run(std::future::pending()));
+        Self { handle, base, task }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.handle.local_addr
+    }
+
+    /// Graceful shutdown; waits until the stores are closed.
+    pub async fn stop(self) {
+        self.handle.shutdown();
+        drop(self.handle);
+        tokio::time::timeout(WAIT, self.task).await.expect("gateway stops in time").unwrap().unwrap();
+    }
+}
+
+/// The real `ackgate` binary, started with a config file and environment overrides.
+pub struct Process {
+    child: Child,
+    pub addr: SocketAddr,
+    pub base: String,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_at(data_dir, "127.0.0.1:0", env)
+    }
+
+    pub fn start_at(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> Self {
+        let config = data_dir.with_extension("toml");
+        std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = {listen:?}\n", data_dir.display().to_string())).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ackgate"));
+        command.arg("--config").arg(&config).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("ackgate binary starts");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        // Keep reading stderr for the life of the process, or it would block on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("local_addr=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                    let _ = tx.send(addr.to_string());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr: SocketAddr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr.parse().unwrap(),
+            Err(_) => panic!("ackgate did not start; logs:\n{}", logs.lock().unwrap().join("\n")),
+        };
+        Self { child, base: format!("http://{addr}"), addr, logs }
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("ackgate did not exit after SIGTERM");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+pub async fn publish(base: &str, topic: &str, body: Value) -> Value {
+    let response = http().post(format!("{base}/topics/{topic}/events")).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200, "publish failed: {:?}", response.text().await);
+    response.json().await.unwrap()
+}
+
+/// Publishes `count` events to one partition of a (new) topic with `partitions` partitions.
+pub async fn publish_numbered(base: &str, topic: &str, partitions: u32, partition: u32, count: usize) {
+    let created = http().post(format!("{base}/topics")).json(&json!({"name": topic, "partitions": partitions})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let events: Vec<Value> = (0..count).map(|i| json!({"partition": partition, "payload": {"n": i}})).collect();
+    for chunk in events.chunks(1000) {
+        publish(base, topic, json!({ "events": chunk })).await;
+    }
+}
+
+pub async fn get_json(url: &str) -> (u16, Value) {
+    let response = http().get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The stored offset row of one key, if any.
+pub async fn stored_offset(base: &str, topic: &str, client: &str, partition: u32) -> Option<Value> {
+    let (status, body) = get_json(&format!("{base}/admin/offsets?topic={topic}&client_id={client}&partition={partition}")).await;
+    assert_eq!(status, 200);
+    body["offsets"].as_array().unwrap().first().cloned()
+}
+
+/// A WebSocket client speaking PROTOCOL.md frames.
+pub struct WsClient {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    pub welcome: Value,
+}
+
+impl WsClient {
+    pub async fn connect(addr: SocketAddr, client_id: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws?client_id={client_id}")).await.expect("websocket connects");
+        let mut client = Self { ws, welcome: Value::Null };
+        client.welcome = client.recv().await;
+        assert_eq!(client.welcome["type"], "welcome", "first frame is welcome");
+        client
+    }
+
+    pub async fn send(&mut self, frame: Value) {
+        self.ws.send(Message::Text(frame.to_string().into())).await.unwrap();
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::Text(text.to_string().into())).await.unwrap();
+    }
+
+    /// Next JSON frame; fails the test on close or silence.
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let message = tokio::time::timeout(WAIT, self.ws.next()).await.expect("a frame arrives in time");
+            match message {
+                Some(Ok(Message::Text(text))) => return serde_json::from_str(text.as_str()).unwrap(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                other => panic!("expected a text frame, got {other:?}"),
+            }
+        }
+    }
+
+    /// Next frame of `kind`, skipping others (e.g. events while waiting for an ack_ok).
+    pub async fn recv_type(&mut self, kind: &str) -> Value {
+        loop {
+            let frame = self.recv().await;
+            if frame["type"] == kind {
+                return frame;
+            }
+        }
+    }
+
+    /// Nothing arrives for `quiet`.
+    pub async fn expect_silence(&mut self, quiet: Duration) {
+        if let Ok(frame) = tokio::time::timeout(quiet, self.ws.next()).await {
+            panic!("expected silence, got {frame:?}");
+        }
+    }
+
+    /// Waits for the close frame and returns its code.
+    pub async fn close_code(&mut self) -> u16 {
+        loop {
+            match tokio::time::timeout(WAIT, self.ws.next()).await.expect("close arrives in time") {
+                Some(Ok(Message::Close(Some(frame)))) => return u16::from(frame.code),
+                Some(Ok(Message::Close(None))) => return u16::from(CloseCode::Status),
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        }
+    }
+
+    pub async fn subscribe(&mut self, topic: &str, extra: Value) -> Value {
+        let mut frame = json!({"op": "subscribe", "topic": topic, "req": "sub"});
+        frame.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        self.send(frame).await;
+        let answer = self.recv().await;
+        assert_eq!(answer["type"], "subscribed", "subscribe answered {answer}");
+        answer
+    }
+
+    /// Acks with a receipt and returns the `ack_ok` frame.
+    pub async fn ack_confirmed(&mut self, ids: &[&str], req: &str) -> Value {
+        self.send(json!({"op": "ack", "delivery_ids": ids, "req": req})).await;
+        loop {
+            let frame = self.recv().await;
+            if frame["req"] == req {
+                return frame;
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+}
+
+pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    (dir, data)
+}
