@@ -38,6 +38,26 @@ impl OffsetRecord {
         out
     }
 
+    /// True when `write` moves this record forward: a higher committed offset, or the same one
+    /// with a higher `last_acked` (out-of-order acks above the floor). Never backwards.
+    pub fn is_advanced_by(&self, write: &OffsetWrite) -> bool {
+        write.committed > self.committed || (write.committed == self.committed && write.last_acked > self.last_acked)
+    }
+
+    /// This record after a write that advances it; neither field moves back.
+    pub fn advanced_by(&self, write: &OffsetWrite) -> Self {
+        Self {
+            committed: self.committed.max(write.committed),
+            last_acked: self.last_acked.max(write.last_acked),
+            updated_at: write.updated_at,
+        }
+    }
+
+    /// The record a write creates where there was none.
+    pub fn from_write(write: &OffsetWrite) -> Self {
+        Self { committed: write.committed, last_acked: write.last_acked, updated_at: write.updated_at }
+    }
+
     /// Decodes a stored value. A value shorter than the current format (an older or damaged
     /// record) keeps its committed offset and gets `UNKNOWN_TIME`, never an expired time.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
@@ -53,7 +73,7 @@ impl OffsetRecord {
     }
 }
 
-/// One CAS-max write: raise `key` to `committed` unless it already is at or above it.
+/// One CAS-max write: raise `key` to `committed` (and `last_acked`) unless it is already there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OffsetWrite {
     pub key: OffsetKey,
@@ -65,9 +85,9 @@ pub struct OffsetWrite {
 /// What a CAS-max write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOutcome {
-    /// The stored offset moved forward (or was created).
+    /// The record moved forward (or was created).
     Advanced,
-    /// The stored offset was already at or above the write: nothing changed.
+    /// The record was already at or above the write: nothing changed.
     Stale,
 }
 

@@ -402,8 +402,8 @@ impl Session {
     async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
         let mut unknown = Vec::new();
         let mut acked = Vec::new();
-        // Floor of every touched partition before this ack, to see which moved.
-        let mut touched: BTreeMap<TopicPartition, u64> = BTreeMap::new();
+        // Floor and last_acked of every touched partition before this ack, to see which moved.
+        let mut touched: BTreeMap<TopicPartition, (u64, Option<u64>)> = BTreeMap::new();
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         let mut writes = Vec::new();
         let now_ms = self.d.clock.now_ms();
@@ -418,7 +418,7 @@ impl Session {
                     unknown.push(id.as_str());
                     continue;
                 };
-                let before = tracker.floor();
+                let before = (tracker.floor(), tracker.last_acked());
                 match tracker.ack(delivery.offset, delivery.seq) {
                     AckEffect::Acked => acked.push((tp.clone(), delivery.event())),
                     AckEffect::AlreadyAcked => {}
@@ -431,7 +431,7 @@ impl Session {
             }
             for (tp, before) in &touched {
                 let tracker = &client.trackers[tp];
-                if tracker.floor() > before.to_owned() {
+                if (tracker.floor(), tracker.last_acked()) != *before {
                     writes.push(OffsetWrite {
                         key: OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition),
                         committed: tracker.floor(),

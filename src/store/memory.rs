@@ -38,15 +38,14 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(writes
             .iter()
             .map(|w| {
-                let next = OffsetRecord { committed: w.committed, last_acked: w.last_acked, updated_at: w.updated_at };
                 match inner.records.get_mut(&w.key) {
-                    Some(current) if current.committed >= w.committed => WriteOutcome::Stale,
+                    Some(current) if !current.is_advanced_by(w) => WriteOutcome::Stale,
                     Some(current) => {
-                        *current = merge(current, &next);
+                        *current = current.advanced_by(w);
                         WriteOutcome::Advanced
                     }
                     None => {
-                        inner.records.insert(w.key.clone(), next);
+                        inner.records.insert(w.key.clone(), OffsetRecord::from_write(w));
                         WriteOutcome::Advanced
                     }
                 }
@@ -88,14 +87,5 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
-    }
-}
-
-/// The record after a forward CAS-max write: `last_acked` never moves back either.
-pub(crate) fn merge(current: &OffsetRecord, next: &OffsetRecord) -> OffsetRecord {
-    OffsetRecord {
-        committed: next.committed,
-        last_acked: current.last_acked.max(next.last_acked),
-        updated_at: next.updated_at,
     }
 }

@@ -12,7 +12,6 @@ use std::sync::Mutex;
 
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch, WriteOptions};
 
-use super::memory::merge;
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
 use crate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
@@ -97,16 +96,15 @@ impl OffsetStore for RocksOffsetStore {
                 Some(record) => Some(*record),
                 None => self.get_record(&w.key)?,
             };
-            let next = OffsetRecord { committed: w.committed, last_acked: w.last_acked, updated_at: w.updated_at };
             let record = match current {
-                Some(c) if c.committed >= w.committed => {
+                Some(c) if !c.is_advanced_by(w) => {
                     outcomes.push(WriteOutcome::Stale);
                     continue;
                 }
-                Some(c) => merge(&c, &next),
+                Some(c) => c.advanced_by(w),
                 None => {
                     batch.put_cf(&by_client_cf, w.key.encode_by_client(), []);
-                    next
+                    OffsetRecord::from_write(w)
                 }
             };
             batch.put_cf(&offsets_cf, w.key.encode(), record.encode());

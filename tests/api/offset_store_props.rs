@@ -27,6 +27,7 @@ fn check_running_max(store: &dyn OffsetStore, batches: &[Vec<(u8, u64)>], model:
         let outcomes = store.write_offsets(&writes).unwrap();
         for (write, outcome) in writes.iter().zip(outcomes) {
             let current = model.get(&write.key).copied();
+            // last_acked = committed - 1 here, so a record advances exactly when committed does.
             let expected = if current.is_none_or(|c| write.committed > c) { WriteOutcome::Advanced } else { WriteOutcome::Stale };
             assert_eq!(outcome, expected, "{write:?} over {current:?}");
             model.insert(write.key.clone(), current.map_or(write.committed, |c| c.max(write.committed)));

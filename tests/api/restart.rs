@@ -85,6 +85,7 @@ async fn the_pull_checkpoint_is_written_at_shutdown_and_read_at_start() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 2, 0, 6).await;
+    publish_numbered(&gw.base, "unread", 1, 0, 6).await;
     let mut client = WsClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     receive(&mut client, 6).await;
@@ -92,11 +93,13 @@ async fn the_pull_checkpoint_is_written_at_shutdown_and_read_at_start() {
     gw.stop().await;
     let file = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
     assert!(file.lines().any(|l| l == "t#0=6"), "checkpoint holds the pull cursor:\n{file}");
-    // Without client offsets, the checkpointed cursor is what the next start uses.
-    std::fs::write(data.join("pull-offsets.properties"), "t#0=4\nt#1=0\n").unwrap();
+    // A partition without known clients starts from its checkpointed cursor; one with clients
+    // is aligned to their smallest committed offset (client c acked nothing: 0).
+    std::fs::write(data.join("pull-offsets.properties"), "t#0=4\nt#1=0\nunread#0=5\n").unwrap();
     let gw = InProcess::start(test_config(&data)).await;
     let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
-    assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 4);
+    let pull = |name: &str| topics["topics"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap()["partitions"][0]["pull_offset"].clone();
+    assert_eq!((pull("t"), pull("unread")), (json!(0), json!(5)));
     gw.stop().await;
 }
 
