@@ -13,8 +13,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use codec::StoredEvent;
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch};
 use tokio::sync::Notify;
+
+mod codec;
+mod retention;
+#[cfg(test)]
+mod tests;
 
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds};
@@ -25,6 +31,9 @@ type Db = DBWithThreadMode<MultiThreaded>;
 
 const CF_TOPICS: &str = "topics";
 const CF_EVENTS: &str = "events";
+/// Log end of partitions whose events retention deleted entirely, so offsets keep counting
+/// from there after a restart instead of starting again at 0.
+const CF_ENDS: &str = "partition_ends";
 
 /// Settings of the embedded log (from the `[embedded]` config section).
 #[derive(Debug, Clone)]
@@ -85,7 +94,7 @@ impl EmbeddedLog {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = [CF_TOPICS, CF_EVENTS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("log"), cfs).map_err(io_err)?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = Self {
@@ -103,7 +112,7 @@ impl EmbeddedLog {
     }
 
     fn recover_topics(&self) -> Result<(), BackendError> {
-        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let cf = self.cf(CF_TOPICS)?;
         let mut recovered = HashMap::new();
         for item in self.db.iterator_cf(&cf, IteratorMode::Start) {
             let (name, value) = item.map_err(io_err)?;
@@ -120,7 +129,7 @@ impl EmbeddedLog {
     }
 
     fn recover_partition(&self, topic: &TopicName, partition: u32) -> Result<PartitionLog, BackendError> {
-        let cf = self.events_cf()?;
+        let cf = self.cf(CF_EVENTS)?;
         let prefix = partition_prefix(topic, partition);
         let first = self.db.iterator_cf(&cf, IteratorMode::From(&prefix, Direction::Forward)).next();
         let last_key = event_key(topic, partition, u64::MAX);
@@ -151,13 +160,13 @@ impl EmbeddedLog {
 
     /// The `end` remembered for a partition whose events are all gone (see `remember_end`).
     fn stored_partition_end(&self, topic: &TopicName, partition: u32) -> Result<Option<u64>, BackendError> {
-        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let cf = self.cf(CF_ENDS)?;
         let value = self.db.get_cf(&cf, end_marker_key(topic, partition)).map_err(io_err)?;
         Ok(value.and_then(|v| v.get(..8).map(|b| u64::from_be_bytes(b.try_into().unwrap()))))
     }
 
-    fn events_cf(&self) -> Result<Arc<rocksdb::BoundColumnFamily<'_>>, BackendError> {
-        self.db.cf_handle(CF_EVENTS).ok_or_else(|| io_err("missing events column family"))
+    fn cf(&self, name: &'static str) -> Result<Arc<rocksdb::BoundColumnFamily<'_>>, BackendError> {
+        self.db.cf_handle(name).ok_or_else(|| io_err(format!("missing column family {name}")))
     }
 
     fn write_opts(&self) -> rocksdb::WriteOptions {
@@ -177,7 +186,7 @@ impl EmbeddedLog {
         if partitions == 0 || partitions > 10_000 {
             return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
         }
-        let cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let cf = self.cf(CF_TOPICS)?;
         self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
         let logs = (0..partitions)
             .map(|_| PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) })
@@ -203,7 +212,7 @@ impl EmbeddedLog {
         if from >= end || max == 0 {
             return Ok(Vec::new());
         }
-        let cf = self.events_cf()?;
+        let cf = self.cf(CF_EVENTS)?;
         let prefix = partition_prefix(&tp.topic, tp.partition);
         let first = event_key(&tp.topic, tp.partition, from);
         let mut events = Vec::with_capacity(max.min((end - from) as usize));
@@ -238,68 +247,6 @@ impl EmbeddedLog {
         Ok(f(partition))
     }
 
-    /// Deletes the oldest events of every partition that break the age or size limit. Returns how
-    /// many events went. Called periodically by the gateway.
-    pub fn enforce_retention(&self) -> Result<u64, BackendError> {
-        let now = self.clock.now_ms();
-        let _guard = self.append_lock.lock().unwrap();
-        let targets: Vec<(TopicName, u32, u64, u64, u64)> = self
-            .topics
-            .read()
-            .unwrap()
-            .iter()
-            .flat_map(|(t, ps)| ps.iter().enumerate().map(|(i, p)| (t.clone(), i as u32, p.start, p.end, p.bytes_before_end)))
-            .filter(|(_, _, start, end, _)| start < end)
-            .collect();
-        let mut removed = 0;
-        for (topic, partition, start, end, bytes_before_end) in targets {
-            let (new_start, new_bytes_before_start) = self.retention_cut(&topic, partition, start, end, bytes_before_end, now)?;
-            if new_start == start {
-                continue;
-            }
-            let cf = self.events_cf()?;
-            let mut batch = WriteBatch::default();
-            batch.delete_range_cf(&cf, event_key(&topic, partition, start), event_key(&topic, partition, new_start));
-            if new_start == end {
-                let topics_cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
-                batch.put_cf(&topics_cf, end_marker_key(&topic, partition), end.to_be_bytes());
-            }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
-            if let Some(p) = self.topics.write().unwrap().get_mut(&topic).and_then(|ps| ps.get_mut(partition as usize)) {
-                p.start = new_start;
-                p.bytes_before_start = new_bytes_before_start;
-            }
-            removed += new_start - start;
-            tracing::debug!(%topic, partition, from = start, to = new_start, "retention deleted events");
-        }
-        Ok(removed)
-    }
-
-    /// First offset to keep in one partition, and the bytes written before it.
-    fn retention_cut(&self, topic: &TopicName, partition: u32, start: u64, end: u64, bytes_before_end: u64, now: u64) -> Result<(u64, u64), BackendError> {
-        let max_age = self.settings.retention_ms;
-        let max_bytes = self.settings.retention_bytes_per_partition;
-        let cf = self.events_cf()?;
-        let prefix = partition_prefix(topic, partition);
-        let mut keep_from = (start, 0);
-        for item in self.db.iterator_cf(&cf, IteratorMode::From(&event_key(topic, partition, start), Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
-            if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
-                break;
-            }
-            let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
-            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?;
-            let too_old = max_age > 0 && now.saturating_sub(stored.timestamp) > max_age;
-            let too_big = max_bytes > 0 && bytes_before_end - stored.bytes_before > max_bytes;
-            keep_from = (offset, stored.bytes_before);
-            if !(too_old || too_big) || offset >= end {
-                return Ok(keep_from);
-            }
-            keep_from = (offset + 1, stored.bytes_before + stored.encoded_len);
-        }
-        Ok(keep_from)
-    }
-
     /// Broker acks counted so far (the embedded log has nothing to acknowledge).
     pub fn broker_acks(&self) -> u64 {
         self.broker_acks.load(Ordering::Relaxed)
@@ -312,7 +259,7 @@ impl EmbeddedLog {
 }
 
 fn end_marker_key(topic: &TopicName, partition: u32) -> Vec<u8> {
-    format!("{topic}#{partition}#end").into_bytes()
+    partition_prefix(topic, partition)
 }
 
 #[async_trait]
@@ -337,15 +284,16 @@ impl LogBackend for EmbeddedLog {
         let Some(partitions) = self.topics.write().unwrap().remove(topic) else {
             return Ok(false);
         };
-        let cf = self.events_cf()?;
-        let topics_cf = self.db.cf_handle(CF_TOPICS).ok_or_else(|| io_err("missing topics column family"))?;
+        let cf = self.cf(CF_EVENTS)?;
+        let topics_cf = self.cf(CF_TOPICS)?;
+        let ends_cf = self.cf(CF_ENDS)?;
         let mut batch = WriteBatch::default();
         let mut upper = topic_prefix(topic);
         upper.extend_from_slice(&[0xff; 13]);
         batch.delete_range_cf(&cf, topic_prefix(topic), upper);
         batch.delete_cf(&topics_cf, topic.as_str());
         for p in 0..partitions.len() as u32 {
-            batch.delete_cf(&topics_cf, end_marker_key(topic, p));
+            batch.delete_cf(&ends_cf, end_marker_key(topic, p));
         }
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         self.cursors.remove_topic(topic);
@@ -372,7 +320,7 @@ impl LogBackend for EmbeddedLog {
         let targets = events.iter().map(|e| self.pick_partition(e, count)).collect::<Result<Vec<_>, _>>()?;
         // Assign offsets from a copy of the ends, so a failed write changes nothing.
         let mut ends: Vec<(u64, u64)> = self.topics.read().unwrap()[topic].iter().map(|p| (p.end, p.bytes_before_end)).collect();
-        let cf = self.events_cf()?;
+        let cf = self.cf(CF_EVENTS)?;
         let mut batch = WriteBatch::default();
         let mut assigned = Vec::with_capacity(events.len());
         for (event, partition) in events.into_iter().zip(targets) {
@@ -449,109 +397,4 @@ impl LogBackend for EmbeddedLog {
 /// 32-bit FNV-1a: a stable key hash, so a key maps to the same partition across restarts.
 fn fnv1a(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5u32, |hash, b| (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193))
-}
-
-/// The stored form of an event:
-/// `timestamp(8) bytes_before(8) flags(1) [key_len(4) key] header_count(4) {len(4) name len(4) value}* payload`.
-struct StoredEvent {
-    timestamp: u64,
-    bytes_before: u64,
-    encoded_len: u64,
-    key: Option<String>,
-    headers: Vec<(String, String)>,
-    payload: Vec<u8>,
-    payload_is_json: bool,
-}
-
-const FLAG_JSON: u8 = 1;
-const FLAG_KEY: u8 = 2;
-
-impl StoredEvent {
-    fn encode(event: &NewEvent, timestamp: u64, bytes_before: u64) -> Vec<u8> {
-        let mut out = Vec::with_capacity(32 + event.payload.len());
-        out.extend_from_slice(&timestamp.to_be_bytes());
-        out.extend_from_slice(&bytes_before.to_be_bytes());
-        let flags = if event.payload_is_json { FLAG_JSON } else { 0 } | if event.key.is_some() { FLAG_KEY } else { 0 };
-        out.push(flags);
-        let push = |out: &mut Vec<u8>, bytes: &[u8]| {
-            out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-            out.extend_from_slice(bytes);
-        };
-        if let Some(key) = &event.key {
-            push(&mut out, key.as_bytes());
-        }
-        out.extend_from_slice(&(event.headers.len() as u32).to_be_bytes());
-        for (name, value) in &event.headers {
-            push(&mut out, name.as_bytes());
-            push(&mut out, value.as_bytes());
-        }
-        out.extend_from_slice(&event.payload);
-        out
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        let mut fields = Fields { rest: bytes };
-        let timestamp = fields.u64()?;
-        let bytes_before = fields.u64()?;
-        let flags = fields.u8()?;
-        let key = if flags & FLAG_KEY != 0 { Some(fields.string()?) } else { None };
-        let header_count = fields.u32()?;
-        let mut headers = Vec::with_capacity(header_count.min(64) as usize);
-        for _ in 0..header_count {
-            headers.push((fields.string()?, fields.string()?));
-        }
-        Some(Self {
-            timestamp,
-            bytes_before,
-            encoded_len: bytes.len() as u64,
-            key,
-            headers,
-            payload: fields.rest.to_vec(),
-            payload_is_json: flags & FLAG_JSON != 0,
-        })
-    }
-
-    fn into_event(self, partition: u32, offset: u64) -> Event {
-        Event {
-            partition,
-            offset,
-            timestamp: self.timestamp,
-            key: self.key,
-            headers: self.headers,
-            payload: self.payload,
-            payload_is_json: self.payload_is_json,
-        }
-    }
-}
-
-/// A cursor over length-prefixed fields.
-struct Fields<'a> {
-    rest: &'a [u8],
-}
-
-impl Fields<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let value = *self.rest.first()?;
-        self.rest = &self.rest[1..];
-        Some(value)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        let value = u64::from_be_bytes(self.rest.get(..8)?.try_into().ok()?);
-        self.rest = &self.rest[8..];
-        Some(value)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        let value = u32::from_be_bytes(self.rest.get(..4)?.try_into().ok()?);
-        self.rest = &self.rest[4..];
-        Some(value)
-    }
-
-    fn string(&mut self) -> Option<String> {
-        let len = self.u32()? as usize;
-        let value = String::from_utf8(self.rest.get(..len)?.to_vec()).ok()?;
-        self.rest = &self.rest[len..];
-        Some(value)
-    }
 }

@@ -1,0 +1,73 @@
+//! Log retention: deletes the oldest events of each partition by age and by size.
+
+use rocksdb::{Direction, IteratorMode, WriteBatch};
+
+use super::codec::StoredEvent;
+use super::{end_marker_key, event_key, io_err, partition_prefix, EmbeddedLog, CF_ENDS, CF_EVENTS};
+use crate::core::backend::BackendError;
+use crate::core::names::TopicName;
+
+impl EmbeddedLog {
+    /// Deletes the oldest events of every partition that break the age or size limit. Returns how
+    /// many events went. Called periodically by the gateway.
+    pub fn enforce_retention(&self) -> Result<u64, BackendError> {
+        let now = self.clock.now_ms();
+        let _guard = self.append_lock.lock().unwrap();
+        let targets: Vec<(TopicName, u32, u64, u64, u64)> = self
+            .topics
+            .read()
+            .unwrap()
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().enumerate().map(|(i, p)| (t.clone(), i as u32, p.start, p.end, p.bytes_before_end)))
+            .filter(|(_, _, start, end, _)| start < end)
+            .collect();
+        let mut removed = 0;
+        for (topic, partition, start, end, bytes_before_end) in targets {
+            let (new_start, new_bytes_before_start) = self.retention_cut(&topic, partition, start, end, bytes_before_end, now)?;
+            if new_start == start {
+                continue;
+            }
+            let cf = self.cf(CF_EVENTS)?;
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(&cf, event_key(&topic, partition, start), event_key(&topic, partition, new_start));
+            if new_start == end {
+                let ends_cf = self.cf(CF_ENDS)?;
+                batch.put_cf(&ends_cf, end_marker_key(&topic, partition), end.to_be_bytes());
+            }
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            if let Some(p) = self.topics.write().unwrap().get_mut(&topic).and_then(|ps| ps.get_mut(partition as usize)) {
+                p.start = new_start;
+                p.bytes_before_start = new_bytes_before_start;
+            }
+            removed += new_start - start;
+            tracing::debug!(%topic, partition, from = start, to = new_start, "retention deleted events");
+        }
+        Ok(removed)
+    }
+
+    /// First offset to keep in one partition, and the bytes written before it.
+    fn retention_cut(&self, topic: &TopicName, partition: u32, start: u64, end: u64, bytes_before_end: u64, now: u64) -> Result<(u64, u64), BackendError> {
+        let max_age = self.settings.retention_ms;
+        let max_bytes = self.settings.retention_bytes_per_partition;
+        let cf = self.cf(CF_EVENTS)?;
+        let prefix = partition_prefix(topic, partition);
+        let mut keep_from = (start, 0);
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(&event_key(topic, partition, start), Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
+                break;
+            }
+            let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
+            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?;
+            let too_old = max_age > 0 && now.saturating_sub(stored.timestamp) > max_age;
+            let too_big = max_bytes > 0 && bytes_before_end - stored.bytes_before > max_bytes;
+            keep_from = (offset, stored.bytes_before);
+            if !(too_old || too_big) || offset >= end {
+                return Ok(keep_from);
+            }
+            keep_from = (offset + 1, stored.bytes_before + stored.encoded_len);
+        }
+        Ok(keep_from)
+    }
+
+}

@@ -1,0 +1,138 @@
+//! The embedded log against a real RocksDB in a temp dir.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::core::offsets::ManualClock;
+
+const DAY_MS: u64 = 86_400_000;
+
+fn settings() -> EmbeddedLogSettings {
+    EmbeddedLogSettings { default_partitions: 2, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false }
+}
+
+fn event(partition: Option<u32>, key: Option<&str>, n: u32) -> NewEvent {
+    NewEvent { key: key.map(String::from), partition, headers: vec![], payload: n.to_string().into_bytes(), payload_is_json: true }
+}
+
+fn topic(name: &str) -> TopicName {
+    TopicName::parse(name).unwrap()
+}
+
+fn tp(name: &str, partition: u32) -> TopicPartition {
+    TopicPartition::new(topic(name), partition)
+}
+
+async fn offsets_of(log: &EmbeddedLog, tp: &TopicPartition, from: i64) -> Vec<u64> {
+    log.poll(tp, from, 1000, Duration::ZERO).await.unwrap().iter().map(|e| e.offset).collect()
+}
+
+#[tokio::test]
+async fn offsets_are_contiguous_batches_atomic_and_keys_sticky() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
+    let t = topic("t");
+    let assigned = log.publish(&t, (0..5).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
+    assert_eq!(assigned, (0..5).map(|o| (0, o)).collect::<Vec<_>>());
+    // One bad partition refuses the whole batch.
+    let bad = log.publish(&t, vec![event(Some(1), None, 9), event(Some(7), None, 9)]).await;
+    assert!(matches!(bad, Err(BackendError::InvalidInput(_))));
+    assert_eq!(log.log_bounds(&tp("t", 1)).await.unwrap(), PartitionBounds { log_start: 0, log_end: 0 });
+    let keyed = log.publish(&t, (0..6).map(|n| event(None, Some("same"), n)).collect()).await.unwrap();
+    assert!(keyed.windows(2).all(|w| w[0].0 == w[1].0), "one key, one partition: {keyed:?}");
+    assert_eq!(log.create_topic(&t, 2).await.unwrap(), false);
+    assert!(matches!(log.create_topic(&t, 3).await, Err(BackendError::Conflict(_))));
+    let events = log.poll(&tp("t", 0), 2, 2, Duration::ZERO).await.unwrap();
+    assert_eq!((events[0].offset, events[0].payload.as_slice(), events.len()), (2, b"2".as_slice(), 2));
+}
+
+#[tokio::test]
+async fn reopening_recovers_topics_ends_and_the_pull_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
+        log.publish(&topic("t"), (0..4).map(|n| event(Some(1), None, n)).collect()).await.unwrap();
+        assert_eq!(offsets_of(&log, &tp("t", 1), -1).await, vec![0, 1, 2, 3]);
+        assert_eq!(log.pull_offset(&tp("t", 1)), Some(4));
+        log.seek(&tp("t", 1), 2);
+        log.checkpoint().unwrap();
+    }
+    let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
+    assert_eq!(log.topics().await.unwrap(), vec![(topic("t"), 2)]);
+    assert_eq!(log.pull_offset(&tp("t", 1)), Some(2));
+    assert_eq!(offsets_of(&log, &tp("t", 1), -1).await, vec![2, 3]);
+    let next = log.publish(&topic("t"), vec![event(Some(1), None, 4)]).await.unwrap();
+    assert_eq!(next, vec![(1, 4)]);
+}
+
+#[tokio::test]
+async fn a_long_poll_wakes_on_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap());
+    log.create_topic(&topic("t"), 1).await.unwrap();
+    let waiter = {
+        let log = log.clone();
+        tokio::spawn(async move { log.poll(&tp("t", 0), -1, 10, Duration::from_secs(30)).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    log.publish(&topic("t"), vec![event(None, None, 1)]).await.unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
+    assert_eq!(events.len(), 1);
+}
+
+#[tokio::test]
+async fn retention_by_age_deletes_old_events_and_offsets_keep_counting() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(10 * DAY_MS));
+    let mut settings = settings();
+    settings.retention_ms = DAY_MS;
+    {
+        let log = EmbeddedLog::open(dir.path(), settings.clone(), clock.clone()).unwrap();
+        log.publish(&topic("t"), (0..3).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
+        clock.advance(DAY_MS / 2);
+        log.publish(&topic("t"), (3..5).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
+        clock.advance(DAY_MS / 2 + 1);
+        assert_eq!(log.enforce_retention().unwrap(), 3);
+        assert_eq!(log.log_bounds(&tp("t", 0)).await.unwrap(), PartitionBounds { log_start: 3, log_end: 5 });
+        assert_eq!(offsets_of(&log, &tp("t", 0), 0).await, vec![3, 4], "reads below log_start begin at it");
+        clock.advance(DAY_MS);
+        assert_eq!(log.enforce_retention().unwrap(), 2);
+    }
+    // Everything went; a reopen must not restart offsets at 0.
+    let log = EmbeddedLog::open(dir.path(), settings, clock).unwrap();
+    assert_eq!(log.log_bounds(&tp("t", 0)).await.unwrap(), PartitionBounds { log_start: 5, log_end: 5 });
+    assert_eq!(log.publish(&topic("t"), vec![event(Some(0), None, 5)]).await.unwrap(), vec![(0, 5)]);
+}
+
+#[tokio::test]
+async fn retention_by_size_keeps_the_newest_events_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings();
+    let clock = Arc::new(ManualClock::new(1));
+    let one = StoredEvent::encode(&event(Some(0), None, 1), 1, 0).len() as u64;
+    settings.retention_bytes_per_partition = 3 * one;
+    let log = EmbeddedLog::open(dir.path(), settings.clone(), clock.clone()).unwrap();
+    log.publish(&topic("t"), (0..8).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
+    assert_eq!(log.enforce_retention().unwrap(), 5);
+    assert_eq!(offsets_of(&log, &tp("t", 0), 0).await, vec![5, 6, 7]);
+    assert_eq!(log.enforce_retention().unwrap(), 0, "within the limit nothing more goes");
+    drop(log);
+    let log = EmbeddedLog::open(dir.path(), settings, clock).unwrap();
+    assert_eq!(log.log_bounds(&tp("t", 0)).await.unwrap(), PartitionBounds { log_start: 5, log_end: 8 });
+    assert_eq!(log.enforce_retention().unwrap(), 0, "sizes are recovered at open");
+}
+
+#[tokio::test]
+async fn deleting_a_topic_removes_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
+    log.publish(&topic("gone"), (0..3).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
+    log.publish(&topic("gone2"), vec![event(Some(0), None, 0)]).await.unwrap();
+    assert!(log.delete_topic(&topic("gone")).await.unwrap());
+    assert!(!log.delete_topic(&topic("gone")).await.unwrap());
+    assert!(matches!(log.log_bounds(&tp("gone", 0)).await, Err(BackendError::UnknownTopic(_))));
+    assert_eq!(offsets_of(&log, &tp("gone2", 0), 0).await, vec![0], "a topic whose name extends it is untouched");
+    log.create_topic(&topic("gone"), 1).await.unwrap();
+    assert_eq!(log.log_bounds(&tp("gone", 0)).await.unwrap(), PartitionBounds { log_start: 0, log_end: 0 });
+}
