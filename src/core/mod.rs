@@ -5,6 +5,8 @@ pub mod ack_tracker;
 pub mod alignment;
 pub mod client_state;
 pub mod dispatcher;
+pub mod feeder;
+pub mod in_flight;
 pub mod offset_writer;
 pub mod reader;
 pub mod session;

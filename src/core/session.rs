@@ -5,26 +5,27 @@
 //! HTTP types; `http::ws` adapts a real WebSocket to it. Frames of a session are handled one at a
 //! time in the order sent; everything a step wants to send is queued and written in one flush.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use serde_json::Value;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ack_tracker::AckEffect;
 use super::backend::Event;
 use super::client_state::{ClientState, DeliveryRef, EventRef};
-use super::dispatcher::{Dispatcher, InFlightView, Registration, SessionControl, SessionInfo};
+use super::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
+use super::feeder::{feed_partition, FeedPlan, Fed};
+use super::in_flight::{Delivery, InFlightWindow};
 use super::names::{OffsetKey, TopicName, TopicPartition};
+use super::offset_writer::WriteRequest;
 use super::offsets::{DeadLetter, OffsetWrite};
 use super::protocol::{close_code, parse_client_frame, write_event_frame, ClientFrame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
-use super::reader::PartitionReader;
 
 /// What the transport hands the session.
 #[derive(Debug)]
@@ -48,30 +49,10 @@ const FEED_DRAIN: usize = 256;
 /// How often the session checks for a window that stays full.
 const SLOW_CHECK: Duration = Duration::from_millis(500);
 
-/// An event handed over by a partition feeder, holding one slot of the in-flight window.
-struct Fed {
-    subscription: u64,
-    topic: TopicName,
-    event: Arc<Event>,
-    permit: OwnedSemaphorePermit,
-}
-
 struct Subscription {
     id: u64,
     slot: u32,
     cancel: CancellationToken,
-}
-
-struct InFlight {
-    seq: u64,
-    topic: TopicName,
-    attempt: u32,
-    deadline: Instant,
-    deadline_ms: u64,
-    /// Bumped on every deadline change; timers of older generations are ignored.
-    generation: u64,
-    event: Arc<Event>,
-    _permit: OwnedSemaphorePermit,
 }
 
 enum Step {
@@ -86,11 +67,9 @@ struct Session {
     client: Arc<Mutex<ClientState>>,
     window: Arc<Semaphore>,
     subscriptions: HashMap<TopicName, Subscription>,
-    in_flight: HashMap<EventRef, InFlight>,
-    timers: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
+    in_flight: InFlightWindow,
     feed_tx: mpsc::Sender<Fed>,
     next_subscription: u64,
-    next_generation: u64,
     window_full_since: Option<Instant>,
     cancel: CancellationToken,
     out: Vec<Outbound>,
@@ -110,11 +89,9 @@ where
         info: info.clone(),
         client,
         subscriptions: HashMap::new(),
-        in_flight: HashMap::new(),
-        timers: BinaryHeap::new(),
+        in_flight: InFlightWindow::default(),
         feed_tx,
         next_subscription: 1,
-        next_generation: 1,
         window_full_since: None,
         cancel: CancellationToken::new(),
         out: Vec::new(),
@@ -137,7 +114,7 @@ where
             reason = "socket write failed";
             break;
         }
-        let next_timer = s.timers.peek().map(|Reverse((at, _, _))| *at);
+        let next_timer = s.in_flight.next_deadline();
         let step = tokio::select! {
             biased;
             _ = d.shutdown.cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
@@ -229,20 +206,7 @@ impl Session {
             SessionControl::TakenOver => Step::Close(close_code::TAKEN_OVER, "taken over by a newer session"),
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Describe(reply) => {
-                let mut views: Vec<InFlightView> = self
-                    .in_flight
-                    .iter()
-                    .map(|(ev, f)| InFlightView {
-                        delivery_id: DeliveryRef { seq: f.seq, slot: ev.slot, partition: ev.partition, offset: ev.offset }.to_id(),
-                        topic: f.topic.to_string(),
-                        partition: ev.partition,
-                        offset: ev.offset,
-                        attempt: f.attempt,
-                        deadline: f.deadline_ms,
-                    })
-                    .collect();
-                views.sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
-                let _ = reply.send(views);
+                let _ = reply.send(self.in_flight.views());
                 Step::Continue
             }
         }
@@ -317,16 +281,8 @@ impl Session {
         });
         for start in &starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
-            tokio::spawn(feed_partition(
-                reader,
-                start.from,
-                self.d.settings.fetch_batch,
-                self.window.clone(),
-                self.feed_tx.clone(),
-                id,
-                topic.clone(),
-                cancel.clone(),
-            ));
+            let plan = FeedPlan { reader, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
+            tokio::spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
         self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
         self.info.subscriptions.lock().unwrap().push(topic);
@@ -348,7 +304,7 @@ impl Session {
             return false;
         };
         subscription.cancel.cancel();
-        self.in_flight.retain(|ev, _| ev.slot != subscription.slot);
+        self.in_flight.release_slot(subscription.slot);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
         true
@@ -376,12 +332,8 @@ impl Session {
             return;
         }
         self.push_event(&fed.topic, seq, attempt, &fed.event, event);
-        let (deadline, deadline_ms, generation) = self.next_deadline(self.d.settings.ack_timeout);
-        self.in_flight.insert(
-            event,
-            InFlight { seq, topic: fed.topic, attempt, deadline, deadline_ms, generation, event: fed.event, _permit: fed.permit },
-        );
-        self.timers.push(Reverse((deadline, event, generation)));
+        let delivery = Delivery { seq, topic: fed.topic, attempt, event: fed.event, permit: fed.permit };
+        self.in_flight.insert(event, delivery, self.d.settings.ack_timeout, self.d.clock.now_ms());
         self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
     }
@@ -391,12 +343,6 @@ impl Session {
         let mut frame = String::with_capacity(160 + event.payload.len());
         write_event_frame(&mut frame, &id, topic.as_str(), attempt, event);
         self.out.push(Outbound::Text(frame));
-    }
-
-    fn next_deadline(&mut self, after: Duration) -> (Instant, u64, u64) {
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        (Instant::now() + after, self.d.clock.now_ms() + after.as_millis() as u64, generation)
     }
 
     async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
@@ -459,7 +405,7 @@ impl Session {
         } else if req.is_some() {
             self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
         } else if !writes.is_empty() || !broker_acks.is_empty() {
-            self.d.writer.submit(super::offset_writer::WriteRequest { writes, broker_acks, done: None }).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            self.d.writer.submit(WriteRequest { writes, broker_acks, done: None }).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
         }
         if unknown.is_empty() {
             Ok(())
@@ -476,7 +422,7 @@ impl Session {
         let unknown = || FrameError::new(ErrorCode::UnknownDelivery, format!("no in-flight delivery {delivery_id} in this session"));
         let delivery = DeliveryRef::parse(delivery_id).ok_or_else(unknown)?;
         match self.in_flight.get(&delivery.event()) {
-            Some(f) if f.seq == delivery.seq => Ok(delivery.event()),
+            Some(current) if current.seq == delivery.seq => Ok(delivery.event()),
             _ => Err(unknown()),
         }
     }
@@ -484,13 +430,7 @@ impl Session {
     /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
     fn reschedule(&mut self, delivery_id: &str, after: Duration, is_nack: bool) -> Result<(), FrameError> {
         let event = self.current_delivery(delivery_id)?;
-        let (deadline, deadline_ms, generation) = self.next_deadline(after);
-        if let Some(f) = self.in_flight.get_mut(&event) {
-            f.deadline = deadline;
-            f.deadline_ms = deadline_ms;
-            f.generation = generation;
-        }
-        self.timers.push(Reverse((deadline, event, generation)));
+        self.in_flight.reschedule(event, after, self.d.clock.now_ms());
         if is_nack {
             tracing::debug!(session_id = %self.info.session_id, delivery_id, "nack");
         }
@@ -500,7 +440,7 @@ impl Session {
     async fn term(&mut self, delivery_id: &str, reason: Option<String>) -> Result<(), FrameError> {
         let event = self.current_delivery(delivery_id)?;
         let (topic, attempt) = match self.in_flight.get(&event) {
-            Some(f) => (f.topic.clone(), f.attempt),
+            Some(current) => (current.topic.clone(), current.attempt),
             None => return Ok(()),
         };
         self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into())).await;
@@ -510,20 +450,14 @@ impl Session {
     /// Redelivers every in-flight event whose deadline passed.
     async fn on_timers(&mut self) {
         let now = Instant::now();
-        while let Some(Reverse((at, event, generation))) = self.timers.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if self.in_flight.get(&event).is_some_and(|f| f.generation == generation) {
-                self.redeliver(event).await;
-            }
+        while let Some(event) = self.in_flight.pop_due(now) {
+            self.redeliver(event).await;
         }
     }
 
     async fn redeliver(&mut self, event: EventRef) {
-        let Some(flight) = self.in_flight.get(&event) else { return };
-        let (topic, attempt, payload) = (flight.topic.clone(), flight.attempt, flight.event.clone());
+        let Some(current) = self.in_flight.get(&event) else { return };
+        let (topic, attempt, payload) = (current.topic.clone(), current.attempt, current.event.clone());
         if attempt >= self.d.settings.max_attempts {
             self.dead_letter(&topic, event, attempt, "max_attempts".into()).await;
             return;
@@ -536,15 +470,7 @@ impl Session {
             return;
         };
         self.push_event(&topic, seq, next_attempt, &payload, event);
-        let (deadline, deadline_ms, generation) = self.next_deadline(self.d.settings.ack_timeout);
-        if let Some(f) = self.in_flight.get_mut(&event) {
-            f.seq = seq;
-            f.attempt = next_attempt;
-            f.deadline = deadline;
-            f.deadline_ms = deadline_ms;
-            f.generation = generation;
-        }
-        self.timers.push(Reverse((deadline, event, generation)));
+        self.in_flight.redelivered(event, seq, next_attempt, self.d.settings.ack_timeout, self.d.clock.now_ms());
         self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -582,57 +508,9 @@ impl Session {
                 updated_at: now_ms,
             })
         };
-        let request = super::offset_writer::WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };
+        let request = WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };
         if let Err(e) = self.d.writer.submit(request).await {
             tracing::error!(error = %e, "offset write after a dead letter failed");
-        }
-    }
-}
-
-/// Feeds one partition of one subscription into its session, in offset order, one window slot
-/// per event: when the window is full this task waits and nothing more is pushed.
-#[allow(clippy::too_many_arguments)]
-async fn feed_partition(
-    reader: Arc<PartitionReader>,
-    mut next: u64,
-    batch: usize,
-    window: Arc<Semaphore>,
-    tx: mpsc::Sender<Fed>,
-    subscription: u64,
-    topic: TopicName,
-    cancel: CancellationToken,
-) {
-    loop {
-        let fetched = tokio::select! {
-            _ = cancel.cancelled() => return,
-            fetched = reader.fetch(next, batch) => fetched,
-        };
-        let events = match fetched {
-            Ok(events) => events,
-            Err(e) => {
-                tracing::warn!(%topic, error = %e, "reading for a subscriber failed; retrying");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                }
-            }
-        };
-        for event in events {
-            if event.offset < next {
-                continue;
-            }
-            let permit = tokio::select! {
-                _ = cancel.cancelled() => return,
-                permit = window.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-            };
-            next = event.offset + 1;
-            let fed = Fed { subscription, topic: topic.clone(), event, permit };
-            if tx.send(fed).await.is_err() {
-                return;
-            }
         }
     }
 }

@@ -5,5 +5,6 @@ mod crash;
 mod delivery;
 mod errors;
 mod offset_store_props;
+mod process;
 mod restart;
 mod support;

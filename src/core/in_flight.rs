@@ -1,0 +1,177 @@
+//! The in-flight deliveries of one session and their ack deadlines.
+//!
+//! Keyed by the event (`EventRef`), not by delivery id: a redelivery replaces the id in place.
+//! Deadlines sit in a min-heap; a changed deadline bumps the entry's generation so the older heap
+//! entry is skipped when it comes up, instead of searching the heap to remove it.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::backend::Event;
+use super::client_state::{DeliveryRef, EventRef};
+use super::dispatcher::InFlightView;
+use super::names::TopicName;
+
+/// One unacknowledged delivery.
+pub struct Delivery {
+    /// Sequence number of the current delivery id.
+    pub seq: u64,
+    pub topic: TopicName,
+    pub attempt: u32,
+    pub event: Arc<Event>,
+    /// The session's window slot, released when the delivery is dropped.
+    pub permit: OwnedSemaphorePermit,
+}
+
+struct Entry {
+    delivery: Delivery,
+    /// Epoch ms, for the admin view.
+    deadline_ms: u64,
+    generation: u64,
+}
+
+#[derive(Default)]
+pub struct InFlightWindow {
+    entries: HashMap<EventRef, Entry>,
+    deadlines: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
+    next_generation: u64,
+}
+
+impl InFlightWindow {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn get(&self, at: &EventRef) -> Option<&Delivery> {
+        self.entries.get(at).map(|e| &e.delivery)
+    }
+
+    /// Adds a delivery due for redelivery `after` from now.
+    pub fn insert(&mut self, at: EventRef, delivery: Delivery, after: Duration, now_ms: u64) {
+        let (deadline_ms, generation) = self.schedule(at, after, now_ms);
+        self.entries.insert(at, Entry { delivery, deadline_ms, generation });
+    }
+
+    pub fn remove(&mut self, at: &EventRef) -> Option<Delivery> {
+        self.entries.remove(at).map(|e| e.delivery)
+    }
+
+    /// Moves the deadline of a delivery (nack delay, extend); false when it is not in flight.
+    pub fn reschedule(&mut self, at: EventRef, after: Duration, now_ms: u64) -> bool {
+        if !self.entries.contains_key(&at) {
+            return false;
+        }
+        let (deadline_ms, generation) = self.schedule(at, after, now_ms);
+        if let Some(entry) = self.entries.get_mut(&at) {
+            entry.deadline_ms = deadline_ms;
+            entry.generation = generation;
+        }
+        true
+    }
+
+    /// Records a redelivery under a new delivery id and restarts its deadline.
+    pub fn redelivered(&mut self, at: EventRef, seq: u64, attempt: u32, after: Duration, now_ms: u64) {
+        if self.reschedule(at, after, now_ms) {
+            if let Some(entry) = self.entries.get_mut(&at) {
+                entry.delivery.seq = seq;
+                entry.delivery.attempt = attempt;
+            }
+        }
+    }
+
+    fn schedule(&mut self, at: EventRef, after: Duration, now_ms: u64) -> (u64, u64) {
+        self.next_generation += 1;
+        self.deadlines.push(Reverse((Instant::now() + after, at, self.next_generation)));
+        (now_ms + after.as_millis() as u64, self.next_generation)
+    }
+
+    /// When the earliest deadline falls (possibly of a stale heap entry: then nothing is due).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// The next delivery whose current deadline has passed.
+    pub fn pop_due(&mut self, now: Instant) -> Option<EventRef> {
+        while let Some(Reverse((at, event, generation))) = self.deadlines.peek().copied() {
+            if at > now {
+                return None;
+            }
+            self.deadlines.pop();
+            if self.entries.get(&event).is_some_and(|e| e.generation == generation) {
+                return Some(event);
+            }
+        }
+        None
+    }
+
+    /// Drops every delivery of one topic slot (unsubscribe), releasing their window slots.
+    pub fn release_slot(&mut self, slot: u32) {
+        self.entries.retain(|at, _| at.slot != slot);
+    }
+
+    /// Drops everything (session end).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.deadlines.clear();
+    }
+
+    /// The admin view, ordered by topic, partition and offset.
+    pub fn views(&self) -> Vec<InFlightView> {
+        let mut views: Vec<InFlightView> = self
+            .entries
+            .iter()
+            .map(|(at, e)| InFlightView {
+                delivery_id: DeliveryRef { seq: e.delivery.seq, slot: at.slot, partition: at.partition, offset: at.offset }.to_id(),
+                topic: e.delivery.topic.to_string(),
+                partition: at.partition,
+                offset: at.offset,
+                attempt: e.delivery.attempt,
+                deadline: e.deadline_ms,
+            })
+            .collect();
+        views.sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
+        views
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Semaphore;
+
+    fn delivery(seq: u64, permits: &Arc<Semaphore>) -> Delivery {
+        let event = Event { partition: 0, offset: seq, timestamp: 0, key: None, headers: vec![], payload: vec![], payload_is_json: false };
+        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), permit: permits.clone().try_acquire_owned().unwrap() }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_fire_in_order_and_rescheduling_supersedes_old_ones() {
+        let permits = Arc::new(Semaphore::new(3));
+        let mut window = InFlightWindow::default();
+        let (a, b) = (EventRef { slot: 0, partition: 0, offset: 1 }, EventRef { slot: 0, partition: 0, offset: 2 });
+        window.insert(a, delivery(1, &permits), Duration::from_secs(1), 0);
+        window.insert(b, delivery(2, &permits), Duration::from_secs(2), 0);
+        assert!(window.reschedule(a, Duration::from_secs(5), 0));
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        assert_eq!(window.pop_due(Instant::now()), Some(b));
+        assert_eq!(window.pop_due(Instant::now()), None, "a's first deadline was superseded");
+        window.redelivered(b, 9, 2, Duration::from_secs(1), 0);
+        assert_eq!((window.get(&b).unwrap().seq, window.get(&b).unwrap().attempt), (9, 2));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(window.pop_due(Instant::now()), Some(b));
+        assert_eq!(window.pop_due(Instant::now()), Some(a));
+        assert_eq!(permits.available_permits(), 1);
+        window.release_slot(0);
+        assert!(window.is_empty());
+        assert_eq!(permits.available_permits(), 3, "dropping deliveries frees the window");
+    }
+}

@@ -1,0 +1,63 @@
+//! The binary as an operator runs it: bad configuration, graceful shutdown on SIGTERM.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[test]
+fn a_bad_config_stops_the_start_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[delivery]\nack_timeout = 5\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ack_timeout"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate"))
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "an explicit config path must exist");
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate"))
+        .arg("--config")
+        .arg(&empty)
+        .env("ACKGATE_DELIVERY__RESET_POLICY", "sideways")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("delivery.reset_policy"), "environment overrides are validated too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "3600000")]);
+    publish_numbered(&gw.base, "t", 1, 0, 3).await;
+    let mut client = WsClient::connect(gw.addr, "c").await;
+    client.subscribe("t", json!({})).await;
+    for _ in 0..3 {
+        let event = client.recv_type("event").await;
+        client.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+    }
+    // An ack with a receipt proves the earlier acks were processed (frames are handled in order).
+    client.send(json!({"op": "ping", "req": 1})).await;
+    client.recv_type("pong").await;
+    let logs = gw.logs.clone();
+    let closing = tokio::spawn(async move { client.close_code().await });
+    let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
+    assert_eq!(closing.await.unwrap(), 1001);
+    assert!(status.success(), "{status:?}");
+    let logs = logs.lock().unwrap().join("\n");
+    assert!(logs.contains("session ended") && logs.contains("ackgate stopped"), "{logs}");
+    // The checkpoint period is an hour: the file can only come from the shutdown.
+    let checkpoint = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
+    assert!(checkpoint.contains("t#0=3"), "{checkpoint}");
+    // And the acks are durable: a new process reports them.
+    let gw = Process::start(&data, &[]);
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 3);
+}
