@@ -165,6 +165,8 @@ pub struct LimitsConfig {
     pub max_sessions: usize,
     /// Topics one session may subscribe to.
     pub max_subscriptions_per_session: usize,
+    /// Live sessions subscribed to one topic on this instance.
+    pub max_clients_per_topic: usize,
 }
 
 impl Default for LimitsConfig {
@@ -175,6 +177,7 @@ impl Default for LimitsConfig {
             max_body_bytes: 16_777_216,
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
+            max_clients_per_topic: 100_000,
         }
     }
 }
@@ -247,6 +250,7 @@ impl Config {
             ("limits.max_body_bytes", self.limits.max_body_bytes as u64),
             ("limits.max_sessions", self.limits.max_sessions as u64),
             ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
+            ("limits.max_clients_per_topic", self.limits.max_clients_per_topic as u64),
         ];
         for (key, value) in positive {
             if value == 0 {

@@ -73,6 +73,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_sessions: config.limits.max_sessions,
+        max_clients_per_topic: config.limits.max_clients_per_topic,
         reader_buffer_events: d.reader_buffer_events,
         fetch_batch: d.fetch_batch,
     }

@@ -41,6 +41,8 @@ pub struct DeliverySettings {
     pub slow_client_timeout: Duration,
     pub max_subscriptions_per_session: usize,
     pub max_sessions: usize,
+    /// Live sessions subscribed to one topic on this instance.
+    pub max_clients_per_topic: usize,
     /// Events each partition reader keeps for its subscribers.
     pub reader_buffer_events: usize,
     /// Events read from the log at once.
@@ -110,6 +112,8 @@ struct Registry {
     sessions: HashMap<String, SessionEntry>,
     by_client: HashMap<ClientId, String>,
     clients: HashMap<ClientId, Arc<Mutex<ClientState>>>,
+    /// Live sessions subscribed to each topic.
+    subscribers: HashMap<TopicName, usize>,
 }
 
 pub struct Dispatcher {
@@ -239,7 +243,32 @@ impl Dispatcher {
 
     /// True when any live session subscribes to `topic`.
     pub fn topic_in_use(&self, topic: &TopicName) -> bool {
-        self.registry().sessions.values().any(|e| e.info.subscriptions.lock().unwrap().contains(topic))
+        self.registry().subscribers.contains_key(topic)
+    }
+
+    /// Counts a new subscriber of `topic`, within `limits.max_clients_per_topic`.
+    pub fn add_subscriber(&self, topic: &TopicName) -> Result<(), FrameError> {
+        let limit = self.settings.max_clients_per_topic;
+        let mut registry = self.registry();
+        let count = registry.subscribers.entry(topic.clone()).or_insert(0);
+        if *count >= limit {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("{topic} already has {limit} subscribed sessions on this instance (limits.max_clients_per_topic)"),
+            ));
+        }
+        *count += 1;
+        Ok(())
+    }
+
+    pub fn remove_subscriber(&self, topic: &TopicName) {
+        let mut registry = self.registry();
+        if let Some(count) = registry.subscribers.get_mut(topic) {
+            *count -= 1;
+            if *count == 0 {
+                registry.subscribers.remove(topic);
+            }
+        }
     }
 
     /// Forgets what this instance remembers of a client's progress on `topic` (after an admin

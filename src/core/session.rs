@@ -155,8 +155,12 @@ where
             }
         }
     }
-    s.cancel.cancel();
     let released = s.in_flight.len();
+    let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
+    for topic in &topics {
+        s.release_topic(topic);
+    }
+    s.cancel.cancel();
     s.in_flight.clear();
     d.unregister(&info);
     let stats = &info.stats;
@@ -269,7 +273,14 @@ impl Session {
         }
         // Subscribing again restarts the subscription from the committed offsets.
         self.release_topic(&topic);
-        let starts = self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await?;
+        self.d.add_subscriber(&topic)?;
+        let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await {
+            Ok(starts) => starts,
+            Err(e) => {
+                self.d.remove_subscriber(&topic);
+                return Err(e);
+            }
+        };
         let slot = self.client.lock().unwrap().slot(&topic);
         let id = self.next_subscription;
         self.next_subscription += 1;
@@ -304,6 +315,7 @@ impl Session {
             return false;
         };
         subscription.cancel.cancel();
+        self.d.remove_subscriber(topic);
         self.in_flight.release_slot(subscription.slot);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         self.info.subscriptions.lock().unwrap().retain(|t| t != topic);

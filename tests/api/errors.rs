@@ -20,6 +20,7 @@ async fn bad_frames_get_error_codes_and_the_session_stays_open() {
     let (_dir, data) = temp_dir();
     let mut config = test_config(&data);
     config.limits.max_subscriptions_per_session = 1;
+    config.limits.max_clients_per_topic = 1;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     publish_numbered(&gw.base, "u", 1, 0, 0).await;
@@ -44,6 +45,11 @@ async fn bad_frames_get_error_codes_and_the_session_stays_open() {
     c.subscribe("t", json!({})).await;
     let event = c.recv_type("event").await;
     expect_error(&mut c, r#"{"op":"subscribe","topic":"u"}"#, "limit_exceeded").await;
+    // A second client on the same topic is over limits.max_clients_per_topic = 1.
+    let mut other = WsClient::connect(gw.addr(), "other").await;
+    let e = expect_error(&mut other, r#"{"op":"subscribe","topic":"t"}"#, "limit_exceeded").await;
+    assert!(e["message"].as_str().unwrap().contains("max_clients_per_topic"));
+    other.subscribe("u", json!({})).await;
     // A forged id for a delivered but unacknowledged event is unknown; the real one works.
     let real = event["delivery_id"].as_str().unwrap();
     let forged = format!("ffff{}", &real[real.find('.').unwrap()..]);
