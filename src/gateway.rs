@@ -11,7 +11,6 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
 use crate::config::Config;
@@ -131,7 +130,7 @@ impl Gateway {
             id => id.to_string(),
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
-        let app = AppState { dispatcher, config: Arc::new(config), tasks: TaskTracker::new() };
+        let app = AppState { dispatcher, config: Arc::new(config) };
         Ok(Self { listener, app, embedded, writer_thread })
     }
 
@@ -167,8 +166,9 @@ impl Gateway {
         tracing::info!("shutting down: closing sessions with 1001");
         cancel.cancel();
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
-        app.tasks.close();
-        if tokio::time::timeout(grace, app.tasks.wait()).await.is_err() {
+        let tasks = app.dispatcher.tasks.clone();
+        tasks.close();
+        if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
             tracing::warn!(?grace, "sessions did not finish within the shutdown grace period");
         }
         if tokio::time::timeout(grace, server).await.is_err() {
@@ -208,7 +208,7 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
     };
 
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.checkpoint_interval_ms));
-    app.tasks.spawn(async move {
+    app.dispatcher.tasks.spawn(async move {
         loop {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
             if let Err(e) = d.backend.checkpoint() {
@@ -219,7 +219,7 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
 
     let retention_ms = config.offsets.retention_secs.saturating_mul(1000);
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.sweep_interval_ms));
-    app.tasks.spawn(async move {
+    app.dispatcher.tasks.spawn(async move {
         loop {
             // The first tick fires at once: a sweep right after start must find nothing to expire
             // that a client still owns (the KAFKA-8069 regression).
@@ -231,7 +231,7 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
     });
 
     let (log, stop, mut tick) = (embedded.clone(), cancel, every(config.embedded.retention_check_interval_ms));
-    app.tasks.spawn(async move {
+    app.dispatcher.tasks.spawn(async move {
         loop {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
             match log.enforce_retention() {

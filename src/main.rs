@@ -1,6 +1,6 @@
 //! `ackgate [--config PATH]`: run the gateway until SIGINT or SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
@@ -36,7 +36,7 @@ async fn stop_signal() {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The default path may be absent (all defaults); an explicit one must exist.
-    let required = cli.config != PathBuf::from("config.toml");
+    let required = cli.config != Path::new("config.toml");
     let config = match ackgate::config::Config::load(&cli.config, required, std::env::vars()) {
         Ok(config) => config,
         Err(e) => {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::ack_tracker::AckTracker;
 use super::backend::{BackendError, LogBackend};
@@ -126,6 +127,9 @@ pub struct Dispatcher {
     pub clock: Arc<dyn Clock>,
     /// Cancelled when the gateway shuts down: sessions close with 1001.
     pub shutdown: CancellationToken,
+    /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
+    /// for all of them, so the stores are closed when `Gateway::run` returns.
+    pub tasks: TaskTracker,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -151,7 +155,8 @@ impl Dispatcher {
         clock: Arc<dyn Clock>,
         shutdown: CancellationToken,
     ) -> Self {
-        let readers = Readers::new(backend.clone(), settings.reader_buffer_events, settings.fetch_batch, shutdown.clone());
+        let tasks = TaskTracker::new();
+        let readers = Readers::new(backend.clone(), settings.reader_buffer_events, settings.fetch_batch, shutdown.clone(), tasks.clone());
         Self {
             settings,
             instance,
@@ -161,6 +166,7 @@ impl Dispatcher {
             readers,
             clock,
             shutdown,
+            tasks,
             registry: Mutex::new(Registry::default()),
             next_seq: AtomicU64::new(1),
             next_session: AtomicU64::new(1),

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::backend::{BackendError, Event, LogBackend};
 use super::names::{TopicName, TopicPartition};
@@ -132,11 +133,12 @@ pub struct Readers {
     batch: usize,
     readers: Mutex<HashMap<TopicPartition, (Arc<PartitionReader>, CancellationToken)>>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
 }
 
 impl Readers {
-    pub fn new(backend: Arc<dyn LogBackend>, capacity: usize, batch: usize, shutdown: CancellationToken) -> Self {
-        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown }
+    pub fn new(backend: Arc<dyn LogBackend>, capacity: usize, batch: usize, shutdown: CancellationToken, tasks: TaskTracker) -> Self {
+        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown, tasks }
     }
 
     /// The reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
@@ -158,7 +160,7 @@ impl Readers {
             waiting: AtomicUsize::new(0),
         });
         let cancel = self.shutdown.child_token();
-        tokio::spawn(reader.clone().run(cancel.clone()));
+        self.tasks.spawn(reader.clone().run(cancel.clone()));
         readers.insert(tp.clone(), (reader.clone(), cancel));
         reader
     }

@@ -293,7 +293,7 @@ impl Session {
         for start in &starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
             let plan = FeedPlan { reader, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
-            tokio::spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
+            self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
         self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
         self.info.subscriptions.lock().unwrap().push(topic);

@@ -17,7 +17,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::core::dispatcher::Dispatcher;
@@ -28,8 +27,6 @@ use error::ApiError;
 pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     pub config: Arc<Config>,
-    /// Sessions and background tasks that shutdown waits for.
-    pub tasks: TaskTracker,
 }
 
 pub fn router(state: AppState) -> Router {

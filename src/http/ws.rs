@@ -40,7 +40,7 @@ pub async fn upgrade(
     let max_frame = app.config.limits.max_frame_bytes;
     ws.max_message_size(max_frame).max_frame_size(max_frame).on_upgrade(move |socket| async move {
         // Counted by the shutdown drain until the session ends.
-        let _running = app.tasks.token();
+        let _running = app.dispatcher.tasks.token();
         match app.dispatcher.register(client_id, remote) {
             Ok(registration) => serve_socket(app, registration, socket).await,
             Err(e) => refuse(socket, e.code, e.message).await,

@@ -16,6 +16,8 @@ use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, Topic
 use crate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 type Db = DBWithThreadMode<MultiThreaded>;
+/// Raw `(key, value)` pairs read from a column family.
+type RawPairs = Vec<(Box<[u8]>, Box<[u8]>)>;
 
 const CF_OFFSETS: &str = "offsets";
 const CF_BY_CLIENT: &str = "by_client";
@@ -60,7 +62,7 @@ impl RocksOffsetStore {
     }
 
     /// Every `(key bytes, value bytes)` of `cf` that starts with `prefix`.
-    fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<Vec<(Box<[u8]>, Box<[u8]>)>, StoreError> {
+    fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<RawPairs, StoreError> {
         let cf = self.cf(cf_name)?;
         let mut out = Vec::new();
         for item in self.db.iterator_cf(&cf, IteratorMode::From(prefix, Direction::Forward)) {

@@ -3,21 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support::*;
-
-fn id(event: &Value) -> &str {
-    event["delivery_id"].as_str().unwrap()
-}
-
-async fn recv_events(client: &mut WsClient, n: usize) -> Vec<Value> {
-    let mut events = Vec::with_capacity(n);
-    while events.len() < n {
-        events.push(client.recv_type("event").await);
-    }
-    events
-}
 
 #[tokio::test]
 async fn publish_receive_ack_moves_the_committed_offset_to_log_end() {
@@ -29,12 +17,12 @@ async fn publish_receive_ack_moves_the_committed_offset_to_log_end() {
     assert_eq!(client.welcome["max_in_flight"], 1000);
     let subscribed = client.subscribe("orders", json!({})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}]));
-    let events = recv_events(&mut client, 3).await;
+    let events = client.recv_events(3).await;
     let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, vec![0, 1, 2], "first deliveries go out in offset order");
     assert_eq!(events[1]["payload"], json!({"n": 1}));
     assert_eq!((events[0]["attempt"].as_u64(), events[0]["topic"].as_str()), (Some(1), Some("orders")));
-    let ids: Vec<&str> = events.iter().map(id).collect();
+    let ids = ids(&events);
     let ok = client.ack_confirmed(&ids, "a1").await;
     assert_eq!(ok["type"], "ack_ok");
     assert_eq!(ok["committed"], json!({"orders": {"0": 3}}));
@@ -57,8 +45,8 @@ async fn out_of_order_acks_keep_the_floor_until_the_gap_closes() {
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let mut client = WsClient::connect(gw.addr(), "c1").await;
     client.subscribe("t", json!({})).await;
-    let events = recv_events(&mut client, 10).await;
-    let later: Vec<&str> = events[1..].iter().map(id).collect();
+    let events = client.recv_events(10).await;
+    let later = ids(&events[1..]);
     let ok = client.ack_confirmed(&later, "r1").await;
     assert_eq!(ok["committed"], json!({"t": {"0": 0}}));
     let row = stored_offset(&gw.base, "t", "c1", 0).await.unwrap();
@@ -78,10 +66,10 @@ async fn fan_out_delivers_every_event_to_every_client() {
     for name in ["a", "b"] {
         let mut client = WsClient::connect(gw.addr(), name).await;
         client.subscribe("fan", json!({})).await;
-        let events = recv_events(&mut client, 40).await;
+        let events = client.recv_events(40).await;
         let seen: BTreeSet<(u64, u64)> = events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap())).collect();
         assert_eq!(seen.len(), 40, "{name} got every event once");
-        let ids: Vec<&str> = events.iter().map(id).collect();
+        let ids = ids(&events);
         let ok = client.ack_confirmed(&ids, "all").await;
         assert_eq!(ok["committed"], json!({"fan": {"0": 20, "1": 20}}));
         client.close().await;
@@ -119,7 +107,7 @@ async fn nack_redelivers_and_term_and_max_attempts_make_dead_letters() {
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
     let mut client = WsClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
-    let events = recv_events(&mut client, 3).await;
+    let events = client.recv_events(3).await;
     // 0: nack -> redelivered at once with attempt 2, then acked.
     client.send(json!({"op": "nack", "delivery_id": id(&events[0])})).await;
     // 1: term -> dead letter with the reason, counts as acknowledged.
@@ -189,7 +177,7 @@ async fn a_full_window_stops_pushing_until_acks_arrive() {
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let mut client = WsClient::connect(gw.addr(), "w").await;
     client.subscribe("t", json!({})).await;
-    let events = recv_events(&mut client, 3).await;
+    let events = client.recv_events(3).await;
     client.expect_silence(Duration::from_millis(800)).await;
     let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
     let session = &sessions["sessions"][0];
@@ -233,8 +221,8 @@ async fn resubscribing_redelivers_only_unacknowledged_events() {
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
     let mut client = WsClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
-    let events = recv_events(&mut client, 5).await;
-    let later: Vec<&str> = events[1..].iter().map(id).collect();
+    let events = client.recv_events(5).await;
+    let later = ids(&events[1..]);
     client.ack_confirmed(&later, "x").await;
     client.send(json!({"op": "unsubscribe", "topic": "t", "req": "u"})).await;
     assert_eq!(client.recv_type("unsubscribed").await["req"], "u");
@@ -265,9 +253,9 @@ async fn a_slow_client_does_not_hold_back_a_fast_one() {
         fast.send(json!({"op": "ack", "delivery_id": id(&e)})).await;
     }
     // The slow client got its window's worth and waits; then it catches up from the log.
-    let held = recv_events(&mut slow, 2).await;
+    let held = slow.recv_events(2).await;
     slow.expect_silence(Duration::from_millis(300)).await;
-    let ids: Vec<&str> = held.iter().map(id).collect();
+    let ids = ids(&held);
     slow.ack_confirmed(&ids, "s").await;
     let mut next = 2;
     while next < 100 {
@@ -286,13 +274,13 @@ async fn takeover_closes_the_old_session_and_hands_in_flight_events_over() {
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
     let mut old = WsClient::connect(gw.addr(), "same").await;
     old.subscribe("t", json!({})).await;
-    recv_events(&mut old, 2).await;
+    old.recv_events(2).await;
     let mut new = WsClient::connect(gw.addr(), "same").await;
     assert_eq!(old.close_code().await, 4001);
     new.subscribe("t", json!({})).await;
-    let events = recv_events(&mut new, 2).await;
+    let events = new.recv_events(2).await;
     assert!(events.iter().all(|e| e["attempt"] == 2), "attempts count across sessions: {events:?}");
-    let ids: Vec<&str> = events.iter().map(id).collect();
+    let ids = ids(&events);
     assert_eq!(new.ack_confirmed(&ids, "k").await["committed"], json!({"t": {"0": 2}}));
     let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
     assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);

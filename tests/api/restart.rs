@@ -5,21 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ackgate::core::offsets::{Clock, ManualClock, SystemClock};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support::*;
-
-fn ids(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["delivery_id"].as_str().unwrap()).collect()
-}
-
-async fn receive(client: &mut WsClient, n: usize) -> Vec<Value> {
-    let mut events = Vec::new();
-    while events.len() < n {
-        events.push(client.recv_type("event").await);
-    }
-    events
-}
 
 #[tokio::test]
 async fn only_the_floor_is_durable_delivery_resumes_at_the_gap_after_restart() {
@@ -28,7 +16,7 @@ async fn only_the_floor_is_durable_delivery_resumes_at_the_gap_after_restart() {
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let mut client = WsClient::connect(gw.addr(), "gap").await;
     client.subscribe("t", json!({})).await;
-    let events = receive(&mut client, 10).await;
+    let events = client.recv_events(10).await;
     assert_eq!(client.ack_confirmed(&ids(&events[1..]), "r").await["committed"], json!({"t": {"0": 0}}));
     client.close().await;
     gw.stop().await;
@@ -51,11 +39,11 @@ async fn a_replay_after_restart_never_lowers_a_fast_clients_offset() {
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let mut fast = WsClient::connect(gw.addr(), "fast").await;
     fast.subscribe("t", json!({})).await;
-    let events = receive(&mut fast, 10).await;
+    let events = fast.recv_events(10).await;
     fast.ack_confirmed(&ids(&events), "f").await;
     let mut slow = WsClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
-    let events = receive(&mut slow, 3).await;
+    let events = slow.recv_events(3).await;
     slow.ack_confirmed(&ids(&events), "s").await;
     fast.close().await;
     slow.close().await;
@@ -68,7 +56,7 @@ async fn a_replay_after_restart_never_lowers_a_fast_clients_offset() {
     // ...and the replay for the slow client leaves the fast one where it was.
     let mut slow = WsClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
-    let replay = receive(&mut slow, 7).await;
+    let replay = slow.recv_events(7).await;
     assert_eq!(replay[0]["offset"], 3);
     slow.ack_confirmed(&ids(&replay), "s2").await;
     let mut fast = WsClient::connect(gw.addr(), "fast").await;
@@ -88,7 +76,7 @@ async fn the_pull_checkpoint_is_written_at_shutdown_and_read_at_start() {
     publish_numbered(&gw.base, "unread", 1, 0, 6).await;
     let mut client = WsClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
-    receive(&mut client, 6).await;
+    client.recv_events(6).await;
     client.close().await;
     gw.stop().await;
     let file = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
@@ -116,7 +104,7 @@ async fn offsets_survive_a_sweep_right_after_restart_and_expire_only_past_retent
     for name in ["absent", "present"] {
         let mut client = WsClient::connect(gw.addr(), name).await;
         client.subscribe("t", json!({})).await;
-        let events = receive(&mut client, 2).await;
+        let events = client.recv_events(2).await;
         client.ack_confirmed(&ids(&events), "a").await;
         client.close().await;
     }

@@ -212,6 +212,15 @@ impl WsClient {
         }
     }
 
+    /// The next `n` events, skipping other frames.
+    pub async fn recv_events(&mut self, n: usize) -> Vec<Value> {
+        let mut events = Vec::with_capacity(n);
+        while events.len() < n {
+            events.push(self.recv_type("event").await);
+        }
+        events
+    }
+
     /// Nothing arrives for `quiet`.
     pub async fn expect_silence(&mut self, quiet: Duration) {
         if let Ok(frame) = tokio::time::timeout(quiet, self.ws.next()).await {
@@ -254,6 +263,15 @@ impl WsClient {
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
     }
+}
+
+/// The delivery_id of an event frame.
+pub fn id(event: &Value) -> &str {
+    event["delivery_id"].as_str().unwrap()
+}
+
+pub fn ids(events: &[Value]) -> Vec<&str> {
+    events.iter().map(id).collect()
 }
 
 pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {

@@ -28,6 +28,8 @@ use crate::core::names::{topic_prefix, TopicName, TopicPartition};
 use crate::core::offsets::Clock;
 
 type Db = DBWithThreadMode<MultiThreaded>;
+/// One item of a RocksDB iterator.
+type RawEntry = Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>;
 
 const CF_TOPICS: &str = "topics";
 const CF_EVENTS: &str = "events";
@@ -134,7 +136,7 @@ impl EmbeddedLog {
         let first = self.db.iterator_cf(&cf, IteratorMode::From(&prefix, Direction::Forward)).next();
         let last_key = event_key(topic, partition, u64::MAX);
         let last = self.db.iterator_cf(&cf, IteratorMode::From(&last_key, Direction::Reverse)).next();
-        let in_partition = |item: Option<Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>| -> Result<Option<(u64, StoredEvent)>, BackendError> {
+        let in_partition = |item: Option<RawEntry>| -> Result<Option<(u64, StoredEvent)>, BackendError> {
             match item {
                 Some(Ok((key, value))) if key.starts_with(&prefix) && key.len() == prefix.len() + 8 => {
                     let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
