@@ -47,11 +47,31 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .merge(guarded)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
 async fn not_found(request: Request) -> ApiError {
     ApiError::not_found(format!("no route {} {}", request.method(), request.uri().path()))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    let message = format!("{} is not allowed on {}", request.method(), request.uri().path());
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, ErrorCode::BadRequest, message)
+}
+
+/// A small JSON request body, whatever its Content-Type (so plain `curl -d` works).
+pub struct JsonBody<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(|e| ApiError::new(e.status(), ErrorCode::BadRequest, e.body_text()))?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("body is not of this route's shape: {e}")))
+    }
 }
 
 /// `auth.admin_token`: `/admin/*` and publishing need `Authorization: Bearer <token>`.

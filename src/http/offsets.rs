@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::AppState;
+use super::{AppState, JsonBody};
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::{OffsetFilter, OffsetRecord};
 
@@ -85,11 +85,10 @@ pub struct ResetBody {
 pub async fn reset(
     State(app): State<AppState>,
     Path((topic, client_id, partition)): Path<(String, String, String)>,
-    body: Result<Json<ResetBody>, JsonRejection>,
+    JsonBody(body): JsonBody<ResetBody>,
 ) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
     let partition: u32 = partition.parse().map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let d = &app.dispatcher;
     let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
     if partition >= count {

@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::AppState;
+use super::{AppState, JsonBody};
 use crate::core::backend::NewEvent;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::OffsetFilter;
@@ -120,8 +120,7 @@ pub struct CreateTopic {
     partitions: u32,
 }
 
-pub async fn create(State(app): State<AppState>, body: Result<Json<CreateTopic>, axum::extract::rejection::JsonRejection>) -> Result<Json<Value>, ApiError> {
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<CreateTopic>) -> Result<Json<Value>, ApiError> {
     let topic = parse_topic(&body.name)?;
     let created = app.dispatcher.backend.create_topic(&topic, body.partitions).await?;
     Ok(Json(json!({"name": topic.as_str(), "partitions": body.partitions, "created": created})))

@@ -166,6 +166,8 @@ async fn rest_errors_are_4xx_with_the_error_body() {
     check(409, "conflict")(send(client.post(format!("{base}/topics")).json(&json!({"name": "t", "partitions": 9}))).await);
     check(400, "bad_request")(send(client.post(format!("{base}/topics")).json(&json!({"name": "z", "partitions": 0}))).await);
     check(404, "not_found")(send(client.get(format!("{base}/no/such/route"))).await);
+    check(405, "bad_request")(send(client.put(format!("{base}/topics"))).await);
+    check(400, "bad_request")(send(client.post(format!("{base}/topics")).body("name=x")).await);
     check(400, "bad_request")(send(client.get(format!("{base}/admin/offsets?partition=x"))).await);
     check(400, "invalid_name")(send(client.get(format!("{base}/admin/offsets?topic=a%23b"))).await);
     check(404, "unknown_topic")(send(client.get(format!("{base}/admin/offsets/nope/c"))).await);
