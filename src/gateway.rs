@@ -118,10 +118,17 @@ impl Gateway {
         );
         let backend: Arc<dyn LogBackend> = embedded.clone();
         let delivery = delivery_settings(&config);
+        let started = std::time::Instant::now();
         let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy)
             .await
             .map_err(|e| anyhow::anyhow!("aligning pull offsets: {e}"))?;
-        tracing::info!(partitions = report.partitions, aligned = report.aligned, by_policy = report.by_policy, "pull offsets aligned to committed offsets");
+        tracing::info!(
+            partitions = report.partitions,
+            aligned = report.aligned,
+            by_policy = report.by_policy,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "pull offsets aligned to committed offsets"
+        );
         let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE);
         let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
         let local_addr = listener.local_addr()?;

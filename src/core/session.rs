@@ -109,10 +109,20 @@ where
     ));
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
     let mut reason = "client left";
+    // A client that stops reading blocks our writes; give up on it after the slow-client limit.
+    let write_limit = Some(d.settings.slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
     loop {
-        if !flush(&mut outbound, &mut s.out).await {
-            reason = "socket write failed";
-            break;
+        s.info.stats.window_full.store(s.window.available_permits() == 0, Ordering::Relaxed);
+        match tokio::time::timeout(write_limit, flush(&mut outbound, &mut s.out)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                reason = "socket write failed";
+                break;
+            }
+            Err(_) => {
+                reason = "socket write timed out (slow client)";
+                break;
+            }
         }
         let next_timer = s.in_flight.next_deadline();
         let step = tokio::select! {
