@@ -145,6 +145,10 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Sets `key` to `committed`, backwards allowed (the admin reset route).
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
 
+    /// Sets `updated_at` of existing records to `now` without changing their offsets (a client
+    /// that leaves counts as seen then). Serialized with CAS-max writes. Returns how many existed.
+    fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError>;
+
     /// Removes the given records; returns how many existed.
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError>;
 

@@ -24,7 +24,7 @@ use super::feeder::{feed_partition, FeedPlan, Fed};
 use super::in_flight::{Delivery, InFlightWindow};
 use super::names::{OffsetKey, TopicName, TopicPartition};
 use super::offset_writer::WriteRequest;
-use super::offsets::{DeadLetter, OffsetWrite};
+use super::offsets::{DeadLetter, OffsetFilter, OffsetWrite};
 use super::protocol::{close_code, parse_client_frame, write_event_frame, ClientFrame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
 
 /// What the transport hands the session.
@@ -172,6 +172,7 @@ where
     }
     s.cancel.cancel();
     s.in_flight.clear();
+    s.touch_offsets();
     d.unregister(&info);
     let stats = &info.stats;
     tracing::info!(
@@ -223,6 +224,20 @@ impl Session {
                 let _ = reply.send(self.in_flight.views());
                 Step::Continue
             }
+        }
+    }
+
+    /// Marks every stored offset of the client as seen now, so retention counts from when it
+    /// left and not from its last ack. A client-prefix scan, then one batch.
+    fn touch_offsets(&self) {
+        let filter = OffsetFilter { client_id: Some(self.info.client_id.clone()), ..Default::default() };
+        let result = self
+            .d
+            .store
+            .scan(&filter)
+            .and_then(|rows| self.d.store.touch(&rows.into_iter().map(|(key, _)| key).collect::<Vec<_>>(), self.d.clock.now_ms()));
+        if let Err(e) = result {
+            tracing::warn!(client_id = %self.info.client_id, error = %e, "could not refresh offset times at session end");
         }
     }
 

@@ -65,6 +65,18 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(record)
     }
 
+    fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let mut touched = 0;
+        for key in keys {
+            if let Some(record) = inner.records.get_mut(key) {
+                record.updated_at = now;
+                touched += 1;
+            }
+        }
+        Ok(touched)
+    }
+
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
         let mut inner = self.lock();
         Ok(keys.iter().filter(|k| inner.records.remove(k).is_some()).count())

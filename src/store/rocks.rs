@@ -167,6 +167,21 @@ impl OffsetStore for RocksOffsetStore {
         Ok(record)
     }
 
+    fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+        let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let cf = self.cf(CF_OFFSETS)?;
+        let mut batch = WriteBatch::default();
+        let mut touched = 0;
+        for key in keys {
+            if let Some(record) = self.get_record(key)? {
+                batch.put_cf(&cf, key.encode(), OffsetRecord { updated_at: now, ..record }.encode());
+                touched += 1;
+            }
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        Ok(touched)
+    }
+
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
         let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut batch = WriteBatch::default();

@@ -86,6 +86,11 @@ fn prefix_scans_by_topic_by_client_and_both() {
         assert_eq!(scan(None, Some("b")), vec!["a#b#0", "a#b#1", "a#b#2"]);
         assert_eq!(scan(Some("a"), Some("bc")), vec!["a#bc#0", "a#bc#1", "a#bc#2"]);
         assert_eq!(scan(None, None).len(), 9);
+        // touch refreshes the time only.
+        let missing = OffsetKey::new(TopicName::parse("zz").unwrap(), ClientId::parse("zz").unwrap(), 0);
+        assert_eq!(store.touch(&[key(1), missing], 99).unwrap(), 1);
+        let touched = store.read(&key(1)).unwrap().unwrap();
+        assert_eq!((touched.committed, touched.last_acked, touched.updated_at), (5, Some(4), 99));
         assert_eq!(store.remove(&[key(0), key(0)]).unwrap(), 1);
         assert_eq!(scan(Some("ab"), None).len(), 2);
     }

@@ -122,5 +122,22 @@ async fn offsets_survive_a_sweep_right_after_restart_and_expire_only_past_retent
     assert_eq!(stored_offset(&gw.base, "t", "present", 0).await.unwrap()["committed"], 2, "a live client's offset never expires");
     present.send(json!({"op": "ping"})).await;
     present.recv_type("pong").await;
+    // Leaving counts as being seen: its retention starts now, not at its last ack days ago.
+    present.close().await;
+    wait_until_offline(&gw.base).await;
+    assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 0);
+    clock.advance(day_ms + 1);
+    assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 1);
     gw.stop().await;
+}
+
+async fn wait_until_offline(base: &str) {
+    for _ in 0..100 {
+        let (_, sessions) = get_json(&format!("{base}/admin/sessions")).await;
+        if sessions["sessions"].as_array().unwrap().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the session did not end");
 }
