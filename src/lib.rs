@@ -12,7 +12,8 @@
 //!   - `reader`: one shared partition reader per `topic#partition`;
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `dispatcher`: session registry, takeover, subscription start points;
-//!   - `session`: one task per WebSocket session (window, timers, acks);
+//!   - `feeder`, `in_flight`: per-partition feeders, a session's window and ack deadlines;
+//!   - `session`: one task per WebSocket session (`session::acks`: acks, redelivery, dead letters);
 //!   - `alignment`: boot alignment of pull cursors to committed offsets.
 //! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
 //! - `backend`: `LogBackend` implementations (`embedded`) and the pull checkpoint file.

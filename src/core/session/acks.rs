@@ -1,0 +1,188 @@
+//! Acknowledgement side of a session: acks (floors, durable writes, broker ACKs), nack,
+//! extend, term, ack-timeout redelivery and dead letters.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::Session;
+use crate::core::ack_tracker::AckEffect;
+use crate::core::client_state::{DeliveryRef, EventRef};
+use crate::core::names::{OffsetKey, TopicName, TopicPartition};
+use crate::core::offset_writer::WriteRequest;
+use crate::core::offsets::{DeadLetter, OffsetWrite};
+use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
+
+impl Session {
+    pub(super) async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
+        let mut unknown = Vec::new();
+        let mut acked = Vec::new();
+        // Floor and last_acked of every touched partition before this ack, to see which moved.
+        let mut touched: BTreeMap<TopicPartition, (u64, Option<u64>)> = BTreeMap::new();
+        let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        let mut writes = Vec::new();
+        let now_ms = self.d.clock.now_ms();
+        {
+            let mut client = self.client.lock().unwrap();
+            for id in ids {
+                let Some(delivery) = DeliveryRef::parse(id) else {
+                    unknown.push(id.as_str());
+                    continue;
+                };
+                let Some((tp, tracker)) = client.tracker_mut(delivery.event()) else {
+                    unknown.push(id.as_str());
+                    continue;
+                };
+                let before = (tracker.floor(), tracker.last_acked());
+                match tracker.ack(delivery.offset, delivery.seq) {
+                    AckEffect::Acked => acked.push((tp.clone(), delivery.event())),
+                    AckEffect::AlreadyAcked => {}
+                    AckEffect::Unknown => {
+                        unknown.push(id.as_str());
+                        continue;
+                    }
+                }
+                touched.entry(tp).or_insert(before);
+            }
+            for (tp, before) in &touched {
+                let tracker = &client.trackers[tp];
+                if (tracker.floor(), tracker.last_acked()) != *before {
+                    writes.push(OffsetWrite {
+                        key: OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition),
+                        committed: tracker.floor(),
+                        last_acked: tracker.last_acked(),
+                        updated_at: now_ms,
+                    });
+                }
+                committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
+            }
+        }
+        for (_, event) in &acked {
+            self.in_flight.remove(event);
+        }
+        let stats = &self.info.stats;
+        stats.acked.fetch_add(acked.len() as u64, Ordering::Relaxed);
+        stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        if !acked.is_empty() {
+            stats.last_ack_at.store(now_ms, Ordering::Relaxed);
+        }
+        let broker_acks: Vec<(TopicPartition, u64)> = acked.into_iter().map(|(tp, e)| (tp, e.offset)).collect();
+        let valid = ids.len() - unknown.len();
+        if let Some(req) = req.clone().filter(|_| unknown.is_empty()) {
+            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            self.send(ServerFrame::AckOk { req, committed });
+        } else if req.is_some() {
+            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        } else if !writes.is_empty() || !broker_acks.is_empty() {
+            self.d.writer.submit(WriteRequest { writes, broker_acks, done: None }).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        }
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::new(
+                ErrorCode::UnknownDelivery,
+                format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", ")),
+            ))
+        }
+    }
+
+    /// Finds the in-flight delivery a client frame names by its current delivery id.
+    fn current_delivery(&self, delivery_id: &str) -> Result<EventRef, FrameError> {
+        let unknown = || FrameError::new(ErrorCode::UnknownDelivery, format!("no in-flight delivery {delivery_id} in this session"));
+        let delivery = DeliveryRef::parse(delivery_id).ok_or_else(unknown)?;
+        match self.in_flight.get(&delivery.event()) {
+            Some(current) if current.seq == delivery.seq => Ok(delivery.event()),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
+    pub(super) fn reschedule(&mut self, delivery_id: &str, after: Duration, is_nack: bool) -> Result<(), FrameError> {
+        let event = self.current_delivery(delivery_id)?;
+        self.in_flight.reschedule(event, after, self.d.clock.now_ms());
+        if is_nack {
+            tracing::debug!(session_id = %self.info.session_id, delivery_id, "nack");
+        }
+        Ok(())
+    }
+
+    pub(super) async fn term(&mut self, delivery_id: &str, reason: Option<String>) -> Result<(), FrameError> {
+        let event = self.current_delivery(delivery_id)?;
+        let (topic, attempt) = match self.in_flight.get(&event) {
+            Some(current) => (current.topic.clone(), current.attempt),
+            None => return Ok(()),
+        };
+        self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into())).await;
+        Ok(())
+    }
+
+    /// Redelivers every in-flight event whose deadline passed.
+    pub(super) async fn on_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(event) = self.in_flight.pop_due(now) {
+            self.redeliver(event).await;
+        }
+    }
+
+    async fn redeliver(&mut self, event: EventRef) {
+        let Some(current) = self.in_flight.get(&event) else { return };
+        let (topic, attempt, payload) = (current.topic.clone(), current.attempt, current.event.clone());
+        if attempt >= self.d.settings.max_attempts {
+            self.dead_letter(&topic, event, attempt, "max_attempts".into()).await;
+            return;
+        }
+        let seq = self.d.next_seq();
+        let tp = TopicPartition::new(topic.clone(), event.partition);
+        let next_attempt = self.client.lock().unwrap().trackers.get_mut(&tp).and_then(|t| t.on_delivery(event.offset, seq));
+        let Some(next_attempt) = next_attempt else {
+            self.in_flight.remove(&event); // acknowledged meanwhile (by a superseded id)
+            return;
+        };
+        self.push_event(&topic, seq, next_attempt, &payload, event);
+        self.in_flight.redelivered(event, seq, next_attempt, self.d.settings.ack_timeout, self.d.clock.now_ms());
+        self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives up on an event: records the dead letter, then counts it as acknowledged.
+    pub(super) async fn dead_letter(&mut self, topic: &TopicName, event: EventRef, attempts: u32, reason: String) {
+        let now_ms = self.d.clock.now_ms();
+        let dead = DeadLetter {
+            topic: topic.clone(),
+            client_id: self.info.client_id.clone(),
+            partition: event.partition,
+            offset: event.offset,
+            attempts,
+            reason,
+            at: now_ms,
+        };
+        if let Err(e) = self.d.store.record_dead_letter(&dead) {
+            // Keep the event pending: it will be delivered again rather than lost.
+            tracing::error!(error = %e, "recording a dead letter failed");
+            return;
+        }
+        self.d.dead_letters.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason, "dead letter");
+        self.in_flight.remove(&event);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        let tp = TopicPartition::new(topic.clone(), event.partition);
+        let write = {
+            let mut client = self.client.lock().unwrap();
+            let Some(tracker) = client.trackers.get_mut(&tp) else { return };
+            let before = tracker.floor();
+            tracker.settle(event.offset);
+            (tracker.floor() > before).then(|| OffsetWrite {
+                key: OffsetKey::new(topic.clone(), self.info.client_id.clone(), event.partition),
+                committed: tracker.floor(),
+                last_acked: tracker.last_acked(),
+                updated_at: now_ms,
+            })
+        };
+        let request = WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };
+        if let Err(e) = self.d.writer.submit(request).await {
+            tracing::error!(error = %e, "offset write after a dead letter failed");
+        }
+    }
+}
