@@ -256,14 +256,14 @@ impl Dispatcher {
     pub fn add_subscriber(&self, topic: &TopicName) -> Result<(), FrameError> {
         let limit = self.settings.max_clients_per_topic;
         let mut registry = self.registry();
-        let count = registry.subscribers.entry(topic.clone()).or_insert(0);
-        if *count >= limit {
+        let count = registry.subscribers.get(topic).copied().unwrap_or(0);
+        if count >= limit {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
                 format!("{topic} already has {limit} subscribed sessions on this instance (limits.max_clients_per_topic)"),
             ));
         }
-        *count += 1;
+        registry.subscribers.insert(topic.clone(), count + 1);
         Ok(())
     }
 

@@ -75,10 +75,9 @@ impl PartitionReader {
                     return Ok(events.into_iter().map(Arc::new).collect());
                 }
             }
-            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let _waiting = WaitingGuard::new(&self.waiting);
             self.demand.notify_one();
             let _ = tokio::time::timeout(FETCH_RECHECK, pulled).await;
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -123,6 +122,23 @@ impl PartitionReader {
         }
         drop(buffer);
         self.pulled.notify_waiters();
+    }
+}
+
+/// Counts a subscriber waiting at the end for as long as it waits, even when its wait is
+/// cancelled (an unsubscribe drops the future mid-await).
+struct WaitingGuard<'a>(&'a AtomicUsize);
+
+impl<'a> WaitingGuard<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
