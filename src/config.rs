@@ -130,7 +130,8 @@ pub struct DeliveryConfig {
     pub max_attempts: u32,
     /// Where a client without a stored offset starts: `earliest` or `latest`.
     pub reset_policy: String,
-    /// A session whose in-flight window stays full this long is closed with 4003; 0 = never.
+    /// A session whose in-flight window stays full this long is closed with 4003, and one whose
+    /// socket takes no writes this long is dropped; 0 = never.
     pub slow_client_timeout_ms: u64,
     /// Events each partition reader keeps in memory for its subscribers.
     pub reader_buffer_events: usize,
