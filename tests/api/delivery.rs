@@ -182,6 +182,15 @@ async fn a_full_window_stops_pushing_until_acks_arrive() {
     let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
     let session = &sessions["sessions"][0];
     assert_eq!((session["in_flight"].as_u64(), session["window_full"].as_bool()), (Some(3), Some(true)));
+    assert_eq!((session["client_id"].as_str(), session["subscriptions"].clone()), (Some("w"), json!(["t"])));
+    let (status, detail) = get_json(&format!("{}/admin/sessions/{}", gw.base, session["session_id"].as_str().unwrap())).await;
+    assert_eq!(status, 200);
+    let deliveries = detail["deliveries"].as_array().unwrap();
+    let listed: Vec<(&str, u64, u64)> =
+        deliveries.iter().map(|d| (d["delivery_id"].as_str().unwrap(), d["offset"].as_u64().unwrap(), d["attempt"].as_u64().unwrap())).collect();
+    let expected: Vec<(&str, u64, u64)> = events.iter().map(|e| (id(e), e["offset"].as_u64().unwrap(), 1)).collect();
+    assert_eq!(listed, expected);
+    assert!(deliveries.iter().all(|d| d["deadline"].as_u64().unwrap() > session["connected_at"].as_u64().unwrap()));
     client.send(json!({"op": "ack", "delivery_id": id(&events[0])})).await;
     let next = client.recv_type("event").await;
     assert_eq!(next["offset"], 3);

@@ -61,3 +61,20 @@ async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
     let gw = Process::start(&data, &[]);
     assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_SERVER__LOG_FORMAT", "json")]);
+    let client = WsClient::connect(gw.addr, "json-logs").await;
+    client.close().await;
+    let logs = gw.logs.clone();
+    assert!(gw.terminate().success());
+    let lines = logs.lock().unwrap().clone();
+    assert!(lines.len() >= 4, "{lines:?}");
+    for line in &lines {
+        let parsed: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(parsed["fields"]["message"].is_string(), "{line}");
+    }
+    assert!(lines.iter().any(|l| l.contains("session ended") && l.contains("json-logs")));
+}

@@ -96,8 +96,10 @@ impl Process {
         // Keep reading stderr for the life of the process, or it would block on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("local_addr=").nth(1).and_then(|r| r.split_whitespace().next()) {
-                    let _ = tx.send(addr.to_string());
+                // Text logs say `local_addr=127.0.0.1:PORT`, JSON logs `"local_addr":"127.0.0.1:PORT"`.
+                if let Some(rest) = line.split("local_addr").nth(1) {
+                    let addr: String = rest.chars().skip_while(|c| !c.is_ascii_digit()).take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+                    let _ = tx.send(addr);
                 }
                 sink.lock().unwrap().push(line);
             }
