@@ -118,7 +118,8 @@ impl Process {
 
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        // The shell's own `kill` builtin: no procps package needed.
+        let _ = Command::new("sh").arg("-c").arg(format!("kill -TERM {}", self.child.id())).status();
         for _ in 0..200 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
