@@ -212,7 +212,9 @@ impl Config {
             Err(e) => anyhow::bail!("cannot read config {}: {e}", path.display()),
         };
         apply_env(&mut table, env)?;
-        let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| anyhow::anyhow!("config: {}", e.message()))?;
+        // Re-parsed from text so that a type error shows the offending `key = value` line.
+        let merged = toml::to_string(&table)?;
+        let config: Config = toml::from_str(&merged).map_err(|e| anyhow::anyhow!("config (file merged with ACKGATE_* overrides): {e}"))?;
         config.validate()?;
         Ok(config)
     }
@@ -256,6 +258,21 @@ impl Config {
         for (key, value) in positive {
             if value == 0 {
                 problems.push(format!("{key} must be greater than 0"));
+            }
+        }
+        // Periods are added to clock readings; far beyond any sane value they would overflow.
+        const MAX_PERIOD_MS: u64 = 31 * 86_400_000;
+        let periods = [
+            ("server.shutdown_grace_ms", self.server.shutdown_grace_ms),
+            ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
+            ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
+            ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
+            ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
+            ("delivery.slow_client_timeout_ms", self.delivery.slow_client_timeout_ms),
+        ];
+        for (key, value) in periods {
+            if value > MAX_PERIOD_MS {
+                problems.push(format!("{key} must be at most {MAX_PERIOD_MS} (31 days), got {value}"));
             }
         }
         if self.embedded.default_partitions > 10_000 {
@@ -332,5 +349,9 @@ mod tests {
         assert!(e.contains("nope"), "{e}");
         let e = load("[delivery]\nmax_in_flight = 0\nreset_policy = \"middle\"\n", &[]).unwrap_err().to_string();
         assert!(e.contains("delivery.max_in_flight") && e.contains("reset_policy"), "{e}");
+        let e = load("", &[("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "99999999999999")]).unwrap_err().to_string();
+        assert!(e.contains("offsets.checkpoint_interval_ms"), "{e}");
+        let e = load("", &[("ACKGATE_DELIVERY__MAX_ATTEMPTS", "many")]).unwrap_err().to_string();
+        assert!(e.contains("max_attempts"), "a type error shows the key: {e}");
     }
 }

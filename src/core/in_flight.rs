@@ -90,8 +90,10 @@ impl InFlightWindow {
 
     fn schedule(&mut self, at: EventRef, after: Duration, now_ms: u64) -> (u64, u64) {
         self.next_generation += 1;
-        self.deadlines.push(Reverse((Instant::now() + after, at, self.next_generation)));
-        (now_ms + after.as_millis() as u64, self.next_generation)
+        // Delays are bounded by config and protocol, but an overflow must never panic.
+        let deadline = Instant::now().checked_add(after).unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        self.deadlines.push(Reverse((deadline, at, self.next_generation)));
+        (now_ms.saturating_add(after.as_millis() as u64), self.next_generation)
     }
 
     /// When the earliest deadline falls (possibly of a stale heap entry: then nothing is due).

@@ -91,6 +91,9 @@ pub enum StartFrom {
     Latest,
 }
 
+/// Longest redelivery delay a `nack` may ask for: one day.
+pub const MAX_NACK_DELAY_MS: u64 = 86_400_000;
+
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientFrame {
@@ -189,7 +192,13 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             }
             ClientFrame::Ack { delivery_ids: ids, req }
         }
-        RawFrame::Nack { delivery_id, delay_ms, req } => ClientFrame::Nack { delivery_id, delay_ms: delay_ms.unwrap_or(0), req },
+        RawFrame::Nack { delivery_id, delay_ms, req } => {
+            let delay_ms = delay_ms.unwrap_or(0);
+            if delay_ms > MAX_NACK_DELAY_MS {
+                return Err(FrameError::new(ErrorCode::BadFrame, format!("delay_ms must be at most {MAX_NACK_DELAY_MS} (one day)")).with_req(req));
+            }
+            ClientFrame::Nack { delivery_id, delay_ms, req }
+        }
         RawFrame::Extend { delivery_id, req } => ClientFrame::Extend { delivery_id, req },
         RawFrame::Term { delivery_id, reason, req } => ClientFrame::Term { delivery_id, reason, req },
         RawFrame::Ping { req } => ClientFrame::Ping { req },
@@ -366,6 +375,8 @@ mod tests {
         assert!(err(r#"{"op":"ping","req":{"a":1}}"#).message.contains("req"));
         assert!(err(r#"{"op":"subscribe","topic":"t","resume":{"x":1}}"#).message.contains("partition"));
         assert!(err(r#"[1,2]"#).code == ErrorCode::BadFrame);
+        assert!(err(r#"{"op":"nack","delivery_id":"a","delay_ms":18446744073709551615}"#).message.contains("delay_ms"));
+        assert!(err(r#"{"op":"nack","delivery_id":"a","delay_ms":-1}"#).code == ErrorCode::BadFrame);
     }
 
     #[test]
