@@ -379,6 +379,18 @@ mod tests {
         assert!(err(r#"{"op":"nack","delivery_id":"a","delay_ms":-1}"#).code == ErrorCode::BadFrame);
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends, parsing answers Ok or a bad_frame error, never a panic.
+        #[test]
+        fn parsing_never_panics(text in ".{0,120}", op in "(subscribe|unsubscribe|ack|nack|extend|term|ping|x)", field in "[a-z_]{1,12}", value in "(null|true|-1|1e400|\"s\"|\\[\\]|\\{\\}|18446744073709551616)") {
+            let _ = parse_client_frame(&text);
+            let framed = format!(r#"{{"op":"{op}","{field}":{value},"req":{value}}}"#);
+            if let Err(e) = parse_client_frame(&framed) {
+                proptest::prop_assert_eq!(e.code, ErrorCode::BadFrame);
+            }
+        }
+    }
+
     #[test]
     fn event_frames_embed_json_or_base64() {
         let mut event = Event {

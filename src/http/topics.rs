@@ -145,6 +145,18 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Any body gives events or a 4xx, never a panic.
+        #[test]
+        fn publish_parsing_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..200), key in "[a-z_]{1,10}", value in "(1|null|\"x\"|\\[\\]|\\{\\}|\\[\\{\\}\\])") {
+            for bytes in [body, format!(r#"{{"{key}":{value}}}"#).into_bytes(), format!(r#"{{"events":[{{"{key}":{value}}}]}}"#).into_bytes()] {
+                if let Err(e) = parse_publish_body(&bytes, 10) {
+                    proptest::prop_assert!(e.status.is_client_error());
+                }
+            }
+        }
+    }
+
     #[test]
     fn publish_bodies() {
         let one = parse_publish_body(br#"{"key":"k","payload":{"a": [1, 2]}}"#, 10).unwrap();
