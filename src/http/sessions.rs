@@ -9,6 +9,9 @@ use super::error::ApiError;
 use super::AppState;
 use crate::core::dispatcher::{SessionControl, SessionInfo};
 
+/// How long the detail route waits for a session to list its deliveries.
+const DESCRIBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn session_json(info: &SessionInfo) -> Value {
     let stats = &info.stats;
     let last_ack = stats.last_ack_at.load(Ordering::Relaxed);
@@ -43,7 +46,18 @@ pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>)
     if !app.dispatcher.control(&session_id, SessionControl::Describe(reply)) {
         return Err(missing(&session_id));
     }
-    let deliveries = answer.await.map_err(|_| missing(&session_id))?;
+    // A session blocked on a client that stopped reading must not hang the operator's request.
+    let deliveries = match tokio::time::timeout(DESCRIBE_TIMEOUT, answer).await {
+        Ok(Ok(deliveries)) => deliveries,
+        Ok(Err(_)) => return Err(missing(&session_id)),
+        Err(_) => {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                crate::core::protocol::ErrorCode::Unavailable,
+                format!("session {session_id} did not answer within {DESCRIBE_TIMEOUT:?} (blocked on a slow client?)"),
+            ))
+        }
+    };
     let mut body = session_json(&info);
     body["deliveries"] = json!(deliveries);
     Ok(Json(body))
