@@ -4,6 +4,7 @@
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -185,6 +186,14 @@ impl Gateway {
         if let Err(e) = app.dispatcher.writer.write_durably(Vec::new(), Vec::new()).await {
             tracing::error!(error = %e, "draining offset writes failed");
         }
+        let writes = &app.dispatcher.writer.stats;
+        tracing::info!(
+            advanced = writes.advanced.load(Ordering::Relaxed),
+            stale = writes.stale.load(Ordering::Relaxed),
+            failed_batches = writes.failed_batches.load(Ordering::Relaxed),
+            broker_acks = writes.broker_acks.load(Ordering::Relaxed),
+            "offset writes since start"
+        );
         if let Err(e) = app.dispatcher.backend.checkpoint() {
             tracing::error!(error = %e, "final pull checkpoint failed");
         }

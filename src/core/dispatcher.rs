@@ -133,8 +133,6 @@ pub struct Dispatcher {
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
-    /// Dead letters recorded since start.
-    pub dead_letters: AtomicU64,
 }
 
 /// One partition's starting point chosen at subscribe.
@@ -170,7 +168,6 @@ impl Dispatcher {
             registry: Mutex::new(Registry::default()),
             next_seq: AtomicU64::new(1),
             next_session: AtomicU64::new(1),
-            dead_letters: AtomicU64::new(0),
         }
     }
 

@@ -54,6 +54,7 @@ async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
     assert!(status.success(), "{status:?}");
     let logs = logs.lock().unwrap().join("\n");
     assert!(logs.contains("session ended") && logs.contains("ackgate stopped"), "{logs}");
+    assert!(logs.contains("broker_acks=3"), "every ack fired the deferred broker ACK: {logs}");
     // The checkpoint period is an hour: the file can only come from the shutdown.
     let checkpoint = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
     assert!(checkpoint.contains("t#0=3"), "{checkpoint}");

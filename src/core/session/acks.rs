@@ -163,7 +163,6 @@ impl Session {
             tracing::error!(error = %e, "recording a dead letter failed");
             return;
         }
-        self.d.dead_letters.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason, "dead letter");
         self.in_flight.remove(&event);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
