@@ -35,15 +35,10 @@ pub struct OffsetWriteStats {
 }
 
 /// Handle to the writer thread. Dropping every handle (and calling `join`) drains it.
+#[derive(Clone)]
 pub struct OffsetWriter {
     tx: mpsc::Sender<WriteRequest>,
     pub stats: Arc<OffsetWriteStats>,
-}
-
-impl Clone for OffsetWriter {
-    fn clone(&self) -> Self {
-        Self { tx: self.tx.clone(), stats: self.stats.clone() }
-    }
 }
 
 impl OffsetWriter {
