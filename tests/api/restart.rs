@@ -141,3 +141,31 @@ async fn wait_until_offline(base: &str) {
     }
     panic!("the session did not end");
 }
+
+#[tokio::test]
+async fn an_admin_reset_moves_an_offline_clients_offset_back_and_it_replays() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 5).await;
+    let mut client = WsClient::connect(gw.addr(), "replayer").await;
+    client.subscribe("t", json!({})).await;
+    let events = client.recv_events(5).await;
+    client.ack_confirmed(&ids(&events), "all").await;
+    client.close().await;
+    wait_until_offline(&gw.base).await;
+    let url = format!("{}/admin/offsets/t/replayer/0", gw.base);
+    let reset: serde_json::Value = http().put(&url).json(&json!({"offset": 2})).send().await.unwrap().json().await.unwrap();
+    assert_eq!((reset["key"].as_str(), reset["committed"].as_u64()), (Some("t#replayer#0"), Some(2)));
+    let (_, view) = get_json(&format!("{}/admin/offsets/t/replayer", gw.base)).await;
+    assert_eq!((view["partitions"][0]["committed"].as_u64(), view["partitions"][0]["lag"].as_u64()), (Some(2), Some(3)));
+    let mut client = WsClient::connect(gw.addr(), "replayer").await;
+    assert_eq!(client.subscribe("t", json!({})).await["partitions"][0]["from"], 2);
+    let replay = client.recv_events(3).await;
+    assert_eq!(replay.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![2, 3, 4]);
+    client.close().await;
+    wait_until_offline(&gw.base).await;
+    let deleted: serde_json::Value = http().delete(format!("{}/admin/offsets/t/replayer", gw.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(deleted["deleted"], 1);
+    assert!(stored_offset(&gw.base, "t", "replayer", 0).await.is_none());
+    gw.stop().await;
+}
