@@ -49,7 +49,7 @@ pub async fn upgrade(
 }
 
 async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
-    let frame = ServerFrame::Error { code, message: message.clone(), req: None }.to_json();
+    let frame = ServerFrame::Error { code, message, req: None }.to_json();
     let _ = socket.send(Message::Text(frame.into())).await;
     let close = CloseFrame { code: TRY_AGAIN_LATER, reason: "session limit reached".into() };
     let _ = socket.send(Message::Close(Some(close))).await;
