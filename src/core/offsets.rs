@@ -156,6 +156,9 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError>;
 
+    /// Removes every dead letter of a (deleted) topic; returns how many there were.
+    fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError>;
+
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;
 

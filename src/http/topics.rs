@@ -137,8 +137,10 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
     }
     let keys: Vec<OffsetKey> = d.store.scan(&OffsetFilter { topic: Some(topic.clone()), ..Default::default() })?.into_iter().map(|(k, _)| k).collect();
     let offsets_deleted = d.store.remove(&keys)?;
+    let dead_letters_deleted = d.store.remove_dead_letters(&topic)?;
     d.forget_topic(&topic);
-    Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted})))
+    tracing::info!(%topic, offsets_deleted, dead_letters_deleted, "topic deleted with its offsets and dead letters");
+    Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted, "dead_letters_deleted": dead_letters_deleted})))
 }
 
 #[cfg(test)]

@@ -97,6 +97,13 @@ impl OffsetStore for MemoryOffsetStore {
             .collect())
     }
 
+    fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.dead_letters.len();
+        inner.dead_letters.retain(|d| d.topic != *topic);
+        Ok(before - inner.dead_letters.len())
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -242,6 +242,17 @@ impl OffsetStore for RocksOffsetStore {
         Ok(out)
     }
 
+    fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        let keys = self.prefix_scan(CF_DEAD_LETTERS, &topic_prefix(topic))?;
+        let cf = self.cf(CF_DEAD_LETTERS)?;
+        let mut batch = WriteBatch::default();
+        for (key, _) in &keys {
+            batch.delete_cf(&cf, key);
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        Ok(keys.len())
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush_wal(true).map_err(io_err)
     }

@@ -144,6 +144,21 @@ async fn nack_redelivers_and_term_and_max_attempts_make_dead_letters() {
         .map(|d| (d["offset"].as_u64().unwrap(), d["reason"].as_str().unwrap().to_string(), d["attempts"].as_u64().unwrap()))
         .collect();
     assert_eq!(dead, vec![(1, "poison".to_string(), 1), (2, "max_attempts".to_string(), 2)]);
+    // Deleting the topic takes its offsets and dead letters with it.
+    client.close().await;
+    let mut deleted = None;
+    for _ in 0..50 {
+        let response = http().delete(format!("{}/topics/t", gw.base)).send().await.unwrap();
+        if response.status() == 200 {
+            deleted = Some(response.json::<serde_json::Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await; // until the session has ended
+    }
+    let deleted = deleted.expect("the topic is deleted once no session subscribes");
+    assert_eq!((deleted["offsets_deleted"].as_u64(), deleted["dead_letters_deleted"].as_u64()), (Some(1), Some(2)));
+    let (_, dead) = get_json(&format!("{}/admin/dead-letters", gw.base)).await;
+    assert_eq!(dead["dead_letters"], json!([]));
     gw.stop().await;
 }
 
