@@ -30,10 +30,12 @@ pub async fn align_pull_offsets_to_ack(
     for (topic, partitions) in topics {
         let mut smallest: HashMap<u32, u64> = HashMap::new();
         let filter = OffsetFilter { topic: Some(topic.clone()), ..Default::default() };
-        for (key, record) in store.scan(&filter).map_err(|e| e.to_string())? {
-            let entry = smallest.entry(key.partition).or_insert(record.committed);
-            *entry = (*entry).min(record.committed);
-        }
+        store
+            .scan_each(&filter, &mut |key, record| {
+                let entry = smallest.entry(key.partition).or_insert(record.committed);
+                *entry = (*entry).min(record.committed);
+            })
+            .map_err(|e| e.to_string())?;
         for partition in 0..partitions {
             let tp = TopicPartition::new(topic.clone(), partition);
             let bounds = backend.log_bounds(&tp).await.map_err(|e| e.to_string())?;

@@ -139,8 +139,17 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// stored offset only ever moves forward. Returns one outcome per write, in order.
     fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError>;
 
-    /// Records matching `filter`, ordered by key. A topic or client filter is a prefix scan.
-    fn scan(&self, filter: &OffsetFilter) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
+    /// Calls `visit` for every record matching `filter`, without collecting them (start-up
+    /// alignment and the retention sweep read every record). A topic or client filter is a
+    /// prefix scan. `visit` must not call back into the store.
+    fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError>;
+
+    /// Records matching `filter`, collected (ordered by key for a topic filter or none).
+    fn scan(&self, filter: &OffsetFilter) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
+        let mut rows = Vec::new();
+        self.scan_each(filter, &mut |key, record| rows.push((key, record)))?;
+        Ok(rows)
+    }
 
     /// Sets `key` to `committed`, backwards allowed (the admin reset route).
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
@@ -214,12 +223,14 @@ pub fn sweep_expired_offsets(
     retention_ms: u64,
     is_live: impl Fn(&ClientId) -> bool,
 ) -> Result<usize, StoreError> {
-    let expired: Vec<OffsetKey> = store
-        .scan(&OffsetFilter::default())?
-        .into_iter()
-        .filter(|(key, record)| is_expired(record, now_ms, retention_ms) && !is_live(&key.client_id))
-        .map(|(key, _)| key)
-        .collect();
+    let mut expired = Vec::new();
+    store.scan_each(&OffsetFilter::default(), &mut |key, record| {
+        if is_expired(&record, now_ms, retention_ms) {
+            expired.push(key);
+        }
+    })?;
+    // Asked after the scan: `is_live` takes the session registry's lock.
+    expired.retain(|key| !is_live(&key.client_id));
     store.remove(&expired)
 }
 

@@ -53,8 +53,11 @@ impl OffsetStore for MemoryOffsetStore {
             .collect())
     }
 
-    fn scan(&self, filter: &OffsetFilter) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
-        Ok(self.lock().records.iter().filter(|(k, _)| filter.matches(k)).map(|(k, r)| (k.clone(), *r)).collect())
+    fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
+        for (key, record) in self.lock().records.iter().filter(|(k, _)| filter.matches(k)) {
+            visit(key.clone(), *record);
+        }
+        Ok(())
     }
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {

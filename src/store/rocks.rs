@@ -18,6 +18,8 @@ use crate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// Raw `(key, value)` pairs read from a column family.
 type RawPairs = Vec<(Box<[u8]>, Box<[u8]>)>;
+/// A visitor of raw `(key, value)` pairs that may stop the scan with an error.
+type RawVisitor<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>;
 
 const CF_OFFSETS: &str = "offsets";
 const CF_BY_CLIENT: &str = "by_client";
@@ -61,17 +63,26 @@ impl RocksOffsetStore {
         }
     }
 
-    /// Every `(key bytes, value bytes)` of `cf` that starts with `prefix`.
-    fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<RawPairs, StoreError> {
+    /// Calls `f` with every `(key, value)` of `cf` whose key starts with `prefix`, in key order.
+    fn for_each_with_prefix(&self, cf_name: &str, prefix: &[u8], f: RawVisitor<'_>) -> Result<(), StoreError> {
         let cf = self.cf(cf_name)?;
-        let mut out = Vec::new();
         for item in self.db.iterator_cf(&cf, IteratorMode::From(prefix, Direction::Forward)) {
             let (key, value) = item.map_err(io_err)?;
             if !key.starts_with(prefix) {
                 break;
             }
-            out.push((key, value));
+            f(&key, &value)?;
         }
+        Ok(())
+    }
+
+    /// Every `(key bytes, value bytes)` of `cf` that starts with `prefix`.
+    fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<RawPairs, StoreError> {
+        let mut out = Vec::new();
+        self.for_each_with_prefix(cf_name, prefix, &mut |key, value| {
+            out.push((key.into(), value.into()));
+            Ok(())
+        })?;
         Ok(out)
     }
 }
@@ -119,41 +130,38 @@ impl OffsetStore for RocksOffsetStore {
         Ok(outcomes)
     }
 
-    fn scan(&self, filter: &OffsetFilter) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
-        let keys_and_values: Vec<(OffsetKey, Box<[u8]>)> = match (&filter.topic, &filter.client_id) {
-            (Some(topic), client) => {
-                let mut prefix = topic_prefix(topic);
-                if let Some(client) = client {
-                    prefix = OffsetKey::new(topic.clone(), client.clone(), 0).encode();
-                    prefix.truncate(prefix.len() - 4);
-                }
-                self.prefix_scan(CF_OFFSETS, &prefix)?
-                    .into_iter()
-                    .filter_map(|(k, v)| OffsetKey::decode(&k).map(|key| (key, v)))
-                    .collect()
+    fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
+        let mut emit = |key: OffsetKey, value: &[u8]| -> Result<(), StoreError> {
+            if filter.matches(&key) {
+                let record = decode_record(&key, value)?;
+                visit(key, record);
             }
-            (None, Some(client)) => {
-                let offsets_cf = self.cf(CF_OFFSETS)?;
-                let mut out = Vec::new();
-                for (index_key, _) in self.prefix_scan(CF_BY_CLIENT, &client_prefix(client))? {
-                    let Some(key) = OffsetKey::decode_by_client(&index_key) else { continue };
-                    if let Some(value) = self.db.get_cf(&offsets_cf, key.encode()).map_err(io_err)? {
-                        out.push((key, value.into_boxed_slice()));
-                    }
-                }
-                out
-            }
-            (None, None) => self
-                .prefix_scan(CF_OFFSETS, &[])?
-                .into_iter()
-                .filter_map(|(k, v)| OffsetKey::decode(&k).map(|key| (key, v)))
-                .collect(),
+            Ok(())
         };
-        keys_and_values
-            .into_iter()
-            .filter(|(key, _)| filter.matches(key))
-            .map(|(key, value)| decode_record(&key, &value).map(|r| (key, r)))
-            .collect()
+        if let (None, Some(client)) = (&filter.topic, &filter.client_id) {
+            // The client-ordered index names the keys; each record is then one point read.
+            let offsets_cf = self.cf(CF_OFFSETS)?;
+            return self.for_each_with_prefix(CF_BY_CLIENT, &client_prefix(client), &mut |index_key, _| {
+                let Some(key) = OffsetKey::decode_by_client(index_key) else { return Ok(()) };
+                match self.db.get_pinned_cf(&offsets_cf, key.encode()).map_err(io_err)? {
+                    Some(value) => emit(key, &value),
+                    None => Ok(()),
+                }
+            });
+        }
+        let prefix = match (&filter.topic, &filter.client_id) {
+            (Some(topic), Some(client)) => {
+                let mut prefix = OffsetKey::new(topic.clone(), client.clone(), 0).encode();
+                prefix.truncate(prefix.len() - 4);
+                prefix
+            }
+            (Some(topic), None) => topic_prefix(topic),
+            (None, _) => Vec::new(),
+        };
+        self.for_each_with_prefix(CF_OFFSETS, &prefix, &mut |key, value| match OffsetKey::decode(key) {
+            Some(key) => emit(key, value),
+            None => Ok(()),
+        })
     }
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
