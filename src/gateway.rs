@@ -55,10 +55,17 @@ impl GatewayHandle {
     }
 }
 
+/// Removed records past which a sweep compacts the store (a restart would otherwise scan their
+/// tombstones).
+const COMPACT_AFTER_REMOVED: usize = 10_000;
+
 fn sweep_offsets(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize> {
     let removed = sweep_expired_offsets(d.store.as_ref(), d.clock.now_ms(), retention_ms, |c| d.is_live(c))?;
     if removed > 0 {
         tracing::info!(removed, "expired offsets of absent clients");
+    }
+    if removed >= COMPACT_AFTER_REMOVED {
+        d.store.compact()?;
     }
     Ok(removed)
 }
@@ -240,8 +247,12 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
             // The first tick fires at once: a sweep right after start must find nothing to expire
             // that a client still owns (the KAFKA-8069 regression).
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-            if let Err(e) = sweep_offsets(&d, retention_ms) {
-                tracing::error!(error = %e, "offset retention sweep failed");
+            // A sweep reads every record (and may compact): keep it off the async workers.
+            let sweeping = d.clone();
+            match tokio::task::spawn_blocking(move || sweep_offsets(&sweeping, retention_ms)).await {
+                Ok(Err(e)) => tracing::error!(error = %e, "offset retention sweep failed"),
+                Err(e) => tracing::error!(error = %e, "offset retention sweep panicked"),
+                Ok(Ok(_)) => {}
             }
         }
     });
@@ -250,10 +261,12 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
     app.dispatcher.tasks.spawn(async move {
         loop {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-            match log.enforce_retention() {
-                Ok(0) => {}
-                Ok(removed) => tracing::info!(removed, "log retention deleted old events"),
-                Err(e) => tracing::error!(error = %e, "log retention failed"),
+            let trimming = log.clone();
+            match tokio::task::spawn_blocking(move || trimming.enforce_retention()).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(removed)) => tracing::info!(removed, "log retention deleted old events"),
+                Ok(Err(e)) => tracing::error!(error = %e, "log retention failed"),
+                Err(e) => tracing::error!(error = %e, "log retention panicked"),
             }
         }
     });

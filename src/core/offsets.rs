@@ -171,6 +171,12 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;
 
+    /// Reclaims the space of removed records, so later scans do not wade through them (after a
+    /// large retention sweep). A no-op where there is nothing to reclaim.
+    fn compact(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The single-write form of `write_offsets`.
     fn write_offset(&self, write: OffsetWrite) -> Result<WriteOutcome, StoreError> {
         Ok(self.write_offsets(std::slice::from_ref(&write))?[0])
