@@ -93,5 +93,8 @@ fn prefix_scans_by_topic_by_client_and_both() {
         assert_eq!((touched.committed, touched.last_acked, touched.updated_at), (5, Some(4), 99));
         assert_eq!(store.remove(&[key(0), key(0)]).unwrap(), 1);
         assert_eq!(scan(Some("ab"), None).len(), 2);
+        store.compact().unwrap();
+        assert_eq!(scan(None, None).len(), 8, "compaction keeps every live record");
+        assert_eq!(store.read(&key(1)).unwrap().unwrap().committed, 5);
     }
 }
