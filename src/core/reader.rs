@@ -191,9 +191,4 @@ impl Readers {
             keep
         });
     }
-
-    /// `(topic#partition, pull cursor)` of every reader.
-    pub fn pull_offsets(&self) -> Vec<(TopicPartition, u64)> {
-        self.readers.lock().unwrap().iter().map(|(tp, (r, _))| (tp.clone(), r.pull_offset())).collect()
-    }
 }

@@ -37,14 +37,8 @@ async fn a_replay_after_restart_never_lowers_a_fast_clients_offset() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
-    let mut fast = WsClient::connect(gw.addr(), "fast").await;
-    fast.subscribe("t", json!({})).await;
-    let events = fast.recv_events(10).await;
-    fast.ack_confirmed(&ids(&events), "f").await;
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
-    slow.subscribe("t", json!({})).await;
-    let events = slow.recv_events(3).await;
-    slow.ack_confirmed(&ids(&events), "s").await;
+    let fast = consume_and_ack(gw.addr(), "fast", "t", 10).await;
+    let slow = consume_and_ack(gw.addr(), "slow", "t", 3).await;
     fast.close().await;
     slow.close().await;
     gw.stop().await;
@@ -102,11 +96,7 @@ async fn offsets_survive_a_sweep_right_after_restart_and_expire_only_past_retent
     let gw = InProcess::start_with_clock(config.clone(), Arc::new(ManualClock::new(start))).await;
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
     for name in ["absent", "present"] {
-        let mut client = WsClient::connect(gw.addr(), name).await;
-        client.subscribe("t", json!({})).await;
-        let events = client.recv_events(2).await;
-        client.ack_confirmed(&ids(&events), "a").await;
-        client.close().await;
+        consume_and_ack(gw.addr(), name, "t", 2).await.close().await;
     }
     gw.stop().await;
 
@@ -147,11 +137,7 @@ async fn an_admin_reset_moves_an_offline_clients_offset_back_and_it_replays() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut client = WsClient::connect(gw.addr(), "replayer").await;
-    client.subscribe("t", json!({})).await;
-    let events = client.recv_events(5).await;
-    client.ack_confirmed(&ids(&events), "all").await;
-    client.close().await;
+    consume_and_ack(gw.addr(), "replayer", "t", 5).await.close().await;
     wait_until_offline(&gw.base).await;
     let url = format!("{}/admin/offsets/t/replayer/0", gw.base);
     let reset: serde_json::Value = http().put(&url).json(&json!({"offset": 2})).send().await.unwrap().json().await.unwrap();

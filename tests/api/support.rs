@@ -268,6 +268,16 @@ impl WsClient {
     }
 }
 
+/// Connects `client_id`, subscribes to `topic`, receives `n` events and acks them all with a
+/// receipt; returns the still-open client.
+pub async fn consume_and_ack(addr: SocketAddr, client_id: &str, topic: &str, n: usize) -> WsClient {
+    let mut client = WsClient::connect(addr, client_id).await;
+    client.subscribe(topic, json!({})).await;
+    let events = client.recv_events(n).await;
+    client.ack_confirmed(&ids(&events), "all").await;
+    client
+}
+
 /// The delivery_id of an event frame.
 pub fn id(event: &Value) -> &str {
     event["delivery_id"].as_str().unwrap()

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -69,7 +69,6 @@ pub struct EmbeddedLog {
     append_lock: Mutex<()>,
     cursors: PullCursors,
     round_robin: AtomicU32,
-    broker_acks: AtomicU64,
     clock: Arc<dyn Clock>,
 }
 
@@ -106,7 +105,6 @@ impl EmbeddedLog {
             append_lock: Mutex::new(()),
             cursors,
             round_robin: AtomicU32::new(0),
-            broker_acks: AtomicU64::new(0),
             clock,
         };
         log.recover_topics()?;
@@ -249,11 +247,6 @@ impl EmbeddedLog {
         Ok(f(partition))
     }
 
-    /// Broker acks counted so far (the embedded log has nothing to acknowledge).
-    pub fn broker_acks(&self) -> u64 {
-        self.broker_acks.load(Ordering::Relaxed)
-    }
-
     /// Flushes the WAL and memtables; called at shutdown.
     pub fn flush(&self) -> Result<(), BackendError> {
         self.db.flush_wal(true).map_err(io_err)
@@ -384,7 +377,7 @@ impl LogBackend for EmbeddedLog {
     }
 
     fn ack_pulled_message(&self, _tp: &TopicPartition, _offset: u64) {
-        self.broker_acks.fetch_add(1, Ordering::Relaxed);
+        // A log has nothing to acknowledge; the offset writer counts these calls.
     }
 
     fn checkpoint(&self) -> Result<(), BackendError> {

@@ -100,12 +100,9 @@ impl Session {
     }
 
     /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
-    pub(super) fn reschedule(&mut self, delivery_id: &str, after: Duration, is_nack: bool) -> Result<(), FrameError> {
+    pub(super) fn reschedule(&mut self, delivery_id: &str, after: Duration) -> Result<(), FrameError> {
         let event = self.current_delivery(delivery_id)?;
         self.in_flight.reschedule(event, after, self.d.clock.now_ms());
-        if is_nack {
-            tracing::debug!(session_id = %self.info.session_id, delivery_id, "nack");
-        }
         Ok(())
     }
 

@@ -269,11 +269,11 @@ impl Session {
             ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Nack { delivery_id, delay_ms, req } => {
-                self.reschedule(&delivery_id, Duration::from_millis(delay_ms), true).map_err(|e| e.with_req(req))
+                self.reschedule(&delivery_id, Duration::from_millis(delay_ms)).map_err(|e| e.with_req(req))
             }
             ClientFrame::Extend { delivery_id, req } => {
                 let timeout = self.d.settings.ack_timeout;
-                self.reschedule(&delivery_id, timeout, false).map_err(|e| e.with_req(req))
+                self.reschedule(&delivery_id, timeout).map_err(|e| e.with_req(req))
             }
             ClientFrame::Term { delivery_id, reason, req } => self.term(&delivery_id, reason).await.map_err(|e| e.with_req(req)),
             ClientFrame::Ping { req } => {
