@@ -90,11 +90,36 @@ impl Default for EmbeddedConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Kafka brokers, `host:port,host:port`; used when `storage.backend = "kafka"`.
     pub bootstrap_servers: String,
+    /// Topics served; empty serves every topic of the cluster except internal `__*` ones.
+    pub topics: Vec<String>,
+    /// Replication factor of topics created through `POST /topics`.
+    pub replication_factor: i32,
+    /// Bound of metadata, watermark and admin requests; also how long start waits for a broker.
+    pub request_timeout_ms: u64,
+    /// A publish the brokers have not confirmed within this fails with `unavailable`.
+    pub publish_timeout_ms: u64,
+    /// librdkafka properties passed to every client, e.g. `"security.protocol" = "SASL_SSL"`.
+    /// `group.id`, `enable.auto.commit` and the producer's `acks`/`enable.idempotence` are set by
+    /// ackgate and cannot be overridden.
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: String::new(),
+            topics: Vec::new(),
+            replication_factor: 1,
+            request_timeout_ms: 5000,
+            publish_timeout_ms: 10_000,
+            properties: Default::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -229,7 +254,24 @@ impl Config {
         }
         match self.storage.backend.as_str() {
             "embedded" => {}
-            "kafka" => problems.push("storage.backend = \"kafka\" is not available in this build yet".into()),
+            "kafka" => {
+                if self.kafka.bootstrap_servers.trim().is_empty() {
+                    problems.push("kafka.bootstrap_servers must be set when storage.backend = \"kafka\"".into());
+                }
+                for name in &self.kafka.topics {
+                    if crate::core::names::TopicName::parse(name).is_err() {
+                        problems.push(format!("kafka.topics: {name:?} is not a valid topic name"));
+                    }
+                }
+                for key in ["group.id", "enable.auto.commit", "enable.auto.offset.store", "acks", "enable.idempotence", "bootstrap.servers"] {
+                    if self.kafka.properties.contains_key(key) {
+                        problems.push(format!("kafka.properties.{key:?} is set by ackgate and cannot be overridden"));
+                    }
+                }
+                if self.kafka.replication_factor < 1 {
+                    problems.push("kafka.replication_factor must be at least 1".into());
+                }
+            }
             other => problems.push(format!("storage.backend must be \"embedded\" or \"kafka\", got {other:?}")),
         }
         if !matches!(self.offsets.store.as_str(), "rocksdb" | "memory") {
@@ -241,6 +283,8 @@ impl Config {
         let positive = [
             ("embedded.default_partitions", self.embedded.default_partitions as u64),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
+            ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
+            ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
@@ -265,6 +309,8 @@ impl Config {
         let periods = [
             ("server.shutdown_grace_ms", self.server.shutdown_grace_ms),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
+            ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
+            ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),

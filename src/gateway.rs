@@ -13,7 +13,7 @@ use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
@@ -31,7 +31,7 @@ const WRITE_QUEUE: usize = 65_536;
 pub struct Gateway {
     listener: TcpListener,
     app: AppState,
-    embedded: Arc<EmbeddedLog>,
+    backend: Backend,
     writer_thread: std::thread::JoinHandle<()>,
 }
 
@@ -115,16 +115,8 @@ impl Gateway {
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
         let store = open_store(&config, &data_dir)?;
-        let settings = EmbeddedLogSettings {
-            default_partitions: config.embedded.default_partitions,
-            retention_ms: config.embedded.retention_secs.saturating_mul(1000),
-            retention_bytes_per_partition: config.embedded.retention_bytes_per_partition,
-            sync_writes: config.embedded.sync_writes,
-        };
-        let embedded = Arc::new(
-            EmbeddedLog::open(&data_dir, settings, clock.clone()).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?,
-        );
-        let backend: Arc<dyn LogBackend> = embedded.clone();
+        let opened = Backend::open(&config, &data_dir, clock.clone()).await?;
+        let backend: Arc<dyn LogBackend> = opened.log();
         let delivery = delivery_settings(&config);
         let started = std::time::Instant::now();
         let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy)
@@ -146,7 +138,7 @@ impl Gateway {
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
         let app = AppState { dispatcher, config: Arc::new(config) };
-        Ok(Self { listener, app, embedded, writer_thread })
+        Ok(Self { listener, app, backend: opened, writer_thread })
     }
 
     pub fn handle(&self) -> GatewayHandle {
@@ -160,11 +152,11 @@ impl Gateway {
     /// Serves until `shutdown` resolves (or `GatewayHandle::shutdown`), then closes sessions
     /// with 1001, drains offset writes, checkpoints the pull cursors and closes the stores.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Gateway { listener, app, embedded, writer_thread } = self;
+        let Gateway { listener, app, backend, writer_thread } = self;
         let cancel = app.dispatcher.shutdown.clone();
         let config = app.config.clone();
         let local_addr = listener.local_addr()?;
-        spawn_background(&app, &embedded);
+        spawn_background(&app, &backend);
         let listener = listener.tap_io(|tcp| {
             // Without it, small frames wait for Nagle's algorithm: 40 ms per round trip.
             let _ = tcp.set_nodelay(true);
@@ -204,14 +196,14 @@ impl Gateway {
         if let Err(e) = app.dispatcher.backend.checkpoint() {
             tracing::error!(error = %e, "final pull checkpoint failed");
         }
-        if let Err(e) = embedded.flush() {
+        if let Some(Err(e)) = backend.embedded().map(|log| log.flush()) {
             tracing::error!(error = %e, "flushing the embedded log failed");
         }
         // Dropping the last dispatcher closes the writer queue; the thread flushes and exits,
         // releasing the stores (so the same data_dir can be opened again in this process).
         let last = Arc::strong_count(&app.dispatcher) == 1;
         drop(app);
-        drop(embedded);
+        drop(backend);
         if last {
             let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
         }
@@ -221,7 +213,7 @@ impl Gateway {
 }
 
 /// Pull checkpoint, offset retention sweep and log retention, each until shutdown.
-fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
+fn spawn_background(app: &AppState, backend: &Backend) {
     let config = &app.config;
     let cancel = app.dispatcher.shutdown.clone();
     let every = |ms: u64| {
@@ -257,6 +249,8 @@ fn spawn_background(app: &AppState, embedded: &Arc<EmbeddedLog>) {
         }
     });
 
+    // Kafka enforces its own retention.
+    let Some(embedded) = backend.embedded() else { return };
     let (log, stop, mut tick) = (embedded.clone(), cancel, every(config.embedded.retention_check_interval_ms));
     app.dispatcher.tasks.spawn(async move {
         loop {

@@ -1,5 +1,66 @@
-//! `LogBackend` implementations: `embedded` (RocksDB, the default) and the pull checkpoint file
-//! they share.
+//! `LogBackend` implementations, chosen by `storage.backend`: `embedded` (RocksDB, the default)
+//! and `kafka`, plus the pull checkpoint file they share.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
 
 pub mod checkpoint;
 pub mod embedded;
+pub mod kafka;
+
+use crate::config::Config;
+use crate::core::backend::LogBackend;
+use crate::core::offsets::Clock;
+use embedded::{EmbeddedLog, EmbeddedLogSettings};
+use kafka::{KafkaLog, KafkaSettings};
+
+/// The configured backend: the trait object the core uses, plus what only one kind can do.
+#[derive(Clone)]
+pub enum Backend {
+    Embedded(Arc<EmbeddedLog>),
+    Kafka(Arc<KafkaLog>),
+}
+
+impl Backend {
+    pub async fn open(config: &Config, data_dir: &Path, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        if config.storage.backend == "kafka" {
+            let k = &config.kafka;
+            let settings = KafkaSettings {
+                bootstrap_servers: k.bootstrap_servers.clone(),
+                topics: k.topics.clone(),
+                properties: k.properties.clone(),
+                replication_factor: k.replication_factor,
+                request_timeout: Duration::from_millis(k.request_timeout_ms),
+                publish_timeout: Duration::from_millis(k.publish_timeout_ms),
+            };
+            let log = KafkaLog::open(data_dir, settings).await.with_context(|| format!("connecting to Kafka at {}", k.bootstrap_servers))?;
+            return Ok(Self::Kafka(Arc::new(log)));
+        }
+        let settings = EmbeddedLogSettings {
+            default_partitions: config.embedded.default_partitions,
+            retention_ms: config.embedded.retention_secs.saturating_mul(1000),
+            retention_bytes_per_partition: config.embedded.retention_bytes_per_partition,
+            sync_writes: config.embedded.sync_writes,
+        };
+        let log = EmbeddedLog::open(data_dir, settings, clock).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?;
+        Ok(Self::Embedded(Arc::new(log)))
+    }
+
+    pub fn log(&self) -> Arc<dyn LogBackend> {
+        match self {
+            Self::Embedded(log) => log.clone(),
+            Self::Kafka(log) => log.clone(),
+        }
+    }
+
+    /// The embedded log, which alone needs retention and a flush at shutdown.
+    pub fn embedded(&self) -> Option<&Arc<EmbeddedLog>> {
+        match self {
+            Self::Embedded(log) => Some(log),
+            Self::Kafka(_) => None,
+        }
+    }
+}

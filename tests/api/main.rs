@@ -1,9 +1,11 @@
 //! Black-box tests: a real gateway on 127.0.0.1:0 with RocksDB in a temp dir, real WebSocket
 //! and HTTP clients. One test binary; one module per concern.
 
+mod conformance;
 mod crash;
 mod delivery;
 mod errors;
+mod kafka_broker;
 mod offset_store_props;
 mod process;
 mod restart;

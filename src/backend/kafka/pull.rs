@@ -1,0 +1,210 @@
+//! Pulling from Kafka with `assign` + `seek`, never a consumer group.
+//!
+//! One consumer serves every pull cursor of this instance: each `topic#partition` gets its own
+//! split queue (split *before* it is assigned, so no message of it ever lands in the main queue),
+//! and `seek` moves a cursor for rewinds and boot alignment. librdkafka's version barrier drops
+//! what was prefetched before a seek. Catch-up reads by offset (a subscriber behind or ahead of
+//! the shared reader) use a second consumer, so they never move a pull cursor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use super::kafka_err;
+use crate::backend::checkpoint::PullCursors;
+use crate::core::backend::{BackendError, Event};
+use crate::core::names::{TopicName, TopicPartition};
+
+/// A catch-up read waits at least this long for the first message: a fetch from an arbitrary
+/// offset needs a broker round trip, so "nothing yet" after zero wait would mean nothing.
+const CATCH_UP_MIN_WAIT: Duration = Duration::from_millis(1000);
+
+type PartitionQueue = StreamPartitionQueue<DefaultConsumerContext>;
+
+/// The pull cursor consumer and the catch-up consumer.
+pub struct Puller {
+    consumer: Arc<StreamConsumer>,
+    /// The split queue of every assigned `topic#partition`, with a lock that keeps polls of one
+    /// partition in order (the cursor moves after each).
+    queues: Mutex<HashMap<TopicPartition, Arc<(PartitionQueue, tokio::sync::Mutex<()>)>>>,
+    catch_up: tokio::sync::Mutex<CatchUp>,
+    cursors: Arc<PullCursors>,
+    stop: CancellationToken,
+}
+
+struct CatchUp {
+    consumer: StreamConsumer,
+    /// Where the catch-up consumer is assigned and the next offset it will return.
+    position: Option<(TopicPartition, u64)>,
+}
+
+impl Puller {
+    pub fn start(config: &ClientConfig, cursors: Arc<PullCursors>) -> Result<Self, BackendError> {
+        let consumer: Arc<StreamConsumer> = Arc::new(config.create().map_err(kafka_err)?);
+        let catch_up = CatchUp { consumer: config.create().map_err(kafka_err)?, position: None };
+        let stop = CancellationToken::new();
+        // The main queue must be served for librdkafka's events and errors; every message goes
+        // to a split queue, so anything here is logged and dropped.
+        let (main, stopped) = (consumer.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    received = main.recv() => match received {
+                        Ok(m) => tracing::warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), "message on the main Kafka queue ignored"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Kafka consumer error");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Self { consumer, queues: Mutex::new(HashMap::new()), catch_up: tokio::sync::Mutex::new(catch_up), cursors, stop })
+    }
+
+    /// Moves the pull cursor of `tp`, assigning the partition on first use.
+    pub fn seek(&self, tp: &TopicPartition, offset: u64) {
+        self.cursors.set(tp, offset);
+        let (topic, partition) = (tp.topic.as_str(), tp.partition as i32);
+        let mut queues = self.queues.lock().unwrap();
+        if queues.contains_key(tp) {
+            if let Err(e) = self.consumer.seek(topic, partition, Offset::Offset(offset as i64), Duration::ZERO) {
+                // A partition whose first fetch has not started cannot seek yet: assign it anew.
+                tracing::debug!(%tp, offset, error = %e, "seek refused; re-assigning the partition");
+                let _ = self.consumer.incremental_unassign(&one_partition(tp, Offset::Invalid));
+                if let Err(e) = self.consumer.incremental_assign(&one_partition(tp, Offset::Offset(offset as i64))) {
+                    tracing::error!(%tp, offset, error = %e, "re-assigning a Kafka partition failed");
+                }
+            }
+            return;
+        }
+        let Some(queue) = self.consumer.split_partition_queue(topic, partition) else {
+            tracing::error!(%tp, "cannot split a queue for this Kafka partition");
+            return;
+        };
+        match self.consumer.incremental_assign(&one_partition(tp, Offset::Offset(offset as i64))) {
+            Ok(()) => {
+                queues.insert(tp.clone(), Arc::new((queue, tokio::sync::Mutex::new(()))));
+            }
+            Err(e) => tracing::error!(%tp, offset, error = %e, "assigning a Kafka partition failed"),
+        }
+    }
+
+    /// Reads up to `max` events at the pull cursor of `tp` and advances it.
+    pub async fn poll_cursor(&self, tp: &TopicPartition, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let queue = self.queues.lock().unwrap().get(tp).cloned();
+        let Some(queue) = queue else {
+            // Not assigned yet: start where the checkpoint (or the log start) says.
+            self.seek(tp, self.cursors.get(tp).unwrap_or(0));
+            tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
+            return Ok(Vec::new());
+        };
+        let (queue, order) = &*queue;
+        let _in_order = order.lock().await;
+        let cursor = self.cursors.get(tp).unwrap_or(0);
+        let mut stream = queue.stream();
+        let events = receive(&mut stream, tp, cursor, max, wait).await?;
+        if let Some(last) = events.last() {
+            self.cursors.set(tp, last.offset + 1);
+        }
+        Ok(events)
+    }
+
+    /// Reads up to `max` events of `tp` from `offset` on, without touching the pull cursor.
+    pub async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let mut catch_up = self.catch_up.lock().await;
+        if catch_up.position.as_ref() != Some(&(tp.clone(), offset)) {
+            catch_up.consumer.assign(&one_partition(tp, Offset::Offset(offset as i64))).map_err(kafka_err)?;
+            catch_up.position = Some((tp.clone(), offset));
+        }
+        let mut stream = catch_up.consumer.stream();
+        let events = receive(&mut stream, tp, offset, max, wait.max(CATCH_UP_MIN_WAIT)).await?;
+        drop(stream);
+        if let Some(last) = events.last() {
+            catch_up.position = Some((tp.clone(), last.offset + 1));
+        }
+        Ok(events)
+    }
+
+    /// Unassigns the partitions of a deleted topic.
+    pub fn forget_topic(&self, topic: &TopicName) {
+        let mut queues = self.queues.lock().unwrap();
+        let gone: Vec<TopicPartition> = queues.keys().filter(|tp| tp.topic == *topic).cloned().collect();
+        for tp in gone {
+            let _ = self.consumer.incremental_unassign(&one_partition(&tp, Offset::Invalid));
+            queues.remove(&tp);
+        }
+    }
+}
+
+impl Drop for Puller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn one_partition(tp: &TopicPartition, offset: Offset) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    // Only fails for an offset that cannot be represented, which `Offset::Offset(u64 as i64)` is not.
+    let _ = list.add_partition_offset(tp.topic.as_str(), tp.partition as i32, offset);
+    list
+}
+
+/// Waits up to `wait` for a first message of `tp` at or after `from`, then takes whatever else is
+/// already there, up to `max`. Messages below `from` (fetched before a seek) are skipped.
+async fn receive<'a, S>(stream: &mut S, tp: &TopicPartition, from: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>
+where
+    S: futures_util::Stream<Item = Result<BorrowedMessage<'a>, rdkafka::error::KafkaError>> + Unpin,
+{
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while events.len() < max {
+        let next = if events.is_empty() {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            }
+        } else {
+            match stream.next().now_or_never() {
+                Some(next) => next,
+                None => break,
+            }
+        };
+        let message = match next {
+            Some(Ok(message)) => message,
+            Some(Err(e)) if events.is_empty() => return Err(kafka_err(e)),
+            Some(Err(_)) | None => break,
+        };
+        if message.topic() != tp.topic.as_str() || message.partition() != tp.partition as i32 || (message.offset() as u64) < from {
+            continue;
+        }
+        events.push(to_event(&message));
+    }
+    Ok(events)
+}
+
+fn to_event(message: &BorrowedMessage<'_>) -> Event {
+    let payload = message.payload().unwrap_or_default().to_vec();
+    let headers = message
+        .headers()
+        .map(|h| h.iter().map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())).collect())
+        .unwrap_or_default();
+    Event {
+        partition: message.partition() as u32,
+        offset: message.offset() as u64,
+        timestamp: message.timestamp().to_millis().unwrap_or(0).max(0) as u64,
+        key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        headers,
+        payload_is_json: serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok(),
+        payload,
+    }
+}

@@ -1,0 +1,384 @@
+//! Backend conformance: one set of test bodies, run against every backend from its own module
+//! (`embedded`, `kafka`). A body sees the gateway only through HTTP and WebSockets; the harness
+//! says how to start a gateway on its backend and how to cut the head of a log.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ackgate::config::Config;
+use ackgate::core::offsets::ManualClock;
+use serde_json::{json, Value};
+
+use crate::kafka_broker::TestBroker;
+use crate::support::*;
+
+mod embedded;
+mod kafka;
+
+/// The backend under test.
+pub enum Backend {
+    Embedded,
+    /// Behind a lock: `cut_log` restarts the broker.
+    Kafka(std::sync::Mutex<TestBroker>),
+}
+
+pub struct Harness {
+    pub backend: Backend,
+    _dir: tempfile::TempDir,
+    pub data: PathBuf,
+    /// The embedded log's clock: `cut_log` moves it past the log retention.
+    clock: Arc<ManualClock>,
+}
+
+impl Harness {
+    pub fn embedded() -> Self {
+        Self::new(Backend::Embedded)
+    }
+
+    pub fn kafka() -> Self {
+        Self::new(Backend::Kafka(std::sync::Mutex::new(TestBroker::start())))
+    }
+
+    fn new(backend: Backend) -> Self {
+        let (dir, data) = temp_dir();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        Self { backend, _dir: dir, data, clock: Arc::new(ManualClock::new(now)) }
+    }
+
+    pub fn config(&self) -> Config {
+        let mut config = test_config(&self.data);
+        if let Backend::Kafka(broker) = &self.backend {
+            config.storage.backend = "kafka".into();
+            config.kafka.bootstrap_servers = broker.lock().unwrap().bootstrap();
+        } else {
+            // Log retention runs often, so `cut_log` below only has to wait for it; an hour of
+            // log retention is far below the offsets' (a week), so moving the clock past the
+            // first never expires a client's offsets.
+            config.embedded.retention_check_interval_ms = 100;
+            config.embedded.retention_secs = 3600;
+        }
+        config
+    }
+
+    pub async fn start(&self) -> InProcess {
+        InProcess::start_with_clock(self.config(), self.clock.clone()).await
+    }
+
+    /// Creates a topic whose log retention `cut_log` can apply: through `POST /topics` on the
+    /// embedded log; on Kafka with `cleanup.policy=delete` and `retention.ms=1000`.
+    pub async fn create_topic_with_retention(&self, base: &str, name: &str, partitions: u32) {
+        let Backend::Kafka(broker) = &self.backend else {
+            return create_topic(base, name, partitions).await;
+        };
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let bootstrap = broker.lock().unwrap().bootstrap();
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+        let topic = NewTopic::new(name, partitions as i32, TopicReplication::Fixed(1))
+            .set("cleanup.policy", "delete")
+            .set("retention.ms", "1000");
+        let created = admin.create_topics([&topic], &AdminOptions::new()).await.unwrap();
+        assert!(created[0].is_ok(), "create {name}: {created:?}");
+    }
+
+    /// Removes every event of `topic#partition` published so far (`before` is its log end), the
+    /// way each backend's log retention does, and returns once `GET /topics` shows the new log
+    /// start. Embedded: the log's clock moves past its retention. Kafka (tansu): tansu deletes
+    /// by `retention.ms` only in its maintenance pass, which runs when the broker starts (and
+    /// every 10 minutes), and its SQLite engine does not implement DeleteRecords; so the records
+    /// are left to age past 1 s and the broker is restarted. tansu also reports a high watermark
+    /// of 0 for a partition whose records were all deleted, so one fresh event is published
+    /// first and survives the cut (callers read the bounds instead of assuming the log is empty).
+    pub async fn cut_log(&self, base: &str, topic: &str, partition: u32, before: u64) {
+        match &self.backend {
+            Backend::Embedded => self.clock.advance(self.config().embedded.retention_secs * 1000 + 1000),
+            Backend::Kafka(broker) => {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                publish(base, topic, json!({"partition": partition, "payload": {"kept": true}})).await;
+                let mut broker = broker.lock().unwrap();
+                broker.stop();
+                broker.resume();
+            }
+        }
+        for _ in 0..300 {
+            if let Some((start, _, _)) = try_bounds(base, topic, partition).await {
+                if start >= before {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("log start of {topic}#{partition} did not reach {before}: {:?}", try_bounds(base, topic, partition).await);
+    }
+}
+
+/// Like `bounds`, but `None` while the backend answers an error (a broker restarting).
+pub async fn try_bounds(base: &str, topic: &str, partition: u32) -> Option<(u64, u64, Option<u64>)> {
+    let (status, _) = get_json(&format!("{base}/topics")).await;
+    if status != 200 {
+        return None;
+    }
+    Some(bounds(base, topic, partition).await)
+}
+
+/// `(log_start, log_end, pull_offset)` of one partition from `GET /topics`.
+pub async fn bounds(base: &str, topic: &str, partition: u32) -> (u64, u64, Option<u64>) {
+    let (status, body) = get_json(&format!("{base}/topics")).await;
+    assert_eq!(status, 200, "GET /topics: {body}");
+    let topic = body["topics"].as_array().unwrap().iter().find(|t| t["name"] == topic).unwrap_or_else(|| panic!("{topic} listed in {body}"));
+    let p = &topic["partitions"][partition as usize];
+    (p["log_start"].as_u64().unwrap(), p["log_end"].as_u64().unwrap(), p["pull_offset"].as_u64())
+}
+
+async fn create_topic(base: &str, name: &str, partitions: u32) {
+    let created = http().post(format!("{base}/topics")).json(&json!({"name": name, "partitions": partitions})).send().await.unwrap();
+    assert_eq!(created.status(), 200, "create {name}: {:?}", created.text().await);
+}
+
+/// Publishes `{"n": first..first+count}` to one partition; answers the offsets written.
+async fn publish_to(base: &str, topic: &str, partition: u32, first: u64, count: u64) -> Vec<u64> {
+    let events: Vec<Value> = (first..first + count).map(|n| json!({"partition": partition, "payload": {"n": n}})).collect();
+    let answer = publish(base, topic, json!({ "events": events })).await;
+    answer["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            assert_eq!(o["partition"], partition);
+            o["offset"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+fn numbers(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect()
+}
+
+async fn committed(base: &str, topic: &str, client: &str, partition: u32) -> Option<u64> {
+    stored_offset(base, topic, client, partition).await.map(|row| row["committed"].as_u64().unwrap())
+}
+
+// ---- bodies -------------------------------------------------------------------------------
+
+/// Publishing answers the real partition and offset of each event, in order; `GET /topics`
+/// shows the log end; events keep key, headers and JSON or binary payloads.
+pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "orders", 2).await;
+    assert_eq!(publish_to(&gw.base, "orders", 1, 0, 3).await, vec![0, 1, 2]);
+    let single = publish(&gw.base, "orders", json!({"partition": 1, "key": "k-1", "headers": {"h": "v"}, "payload": {"n": 3}})).await;
+    assert_eq!(single["offsets"], json!([{"partition": 1, "offset": 3}]));
+    publish(&gw.base, "orders", json!({"partition": 1, "payload_base64": "AAEC"})).await;
+    assert_eq!(bounds(&gw.base, "orders", 1).await.1, 5);
+    assert_eq!(bounds(&gw.base, "orders", 0).await.1, 0);
+
+    let mut client = WsClient::connect(gw.addr(), "fields").await;
+    let subscribed = client.subscribe("orders", json!({})).await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}, {"partition": 1, "from": 0}]));
+    let events = client.recv_events(5).await;
+    assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(events[3]["key"], "k-1");
+    assert_eq!(events[3]["headers"], json!({"h": "v"}));
+    assert_eq!(events[3]["payload"], json!({"n": 3}));
+    assert_eq!(events[4]["payload_base64"], "AAEC");
+    assert!(events[4].get("payload").is_none());
+    gw.stop().await;
+}
+
+/// Every event of every partition reaches the subscriber; acks move the committed offsets to the
+/// log end, durably (the `ack_ok` answer and the admin route agree).
+pub async fn subscribe_receives_everything_and_acks_commit(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "feed", 2).await;
+    publish_to(&gw.base, "feed", 0, 0, 10).await;
+    publish_to(&gw.base, "feed", 1, 10, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "reader").await;
+    client.subscribe("feed", json!({})).await;
+    let events = client.recv_events(20).await;
+    let mut seen = numbers(&events);
+    seen.sort();
+    assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    let ok = client.ack_confirmed(&ids(&events), "all").await;
+    assert_eq!(ok["committed"], json!({"feed": {"0": 10, "1": 10}}));
+    assert_eq!(committed(&gw.base, "feed", "reader", 0).await, Some(10));
+    assert_eq!(committed(&gw.base, "feed", "reader", 1).await, Some(10));
+    // Published after the subscription: delivered live.
+    publish_to(&gw.base, "feed", 1, 20, 1).await;
+    let live = client.recv_events(1).await;
+    assert_eq!(numbers(&live), vec![20]);
+    gw.stop().await;
+}
+
+/// After a restart a client resumes at its committed offset: what it acked never comes back,
+/// what it did not ack comes again.
+pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "jobs", 1).await;
+    publish_to(&gw.base, "jobs", 0, 0, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "worker").await;
+    client.subscribe("jobs", json!({})).await;
+    let events = client.recv_events(10).await;
+    client.ack_confirmed(&ids(&events[..6]), "six").await;
+    client.close().await;
+    gw.stop().await;
+
+    let gw = h.start().await;
+    let mut client = WsClient::connect(gw.addr(), "worker").await;
+    let subscribed = client.subscribe("jobs", json!({})).await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 6}]));
+    let events = client.recv_events(4).await;
+    assert_eq!(numbers(&events), vec![6, 7, 8, 9]);
+    client.ack_confirmed(&ids(&events), "rest").await;
+    client.expect_silence(Duration::from_millis(300)).await;
+    assert_eq!(committed(&gw.base, "jobs", "worker", 0).await, Some(10));
+    gw.stop().await;
+}
+
+/// An admin reset moves an offline client back; it replays from there (a catch-up read that
+/// leaves the other clients' stream alone).
+pub async fn an_admin_rewind_replays_from_the_new_offset(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "audit", 1).await;
+    publish_to(&gw.base, "audit", 0, 0, 8).await;
+    for name in ["rewound", "steady"] {
+        consume_and_ack(gw.addr(), name, "audit", 8).await.close().await;
+    }
+    let mut reset = None;
+    for _ in 0..100 {
+        // 409 until the closed session is gone.
+        let r = http().put(format!("{}/admin/offsets/audit/rewound/0", gw.base)).json(&json!({"offset": 2})).send().await.unwrap();
+        if r.status() == 200 {
+            reset = Some(r.json::<Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(reset.expect("reset accepted once offline")["committed"], 2);
+    let mut steady = WsClient::connect(gw.addr(), "steady").await;
+    steady.subscribe("audit", json!({})).await;
+    let mut rewound = WsClient::connect(gw.addr(), "rewound").await;
+    let subscribed = rewound.subscribe("audit", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 2);
+    let replayed = rewound.recv_events(6).await;
+    assert_eq!(numbers(&replayed), vec![2, 3, 4, 5, 6, 7]);
+    rewound.ack_confirmed(&ids(&replayed), "replayed").await;
+    steady.expect_silence(Duration::from_millis(300)).await;
+    publish_to(&gw.base, "audit", 0, 8, 1).await;
+    assert_eq!(numbers(&steady.recv_events(1).await), vec![8]);
+    assert_eq!(numbers(&rewound.recv_events(1).await), vec![8]);
+    gw.stop().await;
+}
+
+/// At start the pull cursor of a partition is aligned to the smallest committed offset of the
+/// clients known for it, and the slowest client gets what it had not acknowledged.
+pub async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "ledger", 1).await;
+    publish_to(&gw.base, "ledger", 0, 0, 12).await;
+    consume_and_ack(gw.addr(), "fast", "ledger", 12).await.close().await;
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("ledger", json!({})).await;
+    let events = slow.recv_events(12).await;
+    slow.ack_confirmed(&ids(&events[..5]), "five").await;
+    slow.close().await;
+    assert_eq!(bounds(&gw.base, "ledger", 0).await.2, Some(12), "everything was pulled before the restart");
+    gw.stop().await;
+
+    let gw = h.start().await;
+    assert_eq!(bounds(&gw.base, "ledger", 0).await.2, Some(5), "pull cursor aligned to the slowest client");
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("ledger", json!({})).await;
+    assert_eq!(numbers(&slow.recv_events(7).await), (5..12).collect::<Vec<_>>());
+    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    let subscribed = fast.subscribe("ledger", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 12);
+    fast.expect_silence(Duration::from_millis(300)).await;
+    gw.stop().await;
+}
+
+/// A resume token above the stored offset wins; one below it does not replay.
+pub async fn a_resume_token_starts_at_the_larger_of_token_and_stored_offset(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "ticks", 2).await;
+    publish_to(&gw.base, "ticks", 0, 0, 10).await;
+    publish_to(&gw.base, "ticks", 1, 100, 10).await;
+    let mut client = WsClient::connect(gw.addr(), "mobile").await;
+    client.subscribe("ticks", json!({})).await;
+    let events = client.recv_events(20).await;
+    let on_p1: Vec<&Value> = events.iter().filter(|e| e["partition"] == 1).collect();
+    client.ack_confirmed(&on_p1[..4].iter().map(|e| id(e)).collect::<Vec<_>>(), "p1").await;
+    client.close().await;
+
+    let mut client = WsClient::connect(gw.addr(), "mobile").await;
+    let subscribed = client.subscribe("ticks", json!({"resume": {"0": 7, "1": 2}})).await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 7}, {"partition": 1, "from": 4}]));
+    let mut got = numbers(&client.recv_events(3 + 6).await);
+    got.sort();
+    assert_eq!(got, vec![7, 8, 9, 104, 105, 106, 107, 108, 109]);
+    gw.stop().await;
+}
+
+/// Events removed by the log's retention are skipped: a client whose committed offset fell below
+/// the log start resumes at the log start, a new client starts there, offsets keep counting.
+pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harness) {
+    let gw = h.start().await;
+    h.create_topic_with_retention(&gw.base, "metrics", 1).await;
+    publish_to(&gw.base, "metrics", 0, 0, 10).await;
+    let mut early = WsClient::connect(gw.addr(), "early").await;
+    early.subscribe("metrics", json!({})).await;
+    let events = early.recv_events(10).await;
+    early.ack_confirmed(&ids(&events[..3]), "three").await;
+    early.close().await;
+
+    h.cut_log(&gw.base, "metrics", 0, 10).await;
+    let (start, end, _) = bounds(&gw.base, "metrics", 0).await;
+    assert_eq!(start, 10, "the log start moved to the cut");
+    assert_eq!(publish_to(&gw.base, "metrics", 0, 10, 2).await, vec![end, end + 1], "offsets keep counting");
+    let expected: Vec<u64> = (start..end + 2).collect();
+    for name in ["early", "late"] {
+        let mut client = WsClient::connect(gw.addr(), name).await;
+        let subscribed = client.subscribe("metrics", json!({})).await;
+        assert_eq!(subscribed["partitions"][0]["from"], start, "{name} starts at the log start");
+        let events = client.recv_events(expected.len()).await;
+        assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), expected, "{name}");
+        client.close().await;
+    }
+    gw.stop().await;
+}
+
+/// One `#[tokio::test]` per body, for the harness built by `$harness`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        use $crate::conformance as body;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn publish_answers_offsets_and_events_keep_their_fields() {
+            body::publish_answers_offsets_and_events_keep_their_fields(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn subscribe_receives_everything_and_acks_commit() {
+            body::subscribe_receives_everything_and_acks_commit(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn restart_resumes_at_the_committed_offset() {
+            body::restart_resumes_at_the_committed_offset(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_admin_rewind_replays_from_the_new_offset() {
+            body::an_admin_rewind_replays_from_the_new_offset(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset() {
+            body::boot_alignment_starts_pulling_at_the_slowest_committed_offset(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_resume_token_starts_at_the_larger_of_token_and_stored_offset() {
+            body::a_resume_token_starts_at_the_larger_of_token_and_stored_offset(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn log_retention_moves_clients_below_the_log_start_up_to_it() {
+            body::log_retention_moves_clients_below_the_log_start_up_to_it(&$harness).await
+        }
+    };
+}

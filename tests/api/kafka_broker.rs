@@ -1,0 +1,84 @@
+//! A real Kafka-protocol broker for the Kafka tests: tansu (scripts/kafka-test-broker installs
+//! it), one per test, on a free port of 127.0.0.1 with its SQLite data in a temp dir. It keeps its
+//! data across `stop`/`start`, which the outage test relies on.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct TestBroker {
+    dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+/// The tansu binary: `ACKGATE_TANSU`, else where `scripts/kafka-test-broker install` puts it.
+fn binary() -> PathBuf {
+    let path = std::env::var_os("ACKGATE_TANSU").map(PathBuf::from).unwrap_or_else(|| {
+        let root = std::env::var_os("ACKGATE_TANSU_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.cache/ackgate/tansu"));
+        root.join("bin/tansu")
+    });
+    assert!(path.exists(), "Kafka test broker missing at {}: run `scripts/kafka-test-broker install`", path.display());
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl TestBroker {
+    pub fn start() -> Self {
+        let mut broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), child: None };
+        broker.resume();
+        broker
+    }
+
+    /// `host:port` for `kafka.bootstrap_servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn url(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the broker process (again) on the same port and data, and waits until it answers.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "broker already running");
+        let child = Command::new(binary())
+            .args(["broker", "--listener-url", &self.url(), "--advertised-listener-url", &self.url()])
+            // Relative on purpose: tansu resolves the SQLite path against its working directory.
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(self.dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("ACKGATE_TANSU_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() })
+            .spawn()
+            .expect("tansu starts");
+        self.child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            let listed = Command::new(binary()).args(["topic", "list", "--broker", &self.url()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+            if listed.is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("tansu broker on port {} not ready after 30 s", self.port);
+    }
+
+    /// Stops the broker process (SIGKILL: an outage, not a clean shutdown); data stays.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
