@@ -45,8 +45,14 @@ async fn consume(addr: std::net::SocketAddr, client_id: &str, seen: &mut BTreeSe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_loses_nothing_and_never_moves_offsets_back() {
+    sigkill_mid_stream(&[]).await;
+}
+
+/// The body, for any backend: `env` configures the gateway process (the Kafka suite passes its
+/// broker).
+pub async fn sigkill_mid_stream(env: &[(&str, &str)]) {
     let (_dir, data) = temp_dir();
-    let gw = Process::start(&data, &[]);
+    let gw = Process::start(&data, env);
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "stream", "partitions": PARTITIONS})).send().await.unwrap();
     assert_eq!(created.status(), 200);
     let half = EVENTS / 2;
@@ -70,7 +76,7 @@ async fn sigkill_mid_stream_loses_nothing_and_never_moves_offsets_back() {
     assert!(before.values().any(|c| *c > 0), "some progress was committed before the crash");
     gw.kill9();
 
-    let gw = Process::start(&data, &[]);
+    let gw = Process::start(&data, env);
     let after_restart = committed(&gw.base).await;
     assert_not_behind(&after_restart, &before);
     for chunk in (half..EVENTS).collect::<Vec<_>>().chunks(500) {

@@ -5,6 +5,7 @@ mod conformance;
 mod crash;
 mod delivery;
 mod errors;
+mod kafka;
 mod kafka_broker;
 mod offset_store_props;
 mod process;

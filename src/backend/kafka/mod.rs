@@ -85,19 +85,29 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, BackendError>
 }
 
 impl KafkaSettings {
-    /// The client configuration shared by every client: brokers plus the passthrough properties.
-    fn client_config(&self) -> ClientConfig {
+    /// The client configuration shared by every client: brokers, then `defaults` (which the
+    /// passthrough properties may override), then the passthrough properties.
+    fn client_config_with(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap_servers);
+        for (key, value) in defaults {
+            config.set(*key, *value);
+        }
         for (key, value) in &self.properties {
             config.set(key, value);
         }
         config
     }
 
+    fn client_config(&self) -> ClientConfig {
+        self.client_config_with(&[])
+    }
+
     /// A consumer that can only be assigned: dummy group, nothing committed or stored.
     fn consumer_config(&self) -> ClientConfig {
-        let mut config = self.client_config();
+        // librdkafka's 500 ms default fetch wait would add up to half a second of delivery
+        // latency on a quiet partition.
+        let mut config = self.client_config_with(&[("fetch.wait.max.ms", "50")]);
         config
             .set("group.id", UNUSED_GROUP_ID)
             .set("enable.auto.commit", "false")

@@ -1,0 +1,136 @@
+//! What only the Kafka backend must prove, against a real Kafka-protocol broker (tansu): no
+//! consumer group is ever used, a broker outage loses nothing and keeps sessions open, and a
+//! SIGKILL mid-stream loses nothing. The shared behaviour is in `conformance::kafka`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ackgate::backend::kafka::UNUSED_GROUP_ID;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{json, Value};
+
+use crate::kafka_broker::TestBroker;
+use crate::support::*;
+
+fn kafka_config(data: &std::path::Path, broker: &TestBroker) -> ackgate::config::Config {
+    let mut config = test_config(data);
+    config.storage.backend = "kafka".into();
+    config.kafka.bootstrap_servers = broker.bootstrap();
+    config
+}
+
+fn consumer_in_group(broker: &TestBroker, group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap()
+}
+
+/// The committed offsets the broker holds for `group` on `topic`'s partitions.
+fn committed_for_group(broker: &TestBroker, group: &str, topic: &str, partitions: u32) -> Vec<Offset> {
+    let consumer = consumer_in_group(broker, group);
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p as i32);
+    }
+    let committed = consumer.committed_offsets(list, Duration::from_secs(10)).expect("OffsetFetch answers");
+    committed.elements().iter().map(|e| e.offset()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dummy_group_id_never_commits_anything_to_the_broker() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "nogroup", 2, 0, 20).await;
+    publish(&gw.base, "nogroup", json!({"partition": 1, "payload": {"n": 20}})).await;
+    let client = consume_and_ack(gw.addr(), "acker", "nogroup", 21).await;
+    client.close().await;
+    assert_eq!(stored_offset(&gw.base, "nogroup", "acker", 0).await.unwrap()["committed"], 20, "acks are stored by ackgate");
+    gw.stop().await;
+
+    // The query can see a commit: a control group that does commit shows its offset...
+    let control = consumer_in_group(&broker, "control-group");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset("nogroup", 0, Offset::Offset(7)).unwrap();
+    control.commit(&list, rdkafka::consumer::CommitMode::Sync).expect("control commit");
+    assert_eq!(committed_for_group(&broker, "control-group", "nogroup", 1), vec![Offset::Offset(7)]);
+    // ...and ackgate's dummy group has nothing on any partition.
+    assert_eq!(committed_for_group(&broker, UNUSED_GROUP_ID, "nogroup", 2), vec![Offset::Invalid, Offset::Invalid]);
+}
+
+async fn ready(base: &str) -> bool {
+    http().get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+}
+
+async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// Receives events and acks each, recording payload numbers, until `seen` holds `until` numbers.
+async fn consume_into(client: &mut WsClient, seen: &mut BTreeSet<u64>, until: usize) {
+    while seen.len() < until {
+        let event: Value = client.recv_type("event").await;
+        seen.insert(event["payload"]["n"].as_u64().unwrap());
+        client.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_second_broker_outage_keeps_sessions_open_and_loses_nothing() {
+    let mut broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "outage", 1, 0, 20).await;
+    let mut client = WsClient::connect(gw.addr(), "survivor").await;
+    client.subscribe("outage", json!({})).await;
+    let mut seen = BTreeSet::new();
+    consume_into(&mut client, &mut seen, 10).await;
+    assert!(ready(&gw.base).await);
+
+    broker.stop();
+    let outage = Instant::now();
+    wait_for("readyz reports the outage", async || !ready(&gw.base).await).await;
+    let refused = http().post(format!("{}/topics/outage/events", gw.base)).json(&json!({"payload": {"n": 999}})).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "unavailable");
+    // The session stays open and answers while the broker is away; what was pulled before the
+    // outage keeps flowing.
+    consume_into(&mut client, &mut seen, 20).await;
+    client.send(json!({"op": "ping", "req": "alive"})).await;
+    assert_eq!(client.recv_type("pong").await["req"], "alive");
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed())).await;
+    client.send(json!({"op": "ping", "req": "still"})).await;
+    assert_eq!(client.recv_type("pong").await["req"], "still");
+
+    broker.resume();
+    wait_for("readyz recovers", async || ready(&gw.base).await).await;
+    let events: Vec<Value> = (20..40).map(|n| json!({"payload": {"n": n}})).collect();
+    publish(&gw.base, "outage", json!({ "events": events })).await;
+    consume_into(&mut client, &mut seen, 40).await;
+    assert_eq!(seen, (0..40).collect::<BTreeSet<u64>>(), "every event published before, during and after arrives once");
+    client.send(json!({"op": "ping", "req": "flush"})).await;
+    client.recv_type("pong").await;
+    wait_for("acks are committed to the log end", async || {
+        stored_offset(&gw.base, "outage", "survivor", 0).await.is_some_and(|r| r["committed"] == 40)
+    })
+    .await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_on_kafka_loses_nothing_and_never_moves_offsets_back() {
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    crate::crash::sigkill_mid_stream(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)]).await;
+}
