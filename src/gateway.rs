@@ -115,6 +115,8 @@ impl Gateway {
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
         let store = open_store(&config, &data_dir)?;
+        // Before the dispatcher registers its metric handles.
+        crate::http::metrics::install_recorder();
         let opened = Backend::open(&config, &data_dir, clock.clone()).await?;
         let backend: Arc<dyn LogBackend> = opened.log();
         let delivery = delivery_settings(&config);

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::metrics::Metrics;
 use super::ack_tracker::AckTracker;
 use super::backend::{BackendError, LogBackend};
 use super::client_state::ClientState;
@@ -130,6 +131,7 @@ pub struct Dispatcher {
     /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
+    pub metrics: Metrics,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -154,7 +156,15 @@ impl Dispatcher {
         shutdown: CancellationToken,
     ) -> Self {
         let tasks = TaskTracker::new();
-        let readers = Readers::new(backend.clone(), settings.reader_buffer_events, settings.fetch_batch, shutdown.clone(), tasks.clone());
+        let metrics = Metrics::register();
+        let readers = Readers::new(
+            backend.clone(),
+            settings.reader_buffer_events,
+            settings.fetch_batch,
+            shutdown.clone(),
+            tasks.clone(),
+            metrics.pull_events.clone(),
+        );
         Self {
             settings,
             instance,
@@ -165,6 +175,7 @@ impl Dispatcher {
             clock,
             shutdown,
             tasks,
+            metrics,
             registry: Mutex::new(Registry::default()),
             next_seq: AtomicU64::new(1),
             next_session: AtomicU64::new(1),

@@ -24,6 +24,8 @@ pub struct Delivery {
     pub topic: TopicName,
     pub attempt: u32,
     pub event: Arc<Event>,
+    /// When the current delivery id was pushed (ack latency).
+    pub delivered_at: Instant,
     /// The session's window slot, released when the delivery is dropped.
     pub permit: OwnedSemaphorePermit,
 }
@@ -84,6 +86,7 @@ impl InFlightWindow {
             if let Some(entry) = self.entries.get_mut(&at) {
                 entry.delivery.seq = seq;
                 entry.delivery.attempt = attempt;
+                entry.delivery.delivered_at = Instant::now();
             }
         }
     }
@@ -152,7 +155,7 @@ mod tests {
 
     fn delivery(seq: u64, permits: &Arc<Semaphore>) -> Delivery {
         let event = Event { partition: 0, offset: seq, timestamp: 0, key: None, headers: vec![], payload: vec![], payload_is_json: false };
-        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), permit: permits.clone().try_acquire_owned().unwrap() }
+        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), delivered_at: Instant::now(), permit: permits.clone().try_acquire_owned().unwrap() }
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@ pub mod client_state;
 pub mod dispatcher;
 pub mod feeder;
 pub mod in_flight;
+pub mod metrics;
 pub mod offset_writer;
 pub mod reader;
 pub mod session;

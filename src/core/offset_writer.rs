@@ -32,6 +32,9 @@ pub struct OffsetWriteStats {
     pub stale: AtomicU64,
     pub failed_batches: AtomicU64,
     pub broker_acks: AtomicU64,
+    /// Broker ACKs not fired because their offset write failed (the client will get the event
+    /// again, so the broker must not forget it).
+    pub broker_acks_skipped: AtomicU64,
 }
 
 /// Handle to the writer thread. Dropping every handle (and calling `join`) drains it.
@@ -98,6 +101,8 @@ fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, store: Arc<dyn OffsetStore>,
                     backend.ack_pulled_message(tp, *offset);
                 }
                 stats.broker_acks.fetch_add(request.broker_acks.len() as u64, Ordering::Relaxed);
+            } else {
+                stats.broker_acks_skipped.fetch_add(request.broker_acks.len() as u64, Ordering::Relaxed);
             }
             if let Some(done) = request.done {
                 let _ = done.send(result.clone());

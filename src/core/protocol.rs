@@ -106,6 +106,21 @@ pub enum ClientFrame {
     Ping { req: Option<Value> },
 }
 
+impl ClientFrame {
+    /// The frame's `op`, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Subscribe { .. } => "subscribe",
+            Self::Unsubscribe { .. } => "unsubscribe",
+            Self::Ack { .. } => "ack",
+            Self::Nack { .. } => "nack",
+            Self::Extend { .. } => "extend",
+            Self::Term { .. } => "term",
+            Self::Ping { .. } => "ping",
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum RawFrame {
@@ -279,6 +294,18 @@ pub enum ServerFrame {
 }
 
 impl ServerFrame {
+    /// The frame's `type`, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Welcome { .. } => "welcome",
+            Self::Subscribed { .. } => "subscribed",
+            Self::Unsubscribed { .. } => "unsubscribed",
+            Self::AckOk { .. } => "ack_ok",
+            Self::Pong { .. } => "pong",
+            Self::Error { .. } => "error",
+        }
+    }
+
     pub fn to_json(&self) -> String {
         // Serializing these plain structs cannot fail.
         serde_json::to_string(self).unwrap_or_default()

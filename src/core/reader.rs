@@ -42,6 +42,7 @@ pub struct PartitionReader {
     /// Woken when a subscriber waits at the end.
     demand: Notify,
     waiting: AtomicUsize,
+    pulled_events: metrics::Counter,
 }
 
 impl PartitionReader {
@@ -94,7 +95,10 @@ impl PartitionReader {
                 };
                 match polled {
                     Ok(events) if events.is_empty() => {}
-                    Ok(events) => self.append(events),
+                    Ok(events) => {
+                        self.pulled_events.increment(events.len() as u64);
+                        self.append(events)
+                    }
                     Err(e) => {
                         tracing::warn!(tp = %self.tp, error = %e, "pull failed; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -150,11 +154,20 @@ pub struct Readers {
     readers: Mutex<HashMap<TopicPartition, (Arc<PartitionReader>, CancellationToken)>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// `ackgate_pull_events_total`, shared by every reader.
+    pulled_events: metrics::Counter,
 }
 
 impl Readers {
-    pub fn new(backend: Arc<dyn LogBackend>, capacity: usize, batch: usize, shutdown: CancellationToken, tasks: TaskTracker) -> Self {
-        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown, tasks }
+    pub fn new(
+        backend: Arc<dyn LogBackend>,
+        capacity: usize,
+        batch: usize,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+        pulled_events: metrics::Counter,
+    ) -> Self {
+        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown, tasks, pulled_events }
     }
 
     /// The reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
@@ -174,6 +187,7 @@ impl Readers {
             pulled: Notify::new(),
             demand: Notify::new(),
             waiting: AtomicUsize::new(0),
+            pulled_events: self.pulled_events.clone(),
         });
         let cancel = self.shutdown.child_token();
         self.tasks.spawn(reader.clone().run(cancel.clone()));

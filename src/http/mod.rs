@@ -4,7 +4,9 @@
 pub mod dead_letters;
 pub mod error;
 pub mod health;
+pub mod metrics;
 pub mod offsets;
+pub mod request_log;
 pub mod sessions;
 pub mod topics;
 pub mod ws;
@@ -45,9 +47,12 @@ pub fn router(state: AppState) -> Router {
         .route("/topics/{topic}", axum::routing::delete(topics::delete))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::scrape))
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(metrics::count_requests))
+        .layer(middleware::from_fn(request_log::log_request))
         .with_state(state)
 }
 

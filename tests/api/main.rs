@@ -7,6 +7,7 @@ mod delivery;
 mod errors;
 mod kafka;
 mod kafka_broker;
+mod metrics;
 mod offset_store_props;
 mod process;
 mod restart;

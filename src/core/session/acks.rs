@@ -12,6 +12,7 @@ use super::Session;
 use crate::core::ack_tracker::AckEffect;
 use crate::core::client_state::{DeliveryRef, EventRef};
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
+use crate::core::metrics::RedeliveryReason;
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{DeadLetter, OffsetWrite};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
@@ -60,9 +61,17 @@ impl Session {
                 committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
             }
         }
+        let metrics = &self.d.metrics;
         for (_, event) in &acked {
+            if let Some(delivery) = self.in_flight.get(event) {
+                metrics.ack_latency.record(delivery.delivered_at.elapsed().as_secs_f64());
+            }
             self.in_flight.remove(event);
+            if !self.nacked.is_empty() {
+                self.nacked.remove(event);
+            }
         }
+        metrics.acks.increment(acked.len() as u64);
         let stats = &self.info.stats;
         stats.acked.fetch_add(acked.len() as u64, Ordering::Relaxed);
         stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
@@ -99,6 +108,15 @@ impl Session {
         }
     }
 
+    /// `nack`: redeliver after `after`.
+    pub(super) fn nack(&mut self, delivery_id: &str, after: Duration) -> Result<(), FrameError> {
+        self.reschedule(delivery_id, after)?;
+        if let Ok(event) = self.current_delivery(delivery_id) {
+            self.nacked.insert(event);
+        }
+        Ok(())
+    }
+
     /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
     pub(super) fn reschedule(&mut self, delivery_id: &str, after: Duration) -> Result<(), FrameError> {
         let event = self.current_delivery(delivery_id)?;
@@ -125,6 +143,7 @@ impl Session {
     }
 
     async fn redeliver(&mut self, event: EventRef) {
+        let reason = if self.nacked.remove(&event) { RedeliveryReason::Nack } else { RedeliveryReason::Timeout };
         let Some(current) = self.in_flight.get(&event) else { return };
         let (topic, attempt, payload) = (current.topic.clone(), current.attempt, current.event.clone());
         if attempt >= self.d.settings.max_attempts {
@@ -141,6 +160,7 @@ impl Session {
         self.push_event(&topic, seq, next_attempt, &payload, event);
         self.in_flight.redelivered(event, seq, next_attempt, self.d.settings.ack_timeout, self.d.clock.now_ms());
         self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+        self.d.metrics.redelivered(reason);
     }
 
     /// Gives up on an event: records the dead letter, then counts it as acknowledged.
@@ -162,6 +182,8 @@ impl Session {
         }
         tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason, "dead letter");
         self.in_flight.remove(&event);
+        self.nacked.remove(&event);
+        self.d.metrics.dead_letters.increment(1);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         let tp = TopicPartition::new(topic.clone(), event.partition);
         let write = {

@@ -21,6 +21,7 @@ use crate::core::client_state::{ClientState, DeliveryRef, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
 use crate::core::feeder::{feed_partition, FeedPlan, Fed};
 use crate::core::in_flight::{Delivery, InFlightWindow};
+use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::OffsetFilter;
 use crate::core::protocol::{close_code, parse_client_frame, write_event_frame, ClientFrame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
@@ -71,6 +72,8 @@ struct Session {
     feed_tx: mpsc::Sender<Fed>,
     next_subscription: u64,
     window_full_since: Option<Instant>,
+    /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
+    nacked: std::collections::HashSet<EventRef>,
     cancel: CancellationToken,
     out: Vec<Outbound>,
 }
@@ -93,20 +96,18 @@ where
         feed_tx,
         next_subscription: 1,
         window_full_since: None,
+        nacked: Default::default(),
         cancel: CancellationToken::new(),
         out: Vec::new(),
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
-    s.out.push(Outbound::Text(
-        ServerFrame::Welcome {
-            session_id: info.session_id.clone(),
-            client_id: info.client_id.to_string(),
-            instance: d.instance.clone(),
-            ack_timeout_ms: d.settings.ack_timeout.as_millis() as u64,
-            max_in_flight: d.settings.max_in_flight,
-        }
-        .to_json(),
-    ));
+    s.send(ServerFrame::Welcome {
+        session_id: info.session_id.clone(),
+        client_id: info.client_id.to_string(),
+        instance: d.instance.clone(),
+        ack_timeout_ms: d.settings.ack_timeout.as_millis() as u64,
+        max_in_flight: d.settings.max_in_flight,
+    });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
@@ -209,6 +210,7 @@ async fn flush<O: Sink<Outbound> + Unpin>(outbound: &mut O, queue: &mut Vec<Outb
 
 impl Session {
     fn send(&mut self, frame: ServerFrame) {
+        self.d.metrics.frame_out(frame.kind());
         self.out.push(Outbound::Text(frame.to_json()));
     }
 
@@ -258,8 +260,12 @@ impl Session {
 
     async fn on_text(&mut self, text: &str) -> Step {
         let frame = match parse_client_frame(text) {
-            Ok(frame) => frame,
+            Ok(frame) => {
+                self.d.metrics.frame_in(frame.kind());
+                frame
+            }
             Err(e) => {
+                self.d.metrics.frame_in("invalid");
                 self.error(e);
                 return Step::Continue;
             }
@@ -268,9 +274,7 @@ impl Session {
             ClientFrame::Subscribe { topic, from, resume, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
-            ClientFrame::Nack { delivery_id, delay_ms, req } => {
-                self.reschedule(&delivery_id, Duration::from_millis(delay_ms)).map_err(|e| e.with_req(req))
-            }
+            ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, Duration::from_millis(delay_ms)).map_err(|e| e.with_req(req)),
             ClientFrame::Extend { delivery_id, req } => {
                 let timeout = self.d.settings.ack_timeout;
                 self.reschedule(&delivery_id, timeout).map_err(|e| e.with_req(req))
@@ -369,7 +373,11 @@ impl Session {
             return;
         }
         self.push_event(&fed.topic, seq, attempt, &fed.event, event);
-        let delivery = Delivery { seq, topic: fed.topic, attempt, event: fed.event, permit: fed.permit };
+        if attempt > 1 {
+            // Pushed before to a session that ended or unsubscribed without acking it.
+            self.d.metrics.redelivered(RedeliveryReason::Disconnect);
+        }
+        let delivery = Delivery { seq, topic: fed.topic, attempt, event: fed.event, delivered_at: Instant::now(), permit: fed.permit };
         self.in_flight.insert(event, delivery, self.d.settings.ack_timeout, self.d.clock.now_ms());
         self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
@@ -380,6 +388,8 @@ impl Session {
         let mut frame = String::with_capacity(160 + event.payload.len());
         write_event_frame(&mut frame, &id, topic.as_str(), attempt, event);
         self.out.push(Outbound::Text(frame));
+        self.d.metrics.deliveries.increment(1);
+        self.d.metrics.frame_out("event");
     }
 
 }

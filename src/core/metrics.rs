@@ -1,0 +1,99 @@
+//! Every counter and histogram ackgate exports, registered once as handles so the hot path only
+//! bumps an atomic. Names and help texts live here and nowhere else. Gauges that describe state
+//! (sessions, in-flight, pull lag) are computed when `/metrics` is scraped (`http::metrics`).
+//!
+//! `metrics` is a facade like `tracing`: without an installed recorder every handle is a no-op.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, Histogram, Unit};
+
+/// Client frame kinds counted by `ackgate_ws_frames_total{direction="in"}`.
+pub const FRAMES_IN: [&str; 8] = ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "invalid"];
+/// Gateway frame kinds counted by `ackgate_ws_frames_total{direction="out"}`.
+pub const FRAMES_OUT: [&str; 7] = ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"];
+
+/// Why an event was pushed again.
+#[derive(Debug, Clone, Copy)]
+pub enum RedeliveryReason {
+    /// No ack within `ack_timeout_ms`.
+    Timeout,
+    /// The client sent `nack`.
+    Nack,
+    /// The session that had it ended (or unsubscribed) before acking.
+    Disconnect,
+}
+
+pub struct Metrics {
+    pub deliveries: Counter,
+    redeliveries: [Counter; 3],
+    pub acks: Counter,
+    pub dead_letters: Counter,
+    /// Seconds from a delivery to its ack.
+    pub ack_latency: Histogram,
+    pub offset_writes_advanced: Counter,
+    pub offset_writes_stale: Counter,
+    pub offset_write_failures: Counter,
+    pub broker_acks: Counter,
+    pub pull_events: Counter,
+    frames_in: [Counter; FRAMES_IN.len()],
+    frames_out: [Counter; FRAMES_OUT.len()],
+}
+
+pub const SESSIONS: &str = "ackgate_sessions";
+pub const IN_FLIGHT: &str = "ackgate_in_flight";
+pub const PULL_LAG: &str = "ackgate_pull_lag";
+pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
+pub const HTTP_DURATION: &str = "ackgate_http_request_duration_seconds";
+pub const ACK_LATENCY: &str = "ackgate_ack_latency_seconds";
+
+impl Metrics {
+    /// Registers every handle with the installed recorder (or no-op handles without one).
+    pub fn register() -> Self {
+        describe_gauge!(SESSIONS, "Live WebSocket sessions on this instance");
+        describe_gauge!(IN_FLIGHT, "Unacknowledged deliveries across sessions");
+        describe_gauge!(PULL_LAG, "Events in the log not yet pulled, per topic and partition");
+        describe_counter!("ackgate_deliveries_total", "Events pushed to sessions (first deliveries and redeliveries)");
+        describe_counter!("ackgate_redeliveries_total", "Events pushed again, by reason: timeout, nack, disconnect");
+        describe_counter!("ackgate_acks_total", "Deliveries acknowledged by clients");
+        describe_counter!("ackgate_dead_letters_total", "Events given up on (max_attempts or term)");
+        describe_histogram!(ACK_LATENCY, Unit::Seconds, "Time from a delivery to its ack");
+        describe_counter!("ackgate_offset_writes_total", "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), failed (batches)");
+        describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
+        describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
+        describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
+        describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
+        describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");
+        let redelivery = |reason: &'static str| metrics::counter!("ackgate_redeliveries_total", "reason" => reason);
+        let offset_write = |result: &'static str| metrics::counter!("ackgate_offset_writes_total", "result" => result);
+        Self {
+            deliveries: metrics::counter!("ackgate_deliveries_total"),
+            redeliveries: [redelivery("timeout"), redelivery("nack"), redelivery("disconnect")],
+            acks: metrics::counter!("ackgate_acks_total"),
+            dead_letters: metrics::counter!("ackgate_dead_letters_total"),
+            ack_latency: metrics::histogram!(ACK_LATENCY),
+            offset_writes_advanced: offset_write("advanced"),
+            offset_writes_stale: offset_write("stale"),
+            offset_write_failures: offset_write("failed"),
+            broker_acks: metrics::counter!("ackgate_broker_acks_total", "result" => "ok"),
+            pull_events: metrics::counter!("ackgate_pull_events_total"),
+            frames_in: FRAMES_IN.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "in", "kind" => kind)),
+            frames_out: FRAMES_OUT.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "out", "kind" => kind)),
+        }
+    }
+
+    pub fn redelivered(&self, reason: RedeliveryReason) {
+        self.redeliveries[reason as usize].increment(1);
+    }
+
+    /// Counts a client frame of `kind` (one of `FRAMES_IN`; anything else counts as invalid).
+    pub fn frame_in(&self, kind: &str) {
+        let i = FRAMES_IN.iter().position(|k| *k == kind).unwrap_or(FRAMES_IN.len() - 1);
+        self.frames_in[i].increment(1);
+    }
+
+    /// Counts a gateway frame of `kind` (one of `FRAMES_OUT`).
+    pub fn frame_out(&self, kind: &str) {
+        if let Some(i) = FRAMES_OUT.iter().position(|k| *k == kind) {
+            self.frames_out[i].increment(1);
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! `GET /metrics` (Prometheus text format) and the HTTP request metrics middleware. The only
+//! import of metrics-exporter-prometheus. Counters are bumped where things happen (`core::metrics`);
+//! gauges that describe current state are computed here, at scrape time, so the hot path never
+//! pays for them.
+
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use super::AppState;
+use crate::core::metrics::{ACK_LATENCY, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
+
+/// Histogram buckets in seconds: 50 us to 10 s.
+const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later gateways in the same process share
+/// it). Must run before the dispatcher registers its metric handles.
+pub fn install_recorder() -> Option<&'static PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(ACK_LATENCY.into()), &BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS));
+            match builder.and_then(|b| b.install_recorder().map_err(Into::into)) {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+pub async fn scrape(State(app): State<AppState>) -> Response {
+    let d = &app.dispatcher;
+    let sessions = d.sessions();
+    metrics::gauge!(SESSIONS).set(sessions.len() as f64);
+    let in_flight: usize = sessions.iter().map(|s| s.stats.in_flight.load(Ordering::Relaxed)).sum();
+    metrics::gauge!(IN_FLIGHT).set(in_flight as f64);
+    let writes = &d.writer.stats;
+    // The offset writer thread keeps its own counters; export them as they stand.
+    metrics::counter!("ackgate_offset_writes_total", "result" => "advanced").absolute(writes.advanced.load(Ordering::Relaxed));
+    metrics::counter!("ackgate_offset_writes_total", "result" => "stale").absolute(writes.stale.load(Ordering::Relaxed));
+    metrics::counter!("ackgate_offset_writes_total", "result" => "failed").absolute(writes.failed_batches.load(Ordering::Relaxed));
+    metrics::counter!("ackgate_broker_acks_total", "result" => "ok").absolute(writes.broker_acks.load(Ordering::Relaxed));
+    metrics::counter!("ackgate_broker_acks_total", "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
+    record_pull_lag(&app).await;
+    let Some(handle) = install_recorder() else {
+        return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
+    };
+    handle.run_upkeep();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
+}
+
+/// `log_end - pull_offset` for every partition this instance has pulled from. A backend that
+/// cannot answer now (Kafka outage) leaves the last value.
+async fn record_pull_lag(app: &AppState) {
+    let backend = &app.dispatcher.backend;
+    let Ok(topics) = backend.topics().await else { return };
+    for (topic, partitions) in topics {
+        for partition in 0..partitions {
+            let tp = crate::core::names::TopicPartition::new(topic.clone(), partition);
+            let Some(pulled) = backend.pull_offset(&tp) else { continue };
+            let Ok(bounds) = backend.log_bounds(&tp).await else { continue };
+            let lag = bounds.log_end.saturating_sub(pulled.max(bounds.log_start));
+            metrics::gauge!(PULL_LAG, "topic" => topic.to_string(), "partition" => partition.to_string()).set(lag as f64);
+        }
+    }
+}
+
+/// Counts every request by route template (never the raw path: ids would explode the label set)
+/// and status, and times it.
+pub async fn count_requests(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::histogram!(HTTP_DURATION, "route" => route.clone()).record(started.elapsed().as_secs_f64());
+    metrics::counter!(HTTP_REQUESTS, "route" => route, "status" => status).increment(1);
+    response
+}

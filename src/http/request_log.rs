@@ -1,0 +1,54 @@
+//! Request ids and one log line per HTTP request.
+//!
+//! Every request runs inside a `http` span carrying its `request_id` (the caller's
+//! `x-request-id` when it sends a sane one, else a new one), so any log line a handler writes can
+//! be matched to the request; the id is echoed in the `x-request-id` response header.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+pub const REQUEST_ID: &str = "x-request-id";
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Probes and scrapes are logged at debug: at info they would drown everything else.
+const QUIET_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+fn request_id(request: &Request) -> String {
+    let given = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok());
+    match given {
+        Some(id) if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic()) => id.to_string(),
+        // Process id plus a counter: unique per instance, cheap, and sortable in a log.
+        _ => format!("{:x}-{:x}", std::process::id(), NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+    }
+}
+
+pub async fn log_request(request: Request, next: Next) -> Response {
+    let id = request_id(&request);
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
+    let span = tracing::info_span!("http", request_id = %id);
+    let started = Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    let elapsed_us = started.elapsed().as_micros() as u64;
+    let _entered = span.enter();
+    if route.as_deref().is_some_and(|r| QUIET_ROUTES.contains(&r)) && status < 400 {
+        tracing::debug!(%method, path, status, elapsed_us, "http request");
+    } else if status >= 500 {
+        tracing::warn!(%method, path, status, elapsed_us, "http request");
+    } else {
+        tracing::info!(%method, path, status, elapsed_us, "http request");
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}

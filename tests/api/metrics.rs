@@ -1,0 +1,94 @@
+//! `GET /metrics` after a real exchange: every counter moved exactly as the exchange says. Runs
+//! the real binary, so no other test's traffic shares its process-wide counters.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// `name{labels}` -> value, from the Prometheus text format.
+async fn scrape(base: &str) -> BTreeMap<String, f64> {
+    let response = http().get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())))
+        .collect()
+}
+
+fn value(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key).unwrap_or_else(|| panic!("{key} missing from /metrics: {:#?}", m.keys().collect::<Vec<_>>()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_a_real_exchange() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "300")]);
+    publish_numbered(&gw.base, "m", 1, 0, 3).await;
+    let before = scrape(&gw.base).await;
+    assert_eq!(value(&before, "ackgate_sessions"), 0.0);
+
+    let mut client = WsClient::connect(gw.addr, "m1").await;
+    client.subscribe("m", json!({})).await;
+    let first = client.recv_events(3).await;
+    client.ack_confirmed(&[id(&first[0])], "a0").await;
+    client.send(json!({"op": "nack", "delivery_id": id(&first[1])})).await;
+    let nacked = client.recv_type("event").await; // offset 1 again at once
+    assert_eq!(nacked["offset"], 1);
+    let timed_out = client.recv_type("event").await; // offset 2 after 300 ms
+    assert_eq!((timed_out["offset"].as_u64(), timed_out["attempt"].as_u64()), (Some(2), Some(2)));
+    client.ack_confirmed(&[id(&nacked)], "a1").await;
+    client.send(json!({"op": "term", "delivery_id": id(&timed_out), "reason": "poison"})).await;
+    client.send_text("not json").await;
+    assert_eq!(client.recv_type("error").await["code"], "bad_frame");
+
+    // One more event, left unacknowledged when the session ends: the next session gets it again.
+    publish(&gw.base, "m", json!({"partition": 0, "payload": {"n": 3}})).await;
+    assert_eq!(client.recv_type("event").await["offset"], 3);
+    client.close().await;
+    let mut again = WsClient::connect(gw.addr, "m1").await;
+    again.subscribe("m", json!({})).await;
+    let redelivered = again.recv_type("event").await;
+    assert_eq!((redelivered["offset"].as_u64(), redelivered["attempt"].as_u64()), (Some(3), Some(2)));
+    again.ack_confirmed(&[id(&redelivered)], "a3").await;
+
+    let m = scrape(&gw.base).await;
+    assert_eq!(value(&m, "ackgate_sessions"), 1.0);
+    assert_eq!(value(&m, "ackgate_in_flight"), 0.0);
+    // 3 first deliveries + nack + timeout + offset 3 twice.
+    assert_eq!(value(&m, "ackgate_deliveries_total"), 7.0);
+    assert_eq!(value(&m, r#"ackgate_redeliveries_total{reason="nack"}"#), 1.0);
+    assert_eq!(value(&m, r#"ackgate_redeliveries_total{reason="timeout"}"#), 1.0);
+    assert_eq!(value(&m, r#"ackgate_redeliveries_total{reason="disconnect"}"#), 1.0);
+    assert_eq!(value(&m, "ackgate_acks_total"), 3.0);
+    assert_eq!(value(&m, "ackgate_ack_latency_seconds_count"), 3.0);
+    assert!(value(&m, "ackgate_ack_latency_seconds_sum") > 0.0);
+    assert_eq!(value(&m, "ackgate_dead_letters_total"), 1.0);
+    assert_eq!(value(&m, "ackgate_pull_events_total"), 4.0);
+    assert_eq!(value(&m, r#"ackgate_pull_lag{topic="m",partition="0"}"#), 0.0);
+    // The floor moved to 1, 2, 3 (term) and 4; each write advanced it, none was stale.
+    assert!(value(&m, r#"ackgate_offset_writes_total{result="advanced"}"#) >= 3.0);
+    assert_eq!(value(&m, r#"ackgate_offset_writes_total{result="failed"}"#), 0.0);
+    assert_eq!(value(&m, r#"ackgate_broker_acks_total{result="ok"}"#), 4.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="in",kind="subscribe"}"#), 2.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="in",kind="nack"}"#), 1.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="in",kind="invalid"}"#), 1.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="out",kind="event"}"#), 7.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="out",kind="welcome"}"#), 2.0);
+    assert_eq!(value(&m, r#"ackgate_ws_frames_total{direction="out",kind="ack_ok"}"#), 3.0);
+    assert_eq!(value(&m, r#"ackgate_http_requests_total{route="/topics/{topic}/events",status="200"}"#), 2.0);
+    assert_eq!(value(&m, r#"ackgate_http_requests_total{route="/topics",status="200"}"#), 1.0);
+    assert!(value(&m, r#"ackgate_http_request_duration_seconds_count{route="/topics/{topic}/events"}"#) >= 2.0);
+
+    // Every response carries a request id; a caller's own id is echoed.
+    let response = http().get(format!("{}/healthz", gw.base)).header("x-request-id", "trace-42").send().await.unwrap();
+    assert_eq!(response.headers()["x-request-id"], "trace-42");
+    let response = http().get(format!("{}/topics", gw.base)).send().await.unwrap();
+    assert!(!response.headers()["x-request-id"].is_empty());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let logs = gw.logs.lock().unwrap().join("\n");
+    assert!(logs.contains("request_id"), "HTTP log lines carry the request id");
+}
