@@ -327,9 +327,7 @@ impl Config {
         if self.delivery.max_in_flight > 1_000_000 {
             problems.push("delivery.max_in_flight must be at most 1000000".into());
         }
-        if !self.auth.jwt_secret.is_empty() {
-            problems.push("auth.jwt_secret is not supported by this build yet; leave it empty".into());
-        }
+
         if problems.is_empty() {
             Ok(())
         } else {

@@ -1,6 +1,7 @@
 //! The domain core: no HTTP, no RocksDB, no Kafka client. Everything here is driven through
 //! plain Rust types and the `LogBackend` / `OffsetStore` traits.
 
+pub mod access;
 pub mod ack_tracker;
 pub mod alignment;
 pub mod client_state;

@@ -1,6 +1,7 @@
 //! The HTTP edge: one `router(state)` shared by the binary and the tests. Each REST resource has
 //! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`.
 
+pub mod auth;
 pub mod dead_letters;
 pub mod error;
 pub mod health;
@@ -13,10 +14,9 @@ pub mod ws;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::routing::{get, post, put};
 use axum::Router;
 
@@ -32,6 +32,7 @@ pub struct AppState {
 }
 
 pub fn router(state: AppState) -> Router {
+    let admin = middleware::from_fn_with_state(state.clone(), auth::require_admin_token);
     let guarded = Router::new()
         .route("/topics/{topic}/events", post(topics::publish))
         .route("/admin/offsets", get(offsets::list))
@@ -40,11 +41,12 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/sessions", get(sessions::list))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin_token));
+        .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))
-        .route("/topics", get(topics::list).post(topics::create))
-        .route("/topics/{topic}", axum::routing::delete(topics::delete))
+        // Creating and deleting topics change what every client sees: admin, like publishing.
+        .route("/topics", get(topics::list).merge(post(topics::create).layer(admin.clone())))
+        .route("/topics/{topic}", axum::routing::delete(topics::delete).layer(admin))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::scrape))
@@ -77,24 +79,4 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
             .map_err(|e| ApiError::new(e.status(), ErrorCode::BadRequest, e.body_text()))?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("body is not of this route's shape: {e}")))
     }
-}
-
-/// `auth.admin_token`: `/admin/*` and publishing need `Authorization: Bearer <token>`.
-async fn require_admin_token(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let expected = &app.config.auth.admin_token;
-    if expected.is_empty() {
-        return next.run(request).await;
-    }
-    let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        None => ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "Authorization: Bearer <auth.admin_token> is required").into_response(),
-        Some(token) if !constant_time_eq(token.as_bytes(), expected.as_bytes()) => {
-            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "wrong admin token").into_response()
-        }
-        Some(_) => next.run(request).await,
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

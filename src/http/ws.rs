@@ -8,11 +8,14 @@ use std::net::SocketAddr;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Query, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
+use super::auth::session_access;
 use super::error::ApiError;
 use super::AppState;
+use crate::core::access::Access;
 use crate::core::dispatcher::Registration;
 use crate::core::names::ClientId;
 use crate::core::protocol::{ErrorCode, ServerFrame};
@@ -24,6 +27,7 @@ const TRY_AGAIN_LATER: u16 = 1013;
 pub async fn upgrade(
     State(app): State<AppState>,
     ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -36,13 +40,17 @@ pub async fn upgrade(
         Some(Err(e)) => return ApiError::invalid_name(e.0).into_response(),
         None => return ApiError::invalid_name("the client_id query parameter is required").into_response(),
     };
+    let access = match session_access(&app.config.auth.jwt_secret, query.get("token").map(String::as_str), &headers, &client_id) {
+        Ok(access) => access,
+        Err(e) => return e.into_response(),
+    };
     let remote = Some(remote);
     let max_frame = app.config.limits.max_frame_bytes;
     ws.max_message_size(max_frame).max_frame_size(max_frame).on_upgrade(move |socket| async move {
         // Counted by the shutdown drain until the session ends.
         let _running = app.dispatcher.tasks.token();
         match app.dispatcher.register(client_id, remote) {
-            Ok(registration) => serve_socket(app, registration, socket).await,
+            Ok(registration) => serve_socket(app, registration, access, socket).await,
             Err(e) => refuse(socket, e.code, e.message).await,
         }
     })
@@ -73,7 +81,7 @@ fn receive(message: Result<Message, axum::Error>) -> Received {
 }
 
 /// Feeds a real WebSocket to a session.
-async fn serve_socket(app: AppState, registration: Registration, socket: WebSocket) {
+async fn serve_socket(app: AppState, registration: Registration, access: Access, socket: WebSocket) {
     let (sink, stream) = socket.split();
     let inbound = stream
         .map(receive)
@@ -88,7 +96,7 @@ async fn serve_socket(app: AppState, registration: Registration, socket: WebSock
             Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
         }))
     });
-    run_session(app.dispatcher.clone(), registration, Box::pin(inbound), Box::pin(outbound)).await;
+    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound)).await;
 }
 
 /// tungstenite reports a frame over the limit as a capacity error ("Space limit exceeded").

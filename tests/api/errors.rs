@@ -200,6 +200,11 @@ async fn admin_token_guards_admin_routes_and_publishing() {
     let body: Value = denied.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unauthorized");
     assert_eq!(http().post(&publish).bearer_auth("s3cret").json(&json!({"payload": 1})).send().await.unwrap().status(), 200);
+    // Creating and deleting topics are guarded like publishing; listing them is not.
+    let topics = format!("{}/topics", gw.base);
+    assert_eq!(http().post(&topics).json(&json!({"name": "u", "partitions": 1})).send().await.unwrap().status(), 401);
+    assert_eq!(http().delete(format!("{topics}/t")).bearer_auth("wrong").send().await.unwrap().status(), 403);
+    assert_eq!(http().get(&topics).send().await.unwrap().status(), 200);
     assert_eq!(http().get(format!("{}/healthz", gw.base)).send().await.unwrap().status(), 200);
     gw.stop().await;
 }

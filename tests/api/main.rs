@@ -1,6 +1,7 @@
 //! Black-box tests: a real gateway on 127.0.0.1:0 with RocksDB in a temp dir, real WebSocket
 //! and HTTP clients. One test binary; one module per concern.
 
+mod auth;
 mod conformance;
 mod crash;
 mod delivery;

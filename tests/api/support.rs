@@ -178,7 +178,24 @@ pub struct WsClient {
 
 impl WsClient {
     pub async fn connect(addr: SocketAddr, client_id: &str) -> Self {
-        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws?client_id={client_id}")).await.expect("websocket connects");
+        Self::connect_url(&format!("ws://{addr}/ws?client_id={client_id}")).await
+    }
+
+    pub async fn connect_url(url: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("websocket connects");
+        Self::welcomed(ws).await
+    }
+
+    /// Connects with `Authorization: Bearer <token>` on the handshake.
+    pub async fn connect_with_bearer(addr: SocketAddr, client_id: &str, token: &str) -> Self {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = format!("ws://{addr}/ws?client_id={client_id}").into_client_request().unwrap();
+        request.headers_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let (ws, _) = tokio_tungstenite::connect_async(request).await.expect("websocket connects");
+        Self::welcomed(ws).await
+    }
+
+    async fn welcomed(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
         let mut client = Self { ws, welcome: Value::Null };
         client.welcome = client.recv().await;
         assert_eq!(client.welcome["type"], "welcome", "first frame is welcome");

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::access::Access;
 use crate::core::backend::Event;
 use crate::core::client_state::{ClientState, DeliveryRef, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
@@ -74,12 +75,13 @@ struct Session {
     window_full_since: Option<Instant>,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
     nacked: std::collections::HashSet<EventRef>,
+    access: Access,
     cancel: CancellationToken,
     out: Vec<Outbound>,
 }
 
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
-pub async fn run_session<I, O>(d: Arc<Dispatcher>, registration: Registration, mut inbound: I, mut outbound: O)
+pub async fn run_session<I, O>(d: Arc<Dispatcher>, registration: Registration, access: Access, mut inbound: I, mut outbound: O)
 where
     I: Stream<Item = Inbound> + Unpin,
     O: Sink<Outbound> + Unpin,
@@ -97,6 +99,7 @@ where
         next_subscription: 1,
         window_full_since: None,
         nacked: Default::default(),
+        access,
         cancel: CancellationToken::new(),
         out: Vec::new(),
     };
@@ -109,6 +112,10 @@ where
         max_in_flight: d.settings.max_in_flight,
     });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
+    // Credentials that expire end the session then (1008), whatever it is doing.
+    let expiry = s.access.expires_at_ms.map(|at| Instant::now() + Duration::from_millis(at.saturating_sub(d.clock.now_ms())));
+    let expired = sleep_until(expiry);
+    tokio::pin!(expired);
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
     let write_limit = Some(d.settings.slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
@@ -129,6 +136,7 @@ where
         let step = tokio::select! {
             biased;
             _ = d.shutdown.cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
+            _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
             Some(message) = control.recv() => s.on_control(message),
             frame = inbound.next() => match frame {
                 Some(Inbound::Text(text)) => s.on_text(&text).await,
@@ -293,6 +301,9 @@ impl Session {
 
     async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
         let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        if !self.access.allows(topic.as_str()) {
+            return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
+        }
         let limit = self.d.settings.max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
             return Err(FrameError::new(

@@ -1,0 +1,42 @@
+//! What one session is allowed to do, as its credentials say (today: a JWT's `exp` and `topics`
+//! claims; decoding lives at the HTTP edge). No credentials configured means no limits.
+
+/// A session's permissions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Epoch ms when the credentials expire; the session is closed with 1008 then.
+    pub expires_at_ms: Option<u64>,
+    /// Topic patterns the session may subscribe to (`orders`, or `orders.*` as a prefix
+    /// wildcard); `None` allows every topic.
+    pub topics: Option<Vec<String>>,
+}
+
+impl Access {
+    pub fn allows(&self, topic: &str) -> bool {
+        match &self.topics {
+            None => true,
+            Some(patterns) => patterns.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => topic.starts_with(prefix),
+                None => p == topic,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_exactly_or_by_prefix_with_a_star() {
+        let access = Access { expires_at_ms: None, topics: Some(vec!["orders".into(), "audit.*".into()]) };
+        assert!(access.allows("orders"));
+        assert!(!access.allows("orders2"));
+        assert!(access.allows("audit.eu"));
+        assert!(!access.allows("audit"));
+        assert!(!access.allows("payments"));
+        assert!(Access::default().allows("anything"));
+        assert!(!Access { expires_at_ms: None, topics: Some(vec![]) }.allows("orders"));
+        assert!(Access { expires_at_ms: None, topics: Some(vec!["*".into()]) }.allows("x"));
+    }
+}

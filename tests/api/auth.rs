@@ -1,0 +1,123 @@
+//! `auth.jwt_secret`: the WebSocket handshake needs an HS256 token whose `sub` is the client_id;
+//! its `exp` ends the session with 1008 and its `topics` claim limits subscriptions. And a client
+//! can never act on another client's deliveries or offsets.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{encode, EncodingKey, Header};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const SECRET: &str = "jwt-test-secret";
+
+fn token(claims: Value) -> String {
+    encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+async fn start() -> (tempfile::TempDir, InProcess) {
+    let (dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.admin_token = "admin".into();
+    (dir, InProcess::start(config).await)
+}
+
+/// The HTTP status and error code of a refused handshake.
+async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
+    let mut request = http().get(url).header("connection", "upgrade").header("upgrade", "websocket").header("sec-websocket-version", "13").header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+    if let Some(t) = bearer {
+        request = request.bearer_auth(t);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    (status, body["error"]["code"].as_str().unwrap_or_default().to_string())
+}
+
+async fn connect_with(addr: std::net::SocketAddr, client_id: &str, token: &str) -> WsClient {
+    WsClient::connect_url(&format!("ws://{addr}/ws?client_id={client_id}&token={token}")).await
+}
+
+#[tokio::test]
+async fn the_handshake_needs_a_valid_token_for_that_client() {
+    let (_dir, gw) = start().await;
+    let ws = |client: &str| format!("{}/ws?client_id={client}", gw.base);
+    assert_eq!(refused(ws("alice"), None).await, (401, "unauthorized".into()));
+    let forged = encode(&Header::default(), &json!({"sub": "alice"}), &EncodingKey::from_secret(b"other")).unwrap();
+    assert_eq!(refused(format!("{}&token={forged}", ws("alice")), None).await, (401, "unauthorized".into()));
+    let expired = token(json!({"sub": "alice", "exp": now_secs() - 10}));
+    assert_eq!(refused(format!("{}&token={expired}", ws("alice")), None).await, (401, "unauthorized".into()));
+    let alices = token(json!({"sub": "alice"}));
+    assert_eq!(refused(format!("{}&token={alices}", ws("bob")), None).await, (403, "forbidden".into()));
+    assert_eq!(refused(ws("bob"), Some(&alices)).await, (403, "forbidden".into()));
+
+    let client = connect_with(gw.addr(), "alice", &alices).await;
+    assert_eq!(client.welcome["client_id"], "alice");
+    client.close().await;
+    // The Authorization header works as well as the query parameter.
+    let client = WsClient::connect_with_bearer(gw.addr(), "alice", &alices).await;
+    assert_eq!(client.welcome["client_id"], "alice");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_that_expires_during_the_session_closes_it_with_1008() {
+    let (_dir, gw) = start().await;
+    let mut client = connect_with(gw.addr(), "brief", &token(json!({"sub": "brief", "exp": now_secs() + 2}))).await;
+    client.send(json!({"op": "ping", "req": 1})).await;
+    assert_eq!(client.recv_type("pong").await["req"], 1);
+    assert_eq!(client.close_code().await, 1008);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_topics_claim_limits_subscriptions() {
+    let (_dir, gw) = start().await;
+    for topic in ["orders", "audit.eu", "payments"] {
+        let created = http().post(format!("{}/topics", gw.base)).bearer_auth("admin").json(&json!({"name": topic, "partitions": 1})).send().await.unwrap();
+        assert_eq!(created.status(), 200);
+    }
+    let mut client = connect_with(gw.addr(), "scoped", &token(json!({"sub": "scoped", "topics": ["orders", "audit.*"]}))).await;
+    client.subscribe("orders", json!({})).await;
+    client.subscribe("audit.eu", json!({})).await;
+    client.send(json!({"op": "subscribe", "topic": "payments", "req": "p"})).await;
+    let error = client.recv_type("error").await;
+    assert_eq!((error["code"].as_str(), error["req"].as_str()), (Some("forbidden"), Some("p")));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_can_never_ack_or_reset_another_clients_deliveries() {
+    let (_dir, gw) = start().await;
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("admin");
+    admin(http().post(format!("{}/topics", gw.base))).json(&json!({"name": "shared", "partitions": 1})).send().await.unwrap();
+    admin(http().post(format!("{}/topics/shared/events", gw.base))).json(&json!({"payload": {"n": 0}})).send().await.unwrap();
+    let mut alice = connect_with(gw.addr(), "alice", &token(json!({"sub": "alice"}))).await;
+    alice.subscribe("shared", json!({})).await;
+    let alices_event = alice.recv_type("event").await;
+    let bobs_token = token(json!({"sub": "bob"}));
+    let mut bob = connect_with(gw.addr(), "bob", &bobs_token).await;
+    bob.subscribe("shared", json!({})).await;
+    let bobs_event = bob.recv_type("event").await;
+    assert_ne!(id(&alices_event), id(&bobs_event), "each client gets its own delivery ids");
+
+    bob.send(json!({"op": "ack", "delivery_id": id(&alices_event), "req": "steal"})).await;
+    let error = bob.recv_type("error").await;
+    assert_eq!(error["code"], "unknown_delivery");
+    bob.send(json!({"op": "term", "delivery_id": id(&alices_event), "req": "kill"})).await;
+    assert_eq!(bob.recv_type("error").await["code"], "unknown_delivery");
+    let offsets = admin(http().get(format!("{}/admin/offsets?client_id=alice", gw.base))).send().await.unwrap().json::<Value>().await.unwrap();
+    assert!(offsets["offsets"].as_array().unwrap().iter().all(|r| r["committed"] == 0), "alice's offset did not move: {offsets}");
+    // A client's token is not an admin token: it cannot reset anyone's offset.
+    let reset = http().put(format!("{}/admin/offsets/shared/alice/0", gw.base)).bearer_auth(&bobs_token).json(&json!({"offset": 1})).send().await.unwrap();
+    assert_eq!(reset.status(), 403);
+    // Alice's own delivery is still hers to acknowledge.
+    let ok = alice.ack_confirmed(&[id(&alices_event)], "mine").await;
+    assert_eq!(ok["committed"], json!({"shared": {"0": 1}}));
+    gw.stop().await;
+}
