@@ -217,11 +217,19 @@ pub struct AuthConfig {
     pub jwt_secret: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// `public_url`s of the other instances.
     pub peers: Vec<String>,
+    /// How often each peer's `/healthz` is probed (also the probe's timeout).
+    pub probe_interval_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self { peers: Vec::new(), probe_interval_ms: 2000 }
+    }
 }
 
 /// Prefix of environment overrides: `ACKGATE_DELIVERY__ACK_TIMEOUT_MS=500`.
@@ -284,6 +292,7 @@ impl Config {
             ("embedded.default_partitions", self.embedded.default_partitions as u64),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
+            ("cluster.probe_interval_ms", self.cluster.probe_interval_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::cluster::{Cluster, Instance};
 use crate::config::Config;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
@@ -139,7 +140,13 @@ impl Gateway {
             id => id.to_string(),
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
-        let app = AppState { dispatcher, config: Arc::new(config) };
+        let public_url = match config.server.public_url.as_str() {
+            "" => format!("http://{local_addr}"),
+            url => url.trim_end_matches('/').to_string(),
+        };
+        let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
+        let cluster = Arc::new(Cluster::new(this, &config.cluster.peers));
+        let app = AppState { dispatcher, config: Arc::new(config), cluster };
         Ok(Self { listener, app, backend: opened, writer_thread })
     }
 
@@ -233,6 +240,17 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             }
         }
     });
+
+    if app.cluster.has_peers() {
+        let period = Duration::from_millis(config.cluster.probe_interval_ms);
+        let (cluster, stop, mut tick) = (app.cluster.clone(), cancel.clone(), every(config.cluster.probe_interval_ms));
+        app.dispatcher.tasks.spawn(async move {
+            loop {
+                tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+                cluster.probe_peers(period).await;
+            }
+        });
+    }
 
     let retention_ms = config.offsets.retention_secs.saturating_mul(1000);
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.sweep_interval_ms));

@@ -14,13 +14,18 @@
 //!   - `dispatcher`: session registry, takeover, subscription start points;
 //!   - `feeder`, `in_flight`: per-partition feeders, a session's window and ack deadlines;
 //!   - `session`: one task per WebSocket session (`session::acks`: acks, redelivery, dead letters);
-//!   - `alignment`: boot alignment of pull cursors to committed offsets.
+//!   - `alignment`: boot alignment of pull cursors to committed offsets;
+//!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
+//!   - `rendezvous`: which instance a client should use.
 //! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
-//! - `backend`: `LogBackend` implementations (`embedded`) and the pull checkpoint file.
-//! - `http`: the axum router, one file per REST resource, the WebSocket adapter.
+//! - `backend`: `LogBackend` implementations (`embedded`, `kafka`) and the pull checkpoint file.
+//! - `cluster`: the peers and their health, for `/session/recommend`.
+//! - `http`: the axum router, one file per REST resource, the WebSocket adapter, auth, metrics,
+//!   OpenAPI, the browser console.
 //! - `gateway`: wiring: `Gateway::build(config)` then `run(shutdown)`.
 
 pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod gateway;

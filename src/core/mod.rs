@@ -11,6 +11,7 @@ pub mod in_flight;
 pub mod metrics;
 pub mod offset_writer;
 pub mod reader;
+pub mod rendezvous;
 pub mod session;
 pub mod backend;
 pub mod names;

@@ -9,8 +9,9 @@ use serde_json::json;
 use super::AppState;
 use crate::core::names::{ClientId, OffsetKey, TopicName};
 
-pub async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// Also names the instance: peers read it when they probe (`cluster`).
+pub async fn healthz(State(app): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "instance": app.dispatcher.instance}))
 }
 
 pub async fn readyz(State(app): State<AppState>) -> Response {

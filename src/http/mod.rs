@@ -7,6 +7,7 @@ pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod offsets;
+pub mod recommend;
 pub mod request_log;
 pub mod sessions;
 pub mod topics;
@@ -20,6 +21,7 @@ use axum::middleware;
 use axum::routing::{get, post, put};
 use axum::Router;
 
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::protocol::ErrorCode;
@@ -29,6 +31,7 @@ use error::ApiError;
 pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     pub config: Arc<Config>,
+    pub cluster: Arc<Cluster>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -50,6 +53,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::scrape))
+        .route("/session/recommend", get(recommend::recommend))
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -1,0 +1,110 @@
+//! The other instances of a cluster (`cluster.peers`) and which of them are healthy, for
+//! `GET /session/recommend`. Each peer's `/healthz` is probed every `cluster.probe_interval_ms`
+//! with a plain HTTP/1.1 GET (no client library: one request, `Connection: close`); its answer
+//! also names the peer's instance id.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::core::rendezvous;
+
+/// One instance a client may be sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub instance: String,
+    /// Its `public_url`, e.g. `http://10.0.0.7:8080`.
+    pub http_url: String,
+}
+
+impl Instance {
+    /// The full URL of its `/ws`, without query.
+    pub fn ws_url(&self) -> String {
+        let base = self.http_url.trim_end_matches('/');
+        let base = base.strip_prefix("https://").map(|rest| format!("wss://{rest}")).or_else(|| base.strip_prefix("http://").map(|rest| format!("ws://{rest}")));
+        format!("{}/ws", base.unwrap_or_else(|| self.http_url.clone()))
+    }
+}
+
+struct Peer {
+    url: String,
+    /// The instance id from its last good probe; `None` while it has not answered.
+    healthy_as: Option<String>,
+}
+
+pub struct Cluster {
+    this: Instance,
+    peers: Mutex<Vec<Peer>>,
+}
+
+impl Cluster {
+    pub fn new(this: Instance, peer_urls: &[String]) -> Self {
+        let peers = peer_urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .filter(|u| *u != this.http_url.trim_end_matches('/'))
+            .map(|url| Peer { url, healthy_as: None })
+            .collect();
+        Self { this, peers: Mutex::new(peers) }
+    }
+
+    pub fn has_peers(&self) -> bool {
+        !self.peers.lock().unwrap().is_empty()
+    }
+
+    /// The instance `client_id` should use: rendezvous hashing over this instance and the peers
+    /// whose last probe succeeded.
+    pub fn recommend(&self, client_id: &str) -> Instance {
+        let mut healthy = vec![self.this.clone()];
+        healthy.extend(
+            self.peers
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p.healthy_as.as_ref().map(|instance| Instance { instance: instance.clone(), http_url: p.url.clone() })),
+        );
+        rendezvous::pick(client_id, &healthy, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
+    }
+
+    /// Probes every peer once and records the answers.
+    pub async fn probe_peers(&self, timeout: Duration) {
+        let urls: Vec<String> = self.peers.lock().unwrap().iter().map(|p| p.url.clone()).collect();
+        for url in urls {
+            let answer = probe(&url, timeout).await;
+            let mut peers = self.peers.lock().unwrap();
+            if let Some(peer) = peers.iter_mut().find(|p| p.url == url) {
+                if peer.healthy_as.is_some() != answer.is_some() {
+                    match &answer {
+                        Some(instance) => tracing::info!(peer = %url, %instance, "peer healthy"),
+                        None => tracing::warn!(peer = %url, "peer unhealthy; not recommended until it answers"),
+                    }
+                }
+                peer.healthy_as = answer;
+            }
+        }
+    }
+}
+
+/// `GET <url>/healthz`; the peer's instance id when it answers 200 with one.
+async fn probe(url: &str, timeout: Duration) -> Option<String> {
+    // Only plain HTTP: peers reach each other inside the cluster network.
+    let authority = url.strip_prefix("http://")?.split('/').next()?;
+    let exchange = async {
+        let mut stream = TcpStream::connect(authority).await.ok()?;
+        let request = format!("GET /healthz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.take(64 * 1024).read_to_end(&mut response).await.ok()?;
+        Some(response)
+    };
+    let response = tokio::time::timeout(timeout, exchange).await.ok()??;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    let health: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    health["instance"].as_str().map(str::to_string)
+}

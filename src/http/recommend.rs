@@ -1,0 +1,21 @@
+//! `GET /session/recommend?client_id=`: the live instance this client should use.
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::core::names::ClientId;
+
+pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
+    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
+        Some(Ok(client_id)) => client_id,
+        Some(Err(e)) => return Err(ApiError::invalid_name(e.0)),
+        None => return Err(ApiError::invalid_name("the client_id query parameter is required")),
+    };
+    let chosen = app.cluster.recommend(client_id.as_str());
+    Ok(Json(json!({"instance": chosen.instance, "ws_url": chosen.ws_url(), "http_url": chosen.http_url})))
+}

@@ -1,0 +1,74 @@
+//! `GET /session/recommend`: instances agree on where each client goes, spread clients over the
+//! healthy ones, and stop sending clients to an instance that is gone.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn recommendations(base: &str, clients: usize) -> BTreeMap<String, String> {
+    let mut chosen = BTreeMap::new();
+    for c in 0..clients {
+        let (status, body) = get_json(&format!("{base}/session/recommend?client_id=client-{c}")).await;
+        assert_eq!(status, 200, "{body}");
+        let instance = body["instance"].as_str().unwrap().to_string();
+        let http_url = body["http_url"].as_str().unwrap();
+        assert_eq!(body["ws_url"], format!("{}/ws", http_url.replace("http://", "ws://")));
+        chosen.insert(format!("client-{c}"), instance);
+    }
+    chosen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_agree_spread_clients_and_skip_a_dead_peer() {
+    let ports = [free_port(), free_port(), free_port()]; // the third never runs
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for (i, port) in ports[..2].iter().enumerate() {
+        let (dir, data) = temp_dir();
+        let mut config = test_config(&data);
+        config.server.listen = format!("127.0.0.1:{port}");
+        config.server.instance_id = format!("gw-{i}");
+        config.cluster.peers = urls.clone();
+        config.cluster.probe_interval_ms = 100;
+        gateways.push(InProcess::start(config).await);
+        dirs.push(dir);
+    }
+    let mut agreed = None;
+    for _ in 0..100 {
+        let a = recommendations(&gateways[0].base, 40).await;
+        let b = recommendations(&gateways[1].base, 40).await;
+        if a == b && a.values().any(|i| i == "gw-0") && a.values().any(|i| i == "gw-1") {
+            agreed = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let agreed = agreed.expect("both instances give the same answers, spread over both");
+    assert!(agreed.values().all(|i| i == "gw-0" || i == "gw-1"), "the dead peer is never recommended: {agreed:?}");
+
+    let (status, body): (u16, Value) = get_json(&format!("{}/session/recommend?client_id=bad%20id", gateways[0].base)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_name")));
+
+    // gw-1 stops: gw-0 soon sends everyone to itself, and only gw-1's clients moved.
+    let second = gateways.pop().unwrap();
+    second.stop().await;
+    let mut alone = None;
+    for _ in 0..100 {
+        let now = recommendations(&gateways[0].base, 40).await;
+        if now.values().all(|i| i == "gw-0") {
+            alone = Some(now);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(alone.is_some(), "a stopped peer is no longer recommended");
+    gateways.pop().unwrap().stop().await;
+}
