@@ -2,6 +2,7 @@
 //! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`.
 
 pub mod auth;
+pub mod console;
 pub mod dead_letters;
 pub mod error;
 pub mod health;
@@ -53,6 +54,8 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::scrape))
+        .route("/", get(console::index))
+        .route("/static/{file}", get(console::static_file))
         .route("/session/recommend", get(recommend::recommend))
         .merge(guarded)
         .fallback(not_found)

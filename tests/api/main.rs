@@ -2,6 +2,7 @@
 //! and HTTP clients. One test binary; one module per concern.
 
 mod auth;
+mod browser;
 mod cluster;
 mod conformance;
 mod crash;

@@ -1,0 +1,32 @@
+//! The browser console (`GET /`) and its files under `/static/`: plain HTML, CSS and JS from the
+//! repository's `static/`, compiled into the binary so it serves them without any other file
+//! and loads nothing from the internet.
+
+use axum::extract::Path;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+/// `(name, content type, content)` of every file in `static/`.
+const FILES: [(&str, &str, &str); 4] = [
+    ("index.html", "text/html; charset=utf-8", include_str!("../../static/index.html")),
+    ("console.js", "text/javascript; charset=utf-8", include_str!("../../static/console.js")),
+    ("ackgate.js", "text/javascript; charset=utf-8", include_str!("../../static/ackgate.js")),
+    ("console.css", "text/css; charset=utf-8", include_str!("../../static/console.css")),
+];
+
+fn serve(name: &str) -> Response {
+    match FILES.iter().find(|(n, _, _)| *n == name) {
+        Some((_, content_type, content)) => ([(header::CONTENT_TYPE, *content_type), (header::CACHE_CONTROL, "no-cache")], *content).into_response(),
+        None => ApiError::not_found(format!("no static file {name}")).into_response(),
+    }
+}
+
+pub async fn index() -> Response {
+    serve("index.html")
+}
+
+pub async fn static_file(Path(name): Path<String>) -> Response {
+    serve(&name)
+}

@@ -1,0 +1,171 @@
+// The console page: wires the form controls to an AckgateClient and polls the admin routes.
+import { AckgateClient } from "./ackgate.js";
+
+const $ = (id) => document.getElementById(id);
+let client = null;
+
+function log(line) {
+  const now = new Date().toISOString().slice(11, 23);
+  $("log").textContent = `${now} ${line}\n` + $("log").textContent.slice(0, 20000);
+}
+
+function setConnected(on, text) {
+  $("status").textContent = text;
+  $("status").className = `status ${on ? "on" : "off"}`;
+  $("connect").disabled = on;
+  $("disconnect").disabled = !on;
+  $("subscribe").disabled = !on;
+}
+
+function adminHeaders() {
+  const token = $("admin-token").value.trim();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+function cell(text, className) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (className) td.className = className;
+  return td;
+}
+
+function settle(row, state) {
+  row.className = state;
+  row.dataset.state = state;
+  row.querySelector("td.state").textContent = state;
+  for (const button of row.querySelectorAll("button")) button.disabled = true;
+}
+
+function showEvent(event) {
+  const row = document.createElement("tr");
+  row.dataset.deliveryId = event.delivery_id;
+  row.dataset.state = "in flight";
+  const payload = event.payload !== undefined ? JSON.stringify(event.payload) : `base64:${event.payload_base64}`;
+  for (const value of [event.delivery_id, event.topic, event.partition, event.offset, event.attempt]) row.append(cell(String(value)));
+  row.append(cell(payload, "payload"), cell("in flight", "state"));
+  const actions = document.createElement("td");
+  const button = (label, action) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = `small ${label}`;
+    b.textContent = label;
+    b.onclick = action;
+    actions.append(b);
+  };
+  button("ack", async () => {
+    try {
+      const ok = await client.ack(event.delivery_id, { confirm: true });
+      settle(row, "acked");
+      log(`ack_ok committed=${JSON.stringify(ok.committed)}`);
+    } catch (e) {
+      log(`ack failed: ${e.message}`);
+    }
+  });
+  button("nack", () => {
+    client.nack(event.delivery_id);
+    settle(row, "nacked");
+  });
+  button("term", () => {
+    client.term(event.delivery_id, "terminated from the console");
+    settle(row, "termed");
+  });
+  row.append(actions);
+  $("events").tBodies[0].prepend(row);
+  if ($("auto-ack").checked) actions.querySelector("button.ack").click();
+}
+
+$("connect-form").onsubmit = async (e) => {
+  e.preventDefault();
+  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
+  client = new AckgateClient(wsUrl, {
+    clientId: $("client-id").value.trim(),
+    token: $("token").value.trim() || undefined,
+    onEvent: showEvent,
+    onError: (frame) => log(`error ${frame.code}: ${frame.message}`),
+    onClose: ({ code, reason }) => {
+      setConnected(false, `closed ${code}`);
+      log(`socket closed ${code} ${reason}`);
+    },
+  });
+  try {
+    const welcome = await client.connect();
+    setConnected(true, `connected as ${welcome.client_id}`);
+    $("session-info").textContent = `session ${welcome.session_id} on ${welcome.instance}, ack_timeout_ms ${welcome.ack_timeout_ms}, max_in_flight ${welcome.max_in_flight}`;
+    log(`welcome ${JSON.stringify(welcome)}`);
+  } catch (err) {
+    setConnected(false, "connection failed");
+    log(err.message);
+  }
+};
+
+$("disconnect").onclick = () => client?.close();
+
+$("subscribe-form").onsubmit = async (e) => {
+  e.preventDefault();
+  const from = $("from").value || undefined;
+  try {
+    const subscribed = await client.subscribe($("topic").value.trim(), { from });
+    log(`subscribed ${subscribed.topic} ${JSON.stringify(subscribed.partitions)}`);
+    $("session-info").dataset.subscribed = subscribed.topic;
+  } catch (err) {
+    log(`subscribe failed: ${err.message}`);
+  }
+};
+
+$("publish-form").onsubmit = async (e) => {
+  e.preventDefault();
+  let payload;
+  try {
+    payload = JSON.parse($("publish-payload").value);
+  } catch (err) {
+    $("publish-result").textContent = `payload is not JSON: ${err.message}`;
+    return;
+  }
+  const body = { payload };
+  if ($("publish-key").value.trim()) body.key = $("publish-key").value.trim();
+  const topic = encodeURIComponent($("publish-topic").value.trim());
+  const response = await fetch(`/topics/${topic}/events`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...adminHeaders() },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  $("publish-result").textContent = response.ok ? `published: ${JSON.stringify(answer.offsets)}` : `${response.status} ${answer.error.code}: ${answer.error.message}`;
+};
+
+function fillTable(id, rows, columns) {
+  const body = $(id).tBodies[0];
+  body.replaceChildren(
+    ...rows.map((row) => {
+      const tr = document.createElement("tr");
+      for (const column of columns) tr.append(cell(column(row)));
+      return tr;
+    }),
+  );
+}
+
+async function refreshAdmin() {
+  try {
+    const [sessions, offsets] = await Promise.all(
+      ["/admin/sessions", "/admin/offsets"].map(async (path) => {
+        const response = await fetch(path, { headers: adminHeaders() });
+        const body = await response.json();
+        if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}`);
+        return body;
+      }),
+    );
+    fillTable("sessions", sessions.sessions, [
+      (s) => s.session_id, (s) => s.client_id, (s) => s.subscriptions.join(", "), (s) => s.in_flight,
+      (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,
+    ]);
+    fillTable("offsets", offsets.offsets, [
+      (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => (o.updated_at ? new Date(o.updated_at).toISOString() : ""),
+    ]);
+    $("admin-error").textContent = "";
+  } catch (err) {
+    $("admin-error").textContent = `${err.message} (set the admin token above)`;
+  }
+}
+
+refreshAdmin();
+setInterval(refreshAdmin, 2000);
