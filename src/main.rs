@@ -1,4 +1,5 @@
 //! `ackgate [--config PATH]`: run the gateway until SIGINT or SIGTERM.
+//! `ackgate openapi`: print the OpenAPI document (the content of `openapi/openapi.json`).
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,14 @@ struct Cli {
     /// Configuration file; keys may be overridden as ACKGATE_<SECTION>__<KEY>.
     #[arg(long, default_value = "config.toml")]
     config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Print the OpenAPI document and exit (`ackgate openapi > openapi/openapi.json`).
+    Openapi,
 }
 
 fn init_logs(format: &str) {
@@ -35,6 +44,10 @@ async fn stop_signal() {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Openapi) = cli.command {
+        print!("{}", ackgate::http::openapi::document());
+        return std::process::ExitCode::SUCCESS;
+    }
     // The default path may be absent (all defaults); an explicit one must exist.
     let required = cli.config != Path::new("config.toml");
     let config = match ackgate::config::Config::load(&cli.config, required, std::env::vars()) {

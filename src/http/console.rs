@@ -23,6 +23,15 @@ fn serve(name: &str) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "console",
+    summary = "The browser console",
+    responses(
+        (status = 200, description = "HTML page", body = String, content_type = "text/html"),
+    )
+)]
 pub async fn index() -> Response {
     serve("index.html")
 }

@@ -11,6 +11,20 @@ use super::error::ApiError;
 use super::AppState;
 use crate::core::names::{ClientId, TopicName};
 
+#[utoipa::path(
+    get,
+    path = "/admin/dead-letters",
+    tag = "dead letters",
+    summary = "Dead letters (max_attempts or term)",
+    params(("topic" = Option<String>, Query, description = "exact topic"), ("client_id" = Option<String>, Query, description = "exact client id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::DeadLetterList),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id")) {

@@ -10,10 +10,29 @@ use super::AppState;
 use crate::core::names::{ClientId, OffsetKey, TopicName};
 
 /// Also names the instance: peers read it when they probe (`cluster`).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    summary = "Liveness",
+    responses(
+        (status = 200, body = crate::http::schemas::Health),
+    )
+)]
 pub async fn healthz(State(app): State<AppState>) -> Json<serde_json::Value> {
     Json(json!({"status": "ok", "instance": app.dispatcher.instance}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    summary = "Readiness: offset store open, backend reachable",
+    responses(
+        (status = 200, body = crate::http::schemas::Readiness),
+        (status = 503, description = "not ready", body = crate::http::schemas::Readiness),
+    )
+)]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     let d = &app.dispatcher;
     // Reading any key proves the store answers.

@@ -40,6 +40,15 @@ pub fn install_recorder() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    summary = "Prometheus metrics (text format), names prefixed ackgate_",
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+    )
+)]
 pub async fn scrape(State(app): State<AppState>) -> Response {
     let d = &app.dispatcher;
     let sessions = d.sessions();

@@ -8,8 +8,10 @@ pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod offsets;
+pub mod openapi;
 pub mod recommend;
 pub mod request_log;
+pub mod schemas;
 pub mod sessions;
 pub mod topics;
 pub mod ws;
@@ -55,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::scrape))
         .route("/", get(console::index))
+        .route("/openapi.json", get(openapi::document_route))
         .route("/static/{file}", get(console::static_file))
         .route("/session/recommend", get(recommend::recommend))
         .merge(guarded)

@@ -32,6 +32,20 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
 }
 
 /// `GET /admin/offsets?topic=&client_id=&partition=`
+#[utoipa::path(
+    get,
+    path = "/admin/offsets",
+    tag = "offsets",
+    summary = "Stored ack offsets, filtered by key-prefix scans",
+    params(("topic" = Option<String>, Query, description = "exact topic"), ("client_id" = Option<String>, Query, description = "exact client id"), ("partition" = Option<u32>, Query, description = "exact partition")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::OffsetList),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "partition")) {
@@ -51,6 +65,21 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
 }
 
 /// `GET /admin/offsets/{topic}/{client_id}`: every partition of the topic with the lag to log end.
+#[utoipa::path(
+    get,
+    path = "/admin/offsets/{topic}/{client_id}",
+    tag = "offsets",
+    summary = "One client's offsets on a topic, with log end and lag",
+    params(("topic" = String, Path, description = "topic name"), ("client_id" = String, Path, description = "client id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::ClientOffsets),
+        (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
     let d = &app.dispatcher;
@@ -82,6 +111,23 @@ pub struct ResetBody {
 }
 
 /// `PUT /admin/offsets/{topic}/{client_id}/{partition}` with `{"offset"}`: reset, backwards allowed.
+#[utoipa::path(
+    put,
+    path = "/admin/offsets/{topic}/{client_id}/{partition}",
+    tag = "offsets",
+    summary = "Reset an offline client's offset (backwards allowed)",
+    params(("topic" = String, Path, description = "topic name"), ("client_id" = String, Path, description = "client id"), ("partition" = u32, Path, description = "partition")),
+    request_body = crate::http::schemas::ResetOffset,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "the new row", body = crate::http::schemas::OffsetRow),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+        (status = 409, description = "conflict: the client has a live session", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn reset(
     State(app): State<AppState>,
     Path((topic, client_id, partition)): Path<(String, String, String)>,
@@ -105,6 +151,21 @@ pub async fn reset(
 }
 
 /// `DELETE /admin/offsets/{topic}/{client_id}`: forget the client's offsets on the topic.
+#[utoipa::path(
+    delete,
+    path = "/admin/offsets/{topic}/{client_id}",
+    tag = "offsets",
+    summary = "Forget an offline client's offsets on a topic",
+    params(("topic" = String, Path, description = "topic name"), ("client_id" = String, Path, description = "client id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::Deleted),
+        (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 409, description = "conflict: the client has a live session", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
     let d = &app.dispatcher;

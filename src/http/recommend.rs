@@ -10,6 +10,17 @@ use super::error::ApiError;
 use super::AppState;
 use crate::core::names::ClientId;
 
+#[utoipa::path(
+    get,
+    path = "/session/recommend",
+    tag = "cluster",
+    summary = "The live instance this client should use (rendezvous hashing)",
+    params(("client_id" = String, Query, description = "client id")),
+    responses(
+        (status = 200, body = crate::http::schemas::Recommendation),
+        (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
     let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
         Some(Ok(client_id)) => client_id,

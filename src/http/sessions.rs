@@ -31,6 +31,18 @@ fn session_json(info: &SessionInfo) -> Value {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/admin/sessions",
+    tag = "sessions",
+    summary = "Live sessions and their counters",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::SessionList),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn list(State(app): State<AppState>) -> Json<Value> {
     let sessions: Vec<Value> = app.dispatcher.sessions().iter().map(|s| session_json(s)).collect();
     Json(json!({ "sessions": sessions }))
@@ -40,6 +52,21 @@ fn missing(session_id: &str) -> ApiError {
     ApiError::not_found(format!("no live session {session_id}"))
 }
 
+#[utoipa::path(
+    get,
+    path = "/admin/sessions/{session_id}",
+    tag = "sessions",
+    summary = "One session with its in-flight deliveries",
+    params(("session_id" = String, Path, description = "session id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::SessionDetail),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "not_found", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the session did not answer in time", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>) -> Result<Json<Value>, ApiError> {
     let info = app.dispatcher.session(&session_id).ok_or_else(|| missing(&session_id))?;
     let (reply, answer) = tokio::sync::oneshot::channel();
@@ -63,6 +90,20 @@ pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>)
     Ok(Json(body))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/admin/sessions/{session_id}",
+    tag = "sessions",
+    summary = "Disconnect a session (close code 4002)",
+    params(("session_id" = String, Path, description = "session id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::Disconnected),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "not_found", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn disconnect(State(app): State<AppState>, Path(session_id): Path<String>) -> Result<Json<Value>, ApiError> {
     if !app.dispatcher.control(&session_id, SessionControl::Disconnect) {
         return Err(missing(&session_id));

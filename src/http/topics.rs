@@ -43,6 +43,24 @@ fn too_large(message: String) -> ApiError {
     ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, message)
 }
 
+#[utoipa::path(
+    post,
+    path = "/topics/{topic}/events",
+    tag = "topics",
+    summary = "Publish one event or a batch",
+    params(("topic" = String, Path, description = "topic name")),
+    request_body = crate::http::schemas::PublishRequest,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "offsets written, in the order sent", body = crate::http::schemas::PublishAnswer),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic (Kafka; the embedded log auto-creates)", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: too many events or too large a body", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: backend down", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn publish(State(app): State<AppState>, Path(topic): Path<String>, body: Body) -> Result<Json<Value>, ApiError> {
     let topic = parse_topic(&topic)?;
     let limits = &app.config.limits;
@@ -93,6 +111,16 @@ fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/topics",
+    tag = "topics",
+    summary = "List topics with per-partition bounds and pull offsets",
+    responses(
+        (status = 200, body = crate::http::schemas::TopicList),
+        (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
     let backend = &app.dispatcher.backend;
     let mut topics = Vec::new();
@@ -120,12 +148,45 @@ pub struct CreateTopic {
     partitions: u32,
 }
 
+#[utoipa::path(
+    post,
+    path = "/topics",
+    tag = "topics",
+    summary = "Create a topic",
+    request_body = crate::http::schemas::CreateTopic,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::TopicCreated),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 409, description = "conflict: exists with another partition count", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<CreateTopic>) -> Result<Json<Value>, ApiError> {
     let topic = parse_topic(&body.name)?;
     let created = app.dispatcher.backend.create_topic(&topic, body.partitions).await?;
     Ok(Json(json!({"name": topic.as_str(), "partitions": body.partitions, "created": created})))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/topics/{topic}",
+    tag = "topics",
+    summary = "Delete a topic and every client's offsets on it",
+    params(("topic" = String, Path, description = "topic name")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::TopicDeleted),
+        (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+        (status = 409, description = "conflict: a session subscribes to it", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> Result<Json<Value>, ApiError> {
     let topic = parse_topic(&topic)?;
     let d = &app.dispatcher;

@@ -24,6 +24,19 @@ use crate::core::session::{run_session, Inbound, Outbound};
 /// Close code for "try again later" (RFC 6455 1013), used when the session limit is reached.
 const TRY_AGAIN_LATER: u16 = 1013;
 
+#[utoipa::path(
+    get,
+    path = "/ws",
+    tag = "websocket",
+    summary = "Open a WebSocket session (frames: ClientFrame in, ServerFrame out)",
+    params(("client_id" = String, Query, description = "client id"), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
+    responses(
+        (status = 101, description = "Switching protocols. Then text frames: the client sends ClientFrame objects, the gateway sends ServerFrame objects (see components)."),
+        (status = 400, description = "invalid_name: client_id missing or invalid", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn upgrade(
     State(app): State<AppState>,
     ConnectInfo(remote): ConnectInfo<SocketAddr>,

@@ -12,6 +12,7 @@ mod kafka;
 mod kafka_broker;
 mod metrics;
 mod offset_store_props;
+mod openapi;
 mod process;
 mod restart;
 mod support;

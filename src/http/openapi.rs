@@ -1,0 +1,54 @@
+//! The OpenAPI 3 document: every route (`#[utoipa::path]` on its handler), every body and error
+//! (`schemas`), and the WebSocket frames as `ClientFrame` / `ServerFrame` components referenced
+//! by the `/ws` route. Served at `GET /openapi.json`, printed by `ackgate openapi`, and kept in the
+//! repository as `openapi/openapi.json` (a test fails when they differ).
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::schemas::*;
+use super::{console, dead_letters, health, metrics, offsets, recommend, sessions, topics, ws};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "ackgate",
+        description = "HTTP/WebSocket gateway: reliable, acknowledged push delivery from a durable log. \
+            The WebSocket protocol is described by the ClientFrame and ServerFrame schemas.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        topics::publish, topics::list, topics::create, topics::delete,
+        offsets::list, offsets::client_view, offsets::reset, offsets::delete,
+        sessions::list, sessions::detail, sessions::disconnect,
+        dead_letters::list, recommend::recommend,
+        health::healthz, health::readyz, metrics::scrape, console::index, ws::upgrade, document_route,
+    ),
+    components(schemas(ClientFrame, ServerFrame, SubscribedPartition, Req)),
+    modifiers(&AdminToken)
+)]
+struct ApiDoc;
+
+struct AdminToken;
+
+impl Modify for AdminToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let bearer = HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("auth.admin_token, when set")).build();
+        components.add_security_scheme("admin_token", SecurityScheme::Http(bearer));
+    }
+}
+
+/// The document as pretty JSON with a trailing newline (the form kept in the repository).
+pub fn document() -> String {
+    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes");
+    text.push('\n');
+    text
+}
+
+#[utoipa::path(get, path = "/openapi.json", tag = "health", summary = "This OpenAPI document", responses((status = 200, description = "OpenAPI 3 JSON")))]
+pub async fn document_route() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
+}

@@ -1,0 +1,339 @@
+//! Shapes of every REST body and WebSocket frame, for the OpenAPI document (`openapi.rs`). The
+//! handlers build the same JSON; `tests/api/openapi.rs` checks real answers against these.
+
+#![allow(dead_code)] // read by utoipa's derive only
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `{"error": {"code", "message"}}`: every REST error.
+#[derive(serde::Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCodeName,
+    /// For humans; may change between versions.
+    pub message: String,
+}
+
+/// Stable error codes (REST bodies and WebSocket `error` frames).
+#[derive(serde::Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCodeName {
+    BadFrame,
+    InvalidName,
+    UnknownTopic,
+    NotSubscribed,
+    UnknownDelivery,
+    LimitExceeded,
+    Unauthorized,
+    Forbidden,
+    Unavailable,
+    Internal,
+    BadRequest,
+    NotFound,
+    Conflict,
+}
+
+/// One event to publish: `payload` (any JSON) or `payload_base64` (bytes).
+#[derive(serde::Serialize, ToSchema)]
+pub struct PublishEvent {
+    pub key: Option<String>,
+    /// Explicit partition; otherwise by key hash, or spread without a key.
+    pub partition: Option<u32>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub payload: Option<Value>,
+    pub payload_base64: Option<String>,
+}
+
+/// A batch: at most `limits.max_batch_events` events; atomic on the embedded log.
+#[derive(serde::Serialize, ToSchema)]
+pub struct PublishBatch {
+    pub events: Vec<PublishEvent>,
+}
+
+/// A single event or a batch.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum PublishRequest {
+    One(PublishEvent),
+    Batch(PublishBatch),
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct PublishedOffset {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// The offsets written, in the order sent.
+#[derive(serde::Serialize, ToSchema)]
+pub struct PublishAnswer {
+    pub offsets: Vec<PublishedOffset>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    /// First stored offset.
+    pub log_start: u64,
+    /// Next offset to be written.
+    pub log_end: u64,
+    /// How far this instance has pulled; null when never pulled.
+    pub pull_offset: Option<u64>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct TopicInfo {
+    pub name: String,
+    pub partitions: Vec<PartitionInfo>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct TopicList {
+    pub topics: Vec<TopicInfo>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct CreateTopic {
+    pub name: String,
+    pub partitions: u32,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct TopicCreated {
+    pub name: String,
+    pub partitions: u32,
+    /// False when it already existed with this partition count.
+    pub created: bool,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct TopicDeleted {
+    pub deleted: String,
+    pub offsets_deleted: u64,
+    pub dead_letters_deleted: u64,
+}
+
+/// One stored ack offset.
+#[derive(serde::Serialize, ToSchema)]
+pub struct OffsetRow {
+    /// Display form `topic#client_id#partition`.
+    pub key: String,
+    pub topic: String,
+    pub client_id: String,
+    pub partition: u32,
+    /// Next offset not yet acknowledged (every offset below it is acknowledged).
+    pub committed: u64,
+    /// Highest acknowledged offset; null when none.
+    pub last_acked: Option<u64>,
+    /// Epoch ms of the last write.
+    pub updated_at: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct OffsetList {
+    pub offsets: Vec<OffsetRow>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct ClientPartition {
+    pub partition: u32,
+    /// Null when the client has no stored offset on this partition.
+    pub committed: Option<u64>,
+    pub last_acked: Option<u64>,
+    pub log_end: u64,
+    /// `log_end - committed` (from `log_start` when nothing is stored).
+    pub lag: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct ClientOffsets {
+    pub topic: String,
+    pub client_id: String,
+    pub partitions: Vec<ClientPartition>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct ResetOffset {
+    pub offset: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Deleted {
+    pub deleted: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Session {
+    pub session_id: String,
+    pub client_id: String,
+    pub remote_addr: Option<String>,
+    /// Epoch ms.
+    pub connected_at: u64,
+    pub subscriptions: Vec<String>,
+    pub in_flight: u64,
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    /// Epoch ms; null before the first ack.
+    pub last_ack_at: Option<u64>,
+    /// The in-flight window is full: nothing more is pushed until acks arrive.
+    pub window_full: bool,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<Session>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct InFlightDelivery {
+    pub delivery_id: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
+    /// Epoch ms when it is redelivered without an ack.
+    pub deadline: u64,
+}
+
+/// A session plus its in-flight deliveries.
+#[derive(serde::Serialize, ToSchema)]
+pub struct SessionDetail {
+    #[schema(inline)]
+    #[serde(flatten)]
+    pub session: Session,
+    pub deliveries: Vec<InFlightDelivery>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Disconnected {
+    pub disconnected: String,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct DeadLetter {
+    pub topic: String,
+    pub client_id: String,
+    pub partition: u32,
+    pub offset: u64,
+    /// Deliveries made.
+    pub attempts: u32,
+    /// `max_attempts` or the reason given with `term`.
+    pub reason: String,
+    /// Epoch ms.
+    pub at: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct DeadLetterList {
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Recommendation {
+    pub instance: String,
+    /// Full URL of `/ws`, without query.
+    pub ws_url: String,
+    pub http_url: String,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub instance: String,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Readiness {
+    pub ready: bool,
+    /// `ok` or `failing`.
+    pub offset_store: String,
+    /// `ok` or `unreachable`.
+    pub backend: String,
+    pub shutting_down: bool,
+}
+
+// ---- WebSocket frames (text frames, one JSON object each) ----------------------------------
+
+/// `req`: any string or number, echoed verbatim.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Req {
+    Text(String),
+    Number(f64),
+}
+
+/// A frame sent by the client, tagged by `op`.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[serde(tag = "op")]
+pub enum ClientFrame {
+    /// Start receiving every partition of `topic`.
+    Subscribe {
+        topic: String,
+        /// `committed` (default), `earliest` or `latest`.
+        from: Option<String>,
+        /// Resume token `{"<partition>": next_offset}`: per partition the larger of it and the
+        /// stored committed offset.
+        resume: Option<BTreeMap<String, u64>>,
+        req: Option<Req>,
+    },
+    /// Stop; in-flight deliveries of the topic are released for redelivery.
+    Unsubscribe { topic: String, req: Option<Req> },
+    /// Acknowledge one (`delivery_id`) or many (`delivery_ids`); with `req`, `ack_ok` follows once durable.
+    Ack { delivery_id: Option<String>, delivery_ids: Option<Vec<String>>, req: Option<Req> },
+    /// Redeliver after `delay_ms` (default 0).
+    Nack { delivery_id: String, delay_ms: Option<u64>, req: Option<Req> },
+    /// Restart the delivery's ack deadline.
+    Extend { delivery_id: String, req: Option<Req> },
+    /// Give up: recorded as a dead letter, counts as acknowledged.
+    Term { delivery_id: String, reason: Option<String>, req: Option<Req> },
+    /// Answered by `pong`.
+    Ping { req: Option<Req> },
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct SubscribedPartition {
+    pub partition: u32,
+    /// First offset that will be delivered.
+    pub from: u64,
+}
+
+/// A frame sent by the gateway, tagged by `type`.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[serde(tag = "type")]
+pub enum ServerFrame {
+    /// First frame of every session.
+    Welcome { session_id: String, client_id: String, instance: String, ack_timeout_ms: u64, max_in_flight: u64 },
+    Subscribed { topic: String, req: Option<Req>, partitions: Vec<SubscribedPartition> },
+    Unsubscribed { topic: String, req: Option<Req> },
+    /// One delivery. `payload` when the value is JSON, else `payload_base64`.
+    Event {
+        delivery_id: String,
+        topic: String,
+        partition: u32,
+        offset: u64,
+        /// 1 on first delivery.
+        attempt: u32,
+        /// Epoch ms.
+        timestamp: u64,
+        key: Option<String>,
+        headers: BTreeMap<String, String>,
+        payload: Option<Value>,
+        payload_base64: Option<String>,
+    },
+    /// Committed offsets `{"<topic>": {"<partition>": offset}}` of every partition the ack touched.
+    AckOk { req: Req, committed: BTreeMap<String, BTreeMap<String, u64>> },
+    Pong { req: Option<Req> },
+    /// The connection stays open. Close codes: 1001 shutdown, 1008 auth, 1009 frame too large,
+    /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client.
+    Error { code: ErrorCodeName, message: String, req: Option<Req> },
+}
