@@ -29,7 +29,7 @@ pub fn install_recorder() -> Option<&'static PrometheusHandle> {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(ACK_LATENCY.into()), &BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS));
-            match builder.and_then(|b| b.install_recorder().map_err(Into::into)) {
+            match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => Some(handle),
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");

@@ -102,7 +102,8 @@ fn conforms(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), 
         Value::Array(_) => "array",
         Value::Object(_) => "object",
     };
-    if !kinds.contains(&kind) && !(kind == "integer" && kinds.contains(&"number")) {
+    let integer_as_number = kind == "integer" && kinds.contains(&"number");
+    if !kinds.contains(&kind) && !integer_as_number {
         return Err(format!("{at}: {kind} where the schema says {kinds:?}"));
     }
     if let Some(required) = schema["required"].as_array() {

@@ -29,12 +29,15 @@ const CATCH_UP_MIN_WAIT: Duration = Duration::from_millis(1000);
 
 type PartitionQueue = StreamPartitionQueue<DefaultConsumerContext>;
 
+/// A partition's split queue plus the lock that keeps its polls in order.
+type OrderedQueue = Arc<(PartitionQueue, tokio::sync::Mutex<()>)>;
+
 /// The pull cursor consumer and the catch-up consumer.
 pub struct Puller {
     consumer: Arc<StreamConsumer>,
     /// The split queue of every assigned `topic#partition`, with a lock that keeps polls of one
     /// partition in order (the cursor moves after each).
-    queues: Mutex<HashMap<TopicPartition, Arc<(PartitionQueue, tokio::sync::Mutex<()>)>>>,
+    queues: Mutex<HashMap<TopicPartition, OrderedQueue>>,
     catch_up: tokio::sync::Mutex<CatchUp>,
     cursors: Arc<PullCursors>,
     stop: CancellationToken,
