@@ -183,6 +183,9 @@ impl Default for DeliveryConfig {
 pub struct LimitsConfig {
     /// Larger WebSocket frames close the socket with 1009.
     pub max_frame_bytes: usize,
+    /// Read buffer of each WebSocket connection, allocated for its whole life: the main cost of an
+    /// idle session. Frames larger than it still arrive (in several reads).
+    pub ws_read_buffer_bytes: usize,
     /// Events in one publish request.
     pub max_batch_events: usize,
     /// Size of one REST request body.
@@ -199,6 +202,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_frame_bytes: 1_048_576,
+            ws_read_buffer_bytes: 4096,
             max_batch_events: 10_000,
             max_body_bytes: 16_777_216,
             max_sessions: 100_000,
@@ -302,6 +306,7 @@ impl Config {
             ("delivery.reader_buffer_events", self.delivery.reader_buffer_events as u64),
             ("delivery.fetch_batch", self.delivery.fetch_batch as u64),
             ("limits.max_frame_bytes", self.limits.max_frame_bytes as u64),
+            ("limits.ws_read_buffer_bytes", self.limits.ws_read_buffer_bytes as u64),
             ("limits.max_batch_events", self.limits.max_batch_events as u64),
             ("limits.max_body_bytes", self.limits.max_body_bytes as u64),
             ("limits.max_sessions", self.limits.max_sessions as u64),

@@ -59,7 +59,10 @@ pub async fn upgrade(
     };
     let remote = Some(remote);
     let max_frame = app.config.limits.max_frame_bytes;
-    ws.max_message_size(max_frame).max_frame_size(max_frame).on_upgrade(move |socket| async move {
+    ws.max_message_size(max_frame)
+        .max_frame_size(max_frame)
+        .read_buffer_size(app.config.limits.ws_read_buffer_bytes)
+        .on_upgrade(move |socket| async move {
         // Counted by the shutdown drain until the session ends.
         let _running = app.dispatcher.tasks.token();
         match app.dispatcher.register(client_id, remote) {

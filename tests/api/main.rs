@@ -10,6 +10,7 @@ mod delivery;
 mod errors;
 mod kafka;
 mod kafka_broker;
+mod loadtest_smoke;
 mod metrics;
 mod offset_store_props;
 mod openapi;

@@ -1,0 +1,226 @@
+//! One WebSocket consumer: subscribes, records every offset it receives, and acknowledges each
+//! event in the chosen mode. Socket writes are batched: acks are fed while frames are already
+//! waiting and flushed once the socket has nothing more to read.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum AckMode {
+    /// One ack frame per event.
+    Each,
+    /// One ack frame per `--ack-batch` events (or per burst of frames read together).
+    Batch,
+    /// Each ack carries `req` and waits for its `ack_ok` (the durable round trip) before the next.
+    Confirmed,
+}
+
+/// What one consumer saw.
+#[derive(Default)]
+pub struct Received {
+    /// Distinct offsets per partition.
+    pub offsets: HashMap<u32, HashSet<u64>>,
+    pub deliveries: u64,
+    pub redeliveries: u64,
+    pub acked: u64,
+}
+
+impl Received {
+    pub fn distinct(&self) -> u64 {
+        self.offsets.values().map(|s| s.len() as u64).sum()
+    }
+}
+
+pub struct ConsumerPlan {
+    pub client_id: String,
+    pub topic: String,
+    /// Stop after this many distinct events.
+    pub expect: u64,
+    pub mode: AckMode,
+    pub ack_batch: usize,
+    /// Counts acknowledged events across consumers, for the progress line.
+    pub progress: Arc<AtomicU64>,
+    /// Events carry `{"t": ns since this instant}`: record publish-to-delivery latency.
+    pub paced_since: Option<Instant>,
+}
+
+pub struct ConsumerResult {
+    pub received: Received,
+    /// Ack round trips (confirmed mode) or publish-to-delivery (paced), in microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub async fn connect(ws_url: &str, client_id: &str) -> anyhow::Result<Ws> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{ws_url}?client_id={client_id}")).await.with_context(|| format!("connecting {client_id}"))?;
+    let welcome = next_json(&mut ws).await?;
+    if welcome["type"] != "welcome" {
+        bail!("{client_id}: first frame {welcome}");
+    }
+    Ok(ws)
+}
+
+async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(text.as_str())?),
+            Some(Ok(Message::Close(frame))) => bail!("closed by the gateway: {frame:?}"),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(e.into()),
+            None => bail!("socket ended"),
+        }
+    }
+}
+
+/// The fields of an `event` frame the loadtest needs (the payload is skipped, not parsed into a tree).
+#[derive(serde::Deserialize)]
+struct Frame<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(default)]
+    delivery_id: Option<&'a str>,
+    #[serde(default)]
+    partition: u32,
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    attempt: u32,
+    #[serde(default)]
+    payload: Option<Paced>,
+    #[serde(default)]
+    req: Option<Value>,
+    #[serde(default)]
+    code: Option<&'a str>,
+}
+
+#[derive(serde::Deserialize)]
+struct Paced {
+    #[serde(default)]
+    t: Option<u64>,
+}
+
+pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerResult> {
+    let mut received = Received::default();
+    let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    ws.send(Message::Text(json!({"op": "subscribe", "topic": plan.topic, "req": "sub"}).to_string().into())).await?;
+    let mut pending_ids: Vec<String> = Vec::new();
+    // Confirmed mode: the ack waiting for its ack_ok, and when it was sent.
+    let mut awaiting: Option<(u64, Instant)> = None;
+    let mut next_req = 1u64;
+    let mut unsent: std::collections::VecDeque<String> = Default::default();
+    loop {
+        let acked_before = received.acked;
+        let Some(message) = ws.next().await else { bail!("{}: socket ended", plan.client_id) };
+        let mut batch = vec![message];
+        while let Some(Some(more)) = ws.next().now_or_never() {
+            batch.push(more);
+            if batch.len() >= 1024 {
+                break;
+            }
+        }
+        for message in batch {
+            let text = match message? {
+                Message::Text(text) => text,
+                Message::Close(frame) => bail!("{}: closed by the gateway: {frame:?}", plan.client_id),
+                _ => continue,
+            };
+            let frame: Frame = serde_json::from_str(text.as_str()).with_context(|| format!("bad frame {text}"))?;
+            match frame.kind {
+                "event" => {
+                    received.deliveries += 1;
+                    if frame.attempt > 1 {
+                        received.redeliveries += 1;
+                    }
+                    received.offsets.entry(frame.partition).or_default().insert(frame.offset);
+                    if let (Some(since), Some(Paced { t: Some(t) })) = (plan.paced_since, &frame.payload) {
+                        let now = since.elapsed().as_nanos() as u64;
+                        latency_us.saturating_record(now.saturating_sub(*t) / 1000);
+                    }
+                    let id = frame.delivery_id.unwrap_or_default().to_string();
+                    match plan.mode {
+                        AckMode::Each => {
+                            ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#).into())).await?;
+                            received.acked += 1;
+                        }
+                        AckMode::Batch => pending_ids.push(id),
+                        AckMode::Confirmed => unsent.push_back(id),
+                    }
+                }
+                "ack_ok" => {
+                    if let Some((req, sent)) = awaiting {
+                        if frame.req.as_ref().and_then(Value::as_u64) == Some(req) {
+                            latency_us.saturating_record(sent.elapsed().as_micros() as u64);
+                            received.acked += 1;
+                            plan.progress.fetch_add(1, Ordering::Relaxed);
+                            awaiting = None;
+                        }
+                    }
+                }
+                "error" => bail!("{}: error frame {text}", plan.client_id),
+                "subscribed" | "pong" => {}
+                other => bail!("{}: unexpected frame type {other} ({:?})", plan.client_id, frame.code),
+            }
+        }
+        match plan.mode {
+            AckMode::Each => {}
+            AckMode::Batch => {
+                for chunk in pending_ids.chunks(plan.ack_batch) {
+                    ws.feed(Message::Text(json!({"op": "ack", "delivery_ids": chunk}).to_string().into())).await?;
+                    received.acked += chunk.len() as u64;
+                }
+                pending_ids.clear();
+            }
+            AckMode::Confirmed => {
+                if awaiting.is_none() {
+                    if let Some(id) = unsent.pop_front() {
+                        let req = next_req;
+                        next_req += 1;
+                        ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}","req":{req}}}"#).into())).await?;
+                        awaiting = Some((req, Instant::now()));
+                    }
+                }
+            }
+        }
+        ws.flush().await?;
+        if plan.mode != AckMode::Confirmed {
+            // Progress counts acks sent (confirmed mode counts ack_ok answers as they come).
+            plan.progress.fetch_add(received.acked - acked_before, Ordering::Relaxed);
+        }
+        let done = received.distinct() >= plan.expect && (plan.mode != AckMode::Confirmed || (awaiting.is_none() && unsent.is_empty()));
+        if done {
+            break;
+        }
+    }
+    finish(&mut ws, &mut received).await?;
+    let _ = ws.close(None).await;
+    Ok(ConsumerResult { received, latency_us })
+}
+
+/// Sends `ping` and waits for `pong`: every ack sent before it has been processed (frames of a
+/// session are handled in order) and queued for the offset writer.
+async fn finish(ws: &mut Ws, received: &mut Received) -> anyhow::Result<()> {
+    ws.send(Message::Text(json!({"op": "ping", "req": "done"}).to_string().into())).await?;
+    loop {
+        let frame = next_json(ws).await?;
+        match frame["type"].as_str() {
+            Some("pong") => return Ok(()),
+            Some("event") => {
+                // A redelivery that raced the end: acknowledge it too.
+                received.deliveries += 1;
+                received.redeliveries += 1;
+                let id = frame["delivery_id"].as_str().unwrap_or_default();
+                ws.send(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#).into())).await?;
+            }
+            _ => {}
+        }
+    }
+}

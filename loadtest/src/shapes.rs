@@ -1,0 +1,396 @@
+//! The shapes of load: throughput (split / fan-out, with optional pacing), idle sessions, restart.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::client::{self, ConsumerPlan};
+use crate::gateway::Gateway;
+use crate::report::{Progress, Summary};
+use crate::Cli;
+
+/// Events per publish request while preloading.
+const PUBLISH_BATCH: u64 = 1000;
+
+struct Http {
+    client: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Http {
+    fn new(base: &str, token: Option<String>) -> Self {
+        Self { client: reqwest::Client::new(), base: base.to_string(), token }
+    }
+
+    fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let response = self.auth(self.client.get(format!("{}{path}", self.base))).send().await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        if !status.is_success() {
+            bail!("GET {path}: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let response = self.auth(self.client.post(format!("{}{path}", self.base))).json(body).send().await?;
+        let status = response.status();
+        let answer: Value = response.json().await?;
+        if !status.is_success() {
+            bail!("POST {path}: {status} {answer}");
+        }
+        Ok(answer)
+    }
+
+    async fn create_topic(&self, name: &str, partitions: u32) -> anyhow::Result<()> {
+        self.post("/topics", &json!({"name": name, "partitions": partitions})).await.map(|_| ())
+    }
+}
+
+/// A payload of about `bytes` bytes of JSON text.
+fn filler(bytes: usize) -> String {
+    "x".repeat(bytes.saturating_sub(8))
+}
+
+/// Publishes `count` events spread over the partitions; returns the offsets written per partition.
+async fn preload(http: &Http, topic: &str, partitions: u32, count: u64, payload_bytes: usize, progress: &AtomicU64) -> anyhow::Result<BTreeMap<u32, HashSet<u64>>> {
+    let filler = filler(payload_bytes);
+    let mut written: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
+    let mut n = 0;
+    while n < count {
+        let size = PUBLISH_BATCH.min(count - n);
+        let events: Vec<Value> = (n..n + size).map(|i| json!({"partition": (i % partitions as u64) as u32, "payload": {"p": filler}})).collect();
+        let answer = http.post(&format!("/topics/{topic}/events"), &json!({ "events": events })).await?;
+        for o in answer["offsets"].as_array().context("publish answer without offsets")? {
+            written.entry(o["partition"].as_u64().unwrap_or_default() as u32).or_default().insert(o["offset"].as_u64().unwrap_or_default());
+        }
+        n += size;
+        progress.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(written)
+}
+
+fn resources(summary: &mut Summary, gateway: &Gateway, cpu_before: Option<f64>, elapsed: Duration) {
+    if let Some(rss) = gateway.rss_bytes() {
+        summary.add("gateway_rss_mib", (rss as f64 / 1048576.0 * 10.0).round() / 10.0);
+    }
+    if let (Some(before), Some(after)) = (cpu_before, gateway.cpu_seconds()) {
+        summary.add("gateway_cpu_percent", ((after - before) / elapsed.as_secs_f64() * 1000.0).round() / 10.0);
+    }
+}
+
+/// Waits until every client's committed offsets equal the log end of every partition it reads.
+async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], summary: &mut Summary) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut behind = Vec::new();
+        let listed = http.get("/topics").await?;
+        for (topic, clients) in topics {
+            let Some(info) = listed["topics"].as_array().and_then(|ts| ts.iter().find(|t| t["name"] == topic.as_str())) else {
+                bail!("topic {topic} missing from GET /topics");
+            };
+            let rows = http.get(&format!("/admin/offsets?topic={topic}")).await?;
+            for partition in info["partitions"].as_array().into_iter().flatten() {
+                let (p, end) = (partition["partition"].as_u64().unwrap_or_default(), partition["log_end"].as_u64().unwrap_or_default());
+                for client in clients {
+                    let committed = rows["offsets"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|r| r["client_id"] == client.as_str() && r["partition"].as_u64() == Some(p))
+                        .and_then(|r| r["committed"].as_u64());
+                    if end > 0 && committed != Some(end) {
+                        behind.push(format!("{topic}#{client}#{p}: committed {committed:?}, log end {end}"));
+                    }
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            for b in behind.into_iter().take(10) {
+                summary.problem(b);
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
+    let gateway = cli.gateway()?;
+    let http = Http::new(&gateway.base, cli.admin_token.clone());
+    let run = format!("lt{}", std::process::id());
+    let clients: Vec<String> = (0..cli.clients).map(|i| format!("{run}-c{i}")).collect();
+    // (topic, its clients, events to publish there)
+    let assignments: Vec<(String, Vec<String>, u64)> = if cli.fanout {
+        vec![(format!("{run}-fan"), clients.clone(), cli.events)]
+    } else {
+        let per = cli.events / cli.clients as u64;
+        clients.iter().enumerate().map(|(i, c)| (format!("{run}-t{i}"), vec![c.clone()], per + u64::from((i as u64) < cli.events % cli.clients as u64))).collect()
+    };
+    let paced = cli.rate.is_some();
+    let shape = if paced {
+        format!("paced {} events/s, {} clients", cli.rate.unwrap_or(0), cli.clients)
+    } else {
+        format!("{} {} clients, {} events, {} partitions, {}-byte payloads, ack {:?}", if cli.fanout { "fan-out" } else { "split" }, cli.clients, cli.events, cli.partitions, cli.payload_bytes, cli.ack)
+    };
+    let mut summary = Summary::new(shape);
+    let mut expected: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
+    for (topic, _, _) in &assignments {
+        http.create_topic(topic, cli.partitions).await?;
+    }
+    if !paced {
+        let published = Arc::new(AtomicU64::new(0));
+        let _progress = Progress::start("publish", published.clone(), assignments.iter().map(|a| a.2).sum());
+        let started = Instant::now();
+        for (topic, _, count) in &assignments {
+            expected.insert(topic.clone(), preload(&http, topic, cli.partitions, *count, cli.payload_bytes, &published).await?);
+        }
+        summary.add("publish_events_per_s", (cli.events as f64 / started.elapsed().as_secs_f64()).round());
+    }
+
+    // Connect everyone first, so the timed part is delivery and acks only.
+    let mut sockets = Vec::new();
+    for (topic, readers, count) in &assignments {
+        for client_id in readers {
+            sockets.push((topic.clone(), client_id.clone(), *count, client::connect(&gateway.ws, client_id).await?));
+        }
+    }
+    let acked = Arc::new(AtomicU64::new(0));
+    let deliveries_expected: u64 = assignments.iter().map(|(_, readers, count)| readers.len() as u64 * count).sum();
+    let paced_since = paced.then(Instant::now);
+    let cpu_before = gateway.cpu_seconds();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (topic, client_id, count, ws) in sockets {
+        let plan = ConsumerPlan {
+            client_id,
+            topic,
+            expect: count,
+            mode: cli.ack,
+            ack_batch: cli.ack_batch.max(1),
+            progress: acked.clone(),
+            paced_since,
+        };
+        tasks.push(tokio::spawn(client::consume(plan, ws)));
+    }
+    let progress = Progress::start("acked", acked.clone(), deliveries_expected);
+    if let (Some(rate), Some(since)) = (cli.rate, paced_since) {
+        for (topic, written) in paced_publish(&http, &assignments, rate, cli.payload_bytes, since).await? {
+            expected.insert(topic, written);
+        }
+    }
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut deliveries, mut redeliveries, mut acks) = (0, 0, 0);
+    let mut per_client = Vec::new();
+    for task in tasks {
+        let result = task.await??;
+        latency.add(&result.latency_us)?;
+        deliveries += result.received.deliveries;
+        redeliveries += result.received.redeliveries;
+        acks += result.received.acked;
+        per_client.push(result.received);
+    }
+    let elapsed = started.elapsed();
+    drop(progress);
+    resources(&mut summary, &gateway, cpu_before, elapsed);
+    let seconds = elapsed.as_secs_f64();
+    summary.add("elapsed_s", (seconds * 1000.0).round() / 1000.0);
+    summary.add("deliveries", deliveries);
+    summary.add("delivered_per_s", (deliveries as f64 / seconds).round());
+    summary.add("acked_per_s", (acks as f64 / seconds).round());
+    summary.add("redeliveries", redeliveries);
+    let latency_name = if paced { "publish_to_delivery" } else { "ack_round_trip" };
+    summary.add_latency(latency_name, &latency);
+
+    // Completeness: every client received every offset written to its topic...
+    let mut i = 0;
+    for (topic, readers, _) in &assignments {
+        for client_id in readers {
+            let got = &per_client[i];
+            i += 1;
+            for (partition, offsets) in expected.get(topic).into_iter().flatten() {
+                let missing = offsets.iter().filter(|o| !got.offsets.get(partition).is_some_and(|s| s.contains(o))).count();
+                if missing > 0 {
+                    summary.problem(format!("{client_id} missed {missing} events of {topic}#{partition}"));
+                }
+            }
+        }
+    }
+    // ...and its committed offsets reached the log end.
+    let readers: Vec<(String, Vec<String>)> = assignments.iter().map(|(t, r, _)| (t.clone(), r.clone())).collect();
+    check_committed(&http, &readers, &mut summary).await?;
+    Ok(summary)
+}
+
+/// Publishes each topic's events at `rate` events/s in total, in 1 ms ticks, each event carrying
+/// its publish time (`t`, ns since `since`).
+async fn paced_publish(http: &Http, assignments: &[(String, Vec<String>, u64)], rate: u64, payload_bytes: usize, since: Instant) -> anyhow::Result<BTreeMap<String, BTreeMap<u32, HashSet<u64>>>> {
+    let filler = filler(payload_bytes.saturating_sub(24));
+    let total: u64 = assignments.iter().map(|a| a.2).sum();
+    let mut written: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
+    let mut sent = 0u64;
+    // Events still to publish per topic: each topic gets exactly what its readers expect.
+    let mut left: Vec<u64> = assignments.iter().map(|a| a.2).collect();
+    let mut next_topic = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let start = Instant::now();
+    while sent < total {
+        tick.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate as f64) as u64).min(total);
+        while sent < due {
+            // Round robin over the topics that still have events to get.
+            while left[next_topic] == 0 {
+                next_topic = (next_topic + 1) % left.len();
+            }
+            let (topic, _, _) = &assignments[next_topic];
+            let batch = (due - sent).min(PUBLISH_BATCH).min(left[next_topic]);
+            left[next_topic] -= batch;
+            next_topic = (next_topic + 1) % left.len();
+            let t = since.elapsed().as_nanos() as u64;
+            let events: Vec<Value> = (0..batch).map(|_| json!({"payload": {"t": t, "p": filler}})).collect();
+            let answer = http.post(&format!("/topics/{topic}/events"), &json!({ "events": events })).await?;
+            for o in answer["offsets"].as_array().into_iter().flatten() {
+                written.entry(topic.clone()).or_default().entry(o["partition"].as_u64().unwrap_or_default() as u32).or_default().insert(o["offset"].as_u64().unwrap_or_default());
+            }
+            sent += batch;
+        }
+    }
+    Ok(written)
+}
+
+pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary> {
+    let gateway = cli.gateway()?;
+    let http = Http::new(&gateway.base, cli.admin_token.clone());
+    let topic = format!("idle{}", std::process::id());
+    http.create_topic(&topic, cli.partitions).await?;
+    let mut summary = Summary::new(format!("{sessions} idle sessions, each subscribed to a {}-partition topic", cli.partitions));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = gateway.rss_bytes();
+    let connected = Arc::new(AtomicU64::new(0));
+    let progress = Progress::start("sessions", connected.clone(), sessions as u64);
+    let mut open = Vec::with_capacity(sessions);
+    let started = Instant::now();
+    for chunk in (0..sessions).collect::<Vec<_>>().chunks(200) {
+        let batch = chunk.iter().map(|i| {
+            let (ws_url, topic, connected) = (gateway.ws.clone(), topic.clone(), connected.clone());
+            async move {
+                let mut ws = client::connect(&ws_url, &format!("idle-{i}")).await?;
+                use futures_util::{SinkExt, StreamExt};
+                ws.send(tokio_tungstenite::tungstenite::Message::Text(json!({"op": "subscribe", "topic": topic}).to_string().into())).await?;
+                let answer = ws.next().await.context("no answer to subscribe")??;
+                if !answer.to_text().unwrap_or_default().contains("subscribed") {
+                    bail!("subscribe answered {answer}");
+                }
+                connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                anyhow::Ok(ws)
+            }
+        });
+        for ws in futures_util::future::join_all(batch).await {
+            open.push(ws?);
+        }
+    }
+    summary.add("connect_s", (started.elapsed().as_secs_f64() * 100.0).round() / 100.0);
+    drop(progress);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = gateway.rss_bytes();
+    let listed = http.get("/admin/sessions").await?;
+    let live = listed["sessions"].as_array().map_or(0, |s| s.len());
+    summary.add("sessions_live", live);
+    if live < sessions {
+        summary.problem(format!("only {live} of {sessions} sessions are live"));
+    }
+    if let (Some(before), Some(after)) = (before, after) {
+        summary.add("gateway_rss_before_mib", (before as f64 / 1048576.0 * 10.0).round() / 10.0);
+        summary.add("gateway_rss_mib", (after as f64 / 1048576.0 * 10.0).round() / 10.0);
+        summary.add("kib_per_session", ((after.saturating_sub(before)) as f64 / 1024.0 / sessions as f64 * 10.0).round() / 10.0);
+    }
+    drop(open);
+    Ok(summary)
+}
+
+pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
+    use ackgate::core::names::{ClientId, OffsetKey, TopicName};
+    use ackgate::core::offsets::{OffsetStore, OffsetWrite};
+    if cli.url.is_some() {
+        bail!("--restart-offsets starts and restarts its own gateway; drop --url");
+    }
+    let launch = cli.launch();
+    let mut gateway = Gateway::start(&launch)?;
+    let data = gateway.data_dir.clone().context("a started gateway has a data dir")?;
+    let topic = "restart";
+    let http = Http::new(&gateway.base, cli.admin_token.clone());
+    http.create_topic(topic, cli.partitions).await?;
+    let per_partition = offsets.div_ceil(cli.partitions as u64);
+    preload(&http, topic, cli.partitions, 1000 * cli.partitions as u64, cli.payload_bytes, &AtomicU64::new(0)).await?;
+    gateway.stop();
+
+    let mut summary = Summary::new(format!("restart with {offsets} stored offsets ({} partitions)", cli.partitions));
+    let started = Instant::now();
+    {
+        // Written straight into the stopped gateway's offset store: as many clients as needed.
+        let store = ackgate::store::rocks::RocksOffsetStore::open(&data, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let topic = TopicName::parse(topic).map_err(|e| anyhow::anyhow!(e.0))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+        let mut batch = Vec::with_capacity(10_000);
+        let mut written = 0;
+        'clients: for c in 0.. {
+            let client = ClientId::parse(&format!("client-{c}")).map_err(|e| anyhow::anyhow!(e.0))?;
+            for p in 0..cli.partitions {
+                if written == offsets {
+                    break 'clients;
+                }
+                batch.push(OffsetWrite { key: OffsetKey::new(topic.clone(), client.clone(), p), committed: 1 + (c % 900), last_acked: Some(c % 900), updated_at: now });
+                written += 1;
+                if batch.len() == 10_000 {
+                    store.write_offsets(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    batch.clear();
+                }
+            }
+        }
+        store.write_offsets(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+        store.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let _ = per_partition;
+    }
+    summary.add("preload_s", (started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+    for round in ["ready_ms_first_restart", "ready_ms_second_restart"] {
+        let started = Instant::now();
+        let restarted = Gateway::start_in(&launch, &data)?;
+        let http = Http::new(&restarted.base, cli.admin_token.clone());
+        loop {
+            if http.client.get(format!("{}/readyz", http.base)).send().await.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                bail!("not ready after 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        summary.add(round, started.elapsed().as_millis() as u64);
+        let stored = http.get(&format!("/admin/offsets?topic={topic}&client_id=client-0")).await?;
+        if stored["offsets"].as_array().map_or(0, |r| r.len()) != cli.partitions as usize {
+            summary.problem(format!("client-0's offsets did not survive the restart: {stored}"));
+        }
+        if let Some(rss) = restarted.rss_bytes() {
+            summary.add("gateway_rss_mib", (rss as f64 / 1048576.0 * 10.0).round() / 10.0);
+        }
+        drop(restarted);
+    }
+    Ok(summary)
+}

@@ -1,0 +1,35 @@
+//! A short run of the `loadtest` binary (workspace member `loadtest/`) as part of the suite: it
+//! starts its own gateway (the `ackgate` binary beside it), drives real WebSocket clients, and
+//! verifies completeness itself; here its JSON summary is checked too.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `target/<profile>/loadtest`: this test runs from `target/<profile>/deps/`.
+fn loadtest_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(|deps| deps.parent()).unwrap().join("loadtest");
+    assert!(bin.exists(), "{} missing: build the workspace first (cargo build --workspace --all-targets)", bin.display());
+    bin
+}
+
+fn run(args: &[&str]) -> Value {
+    let output = Command::new(loadtest_binary()).args(args).arg("--json").output().expect("loadtest runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "loadtest {args:?} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+#[test]
+fn loadtest_smoke_two_clients_five_thousand_events_nothing_lost() {
+    let split = run(&["--clients", "2", "--events", "5000", "--partitions", "2"]);
+    assert_eq!(split["complete"], true, "{split}");
+    assert_eq!(split["deliveries"], 5000);
+    let fanout = run(&["--clients", "2", "--fanout", "--events", "2000", "--ack", "batch"]);
+    assert_eq!(fanout["complete"], true, "{fanout}");
+    assert_eq!(fanout["deliveries"], 4000, "each fan-out client gets every event");
+    let confirmed = run(&["--clients", "1", "--events", "200", "--ack", "confirmed"]);
+    assert_eq!(confirmed["ack_round_trip"]["count"], 200, "{confirmed}");
+}
