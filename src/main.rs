@@ -5,6 +5,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
+// The gateway allocates a little per frame and per event; mimalloc halves what glibc's malloc
+// costs on that path (malloc/free were ~17% of a profile at full load).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "HTTP/WebSocket gateway: acknowledged push delivery from a durable log")]
 struct Cli {

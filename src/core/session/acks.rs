@@ -80,13 +80,16 @@ impl Session {
         }
         let broker_acks: Vec<(TopicPartition, u64)> = acked.into_iter().map(|(tp, e)| (tp, e.offset)).collect();
         let valid = ids.len() - unknown.len();
-        if let Some(req) = req.clone().filter(|_| unknown.is_empty()) {
+        if let Some(req) = req.clone() {
+            // Earlier unconfirmed acks go first, so the writer sees them in order.
+            self.submit_acked().await;
             self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
-            self.send(ServerFrame::AckOk { req, committed });
-        } else if req.is_some() {
-            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
-        } else if !writes.is_empty() || !broker_acks.is_empty() {
-            self.d.writer.submit(WriteRequest { writes, broker_acks, done: None }).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            if unknown.is_empty() {
+                self.send(ServerFrame::AckOk { req, committed });
+            }
+        } else {
+            self.acked.writes.extend(writes);
+            self.acked.broker_acks.extend(broker_acks);
         }
         if unknown.is_empty() {
             Ok(())
@@ -95,6 +98,23 @@ impl Session {
                 ErrorCode::UnknownDelivery,
                 format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", ")),
             ))
+        }
+    }
+
+    /// Submits the writes of acks without `req` collected so far (one request per batch of frames).
+    pub(super) async fn submit_acked(&mut self) {
+        if self.acked.writes.is_empty() && self.acked.broker_acks.is_empty() {
+            return;
+        }
+        let mut writes = std::mem::take(&mut self.acked.writes);
+        // Within a session each key's floor only rises: the last write of a key carries them all.
+        let mut seen = std::collections::HashSet::with_capacity(writes.len());
+        writes.reverse();
+        writes.retain(|w| seen.insert(w.key.clone()));
+        let request = WriteRequest { writes, broker_acks: std::mem::take(&mut self.acked.broker_acks), done: None };
+        if let Err(e) = self.d.writer.submit(request).await {
+            // Only at shutdown: the events are delivered again after the restart.
+            tracing::warn!(error = %e, "offset writes not submitted");
         }
     }
 

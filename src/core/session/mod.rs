@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use futures_util::{FutureExt, Sink, SinkExt, Stream, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
@@ -23,6 +23,7 @@ use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionI
 use crate::core::feeder::{feed_partition, FeedPlan, Fed};
 use crate::core::in_flight::{Delivery, InFlightWindow};
 use crate::core::metrics::RedeliveryReason;
+use crate::core::offset_writer::WriteRequest;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::OffsetFilter;
 use crate::core::protocol::{close_code, parse_client_frame, write_event_frame, ClientFrame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
@@ -48,6 +49,8 @@ pub enum Outbound {
 
 /// Events taken from the feeder channel in one step before flushing the socket.
 const FEED_DRAIN: usize = 256;
+/// Client frames already received that are handled in one step (their acks: one write request).
+const INBOUND_DRAIN: usize = 256;
 /// How often the session checks for a window that stays full.
 const SLOW_CHECK: Duration = Duration::from_millis(500);
 
@@ -75,6 +78,8 @@ struct Session {
     window_full_since: Option<Instant>,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
     nacked: std::collections::HashSet<EventRef>,
+    /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
+    acked: WriteRequest,
     access: Access,
     cancel: CancellationToken,
     out: Vec<Outbound>,
@@ -99,6 +104,7 @@ where
         next_subscription: 1,
         window_full_since: None,
         nacked: Default::default(),
+        acked: WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None },
         access,
         cancel: CancellationToken::new(),
         out: Vec::new(),
@@ -138,14 +144,20 @@ where
             _ = d.shutdown.cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
             _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
             Some(message) = control.recv() => s.on_control(message),
-            frame = inbound.next() => match frame {
-                Some(Inbound::Text(text)) => s.on_text(&text).await,
-                Some(Inbound::Binary) => {
-                    s.error(FrameError::new(ErrorCode::BadFrame, "binary frames are not supported; send JSON text frames"));
-                    Step::Continue
+            frame = inbound.next() => {
+                let mut step = s.on_inbound(frame).await;
+                // Frames already read are handled together: their acks become one write request.
+                for _ in 0..INBOUND_DRAIN {
+                    if !matches!(step, Step::Continue) {
+                        break;
+                    }
+                    match inbound.next().now_or_never() {
+                        Some(frame) => step = s.on_inbound(frame).await,
+                        None => break,
+                    }
                 }
-                Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
-                None => Step::End,
+                s.submit_acked().await;
+                step
             },
             _ = sleep_until(next_timer) => {
                 s.on_timers().await;
@@ -181,6 +193,7 @@ where
     }
     s.cancel.cancel();
     s.in_flight.clear();
+    s.submit_acked().await;
     s.touch_offsets();
     d.unregister(&info);
     let stats = &info.stats;
@@ -224,6 +237,18 @@ impl Session {
 
     fn error(&mut self, e: FrameError) {
         self.send(e.into());
+    }
+
+    async fn on_inbound(&mut self, frame: Option<Inbound>) -> Step {
+        match frame {
+            Some(Inbound::Text(text)) => self.on_text(&text).await,
+            Some(Inbound::Binary) => {
+                self.error(FrameError::new(ErrorCode::BadFrame, "binary frames are not supported; send JSON text frames"));
+                Step::Continue
+            }
+            Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
+            None => Step::End,
+        }
     }
 
     fn on_control(&mut self, message: SessionControl) -> Step {
