@@ -173,6 +173,9 @@ enum RawFrame {
 
 /// Parses one text frame. On failure the error still carries the frame's `req` when it has one.
 pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
+    if let Some(frame) = parse_plain_ack(text) {
+        return Ok(frame);
+    }
     let raw: RawFrame = serde_json::from_str(text).map_err(|e| {
         let req = serde_json::from_str::<Value>(text).ok().and_then(|v| v.get("req").cloned());
         let message = if e.is_syntax() || e.is_eof() {
@@ -318,6 +321,18 @@ impl From<FrameError> for ServerFrame {
     }
 }
 
+/// The most frequent frame by far, `{"op":"ack","delivery_id":"<id>"}` exactly as clients
+/// usually send it, read without serde's tagged-enum buffering. Anything else (other field order,
+/// whitespace, escapes, `req`) returns `None` and takes the general path, which accepts the same
+/// frames and more.
+fn parse_plain_ack(text: &str) -> Option<ClientFrame> {
+    let id = text.strip_prefix(r#"{"op":"ack","delivery_id":""#)?.strip_suffix(r#""}"#)?;
+    if id.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        return None;
+    }
+    Some(ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None })
+}
+
 /// Writes one `event` frame. The payload is copied verbatim when the event says it is JSON.
 pub fn write_event_frame(out: &mut String, delivery_id: &str, topic: &str, attempt: u32, event: &Event) {
     out.push_str("{\"type\":\"event\",\"delivery_id\":");
@@ -387,6 +402,29 @@ mod tests {
         assert!(matches!(parse_client_frame(r#"{"op":"term","delivery_id":"d"}"#), Ok(ClientFrame::Term { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"extend","delivery_id":"d"}"#), Ok(ClientFrame::Extend { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"unsubscribe","topic":"t"}"#), Ok(ClientFrame::Unsubscribe { .. })));
+    }
+
+    #[test]
+    fn the_plain_ack_fast_path_agrees_with_the_general_parser() {
+        let general = |text: &str| {
+            let raw: RawFrame = serde_json::from_str(text).unwrap();
+            match raw {
+                RawFrame::Ack { delivery_id, delivery_ids, req } => (delivery_id, delivery_ids, req),
+                _ => panic!("not an ack"),
+            }
+        };
+        for id in ["1.0.0.0", "ff3a.2.7.1b", "", "x y"] {
+            let text = format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#);
+            assert_eq!(parse_plain_ack(&text), Some(ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None }));
+            assert_eq!(general(&text).0.as_deref(), Some(id));
+            assert_eq!(parse_client_frame(&text).unwrap(), ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None });
+        }
+        // Escapes, other spacing, extra fields: the general path, same meaning.
+        for text in [r#"{"op":"ack","delivery_id":"a\"b"}"#, r#"{ "op":"ack","delivery_id":"1.0.0.0"}"#, r#"{"op":"ack","delivery_id":"1.0.0.0","req":1}"#] {
+            assert_eq!(parse_plain_ack(text), None, "{text}");
+            assert!(matches!(parse_client_frame(text), Ok(ClientFrame::Ack { .. })), "{text}");
+        }
+        assert_eq!(parse_client_frame(r#"{"op":"ack","delivery_id":"a\"b"}"#).unwrap(), ClientFrame::Ack { delivery_ids: vec!["a\"b".into()], req: None });
     }
 
     #[test]
