@@ -5,8 +5,7 @@
 //! instance, `slot` indexes the client's topics. Because the id names its event, a late ack with a
 //! superseded id is resolved without keeping a map of every id ever issued.
 
-// Keys are validated names known to this instance: a fast non-keyed hash is fine here.
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::HashMap;
 
 use super::ack_tracker::AckTracker;
 use super::names::{TopicName, TopicPartition};

@@ -5,10 +5,7 @@
 //! entry is skipped when it comes up, instead of searching the heap to remove it.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
-// Keys are our own small integers, not attacker-chosen strings: a fast non-keyed hash is safe.
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
