@@ -125,9 +125,25 @@ where
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
     let write_limit = Some(d.settings.slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
+    // Futures that live across iterations: re-creating a timer and a cancellation waiter on
+    // every pass of a busy loop costs more than the frames it handles.
+    let shutting_down = d.shutdown.cancelled();
+    tokio::pin!(shutting_down);
+    let mut timer_at = far_future();
+    let redelivery_timer = tokio::time::sleep_until(timer_at);
+    tokio::pin!(redelivery_timer);
     loop {
         s.info.stats.window_full.store(s.window.available_permits() == 0, Ordering::Relaxed);
-        match tokio::time::timeout(write_limit, flush(&mut outbound, &mut s.out)).await {
+        let flushed = {
+            let flushing = flush(&mut outbound, &mut s.out);
+            tokio::pin!(flushing);
+            // Most flushes finish at once; only a blocked socket needs the slow-client deadline.
+            match (&mut flushing).now_or_never() {
+                Some(done) => Ok(done),
+                None => tokio::time::timeout(write_limit, flushing).await,
+            }
+        };
+        match flushed {
             Ok(true) => {}
             Ok(false) => {
                 reason = "socket write failed";
@@ -138,10 +154,14 @@ where
                 break;
             }
         }
-        let next_timer = s.in_flight.next_deadline();
+        let next_timer = s.in_flight.next_deadline().unwrap_or_else(far_future);
+        if next_timer != timer_at {
+            timer_at = next_timer;
+            redelivery_timer.as_mut().reset(timer_at);
+        }
         let step = tokio::select! {
             biased;
-            _ = d.shutdown.cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
+            _ = &mut shutting_down => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
             _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
             Some(message) = control.recv() => s.on_control(message),
             frame = inbound.next() => {
@@ -159,8 +179,11 @@ where
                 s.submit_acked().await;
                 step
             },
-            _ = sleep_until(next_timer) => {
+            _ = &mut redelivery_timer => {
                 s.on_timers().await;
+                // Fired: arm it again on the next pass even if the next deadline is the same.
+                timer_at = far_future();
+                redelivery_timer.as_mut().reset(timer_at);
                 Step::Continue
             }
             Some(fed) = feed_rx.recv() => {
@@ -207,6 +230,11 @@ where
         released,
         "session ended"
     );
+}
+
+/// "Never" for a timer that must exist: a year from now.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 86_400)
 }
 
 async fn sleep_until(at: Option<Instant>) {
