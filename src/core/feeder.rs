@@ -53,11 +53,15 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Semaphore>, tx: mpsc::Se
             if event.offset < next {
                 continue;
             }
-            let permit = tokio::select! {
-                _ = cancel.cancelled() => return,
-                permit = window.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
+            // A free slot is the common case: take it without arming a cancellation waiter.
+            let permit = match window.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    permit = window.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => return,
+                    },
                 },
             };
             next = event.offset + 1;
