@@ -202,7 +202,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_frame_bytes: 1_048_576,
-            ws_read_buffer_bytes: 2048,
+            ws_read_buffer_bytes: 1024,
             max_batch_events: 10_000,
             max_body_bytes: 16_777_216,
             max_sessions: 100_000,
