@@ -132,7 +132,9 @@ impl Gateway {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "pull offsets aligned to committed offsets"
         );
-        let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE);
+        // With an fsync per write a store write can take milliseconds: never on a session task.
+        let inline_when_idle = !config.offsets.sync_writes;
+        let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle);
         let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
         let local_addr = listener.local_addr()?;
         let instance = match config.server.instance_id.as_str() {

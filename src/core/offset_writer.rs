@@ -4,7 +4,7 @@
 //! Everything that arrived while the previous batch was being written goes into the next single
 //! store batch (one RocksDB WriteBatch), so many clients acking at once cost one write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -42,46 +42,68 @@ pub struct OffsetWriteStats {
 pub struct OffsetWriter {
     tx: mpsc::Sender<WriteRequest>,
     pub stats: Arc<OffsetWriteStats>,
+    /// The writer's part, for durable writes done by the caller when the writer is idle.
+    applier: Arc<Applier>,
+    /// Requests submitted and not yet applied by the thread.
+    queued: Arc<AtomicUsize>,
+    /// False when a store write may block long (fsync per write): always hand off to the thread.
+    inline_when_idle: bool,
+}
+
+/// What applies a batch: the store, the backend (broker ACKs) and the counters.
+struct Applier {
+    store: Arc<dyn OffsetStore>,
+    backend: Arc<dyn LogBackend>,
+    stats: Arc<OffsetWriteStats>,
 }
 
 impl OffsetWriter {
     /// Starts the writer thread; `capacity` bounds the queue (senders wait when it is full).
-    pub fn start(store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, capacity: usize) -> (Self, JoinHandle<()>) {
+    /// `inline_when_idle`: a durable write may run on the caller when nothing is queued (only
+    /// for stores whose writes do not fsync, so the caller never blocks long).
+    pub fn start(store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, capacity: usize, inline_when_idle: bool) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
         let stats = Arc::new(OffsetWriteStats::default());
-        let thread_stats = stats.clone();
+        let applier = Arc::new(Applier { store, backend, stats: stats.clone() });
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (thread_applier, thread_queued) = (applier.clone(), queued.clone());
         let handle = std::thread::Builder::new()
             .name("offset-writer".into())
-            .spawn(move || write_loop(rx, store, backend, thread_stats))
+            .spawn(move || write_loop(rx, thread_applier, thread_queued))
             .expect("spawning the offset writer thread");
-        (Self { tx, stats }, handle)
+        (Self { tx, stats, applier, queued, inline_when_idle }, handle)
     }
 
     /// Queues a request; fails only when the writer has stopped (shutdown).
     pub async fn submit(&self, request: WriteRequest) -> Result<(), String> {
-        self.tx.send(request).await.map_err(|_| "offset writer stopped".to_string())
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(request).await.map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            "offset writer stopped".to_string()
+        })
     }
 
-    /// Queues a request and waits until it is durable.
+    /// Writes and returns once the write is durable. With nothing queued for the writer thread,
+    /// the write runs here: an `ack_ok` then costs no thread hand-off there and back (the
+    /// confirmed-ack round trip). The store serializes writers and CAS-max keeps the result the
+    /// same whichever write lands first.
     pub async fn write_durably(&self, writes: Vec<OffsetWrite>, broker_acks: Vec<(TopicPartition, u64)>) -> Result<(), String> {
+        if self.inline_when_idle && !writes.is_empty() && self.queued.load(Ordering::SeqCst) == 0 {
+            let mut batch = vec![WriteRequest { writes, broker_acks, done: None }];
+            return self.applier.apply(&mut batch);
+        }
         let (done, wait) = oneshot::channel();
         self.submit(WriteRequest { writes, broker_acks, done: Some(done) }).await?;
         wait.await.map_err(|_| "offset writer stopped".to_string())?
     }
 }
 
-fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, stats: Arc<OffsetWriteStats>) {
-    let mut batch = Vec::new();
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_REQUESTS_PER_BATCH {
-            match rx.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
+impl Applier {
+    /// One store batch for every request, then each request's broker ACKs and answer.
+    fn apply(&self, batch: &mut Vec<WriteRequest>) -> Result<(), String> {
+        let stats = &self.stats;
         let writes: Vec<OffsetWrite> = batch.iter().flat_map(|r| r.writes.iter().cloned()).collect();
-        let result = if writes.is_empty() { Ok(Vec::new()) } else { store.write_offsets(&writes) };
+        let result = if writes.is_empty() { Ok(Vec::new()) } else { self.store.write_offsets(&writes) };
         let result = match result {
             Ok(outcomes) => {
                 let advanced = outcomes.iter().filter(|o| **o == WriteOutcome::Advanced).count() as u64;
@@ -98,7 +120,7 @@ fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, store: Arc<dyn OffsetStore>,
         for request in batch.drain(..) {
             if result.is_ok() {
                 for (tp, offset) in &request.broker_acks {
-                    backend.ack_pulled_message(tp, *offset);
+                    self.backend.ack_pulled_message(tp, *offset);
                 }
                 stats.broker_acks.fetch_add(request.broker_acks.len() as u64, Ordering::Relaxed);
             } else {
@@ -108,8 +130,26 @@ fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, store: Arc<dyn OffsetStore>,
                 let _ = done.send(result.clone());
             }
         }
+        result
     }
-    if let Err(e) = store.flush() {
+}
+
+fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, applier: Arc<Applier>, queued: Arc<AtomicUsize>) {
+    let mut batch = Vec::new();
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_REQUESTS_PER_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let taken = batch.len();
+        let _ = applier.apply(&mut batch);
+        // Only now: until the batch is applied, a durable write must queue behind it.
+        queued.fetch_sub(taken, Ordering::SeqCst);
+    }
+    if let Err(e) = applier.store.flush() {
         tracing::error!(error = %e, "offset store flush at shutdown failed");
     }
 }
