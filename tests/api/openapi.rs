@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::support::*;
 
-const REGENERATE: &str = "regenerate it with: cargo run -- openapi > openapi/openapi.json";
+const REGENERATE: &str = "regenerate it with: scripts/run openapi > openapi/openapi.json";
 
 #[tokio::test]
 async fn the_served_document_equals_the_repository_copy_and_the_cli_output() {
