@@ -37,6 +37,9 @@ struct Entry {
     generation: u64,
 }
 
+/// Stale deadline entries tolerated beyond the live ones before the heap is compacted.
+const STALE_SLACK: usize = 1024;
+
 #[derive(Default)]
 pub struct InFlightWindow {
     entries: HashMap<EventRef, Entry>,
@@ -95,6 +98,13 @@ impl InFlightWindow {
         self.next_generation += 1;
         // Delays are bounded by config and protocol, but an overflow must never panic.
         let deadline = Instant::now().checked_add(after).unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        // Acked deliveries leave their heap entry behind until its deadline; at full speed that is
+        // ack_timeout x rate entries (millions). Drop the stale ones once they outnumber the live
+        // ones: O(n) every ~n pushes, so the heap stays within a small multiple of the window.
+        if self.deadlines.len() >= 2 * self.entries.len() + STALE_SLACK {
+            let entries = &self.entries;
+            self.deadlines.retain(|Reverse((_, event, generation))| entries.get(event).is_some_and(|e| e.generation == *generation));
+        }
         self.deadlines.push(Reverse((deadline, at, self.next_generation)));
         (now_ms.saturating_add(after.as_millis() as u64), self.next_generation)
     }
@@ -156,6 +166,25 @@ mod tests {
     fn delivery(seq: u64, permits: &Arc<Semaphore>) -> Delivery {
         let event = Event { partition: 0, offset: seq, timestamp: 0, key: None, headers: vec![], payload: vec![], payload_is_json: false };
         Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), delivered_at: Instant::now(), permit: permits.clone().try_acquire_owned().unwrap() }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acked_deliveries_do_not_pile_up_in_the_deadline_heap() {
+        let permits = Arc::new(Semaphore::new(10));
+        let mut window = InFlightWindow::default();
+        for offset in 0..100_000u64 {
+            let at = EventRef { slot: 0, partition: 0, offset };
+            window.insert(at, delivery(offset, &permits), Duration::from_secs(30), 0);
+            if offset >= 5 {
+                window.remove(&EventRef { slot: 0, partition: 0, offset: offset - 5 });
+            }
+        }
+        assert_eq!(window.len(), 5);
+        assert!(window.deadlines.len() <= 2 * 5 + STALE_SLACK + 1, "heap holds {} entries", window.deadlines.len());
+        // The live ones still fire, in order.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let due: Vec<u64> = std::iter::from_fn(|| window.pop_due(Instant::now())).map(|e| e.offset).collect();
+        assert_eq!(due, vec![99_995, 99_996, 99_997, 99_998, 99_999]);
     }
 
     #[tokio::test(start_paused = true)]
