@@ -223,7 +223,8 @@ impl Gateway {
     }
 }
 
-/// Pull checkpoint, offset retention sweep and log retention, each until shutdown.
+/// Pull checkpoint, metrics upkeep, peer probes, offset retention sweep and log retention, each
+/// until shutdown.
 fn spawn_background(app: &AppState, backend: &Backend) {
     let config = &app.config;
     let cancel = app.dispatcher.shutdown.clone();
@@ -240,6 +241,14 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             if let Err(e) = d.backend.checkpoint() {
                 tracing::error!(error = %e, "pull checkpoint failed");
             }
+        }
+    });
+
+    let (stop, mut tick) = (cancel.clone(), every(crate::http::metrics::UPKEEP_EVERY.as_millis() as u64));
+    app.dispatcher.tasks.spawn(async move {
+        loop {
+            tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+            crate::http::metrics::upkeep();
         }
     });
 

@@ -40,6 +40,17 @@ pub fn install_recorder() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// How often histogram samples are folded into their buckets when nobody scrapes.
+pub const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds recorded histogram samples into their buckets. Each sample sits in a queue until this
+/// runs (a scrape runs it too): without it, a gateway nobody scrapes would keep 8 bytes per ack.
+pub fn upkeep() {
+    if let Some(handle) = install_recorder() {
+        handle.run_upkeep();
+    }
+}
+
 #[utoipa::path(
     get,
     path = "/metrics",
