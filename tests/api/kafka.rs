@@ -134,3 +134,37 @@ async fn sigkill_mid_stream_on_kafka_loses_nothing_and_never_moves_offsets_back(
     let bootstrap = broker.bootstrap();
     crate::crash::sigkill_mid_stream(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_configured_topics_are_served_and_unknown_topics_are_not_created() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    // Create both topics through a gateway that serves everything...
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    for name in ["served", "hidden"] {
+        let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": name, "partitions": 1})).send().await.unwrap();
+        assert_eq!(created.status(), 200);
+    }
+    // Kafka topics are created by operators, never by a publish (unlike the embedded log).
+    let unknown = http().post(format!("{}/topics/nosuch/events", gw.base)).json(&json!({"payload": 1})).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(unknown.json::<Value>().await.unwrap()["error"]["code"], "unknown_topic");
+    gw.stop().await;
+
+    // ...then one limited to kafka.topics = ["served"].
+    let mut config = kafka_config(&data, &broker);
+    config.kafka.topics = vec!["served".into()];
+    let gw = InProcess::start(config).await;
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    let names: Vec<&str> = topics["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["served"]);
+    let mut client = WsClient::connect(gw.addr(), "limited").await;
+    client.subscribe("served", json!({})).await;
+    client.send(json!({"op": "subscribe", "topic": "hidden", "req": "h"})).await;
+    assert_eq!(client.recv_type("error").await["code"], "unknown_topic");
+    let refused = http().post(format!("{}/topics/hidden/events", gw.base)).json(&json!({"payload": 1})).send().await.unwrap();
+    assert_eq!(refused.status(), 404);
+    let create = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "other", "partitions": 1})).send().await.unwrap();
+    assert_eq!(create.status(), 400, "a topic outside kafka.topics cannot be created here");
+    gw.stop().await;
+}
