@@ -215,9 +215,9 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// Bearer token for `/admin/*` and publishing; empty = no auth.
+    /// Bearer token for `/admin/*`, publishing, and creating or deleting topics; empty = no auth.
     pub admin_token: String,
-    /// HS256 secret for `/ws` tokens; empty = no auth. (Not supported yet: refused at start.)
+    /// HS256 secret for `/ws` tokens (`sub` = client_id, optional `exp` and `topics`); empty = no auth.
     pub jwt_secret: String,
 }
 
