@@ -21,8 +21,9 @@ async fn the_console_subscribes_receives_and_acks_in_a_real_browser() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "browser test failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("acked: "), "{stdout}");
-    println!("console screenshot: {}", screenshot.display());
-    eprintln!("console screenshot: {}", screenshot.display());
+    // Written to the process's stderr directly: the test harness captures println!/eprintln!.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "console screenshot: {}", screenshot.display());
     let png = std::fs::read(&screenshot).expect("the screenshot was written");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 
