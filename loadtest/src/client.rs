@@ -50,6 +50,8 @@ pub struct ConsumerPlan {
     pub progress: Arc<AtomicU64>,
     /// Events carry `{"t": ns since this instant}`: record publish-to-delivery latency.
     pub paced_since: Option<Instant>,
+    /// Never acknowledge the first this many events (a self-test of the completeness check).
+    pub skip_acks: u64,
 }
 
 pub struct ConsumerResult {
@@ -142,6 +144,9 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
                         received.redeliveries += 1;
                     }
                     received.offsets.entry(event.partition).or_default().insert(event.offset);
+                    if received.deliveries <= plan.skip_acks {
+                        continue;
+                    }
                     match plan.mode {
                         AckMode::Each => {
                             ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{}"}}"#, event.delivery_id).into())).await?;

@@ -69,6 +69,13 @@ pub struct Cli {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// How long committed offsets may take to reach the log end after the last ack.
+    #[arg(long, default_value_t = 30)]
+    pub settle_secs: u64,
+    /// Self-test of the completeness check: each client never acknowledges its first N events,
+    /// so the run must end INCOMPLETE (exit 1).
+    #[arg(long, default_value_t = 0)]
+    pub skip_acks: u64,
 }
 
 impl Cli {

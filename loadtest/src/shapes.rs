@@ -93,8 +93,8 @@ fn resources(summary: &mut Summary, gateway: &Gateway, cpu_before: Option<f64>, 
 }
 
 /// Waits until every client's committed offsets equal the log end of every partition it reads.
-async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], summary: &mut Summary) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], settle: Duration, summary: &mut Summary) -> anyhow::Result<()> {
+    let deadline = Instant::now() + settle;
     loop {
         let mut behind = Vec::new();
         let listed = http.get("/topics").await?;
@@ -186,6 +186,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             ack_batch: cli.ack_batch.max(1),
             progress: acked.clone(),
             paced_since,
+            skip_acks: cli.skip_acks,
         };
         tasks.push(tokio::spawn(client::consume(plan, ws)));
     }
@@ -234,7 +235,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     }
     // ...and its committed offsets reached the log end.
     let readers: Vec<(String, Vec<String>)> = assignments.iter().map(|(t, r, _)| (t.clone(), r.clone())).collect();
-    check_committed(&http, &readers, &mut summary).await?;
+    check_committed(&http, &readers, Duration::from_secs(cli.settle_secs), &mut summary).await?;
     Ok(summary)
 }
 

@@ -16,10 +16,17 @@ fn loadtest_binary() -> PathBuf {
 }
 
 fn run(args: &[&str]) -> Value {
+    let (status, summary) = run_status(args);
+    assert!(status.success(), "loadtest {args:?} failed: {summary}");
+    summary
+}
+
+fn run_status(args: &[&str]) -> (std::process::ExitStatus, Value) {
     let output = Command::new(loadtest_binary()).args(args).arg("--json").output().expect("loadtest runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "loadtest {args:?} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    let summary = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    (output.status, summary)
 }
 
 #[test]
@@ -32,4 +39,15 @@ fn loadtest_smoke_two_clients_five_thousand_events_nothing_lost() {
     assert_eq!(fanout["deliveries"], 4000, "each fan-out client gets every event");
     let confirmed = run(&["--clients", "1", "--events", "200", "--ack", "confirmed"]);
     assert_eq!(confirmed["ack_round_trip"]["count"], 200, "{confirmed}");
+}
+
+#[test]
+fn loadtest_fails_a_run_whose_offsets_do_not_reach_the_log_end() {
+    // Every event arrives, but the first three are never acknowledged: committed offsets stay
+    // behind, and the completeness check must say so and exit 1.
+    let (status, summary) = run_status(&["--clients", "1", "--events", "300", "--partitions", "1", "--skip-acks", "3", "--settle-secs", "2"]);
+    assert_eq!(status.code(), Some(1), "{summary}");
+    assert_eq!(summary["complete"], false);
+    let problems = summary["problems"].to_string();
+    assert!(problems.contains("committed Some(0), log end 300"), "{problems}");
 }
