@@ -81,7 +81,7 @@ async fn fan_out_delivers_every_event_to_every_client() {
 async fn unacked_events_are_redelivered_after_the_timeout_and_late_acks_count() {
     let (_dir, data) = temp_dir();
     let mut config = test_config(&data);
-    config.delivery.ack_timeout_ms = 300;
+    config.delivery.ack_timeout_ms = 1000;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     let mut client = WsClient::connect(gw.addr(), "slow").await;

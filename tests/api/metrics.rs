@@ -26,7 +26,9 @@ fn value(m: &BTreeMap<String, f64>, key: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_a_real_exchange() {
     let (_dir, data) = temp_dir();
-    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "300")]);
+    // Long enough that nothing times out by accident on a loaded machine, short enough to wait
+    // for the one timeout the exchange needs.
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "1000")]);
     publish_numbered(&gw.base, "m", 1, 0, 3).await;
     let before = scrape(&gw.base).await;
     assert_eq!(value(&before, "ackgate_sessions"), 0.0);
@@ -38,7 +40,7 @@ async fn metrics_move_with_a_real_exchange() {
     client.send(json!({"op": "nack", "delivery_id": id(&first[1])})).await;
     let nacked = client.recv_type("event").await; // offset 1 again at once
     assert_eq!(nacked["offset"], 1);
-    let timed_out = client.recv_type("event").await; // offset 2 after 300 ms
+    let timed_out = client.recv_type("event").await; // offset 2 after the 1 s ack timeout
     assert_eq!((timed_out["offset"].as_u64(), timed_out["attempt"].as_u64()), (Some(2), Some(2)));
     client.ack_confirmed(&[id(&nacked)], "a1").await;
     client.send(json!({"op": "term", "delivery_id": id(&timed_out), "reason": "poison"})).await;
