@@ -33,6 +33,23 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in PROTOCOL.md's order (the OpenAPI document lists the same; a test checks).
+    pub const ALL: [ErrorCode; 13] = [
+        Self::BadFrame,
+        Self::InvalidName,
+        Self::UnknownTopic,
+        Self::NotSubscribed,
+        Self::UnknownDelivery,
+        Self::LimitExceeded,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::Unavailable,
+        Self::Internal,
+        Self::BadRequest,
+        Self::NotFound,
+        Self::Conflict,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BadFrame => "bad_frame",

@@ -53,6 +53,9 @@ fn every_protocol_route_is_documented_with_its_bodies_and_errors() {
     for name in ["ErrorBody", "ClientFrame", "ServerFrame", "PublishRequest", "OffsetRow", "SessionDetail", "TopicList"] {
         assert!(schemas[name].is_object(), "schema {name} present");
     }
+    // The documented error codes are exactly the ones the gateway can send.
+    let codes: Vec<&str> = ackgate::core::protocol::ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(schemas["ErrorCodeName"]["enum"], serde_json::json!(codes));
     // Errors reference the error body; admin routes declare the bearer token.
     let reset = &doc["paths"]["/admin/offsets/{topic}/{client_id}/{partition}"]["put"];
     assert_eq!(reset["responses"]["409"]["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody");
