@@ -13,7 +13,8 @@
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `dispatcher`: session registry, takeover, subscription start points;
 //!   - `feeder`, `in_flight`: per-partition feeders, a session's window and ack deadlines;
-//!   - `session`: one task per WebSocket session (`session::acks`: acks, redelivery, dead letters);
+//!   - `session`: one task per WebSocket session (`session::subscriptions`: subscribe and the
+//!     deliveries fed to it; `session::acks`: acks, redelivery, dead letters);
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
 //!   - `rendezvous`: which instance a client should use.

@@ -1,0 +1,124 @@
+//! Subscriptions of a session and the deliveries they feed: subscribe (start points, one feeder
+//! per partition), unsubscribe (release in-flight deliveries), and each fed event becoming an
+//! in-flight delivery and an `event` frame.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::{Outbound, Session, Subscription};
+use crate::core::backend::Event;
+use crate::core::client_state::{DeliveryRef, EventRef};
+use crate::core::feeder::{feed_partition, FeedPlan, Fed};
+use crate::core::in_flight::Delivery;
+use crate::core::metrics::RedeliveryReason;
+use crate::core::names::{TopicName, TopicPartition};
+use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
+
+impl Session {
+    pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
+        let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        if !self.access.allows(topic.as_str()) {
+            return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
+        }
+        let limit = self.d.settings.max_subscriptions_per_session;
+        if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)"),
+            ));
+        }
+        // Subscribing again restarts the subscription from the committed offsets.
+        self.release_topic(&topic);
+        self.d.add_subscriber(&topic)?;
+        let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await {
+            Ok(starts) => starts,
+            Err(e) => {
+                self.d.remove_subscriber(&topic);
+                return Err(e);
+            }
+        };
+        let slot = self.client.lock().unwrap().slot(&topic);
+        let id = self.next_subscription;
+        self.next_subscription += 1;
+        let cancel = self.cancel.child_token();
+        self.send(ServerFrame::Subscribed {
+            topic: topic.to_string(),
+            req,
+            partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from }).collect(),
+        });
+        for start in &starts {
+            let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
+            let plan = FeedPlan { reader, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
+            self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
+        }
+        self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
+        self.info.subscriptions.lock().unwrap().push(topic);
+        Ok(())
+    }
+
+    pub(super) fn unsubscribe(&mut self, topic: &str, req: Option<Value>) -> Result<(), FrameError> {
+        let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        if !self.release_topic(&topic) {
+            return Err(FrameError::new(ErrorCode::NotSubscribed, format!("not subscribed to {topic}")));
+        }
+        self.send(ServerFrame::Unsubscribed { topic: topic.to_string(), req });
+        Ok(())
+    }
+
+    /// Stops a subscription and releases its in-flight deliveries; false when there was none.
+    pub(super) fn release_topic(&mut self, topic: &TopicName) -> bool {
+        let Some(subscription) = self.subscriptions.remove(topic) else {
+            return false;
+        };
+        subscription.cancel.cancel();
+        self.d.remove_subscriber(topic);
+        self.in_flight.release_slot(subscription.slot);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
+        true
+    }
+
+    pub(super) async fn on_fed(&mut self, fed: Fed) {
+        let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
+            return; // from a subscription that has ended
+        };
+        let event = EventRef { slot: subscription.slot, partition: fed.event.partition, offset: fed.event.offset };
+        let seq = self.d.next_seq();
+        let tp = TopicPartition::new(fed.topic.clone(), fed.event.partition);
+        let attempt = {
+            let mut client = self.client.lock().unwrap();
+            match client.trackers.get_mut(&tp) {
+                Some(tracker) => tracker.on_delivery(event.offset, seq),
+                None => None,
+            }
+        };
+        let Some(attempt) = attempt else {
+            return; // already acknowledged (a redelivery after a restart of the subscription)
+        };
+        if attempt > self.d.settings.max_attempts {
+            self.dead_letter(&fed.topic, event, attempt - 1, "max_attempts".into()).await;
+            return;
+        }
+        self.push_event(&fed.topic, seq, attempt, &fed.event, event);
+        if attempt > 1 {
+            // Pushed before to a session that ended or unsubscribed without acking it.
+            self.d.metrics.redelivered(RedeliveryReason::Disconnect);
+        }
+        let delivery = Delivery { seq, topic: fed.topic, attempt, event: fed.event, delivered_at: Instant::now(), permit: fed.permit };
+        self.in_flight.insert(event, delivery, self.d.settings.ack_timeout, self.d.clock.now_ms());
+        self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+    }
+
+    pub(super) fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {
+        let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset }.to_id();
+        let mut frame = String::with_capacity(160 + event.payload.len());
+        write_event_frame(&mut frame, &id, topic.as_str(), attempt, event);
+        self.out.push(Outbound::Text(frame));
+        self.d.metrics.deliveries.increment(1);
+        self.d.metrics.frame_out("event");
+    }
+}
