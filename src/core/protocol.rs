@@ -5,7 +5,6 @@
 //! is, without parsing it again.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -350,17 +349,37 @@ fn parse_plain_ack(text: &str) -> Option<ClientFrame> {
     Some(ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None })
 }
 
+/// Appends the decimal digits of `n`.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+}
+
 /// Writes one `event` frame. The payload is copied verbatim when the event says it is JSON.
 pub fn write_event_frame(out: &mut String, delivery_id: &str, topic: &str, attempt: u32, event: &Event) {
     out.push_str("{\"type\":\"event\",\"delivery_id\":");
     push_json_str(out, delivery_id);
     out.push_str(",\"topic\":");
     push_json_str(out, topic);
-    let _ = write!(
-        out,
-        ",\"partition\":{},\"offset\":{},\"attempt\":{},\"timestamp\":{},\"key\":",
-        event.partition, event.offset, attempt, event.timestamp
-    );
+    // Digits by hand: `write!` goes through the formatter, the larger part of this function.
+    out.push_str(",\"partition\":");
+    push_u64(out, event.partition as u64);
+    out.push_str(",\"offset\":");
+    push_u64(out, event.offset);
+    out.push_str(",\"attempt\":");
+    push_u64(out, attempt as u64);
+    out.push_str(",\"timestamp\":");
+    push_u64(out, event.timestamp);
+    out.push_str(",\"key\":");
     match &event.key {
         Some(key) => push_json_str(out, key),
         None => out.push_str("null"),
@@ -419,6 +438,15 @@ mod tests {
         assert!(matches!(parse_client_frame(r#"{"op":"term","delivery_id":"d"}"#), Ok(ClientFrame::Term { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"extend","delivery_id":"d"}"#), Ok(ClientFrame::Extend { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"unsubscribe","topic":"t"}"#), Ok(ClientFrame::Unsubscribe { .. })));
+    }
+
+    #[test]
+    fn integers_are_written_as_json_numbers() {
+        for n in [0u64, 7, 10, 99, 100, 123_456, u32::MAX as u64, u64::MAX] {
+            let mut out = String::from("x");
+            push_u64(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
     }
 
     #[test]
