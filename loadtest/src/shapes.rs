@@ -338,7 +338,6 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
     let topic = "restart";
     let http = Http::new(&gateway.base, cli.admin_token.clone());
     http.create_topic(topic, cli.partitions).await?;
-    let per_partition = offsets.div_ceil(cli.partitions as u64);
     preload(&http, topic, cli.partitions, 1000 * cli.partitions as u64, cli.payload_bytes, &AtomicU64::new(0)).await?;
     gateway.stop();
 
@@ -367,7 +366,6 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
         }
         store.write_offsets(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
         store.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let _ = per_partition;
     }
     summary.add("preload_s", (started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
     for round in ["ready_ms_first_restart", "ready_ms_second_restart"] {
