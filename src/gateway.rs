@@ -113,9 +113,18 @@ impl Gateway {
 
     /// `build` with an injected clock (tests move time with `ManualClock`).
     pub async fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        Self::build_with_store(config, clock, None).await
+    }
+
+    /// `build_with_clock` with an offset store opened by the caller (tests wrap the real RocksDB
+    /// store to hold or fail its writes); `None` opens the one the config names.
+    pub async fn build_with_store(config: Config, clock: Arc<dyn Clock>, store: Option<Arc<dyn OffsetStore>>) -> anyhow::Result<Self> {
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
-        let store = open_store(&config, &data_dir)?;
+        let store = match store {
+            Some(store) => store,
+            None => open_store(&config, &data_dir)?,
+        };
         // Before the dispatcher registers its metric handles.
         crate::http::metrics::install_recorder();
         let opened = Backend::open(&config, &data_dir, clock.clone()).await?;

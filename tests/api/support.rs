@@ -40,15 +40,15 @@ pub struct InProcess {
 impl InProcess {
     pub async fn start(config: Config) -> Self {
         let gateway = Gateway::build(config).await.expect("gateway builds");
-        Self::run(gateway)
+        Self::from_gateway(gateway)
     }
 
     pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Self {
         let gateway = Gateway::build_with_clock(config, clock).await.expect("gateway builds");
-        Self::run(gateway)
+        Self::from_gateway(gateway)
     }
 
-    fn run(gateway: Gateway) -> Self {
+    pub fn from_gateway(gateway: Gateway) -> Self {
         let handle = gateway.handle();
         let base = format!("http://{}", handle.local_addr);
         let task = tokio::spawn(gateway.run(std::future::pending()));
