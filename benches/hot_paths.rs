@@ -87,6 +87,7 @@ fn writes(batch: usize, round: u64) -> Vec<OffsetWrite> {
             committed: round + 1,
             last_acked: Some(round),
             updated_at: 1_764_000_000_000 + round,
+            generation: 0,
         })
         .collect()
 }

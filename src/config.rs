@@ -15,6 +15,7 @@ pub struct Config {
     pub embedded: EmbeddedConfig,
     pub kafka: KafkaConfig,
     pub offsets: OffsetsConfig,
+    pub dead_letters: DeadLettersConfig,
     pub delivery: DeliveryConfig,
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
@@ -129,7 +130,8 @@ pub struct OffsetsConfig {
     pub store: String,
     /// Pull-offset checkpoint period.
     pub checkpoint_interval_ms: u64,
-    /// Offsets of clients absent longer than this expire (from the stored `updated_at`).
+    /// Offsets of clients absent longer than this expire (from the stored `updated_at`); 0 means
+    /// never (as `embedded.retention_secs = 0` keeps events forever).
     pub retention_secs: u64,
     /// How often expired offsets are swept.
     pub sweep_interval_ms: u64,
@@ -151,6 +153,8 @@ pub struct DeliveryConfig {
     pub ack_timeout_ms: u64,
     /// Unacknowledged deliveries per session.
     pub max_in_flight: usize,
+    /// Payload bytes of a session's unacknowledged deliveries (a larger event still goes, alone).
+    pub max_in_flight_bytes: u32,
     /// Deliveries of one event to one client before it becomes a dead letter.
     pub max_attempts: u32,
     /// Where a client without a stored offset starts: `earliest` or `latest`.
@@ -169,6 +173,7 @@ impl Default for DeliveryConfig {
         Self {
             ack_timeout_ms: 30_000,
             max_in_flight: 1000,
+            max_in_flight_bytes: 64 << 20,
             max_attempts: 16,
             reset_policy: "earliest".into(),
             slow_client_timeout_ms: 300_000,
@@ -196,6 +201,10 @@ pub struct LimitsConfig {
     pub max_subscriptions_per_session: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,
+    /// Offline clients whose ack state is kept in memory (they left with unacknowledged
+    /// deliveries; attempt counts continue when they come back). Beyond it the oldest is
+    /// forgotten and its attempt counts restart at 1.
+    pub max_offline_clients: usize,
 }
 
 impl Default for LimitsConfig {
@@ -208,7 +217,22 @@ impl Default for LimitsConfig {
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
             max_clients_per_topic: 100_000,
+            max_offline_clients: 10_000,
         }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLettersConfig {
+    /// Dead letters older than this are removed (checked every `offsets.sweep_interval_ms`);
+    /// 0 keeps them forever.
+    pub retention_secs: u64,
+}
+
+impl Default for DeadLettersConfig {
+    fn default() -> Self {
+        Self { retention_secs: 604_800 }
     }
 }
 
@@ -302,6 +326,7 @@ impl Config {
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
             ("delivery.max_in_flight", self.delivery.max_in_flight as u64),
+            ("delivery.max_in_flight_bytes", self.delivery.max_in_flight_bytes as u64),
             ("delivery.max_attempts", self.delivery.max_attempts as u64),
             ("delivery.reader_buffer_events", self.delivery.reader_buffer_events as u64),
             ("delivery.fetch_batch", self.delivery.fetch_batch as u64),
@@ -333,6 +358,21 @@ impl Config {
         for (key, value) in periods {
             if value > MAX_PERIOD_MS {
                 problems.push(format!("{key} must be at most {MAX_PERIOD_MS} (31 days), got {value}"));
+            }
+        }
+        if self.storage.data_dir.as_os_str().is_empty() {
+            problems.push("storage.data_dir must not be empty".into());
+        }
+        // Retentions are multiplied into milliseconds and added to clock readings.
+        const MAX_RETENTION_SECS: u64 = 100 * 365 * 86_400;
+        let retentions = [
+            ("offsets.retention_secs", self.offsets.retention_secs),
+            ("embedded.retention_secs", self.embedded.retention_secs),
+            ("dead_letters.retention_secs", self.dead_letters.retention_secs),
+        ];
+        for (key, value) in retentions {
+            if value > MAX_RETENTION_SECS {
+                problems.push(format!("{key} must be at most {MAX_RETENTION_SECS} (100 years; 0 = never expire), got {value}"));
             }
         }
         if self.embedded.default_partitions > 10_000 {

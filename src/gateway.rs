@@ -20,7 +20,7 @@ use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
-use crate::core::offsets::{sweep_expired_offsets, Clock, OffsetStore, SystemClock};
+use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
 use crate::http::{router, AppState};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
@@ -42,6 +42,7 @@ pub struct GatewayHandle {
     pub local_addr: SocketAddr,
     pub dispatcher: Arc<Dispatcher>,
     retention_ms: u64,
+    dead_letter_retention_ms: u64,
 }
 
 impl GatewayHandle {
@@ -53,6 +54,11 @@ impl GatewayHandle {
     /// Runs the offset retention sweep now; returns how many offsets expired.
     pub fn sweep_offsets_now(&self) -> anyhow::Result<usize> {
         sweep_offsets(&self.dispatcher, self.retention_ms)
+    }
+
+    /// Runs the dead-letter retention now; returns how many dead letters expired.
+    pub fn sweep_dead_letters_now(&self) -> anyhow::Result<usize> {
+        sweep_dead_letters(&self.dispatcher, self.dead_letter_retention_ms)
     }
 }
 
@@ -71,17 +77,31 @@ fn sweep_offsets(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize> {
     Ok(removed)
 }
 
+/// Removes dead letters older than `retention_ms` (0: keeps them).
+fn sweep_dead_letters(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize> {
+    if retention_ms == 0 {
+        return Ok(0);
+    }
+    let removed = d.store.remove_dead_letters_before(d.clock.now_ms().saturating_sub(retention_ms))?;
+    if removed > 0 {
+        tracing::info!(removed, "expired dead letters");
+    }
+    Ok(removed)
+}
+
 fn delivery_settings(config: &Config) -> DeliverySettings {
     let d = &config.delivery;
     DeliverySettings {
         ack_timeout: Duration::from_millis(d.ack_timeout_ms),
         max_in_flight: d.max_in_flight,
+        max_in_flight_bytes: d.max_in_flight_bytes,
         max_attempts: d.max_attempts,
         reset_policy: if d.reset_policy == "latest" { ResetPolicy::Latest } else { ResetPolicy::Earliest },
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_sessions: config.limits.max_sessions,
         max_clients_per_topic: config.limits.max_clients_per_topic,
+        max_offline_clients: config.limits.max_offline_clients,
         reader_buffer_events: d.reader_buffer_events,
         fetch_batch: d.fetch_batch,
     }
@@ -131,13 +151,14 @@ impl Gateway {
         let backend: Arc<dyn LogBackend> = opened.log();
         let delivery = delivery_settings(&config);
         let started = std::time::Instant::now();
-        let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy)
+        let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy, clock.now_ms())
             .await
             .map_err(|e| anyhow::anyhow!("aligning pull offsets: {e}"))?;
         tracing::info!(
             partitions = report.partitions,
             aligned = report.aligned,
             by_policy = report.by_policy,
+            lowered_to_log_end = report.lowered,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "pull offsets aligned to committed offsets"
         );
@@ -166,6 +187,7 @@ impl Gateway {
             local_addr: self.listener.local_addr().expect("a bound listener has an address"),
             dispatcher: self.app.dispatcher.clone(),
             retention_ms: self.app.config.offsets.retention_secs.saturating_mul(1000),
+            dead_letter_retention_ms: self.app.config.dead_letters.retention_secs.saturating_mul(1000),
         }
     }
 
@@ -202,7 +224,7 @@ impl Gateway {
             tracing::warn!("HTTP connections did not close within the shutdown grace period");
         }
         // Everything queued before this barrier is durable once it returns.
-        if let Err(e) = app.dispatcher.writer.write_durably(Vec::new(), Vec::new()).await {
+        if let Err(e) = app.dispatcher.writer.barrier().await {
             tracing::error!(error = %e, "draining offset writes failed");
         }
         let writes = &app.dispatcher.writer.stats;
@@ -247,8 +269,12 @@ fn spawn_background(app: &AppState, backend: &Backend) {
     app.dispatcher.tasks.spawn(async move {
         loop {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-            if let Err(e) = d.backend.checkpoint() {
-                tracing::error!(error = %e, "pull checkpoint failed");
+            // It fsyncs a file and its directory: off the async workers.
+            let checkpointing = d.clone();
+            match tokio::task::spawn_blocking(move || checkpointing.backend.checkpoint()).await {
+                Ok(Err(e)) => tracing::error!(error = %e, "pull checkpoint failed"),
+                Err(e) => tracing::error!(error = %e, "pull checkpoint panicked"),
+                Ok(Ok(())) => {}
             }
         }
     });
@@ -273,6 +299,7 @@ fn spawn_background(app: &AppState, backend: &Backend) {
     }
 
     let retention_ms = config.offsets.retention_secs.saturating_mul(1000);
+    let dead_letter_retention_ms = config.dead_letters.retention_secs.saturating_mul(1000);
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.sweep_interval_ms));
     app.dispatcher.tasks.spawn(async move {
         loop {
@@ -281,13 +308,35 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
             // A sweep reads every record (and may compact): keep it off the async workers.
             let sweeping = d.clone();
-            match tokio::task::spawn_blocking(move || sweep_offsets(&sweeping, retention_ms)).await {
+            let swept = move || sweep_offsets(&sweeping, retention_ms).and_then(|_| sweep_dead_letters(&sweeping, dead_letter_retention_ms));
+            match tokio::task::spawn_blocking(swept).await {
                 Ok(Err(e)) => tracing::error!(error = %e, "offset retention sweep failed"),
                 Err(e) => tracing::error!(error = %e, "offset retention sweep panicked"),
                 Ok(Ok(_)) => {}
             }
         }
     });
+
+    // Live clients' offsets are marked as seen while they are live, not only when they leave:
+    // after a crash (no clean session end) the boot sweep must not expire them.
+    if let Some(period) = live_touch_period_ms(retention_ms) {
+        let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(period));
+        app.dispatcher.tasks.spawn(async move {
+            loop {
+                tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+                let clients = d.live_clients();
+                if clients.is_empty() {
+                    continue;
+                }
+                let (store, now) = (d.store.clone(), d.clock.now_ms());
+                match tokio::task::spawn_blocking(move || touch_client_offsets(store.as_ref(), &clients, now)).await {
+                    Ok(Err(e)) => tracing::error!(error = %e, "refreshing live clients' offset times failed"),
+                    Err(e) => tracing::error!(error = %e, "refreshing live clients' offset times panicked"),
+                    Ok(Ok(_)) => {}
+                }
+            }
+        });
+    }
 
     // Kafka enforces its own retention.
     let Some(embedded) = backend.embedded() else { return };

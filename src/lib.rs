@@ -12,7 +12,8 @@
 //!   - `reader`: one shared partition reader per `topic#partition`;
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `dispatcher`: session registry, takeover, subscription start points;
-//!   - `feeder`, `in_flight`: per-partition feeders, a session's window and ack deadlines;
+//!   - `feeder`, `window`, `in_flight`: per-partition feeders, a session's in-flight window
+//!     (events and bytes) and its deliveries' ack deadlines;
 //!   - `session`: one task per WebSocket session (`session::subscriptions`: subscribe and the
 //!     deliveries fed to it; `session::acks`: acks, redelivery, dead letters);
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;

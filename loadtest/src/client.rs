@@ -230,6 +230,16 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
     Ok(ConsumerResult { received, latency_us })
 }
 
+/// One `ping` answered by its `pong` (a session that is idle otherwise).
+pub async fn ping(ws: &mut Ws) -> anyhow::Result<()> {
+    ws.send(Message::Text(r#"{"op":"ping","req":1}"#.into())).await?;
+    loop {
+        if next_json(ws).await?["type"] == "pong" {
+            return Ok(());
+        }
+    }
+}
+
 /// Sends `ping` and waits for `pong`: every ack sent before it has been processed (frames of a
 /// session are handled in order) and queued for the offset writer.
 async fn finish(ws: &mut Ws, received: &mut Received) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use anyhow::{bail, Context};
 pub struct Gateway {
     pub base: String,
     pub ws: String,
+    /// The gateway's info log lines (`ackgate::gateway` only, see `start_in`).
+    pub logs: Arc<Mutex<Vec<String>>>,
     child: Option<Child>,
     pub data_dir: Option<PathBuf>,
     _temp: Option<tempfile::TempDir>,
@@ -37,7 +40,7 @@ impl Gateway {
     pub fn at_url(url: &str) -> Self {
         let base = url.trim_end_matches('/').to_string();
         let ws = format!("{}/ws", base.replacen("http", "ws", 1));
-        Self { base, ws, child: None, data_dir: None, _temp: None }
+        Self { base, ws, logs: Default::default(), child: None, data_dir: None, _temp: None }
     }
 
     /// Starts the binary in a new temp data dir.
@@ -67,8 +70,11 @@ impl Gateway {
         let mut child = command.spawn().with_context(|| format!("starting {}", launch.binary.display()))?;
         let stderr = child.stderr.take().expect("piped");
         let (tx, rx) = std::sync::mpsc::channel();
+        let logs: Arc<Mutex<Vec<String>>> = Default::default();
+        let kept = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line.clone());
                 if let Some(rest) = line.split("local_addr").nth(1) {
                     let addr: String = rest.chars().skip_while(|c| !c.is_ascii_digit()).take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
                     let _ = tx.send(Ok(addr));
@@ -83,7 +89,12 @@ impl Gateway {
             Ok(Err(line)) => bail!("gateway failed to start: {line}"),
             Err(_) => bail!("gateway did not report its address within 120 s"),
         };
-        Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), child: Some(child), data_dir: Some(data.to_path_buf()), _temp: None })
+        Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), logs, child: Some(child), data_dir: Some(data.to_path_buf()), _temp: None })
+    }
+
+    /// True once a log line containing `needle` was printed.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
     pub fn pid(&self) -> Option<u32> {

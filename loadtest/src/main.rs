@@ -2,8 +2,9 @@
 //! (every client received every offset, and its committed offsets equal the log end).
 //!
 //! Shapes: throughput (`--clients K --split|--fanout --events N`, acks each / batched /
-//! confirmed), paced latency (`--rate R`), idle-session memory (`--idle-sessions S`) and restart
-//! time with stored offsets (`--restart-offsets M`). `--json` prints the summary as one object.
+//! confirmed), paced latency (`--rate R`), idle-session memory (`--idle-sessions S`), restart
+//! time with stored offsets (`--restart-offsets M`) and ping round trips during a retention sweep
+//! (`--sweep-offsets M`). `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
 mod client;
@@ -63,6 +64,10 @@ pub struct Cli {
     /// Store this many offsets, restart the gateway, and report the time until /readyz.
     #[arg(long)]
     pub restart_offsets: Option<u64>,
+    /// Store this many expired offsets, restart the gateway, and report ping round trips while
+    /// its first retention sweep removes them.
+    #[arg(long)]
+    pub sweep_offsets: Option<u64>,
     /// Bearer token for publishing and the admin routes (a gateway with auth.admin_token).
     #[arg(long)]
     pub admin_token: Option<String>,
@@ -99,6 +104,8 @@ fn main() -> std::process::ExitCode {
             shapes::idle_sessions(&cli, sessions).await
         } else if let Some(offsets) = cli.restart_offsets {
             shapes::restart(&cli, offsets).await
+        } else if let Some(offsets) = cli.sweep_offsets {
+            shapes::sweep(&cli, offsets).await
         } else {
             shapes::throughput(&cli).await
         }

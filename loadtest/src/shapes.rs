@@ -356,7 +356,7 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
                 if written == offsets {
                     break 'clients;
                 }
-                batch.push(OffsetWrite { key: OffsetKey::new(topic.clone(), client.clone(), p), committed: 1 + (c % 900), last_acked: Some(c % 900), updated_at: now });
+                batch.push(OffsetWrite { key: OffsetKey::new(topic.clone(), client.clone(), p), committed: 1 + (c % 900), last_acked: Some(c % 900), updated_at: now, generation: 0 });
                 written += 1;
                 if batch.len() == 10_000 {
                     store.write_offsets(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -390,6 +390,81 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
             summary.add("gateway_rss_mib", (rss as f64 / 1048576.0 * 10.0).round() / 10.0);
         }
         drop(restarted);
+    }
+    Ok(summary)
+}
+
+/// Writes `offsets` expired records (`updated_at` two days ago) straight into a stopped gateway's
+/// offset store, with plain RocksDB and the column families the store already has: so the same
+/// data dir can be swept by this build's gateway and by an older one (`--gateway-bin`).
+fn write_expired_offsets(data: &std::path::Path, topic: &str, partitions: u32, offsets: u64) -> anyhow::Result<()> {
+    use ackgate::core::names::{ClientId, OffsetKey, TopicName};
+    use ackgate::core::offsets::OffsetRecord;
+    let path = data.join("offsets");
+    let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path)?;
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, &families)?;
+    let (offsets_cf, by_client_cf) = (db.cf_handle("offsets").context("offsets column family")?, db.cf_handle("by_client").context("by_client column family")?);
+    let topic = TopicName::parse(topic).map_err(|e| anyhow::anyhow!(e.0))?;
+    let two_days_ago = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64 - 2 * 86_400_000;
+    let mut batch = rocksdb::WriteBatch::default();
+    for n in 0..offsets {
+        let client = ClientId::parse(&format!("gone-{}", n / partitions as u64)).map_err(|e| anyhow::anyhow!(e.0))?;
+        let key = OffsetKey::new(topic.clone(), client, (n % partitions as u64) as u32);
+        let record = OffsetRecord { committed: 1, last_acked: Some(0), updated_at: two_days_ago };
+        batch.put_cf(&offsets_cf, key.encode(), record.encode());
+        batch.put_cf(&by_client_cf, key.encode_by_client(), []);
+        if batch.len() >= 20_000 {
+            db.write(std::mem::take(&mut batch))?;
+        }
+    }
+    db.write(batch)?;
+    db.flush_wal(true)?;
+    Ok(())
+}
+
+/// Ping round trips while the gateway's first retention sweep removes `offsets` expired records:
+/// the sweep must not stall the sessions (nor ack writes, which wait on the same store lock).
+pub async fn sweep(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
+    if cli.url.is_some() {
+        bail!("--sweep-offsets starts and restarts its own gateway; drop --url");
+    }
+    let mut launch = cli.launch();
+    let topic = "sweep";
+    let mut gateway = Gateway::start(&launch)?;
+    let data = gateway.data_dir.clone().context("a started gateway has a data dir")?;
+    Http::new(&gateway.base, cli.admin_token.clone()).create_topic(topic, cli.partitions).await?;
+    gateway.stop();
+    let mut summary = Summary::new(format!("ping round trips during a sweep of {offsets} expired offsets"));
+    let started = Instant::now();
+    write_expired_offsets(&data, topic, cli.partitions, offsets)?;
+    summary.add("preload_s", (started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+
+    // One hour of retention: every preloaded record (two days old) expires in the first sweep,
+    // which runs at start; no second sweep during the run.
+    launch.env.push(("ACKGATE_OFFSETS__RETENTION_SECS".into(), "3600".into()));
+    launch.env.push(("ACKGATE_OFFSETS__SWEEP_INTERVAL_MS".into(), "3600000".into()));
+    launch.env.push(("RUST_LOG".into(), "warn,ackgate::gateway=info".into()));
+    let started = Instant::now();
+    let restarted = Gateway::start_in(&launch, &data)?;
+    let mut ws = client::connect(&restarted.ws, "pinger").await?;
+    let mut rtt = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut sweep_secs = None;
+    while started.elapsed() < Duration::from_secs(300) {
+        let sent = Instant::now();
+        client::ping(&mut ws).await?;
+        rtt.record(sent.elapsed().as_micros().max(1) as u64)?;
+        if restarted.logged("expired offsets of absent clients") {
+            sweep_secs = Some(started.elapsed().as_secs_f64());
+            break;
+        }
+    }
+    let Some(sweep_secs) = sweep_secs else { bail!("the sweep did not end within 300 s") };
+    summary.add("sweep_done_after_start_s", (sweep_secs * 100.0).round() / 100.0);
+    summary.add("pings", rtt.len());
+    summary.add_latency("ping_rtt_us", &rtt);
+    let left = Http::new(&restarted.base, cli.admin_token.clone()).get(&format!("/admin/offsets?client_id=gone-0&topic={topic}")).await?;
+    if left["offsets"].as_array().is_none_or(|rows| !rows.is_empty()) {
+        summary.problem(format!("expired offsets survived the sweep: {left}"));
     }
     Ok(summary)
 }

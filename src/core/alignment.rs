@@ -1,14 +1,15 @@
 //! Boot alignment (`align_pull_offsets_to_ack`): before serving, each partition's pull cursor goes
 //! to the smallest committed offset among the clients known for it, so nothing pulled but not yet
 //! acknowledged before a crash is skipped. Partitions without known clients keep their
-//! checkpointed cursor, or start where the reset policy says.
+//! checkpointed cursor, or start where the reset policy says. Committed offsets above the log end
+//! are lowered to it on the way (`offsets::lower_to_log_end`).
 
 use std::collections::HashMap;
 
 use super::backend::{BackendError, LogBackend};
 use super::dispatcher::ResetPolicy;
 use super::names::TopicPartition;
-use super::offsets::{OffsetFilter, OffsetStore};
+use super::offsets::{lower_to_log_end, OffsetFilter, OffsetStore};
 
 /// What alignment did, for the start-up log line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -18,27 +19,45 @@ pub struct AlignmentReport {
     pub aligned: usize,
     /// Cursors set by the reset policy (no clients, no checkpoint).
     pub by_policy: usize,
+    /// Committed offsets found above their partition's log end and lowered to it.
+    pub lowered: usize,
 }
 
 pub async fn align_pull_offsets_to_ack(
     backend: &dyn LogBackend,
     store: &dyn OffsetStore,
     policy: ResetPolicy,
+    now_ms: u64,
 ) -> Result<AlignmentReport, String> {
     let mut report = AlignmentReport::default();
     let topics = backend.topics().await.map_err(|e: BackendError| e.to_string())?;
     for (topic, partitions) in topics {
+        let mut bounds = Vec::with_capacity(partitions as usize);
+        for partition in 0..partitions {
+            let tp = TopicPartition::new(topic.clone(), partition);
+            bounds.push(backend.log_bounds(&tp).await.map_err(|e| e.to_string())?);
+        }
         let mut smallest: HashMap<u32, u64> = HashMap::new();
+        let mut above_log_end = Vec::new();
         let filter = OffsetFilter { topic: Some(topic.clone()), ..Default::default() };
         store
             .scan_each(&filter, &mut |key, record| {
-                let entry = smallest.entry(key.partition).or_insert(record.committed);
-                *entry = (*entry).min(record.committed);
+                // A partition the topic no longer has (recreated with fewer) is nobody's cursor.
+                let Some(log_end) = bounds.get(key.partition as usize).map(|b| b.log_end) else { return };
+                let committed = record.committed.min(log_end);
+                if record.committed > log_end {
+                    above_log_end.push((key.clone(), record.committed, log_end));
+                }
+                let entry = smallest.entry(key.partition).or_insert(committed);
+                *entry = (*entry).min(committed);
             })
             .map_err(|e| e.to_string())?;
-        for partition in 0..partitions {
+        for (key, committed, log_end) in above_log_end {
+            lower_to_log_end(store, &key, committed, log_end, now_ms).map_err(|e| e.to_string())?;
+            report.lowered += 1;
+        }
+        for (partition, bounds) in (0..partitions).zip(bounds) {
             let tp = TopicPartition::new(topic.clone(), partition);
-            let bounds = backend.log_bounds(&tp).await.map_err(|e| e.to_string())?;
             report.partitions += 1;
             let cursor = match (smallest.get(&partition), backend.pull_offset(&tp)) {
                 (Some(committed), _) => {

@@ -66,6 +66,15 @@ pub enum BackendError {
     Io(String),
 }
 
+/// Where a `poll` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// At the backend-managed pull cursor, advancing it (the shared partition reader).
+    PullCursor,
+    /// From this offset on, leaving the cursor alone (catch-up reads by one subscriber).
+    Offset(u64),
+}
+
 /// A durable, partitioned log used as a FIFO. Every method is safe to call concurrently.
 #[async_trait]
 pub trait LogBackend: Send + Sync + 'static {
@@ -87,13 +96,16 @@ pub trait LogBackend: Send + Sync + 'static {
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError>;
 
-    /// Reads up to `max` events. `start_offset = -1` reads at the backend-managed pull cursor and
-    /// advances it; a start offset `>= 0` reads from there and leaves the cursor alone (catch-up
-    /// reads). Waits up to `wait` when nothing is there yet; reads below `log_start` begin at it.
-    async fn poll(&self, tp: &TopicPartition, start_offset: i64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>;
+    /// Reads up to `max` events from where `from` says. Waits up to `wait` when nothing is there
+    /// yet; reads below `log_start` begin at it.
+    async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>;
 
     /// Moves the pull cursor (boot alignment, rewinds).
     fn seek(&self, tp: &TopicPartition, offset: u64);
+
+    /// Nobody on this instance reads `tp` now: resources held for pulling it (a broker
+    /// assignment, prefetched messages) may go. The cursor stays.
+    fn stop_pulling(&self, _tp: &TopicPartition) {}
 
     /// The pull cursor: next offset `poll(-1)` reads; `None` before the first poll or seek.
     fn pull_offset(&self, tp: &TopicPartition) -> Option<u64>;

@@ -54,6 +54,9 @@ pub struct EventRef {
 pub struct ClientState {
     pub trackers: HashMap<TopicPartition, AckTracker>,
     topic_slots: Vec<TopicName>,
+    /// The store's generation of each topic the trackers belong to, read when the subscription
+    /// started: every offset write carries it, so none lands on a later topic of the same name.
+    generations: HashMap<TopicName, u64>,
 }
 
 impl ClientState {
@@ -87,6 +90,17 @@ impl ClientState {
     /// Forgets the trackers of `topic` (unsubscribe does not; topic deletion and resets do).
     pub fn forget_topic(&mut self, topic: &TopicName) {
         self.trackers.retain(|tp, _| tp.topic != *topic);
+        self.generations.remove(topic);
+    }
+
+    pub fn set_generation(&mut self, topic: &TopicName, generation: u64) {
+        self.generations.insert(topic.clone(), generation);
+    }
+
+    /// The generation offset writes for `topic` carry (0 for a topic never seen: the store drops
+    /// such a write if the topic was ever deleted).
+    pub fn generation(&self, topic: &TopicName) -> u64 {
+        self.generations.get(topic).copied().unwrap_or(0)
     }
 }
 

@@ -5,7 +5,7 @@
 //! and the rules that pick where a subscription starts. Sessions themselves run in
 //! `core::session`, one task each.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,7 @@ use super::backend::{BackendError, LogBackend};
 use super::client_state::ClientState;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_writer::OffsetWriter;
-use super::offsets::{Clock, OffsetStore, OffsetWrite, StoreError};
+use super::offsets::{lower_to_log_end, Clock, OffsetStore, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 use super::reader::Readers;
 
@@ -37,6 +37,8 @@ pub enum ResetPolicy {
 pub struct DeliverySettings {
     pub ack_timeout: Duration,
     pub max_in_flight: usize,
+    /// Payload bytes of a session's unacknowledged deliveries.
+    pub max_in_flight_bytes: u32,
     pub max_attempts: u32,
     pub reset_policy: ResetPolicy,
     /// A session whose window stays full this long is closed with 4003; zero disables.
@@ -45,6 +47,8 @@ pub struct DeliverySettings {
     pub max_sessions: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,
+    /// Offline clients whose ack state (attempt counts of unacknowledged events) is kept.
+    pub max_offline_clients: usize,
     /// Events each partition reader keeps for its subscribers.
     pub reader_buffer_events: usize,
     /// Events read from the log at once.
@@ -116,6 +120,46 @@ struct Registry {
     clients: HashMap<ClientId, Arc<Mutex<ClientState>>>,
     /// Live sessions subscribed to each topic.
     subscribers: HashMap<TopicName, usize>,
+    /// Topics being deleted: nobody may subscribe to them meanwhile.
+    deleting: HashSet<TopicName>,
+    /// Offline clients whose ack state is kept (they left with unacknowledged deliveries, whose
+    /// attempt counts continue if they come back), oldest first; at most
+    /// `limits.max_offline_clients`.
+    offline: BTreeMap<u64, ClientId>,
+    offline_since: HashMap<ClientId, u64>,
+    next_offline: u64,
+}
+
+impl Registry {
+    /// Forgets the kept state of offline clients beyond `limit`, oldest first.
+    fn keep_offline_within(&mut self, limit: usize) {
+        while self.offline.len() > limit {
+            let Some((_, client)) = self.offline.pop_first() else { return };
+            self.offline_since.remove(&client);
+            self.clients.remove(&client);
+        }
+    }
+}
+
+/// A topic claimed for deletion (`Dispatcher::claim_topic_for_deletion`); dropping it lets
+/// sessions subscribe to the name again.
+pub struct TopicDeletion<'a> {
+    d: &'a Dispatcher,
+    topic: TopicName,
+}
+
+impl TopicDeletion<'_> {
+    /// The topic is gone from the log and the store: forget every client's state and the
+    /// readers of it.
+    pub fn forget(&self) {
+        self.d.forget_topic(&self.topic);
+    }
+}
+
+impl Drop for TopicDeletion<'_> {
+    fn drop(&mut self) {
+        self.d.registry().deleting.remove(&self.topic);
+    }
 }
 
 pub struct Dispatcher {
@@ -219,6 +263,9 @@ impl Dispatcher {
         let (tx, control) = mpsc::unbounded_channel();
         registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: tx });
         registry.by_client.insert(client_id.clone(), session_id);
+        if let Some(since) = registry.offline_since.remove(&client_id) {
+            registry.offline.remove(&since);
+        }
         let client = registry.clients.entry(client_id).or_default().clone();
         Ok(Registration { info, control, client })
     }
@@ -229,15 +276,31 @@ impl Dispatcher {
         registry.sessions.remove(&info.session_id);
         if registry.by_client.get(&info.client_id) == Some(&info.session_id) {
             registry.by_client.remove(&info.client_id);
-            let idle = registry.clients.get(&info.client_id).is_some_and(|c| c.lock().unwrap().is_idle());
+            let idle = registry.clients.get(&info.client_id).is_none_or(|c| c.lock().unwrap().is_idle());
             if idle {
                 registry.clients.remove(&info.client_id);
+            } else {
+                let since = registry.next_offline;
+                registry.next_offline += 1;
+                registry.offline.insert(since, info.client_id.clone());
+                registry.offline_since.insert(info.client_id.clone(), since);
+                registry.keep_offline_within(self.settings.max_offline_clients);
             }
         }
     }
 
+    /// Clients whose ack state this instance holds (live, or offline with deliveries pending).
+    pub fn client_states(&self) -> usize {
+        self.registry().clients.len()
+    }
+
     pub fn is_live(&self, client_id: &ClientId) -> bool {
         self.registry().by_client.contains_key(client_id)
+    }
+
+    /// Every client with a live session on this instance.
+    pub fn live_clients(&self) -> Vec<ClientId> {
+        self.registry().by_client.keys().cloned().collect()
     }
 
     pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {
@@ -255,15 +318,13 @@ impl Dispatcher {
         self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message).is_ok())
     }
 
-    /// True when any live session subscribes to `topic`.
-    pub fn topic_in_use(&self, topic: &TopicName) -> bool {
-        self.registry().subscribers.contains_key(topic)
-    }
-
     /// Counts a new subscriber of `topic`, within `limits.max_clients_per_topic`.
     pub fn add_subscriber(&self, topic: &TopicName) -> Result<(), FrameError> {
         let limit = self.settings.max_clients_per_topic;
         let mut registry = self.registry();
+        if registry.deleting.contains(topic) {
+            return Err(FrameError::new(ErrorCode::UnknownTopic, format!("topic {topic} is being deleted")));
+        }
         let count = registry.subscribers.get(topic).copied().unwrap_or(0);
         if count >= limit {
             return Err(FrameError::new(
@@ -285,16 +346,35 @@ impl Dispatcher {
         }
     }
 
-    /// Forgets what this instance remembers of a client's progress on `topic` (after an admin
-    /// reset or delete of its stored offsets, which are only allowed while it is offline).
-    pub fn forget_client_topic(&self, client_id: &ClientId, topic: &TopicName) {
-        if let Some(client) = self.registry().clients.get(client_id) {
+    /// Runs `change` (an operator's reset or delete of `client_id`'s stored offsets on `topic`)
+    /// only while the client has no session here, then forgets what this instance remembers of
+    /// its progress on the topic. The registry stays locked throughout, so no session of the
+    /// client can start in between; an ended session's writes are durable before it unregisters.
+    /// `None` while the client is live.
+    pub fn change_offline_client<T>(&self, client_id: &ClientId, topic: &TopicName, change: impl FnOnce() -> T) -> Option<T> {
+        let registry = self.registry();
+        if registry.by_client.contains_key(client_id) {
+            return None;
+        }
+        let result = change();
+        if let Some(client) = registry.clients.get(client_id) {
             client.lock().unwrap().forget_topic(topic);
         }
+        Some(result)
+    }
+
+    /// Claims `topic` for deletion: `None` while a session subscribes to it; otherwise no session
+    /// can subscribe to it until the returned guard is dropped.
+    pub fn claim_topic_for_deletion(&self, topic: &TopicName) -> Option<TopicDeletion<'_>> {
+        let mut registry = self.registry();
+        if registry.subscribers.contains_key(topic) || !registry.deleting.insert(topic.clone()) {
+            return None;
+        }
+        Some(TopicDeletion { d: self, topic: topic.clone() })
     }
 
     /// Forgets every client's state and the readers of a deleted topic.
-    pub fn forget_topic(&self, topic: &TopicName) {
+    fn forget_topic(&self, topic: &TopicName) {
         for client in self.registry().clients.values() {
             client.lock().unwrap().forget_topic(topic);
         }
@@ -324,17 +404,24 @@ impl Dispatcher {
         if let Some(bad) = resume.keys().find(|p| **p >= partitions) {
             return Err(FrameError::new(ErrorCode::BadFrame, format!("resume names partition {bad}; {topic} has {partitions}")));
         }
+        let generation = self.store.topic_generation(topic).map_err(store_frame_error)?;
+        client.lock().unwrap().set_generation(topic, generation);
         let mut starts = Vec::with_capacity(partitions as usize);
         let mut writes = Vec::new();
         for partition in 0..partitions {
             let tp = TopicPartition::new(topic.clone(), partition);
             let bounds = self.backend.log_bounds(&tp).await.map_err(backend_frame_error)?;
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
-            let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
-            let stored = match remembered {
+            let mut remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
+            let mut stored = match remembered {
                 Some(known) => Some(known),
                 None => self.store.read(&key).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
             };
+            if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
+                let lowered = lower_to_log_end(self.store.as_ref(), &key, committed, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
+                stored = Some((lowered.committed, lowered.last_acked));
+                remembered = None;
+            }
             let policy = match (from, self.settings.reset_policy) {
                 (StartFrom::Latest, _) | (StartFrom::Committed, ResetPolicy::Latest) => bounds.log_end,
                 _ => bounds.log_start,
@@ -356,7 +443,7 @@ impl Dispatcher {
             }
             if stored.is_none_or(|(committed, _)| committed < start) {
                 let last_acked = stored.and_then(|(_, l)| l);
-                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms() });
+                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation });
             }
             starts.push(StartPoint { partition, from: start, log_start: bounds.log_start });
         }

@@ -1,16 +1,17 @@
 //! Feeders: one task per partition of a subscription that hands events to its session in offset
-//! order, one in-flight window slot per event. When the window is full the feeder waits, and
+//! order, with room in the session's in-flight window for each. When the window is full the feeder waits, and
 //! nothing more is pushed to that session.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::Event;
 use super::names::TopicName;
-use super::reader::PartitionReader;
+use super::reader::ReaderLease;
+use super::window::{Window, WindowPermit};
 
 /// An event handed to a session, holding one slot of its in-flight window.
 pub struct Fed {
@@ -18,12 +19,13 @@ pub struct Fed {
     pub subscription: u64,
     pub topic: TopicName,
     pub event: Arc<Event>,
-    pub permit: OwnedSemaphorePermit,
+    pub permit: WindowPermit,
 }
 
 /// Where and how one feeder reads.
 pub struct FeedPlan {
-    pub reader: Arc<PartitionReader>,
+    /// Held for as long as the feeder runs: the reader stops when its last feeder does.
+    pub reader: ReaderLease,
     /// First offset to hand over.
     pub from: u64,
     pub batch: usize,
@@ -32,7 +34,7 @@ pub struct FeedPlan {
 }
 
 /// Runs until `cancel` fires or the session's channel closes.
-pub async fn feed_partition(plan: FeedPlan, window: Arc<Semaphore>, tx: mpsc::Sender<Fed>, cancel: CancellationToken) {
+pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<Fed>, cancel: CancellationToken) {
     let FeedPlan { reader, from: mut next, batch, subscription, topic } = plan;
     loop {
         let fetched = tokio::select! {
@@ -53,14 +55,14 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Semaphore>, tx: mpsc::Se
             if event.offset < next {
                 continue;
             }
-            // A free slot is the common case: take it without arming a cancellation waiter.
-            let permit = match window.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(_) => tokio::select! {
+            // Room at once is the common case: take it without arming a cancellation waiter.
+            let permit = match window.try_acquire(event.payload.len()) {
+                Some(permit) => permit,
+                None => tokio::select! {
                     _ = cancel.cancelled() => return,
-                    permit = window.clone().acquire_owned() => match permit {
-                        Ok(permit) => permit,
-                        Err(_) => return,
+                    permit = window.acquire(event.payload.len()) => match permit {
+                        Some(permit) => permit,
+                        None => return,
                     },
                 },
             };

@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
+use super::window::WindowPermit;
 use tokio::time::Instant;
 
 use super::backend::Event;
@@ -26,8 +26,8 @@ pub struct Delivery {
     pub event: Arc<Event>,
     /// When the current delivery id was pushed (ack latency).
     pub delivered_at: Instant,
-    /// The session's window slot, released when the delivery is dropped.
-    pub permit: OwnedSemaphorePermit,
+    /// The delivery's room in the session's window, given back when it is dropped.
+    pub permit: WindowPermit,
 }
 
 struct Entry {
@@ -161,16 +161,16 @@ impl InFlightWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::Semaphore;
+    use crate::core::window::Window;
 
-    fn delivery(seq: u64, permits: &Arc<Semaphore>) -> Delivery {
+    fn delivery(seq: u64, permits: &Window) -> Delivery {
         let event = Event { partition: 0, offset: seq, timestamp: 0, key: None, headers: vec![], payload: vec![], payload_is_json: false };
-        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), delivered_at: Instant::now(), permit: permits.clone().try_acquire_owned().unwrap() }
+        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), delivered_at: Instant::now(), permit: permits.try_acquire(0).unwrap() }
     }
 
     #[tokio::test(start_paused = true)]
     async fn acked_deliveries_do_not_pile_up_in_the_deadline_heap() {
-        let permits = Arc::new(Semaphore::new(10));
+        let permits = Window::new(10, 1000);
         let mut window = InFlightWindow::default();
         for offset in 0..100_000u64 {
             let at = EventRef { slot: 0, partition: 0, offset };
@@ -189,7 +189,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn deadlines_fire_in_order_and_rescheduling_supersedes_old_ones() {
-        let permits = Arc::new(Semaphore::new(3));
+        let permits = Window::new(3, 1000);
         let mut window = InFlightWindow::default();
         let (a, b) = (EventRef { slot: 0, partition: 0, offset: 1 }, EventRef { slot: 0, partition: 0, offset: 2 });
         window.insert(a, delivery(1, &permits), Duration::from_secs(1), 0);
@@ -203,9 +203,9 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(window.pop_due(Instant::now()), Some(b));
         assert_eq!(window.pop_due(Instant::now()), Some(a));
-        assert_eq!(permits.available_permits(), 1);
+        assert_eq!(permits.free_slots(), 1);
         window.release_slot(0);
         assert!(window.is_empty());
-        assert_eq!(permits.available_permits(), 3, "dropping deliveries frees the window");
+        assert_eq!(permits.free_slots(), 3, "dropping deliveries frees the window");
     }
 }

@@ -44,6 +44,13 @@ pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
 pub const HTTP_DURATION: &str = "ackgate_http_request_duration_seconds";
 pub const ACK_LATENCY: &str = "ackgate_ack_latency_seconds";
+pub const OFFSETS_ABOVE_LOG_END: &str = "ackgate_offsets_above_log_end_total";
+
+/// `ackgate_offsets_above_log_end_total`: committed offsets found above their partition's log end
+/// and lowered to it. A free function: boot alignment counts before `Metrics::register` runs.
+pub fn offsets_above_log_end() -> Counter {
+    metrics::counter!(OFFSETS_ABOVE_LOG_END)
+}
 
 impl Metrics {
     /// Registers every handle with the installed recorder (or no-op handles without one).
@@ -56,9 +63,10 @@ impl Metrics {
         describe_counter!("ackgate_acks_total", "Deliveries acknowledged by clients");
         describe_counter!("ackgate_dead_letters_total", "Events given up on (max_attempts or term)");
         describe_histogram!(ACK_LATENCY, Unit::Seconds, "Time from a delivery to its ack");
-        describe_counter!("ackgate_offset_writes_total", "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), failed (batches)");
+        describe_counter!("ackgate_offset_writes_total", "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)");
         describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
         describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
+        describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
         describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");

@@ -13,6 +13,7 @@ pub mod offset_writer;
 pub mod reader;
 pub mod rendezvous;
 pub mod session;
+pub mod window;
 pub mod backend;
 pub mod names;
 pub mod offsets;

@@ -30,6 +30,8 @@ pub struct WriteRequest {
 pub struct OffsetWriteStats {
     pub advanced: AtomicU64,
     pub stale: AtomicU64,
+    /// Writes dropped because their topic was deleted since they were made.
+    pub obsolete: AtomicU64,
     pub failed_batches: AtomicU64,
     pub broker_acks: AtomicU64,
     /// Broker ACKs not fired because their offset write failed (the client will get the event
@@ -98,6 +100,16 @@ impl OffsetWriter {
     }
 }
 
+impl OffsetWriter {
+    /// Returns once every request submitted before it has been applied (durable, or failed and
+    /// logged): the writer handles requests in order.
+    pub async fn barrier(&self) -> Result<(), String> {
+        let (done, wait) = oneshot::channel();
+        self.submit(WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: Some(done) }).await?;
+        wait.await.map_err(|_| "offset writer stopped".to_string())?
+    }
+}
+
 impl Applier {
     /// One store batch for every request, then each request's broker ACKs and answer.
     fn apply(&self, batch: &mut Vec<WriteRequest>) -> Result<(), String> {
@@ -106,9 +118,10 @@ impl Applier {
         let result = if writes.is_empty() { Ok(Vec::new()) } else { self.store.write_offsets(&writes) };
         let result = match result {
             Ok(outcomes) => {
-                let advanced = outcomes.iter().filter(|o| **o == WriteOutcome::Advanced).count() as u64;
-                stats.advanced.fetch_add(advanced, Ordering::Relaxed);
-                stats.stale.fetch_add(outcomes.len() as u64 - advanced, Ordering::Relaxed);
+                let count = |kind| outcomes.iter().filter(|o| **o == kind).count() as u64;
+                stats.advanced.fetch_add(count(WriteOutcome::Advanced), Ordering::Relaxed);
+                stats.stale.fetch_add(count(WriteOutcome::Stale), Ordering::Relaxed);
+                stats.obsolete.fetch_add(count(WriteOutcome::Obsolete), Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {

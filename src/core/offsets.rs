@@ -80,6 +80,10 @@ pub struct OffsetWrite {
     pub committed: u64,
     pub last_acked: Option<u64>,
     pub updated_at: u64,
+    /// The topic generation the write was made for (`OffsetStore::topic_generation` when the
+    /// subscription started). A write for an older generation, made before the topic was deleted,
+    /// is dropped: it must not land on a new topic of the same name.
+    pub generation: u64,
 }
 
 /// What a CAS-max write did.
@@ -89,6 +93,8 @@ pub enum WriteOutcome {
     Advanced,
     /// The record was already at or above the write: nothing changed.
     Stale,
+    /// The write was made for a topic that has been deleted since: nothing changed.
+    Obsolete,
 }
 
 /// Which records a scan returns; each present field is an exact match.
@@ -122,6 +128,78 @@ pub struct DeadLetter {
     pub at: u64,
 }
 
+impl DeadLetter {
+    pub fn id(&self) -> DeadLetterId {
+        DeadLetterId { key: OffsetKey::new(self.topic.clone(), self.client_id.clone(), self.partition), offset: self.offset }
+    }
+}
+
+/// Names one dead letter: `topic#client_id#partition#offset` (`#` is in neither name, so the form
+/// is unambiguous). The paging cursor of `GET /admin/dead-letters`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterId {
+    pub key: OffsetKey,
+    pub offset: u64,
+}
+
+impl std::fmt::Display for DeadLetterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.key, self.offset)
+    }
+}
+
+impl DeadLetterId {
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split('#');
+        let (topic, client, partition, offset) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let key = OffsetKey::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?);
+        Some(Self { key, offset: offset.parse().ok()? })
+    }
+}
+
+/// One page of dead letters. Ordered by topic, client, partition and offset; by client first
+/// when only `client_id` filters (the store answers that from a client-ordered index).
+#[derive(Debug, Clone)]
+pub struct DeadLetterQuery {
+    pub topic: Option<TopicName>,
+    pub client_id: Option<ClientId>,
+    /// Start after this one (the previous page's `next`).
+    pub after: Option<DeadLetterId>,
+    pub limit: usize,
+}
+
+impl DeadLetterQuery {
+    pub fn matches(&self, dead: &DeadLetter) -> bool {
+        self.topic.as_ref().is_none_or(|t| *t == dead.topic) && self.client_id.as_ref().is_none_or(|c| *c == dead.client_id)
+    }
+
+    /// True when the page is ordered by client first.
+    pub fn by_client(&self) -> bool {
+        self.topic.is_none() && self.client_id.is_some()
+    }
+}
+
+/// A page of dead letters; `next` is set when more follow (the `after` of the next page).
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterPage {
+    pub dead_letters: Vec<DeadLetter>,
+    pub next: Option<DeadLetterId>,
+}
+
+impl DeadLetterPage {
+    /// From up to `limit + 1` rows in page order: the extra row only says that more follow.
+    pub fn from_rows(mut rows: Vec<DeadLetter>, limit: usize) -> Self {
+        let next = (rows.len() > limit).then(|| {
+            rows.truncate(limit);
+            rows.last().map(DeadLetter::id)
+        });
+        Self { dead_letters: rows, next: next.flatten() }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("offset store I/O: {0}")]
@@ -151,8 +229,17 @@ pub trait OffsetStore: Send + Sync + 'static {
         Ok(rows)
     }
 
-    /// Sets `key` to `committed`, backwards allowed (the admin reset route).
+    /// Sets `key` to `committed`, backwards allowed (the admin reset route, and an offset found
+    /// above the log end). A `last_acked` at or above the new offset is cleared.
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
+
+    /// The current generation of `topic`: 0 until it is first deleted, then one more per deletion.
+    fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError>;
+
+    /// Removes every offset of a deleted topic and starts its next generation, as one atomic
+    /// step serialized with writes: a write made for the deleted topic can never land on a new
+    /// topic of the same name. Returns how many offsets there were.
+    fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError>;
 
     /// Sets `updated_at` of existing records to `now` without changing their offsets (a client
     /// that leaves counts as seen then). Serialized with CAS-max writes. Returns how many existed.
@@ -163,10 +250,14 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError>;
 
-    fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError>;
+    /// One page of dead letters; a topic or client filter is a prefix scan.
+    fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError>;
 
     /// Removes every dead letter of a (deleted) topic; returns how many there were.
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError>;
+
+    /// Removes the dead letters recorded before `at_ms` (their retention); returns how many.
+    fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError>;
 
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;
@@ -221,14 +312,28 @@ pub fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool
     record.updated_at != UNKNOWN_TIME && now_ms.saturating_sub(record.updated_at) > retention_ms
 }
 
-/// Removes the offsets of clients that stayed away longer than `retention_ms`. Clients for which
-/// `is_live` answers true (a live session on this instance) never expire. Returns how many went.
+/// A committed offset above its partition's log end is never trusted (the log lost its tail in
+/// a power loss, or the topic was recreated outside ackgate): it would skip the events published
+/// next at the reused offsets. It is lowered to `log_end`, logged with the key and both numbers,
+/// and counted. Besides the admin reset, the only way an offset goes down.
+pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, committed: u64, log_end: u64, now_ms: u64) -> Result<OffsetRecord, StoreError> {
+    tracing::warn!(%key, committed, log_end, "committed offset above the log end: lowered to the log end");
+    super::metrics::offsets_above_log_end().increment(1);
+    store.reset(key, log_end, now_ms)
+}
+
+/// Removes the offsets of clients that stayed away longer than `retention_ms` (0: never).
+/// Clients for which `is_live` answers true (a live session on this instance) never expire.
+/// Returns how many went.
 pub fn sweep_expired_offsets(
     store: &dyn OffsetStore,
     now_ms: u64,
     retention_ms: u64,
     is_live: impl Fn(&ClientId) -> bool,
 ) -> Result<usize, StoreError> {
+    if retention_ms == 0 {
+        return Ok(0);
+    }
     let mut expired = Vec::new();
     store.scan_each(&OffsetFilter::default(), &mut |key, record| {
         if is_expired(&record, now_ms, retention_ms) {
@@ -238,6 +343,27 @@ pub fn sweep_expired_offsets(
     // Asked after the scan: `is_live` takes the session registry's lock.
     expired.retain(|key| !is_live(&key.client_id));
     store.remove(&expired)
+}
+
+/// Marks every stored offset of `clients` as seen at `now_ms` (one client-prefix scan each, then
+/// one batch), so retention counts from then. Returns how many records were touched.
+pub fn touch_client_offsets(store: &dyn OffsetStore, clients: &[ClientId], now_ms: u64) -> Result<usize, StoreError> {
+    let mut keys = Vec::new();
+    for client in clients {
+        let filter = OffsetFilter { client_id: Some(client.clone()), ..Default::default() };
+        store.scan_each(&filter, &mut |key, _| keys.push(key))?;
+    }
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    store.touch(&keys, now_ms)
+}
+
+/// How often live clients' offsets are marked as seen: a quarter of the retention, at most a
+/// minute, so a client live when the gateway dies has nearly all of its retention after it
+/// (KAFKA-8069: a restart must never shorten it). `None` when offsets never expire.
+pub fn live_touch_period_ms(retention_ms: u64) -> Option<u64> {
+    (retention_ms > 0).then(|| (retention_ms / 4).clamp(1, 60_000))
 }
 
 #[cfg(test)]

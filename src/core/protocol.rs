@@ -109,6 +109,8 @@ pub enum StartFrom {
 
 /// Longest redelivery delay a `nack` may ask for: one day.
 pub const MAX_NACK_DELAY_MS: u64 = 86_400_000;
+/// Longest `term` reason kept with a dead letter (PROTOCOL.md: at most 1 KiB).
+pub const MAX_TERM_REASON_BYTES: usize = 1024;
 
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,7 +236,12 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             ClientFrame::Nack { delivery_id, delay_ms, req }
         }
         RawFrame::Extend { delivery_id, req } => ClientFrame::Extend { delivery_id, req },
-        RawFrame::Term { delivery_id, reason, req } => ClientFrame::Term { delivery_id, reason, req },
+        RawFrame::Term { delivery_id, reason, req } => {
+            if reason.as_ref().is_some_and(|r| r.len() > MAX_TERM_REASON_BYTES) {
+                return Err(FrameError::new(ErrorCode::BadFrame, format!("reason must be at most {MAX_TERM_REASON_BYTES} bytes")).with_req(req));
+            }
+            ClientFrame::Term { delivery_id, reason, req }
+        }
         RawFrame::Ping { req } => ClientFrame::Ping { req },
     };
     match frame.req() {
@@ -436,6 +443,11 @@ mod tests {
         assert_eq!(f, ClientFrame::Nack { delivery_id: "a".into(), delay_ms: 5, req: None });
         assert!(matches!(parse_client_frame(r#"{"op":"ping","req":"x"}"#), Ok(ClientFrame::Ping { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"term","delivery_id":"d"}"#), Ok(ClientFrame::Term { .. })));
+        // A term reason is kept with the dead letter: at most 1 KiB.
+        let term = |len: usize| parse_client_frame(&format!(r#"{{"op":"term","delivery_id":"d","reason":"{}","req":1}}"#, "r".repeat(len)));
+        assert!(term(MAX_TERM_REASON_BYTES).is_ok());
+        let too_long = term(MAX_TERM_REASON_BYTES + 1).unwrap_err();
+        assert_eq!((too_long.code, too_long.req), (ErrorCode::BadFrame, Some(serde_json::json!(1))));
         assert!(matches!(parse_client_frame(r#"{"op":"extend","delivery_id":"d"}"#), Ok(ClientFrame::Extend { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"unsubscribe","topic":"t"}"#), Ok(ClientFrame::Unsubscribe { .. })));
     }

@@ -1,6 +1,6 @@
 //! Partition readers: one per `topic#partition` on this instance, shared by its subscribers.
 //!
-//! A reader pulls at the backend-managed cursor (`poll(-1)`, the pull layer) only while some
+//! A reader pulls at the backend-managed cursor (`ReadFrom::PullCursor`, the pull layer) only while some
 //! subscriber waits at the end of what was pulled, and keeps the last `capacity` events in a ring
 //! buffer. Subscribers read from the buffer; one that is behind the buffer (slow, or starting from
 //! an older committed offset) or ahead of it reads the log directly by offset (a catch-up read).
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::backend::{BackendError, Event, LogBackend};
+use super::backend::{BackendError, Event, LogBackend, ReadFrom};
 use super::names::{TopicName, TopicPartition};
 
 /// How long one long poll of the backend waits for new events.
@@ -71,7 +71,7 @@ impl PartitionReader {
                 }
             };
             if direct {
-                let events = self.backend.poll(&self.tp, from as i64, max, Duration::ZERO).await?;
+                let events = self.backend.poll(&self.tp, ReadFrom::Offset(from), max, Duration::ZERO).await?;
                 if !events.is_empty() {
                     return Ok(events.into_iter().map(Arc::new).collect());
                 }
@@ -91,7 +91,7 @@ impl PartitionReader {
             while self.waiting.load(Ordering::SeqCst) > 0 && !cancel.is_cancelled() {
                 let polled = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    polled = self.backend.poll(&self.tp, -1, self.batch, PULL_WAIT) => polled,
+                    polled = self.backend.poll(&self.tp, ReadFrom::PullCursor, self.batch, PULL_WAIT) => polled,
                 };
                 match polled {
                     Ok(events) if events.is_empty() => {}
@@ -146,12 +146,52 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
-/// All partition readers of this instance, created on first subscription.
+/// One partition's reader and how many feeders hold it.
+struct ReaderEntry {
+    reader: Arc<PartitionReader>,
+    cancel: CancellationToken,
+    leases: usize,
+}
+
+type ReaderMap = Arc<Mutex<HashMap<TopicPartition, ReaderEntry>>>;
+
+/// A feeder's hold on a partition reader. When the last lease of a reader is dropped the reader
+/// stops and is forgotten with its buffer: a partition nobody reads costs nothing (the pull
+/// cursor stays with the backend, so a new reader resumes where this one stopped).
+pub struct ReaderLease {
+    tp: TopicPartition,
+    reader: Arc<PartitionReader>,
+    map: ReaderMap,
+}
+
+impl std::ops::Deref for ReaderLease {
+    type Target = PartitionReader;
+
+    fn deref(&self) -> &PartitionReader {
+        &self.reader
+    }
+}
+
+impl Drop for ReaderLease {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap();
+        let Some(entry) = map.get_mut(&self.tp).filter(|e| Arc::ptr_eq(&e.reader, &self.reader)) else { return };
+        entry.leases -= 1;
+        if entry.leases == 0 {
+            entry.cancel.cancel();
+            map.remove(&self.tp);
+            self.reader.backend.stop_pulling(&self.tp);
+        }
+    }
+}
+
+/// All partition readers of this instance, created on first subscription and dropped when the
+/// last subscriber of the partition goes.
 pub struct Readers {
     backend: Arc<dyn LogBackend>,
     capacity: usize,
     batch: usize,
-    readers: Mutex<HashMap<TopicPartition, (Arc<PartitionReader>, CancellationToken)>>,
+    readers: ReaderMap,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     /// `ackgate_pull_events_total`, shared by every reader.
@@ -167,14 +207,15 @@ impl Readers {
         tasks: TaskTracker,
         pulled_events: metrics::Counter,
     ) -> Self {
-        Self { backend, capacity, batch, readers: Mutex::new(HashMap::new()), shutdown, tasks, pulled_events }
+        Self { backend, capacity, batch, readers: Arc::new(Mutex::new(HashMap::new())), shutdown, tasks, pulled_events }
     }
 
-    /// The reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
-    pub fn get(&self, tp: &TopicPartition, log_start: u64) -> Arc<PartitionReader> {
+    /// A lease on the reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
+    pub fn get(&self, tp: &TopicPartition, log_start: u64) -> ReaderLease {
         let mut readers = self.readers.lock().unwrap();
-        if let Some((reader, _)) = readers.get(tp) {
-            return reader.clone();
+        if let Some(entry) = readers.get_mut(tp) {
+            entry.leases += 1;
+            return ReaderLease { tp: tp.clone(), reader: entry.reader.clone(), map: self.readers.clone() };
         }
         let cursor = self.backend.pull_offset(tp).unwrap_or(log_start).max(log_start);
         self.backend.seek(tp, cursor);
@@ -191,16 +232,25 @@ impl Readers {
         });
         let cancel = self.shutdown.child_token();
         self.tasks.spawn(reader.clone().run(cancel.clone()));
-        readers.insert(tp.clone(), (reader.clone(), cancel));
-        reader
+        readers.insert(tp.clone(), ReaderEntry { reader: reader.clone(), cancel, leases: 1 });
+        ReaderLease { tp: tp.clone(), reader, map: self.readers.clone() }
+    }
+
+    /// Partitions with a running reader.
+    pub fn len(&self) -> usize {
+        self.readers.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Stops and forgets the readers of a deleted topic.
     pub fn remove_topic(&self, topic: &TopicName) {
-        self.readers.lock().unwrap().retain(|tp, (_, cancel)| {
+        self.readers.lock().unwrap().retain(|tp, entry| {
             let keep = tp.topic != *topic;
             if !keep {
-                cancel.cancel();
+                entry.cancel.cancel();
             }
             keep
         });

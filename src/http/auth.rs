@@ -63,6 +63,8 @@ pub fn session_access(secret: &str, query_token: Option<&str>, headers: &HeaderM
     validation.required_spec_claims.clear();
     validation.required_spec_claims.insert("sub".into());
     validation.leeway = 0;
+    // A token that is not valid yet is refused like an expired one.
+    validation.validate_nbf = true;
     let claims = decode::<SessionClaims>(token, &DecodingKey::from_secret(secret.as_bytes()), &validation)
         .map_err(|e| unauthorized(format!("invalid token: {e}")))?
         .claims;

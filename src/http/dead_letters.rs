@@ -1,4 +1,4 @@
-//! `GET /admin/dead-letters?topic=&client_id=`
+//! `GET /admin/dead-letters?topic=&client_id=&limit=&after=`: one page of dead letters.
 
 use std::collections::HashMap;
 
@@ -10,13 +10,23 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::core::names::{ClientId, TopicName};
+use crate::core::offsets::{DeadLetterId, DeadLetterQuery};
+
+/// Dead letters per page unless `limit` says otherwise, and the most one page holds.
+pub const DEFAULT_PAGE: usize = 100;
+pub const MAX_PAGE: usize = 1000;
 
 #[utoipa::path(
     get,
     path = "/admin/dead-letters",
     tag = "dead letters",
-    summary = "Dead letters (max_attempts or term)",
-    params(("topic" = Option<String>, Query, description = "exact topic"), ("client_id" = Option<String>, Query, description = "exact client id")),
+    summary = "Dead letters (max_attempts or term), one page at a time",
+    params(
+        ("topic" = Option<String>, Query, description = "exact topic"),
+        ("client_id" = Option<String>, Query, description = "exact client id"),
+        ("limit" = Option<u32>, Query, description = "dead letters per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition#offset`)"),
+    ),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::DeadLetterList),
@@ -27,15 +37,30 @@ use crate::core::names::{ClientId, TopicName};
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id")) {
-        return Err(ApiError::bad_request(format!("unknown filter {unknown:?}; use topic or client_id")));
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, limit or after")));
     }
-    let topic = query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?;
-    let client = query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?;
-    let rows: Vec<Value> = app
-        .dispatcher
-        .store
-        .dead_letters(topic.as_ref(), client.as_ref())?
+    let limit = match query.get("limit") {
+        None => DEFAULT_PAGE,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {text:?}")))?,
+    };
+    let after = query
+        .get("after")
+        .map(|text| DeadLetterId::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}"))))
+        .transpose()?;
+    let query = DeadLetterQuery {
+        topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        after,
+        limit,
+    };
+    let page = app.dispatcher.store.dead_letters(&query)?;
+    let rows: Vec<Value> = page
+        .dead_letters
         .into_iter()
         .map(|d| {
             json!({
@@ -49,5 +74,9 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
             })
         })
         .collect();
-    Ok(Json(json!({ "dead_letters": rows })))
+    let mut body = json!({ "dead_letters": rows });
+    if let Some(next) = page.next {
+        body["next"] = json!(next.to_string());
+    }
+    Ok(Json(body))
 }

@@ -66,15 +66,47 @@ impl From<BackendError> for ApiError {
             BackendError::UnknownTopic(t) => Self::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
             BackendError::Conflict(m) => Self::conflict(m),
             BackendError::InvalidInput(m) => Self::bad_request(m),
-            BackendError::Unavailable(m) | BackendError::Io(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, m),
+            BackendError::Unavailable(m) | BackendError::Io(m) => {
+                // The detail (broker addresses, file paths) goes to the log, not to the caller.
+                tracing::warn!(error = %m, "backend error answered with 503");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "the log backend is unavailable; retry later")
+            }
         }
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, e.to_string())
+        tracing::error!(error = %e, "offset store error answered with 503");
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "the offset store is unavailable; retry later")
     }
+}
+
+/// Error bodies are JSON everywhere: an answer with an error status that is not JSON (one of
+/// axum's own rejections: bad UTF-8 in a path, a plain GET on /ws, a body over a limit) gets the
+/// `{"error": {"code", "message"}}` body, with its text as the message.
+pub async fn json_error_bodies(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = match axum::body::to_bytes(response.into_body(), 4096).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let code = match status {
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::LimitExceeded,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::BadRequest,
+    };
+    let message = if text.is_empty() { status.canonical_reason().unwrap_or("error").to_string() } else { text };
+    ApiError::new(status, code, message).into_response()
 }
 
 impl IntoResponse for ApiError {

@@ -12,6 +12,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{ACK_LATENCY, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
@@ -21,12 +22,18 @@ const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.0
 
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// A gauge not set for this long is dropped from the scrape output.
+pub const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Installs the process-wide Prometheus recorder (once; later gateways in the same process share
 /// it). Must run before the dispatcher registers its metric handles.
 pub fn install_recorder() -> Option<&'static PrometheusHandle> {
     RECORDER
         .get_or_init(|| {
+            // Every gauge is set at scrape time; one not set for a while describes something
+            // gone (a deleted topic's pull lag) and is dropped from the output.
             let builder = PrometheusBuilder::new()
+                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
                 .set_buckets_for_metric(Matcher::Full(ACK_LATENCY.into()), &BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS));
             match builder.and_then(|b| b.install_recorder()) {
@@ -70,6 +77,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     // The offset writer thread keeps its own counters; export them as they stand.
     metrics::counter!("ackgate_offset_writes_total", "result" => "advanced").absolute(writes.advanced.load(Ordering::Relaxed));
     metrics::counter!("ackgate_offset_writes_total", "result" => "stale").absolute(writes.stale.load(Ordering::Relaxed));
+    metrics::counter!("ackgate_offset_writes_total", "result" => "obsolete").absolute(writes.obsolete.load(Ordering::Relaxed));
     metrics::counter!("ackgate_offset_writes_total", "result" => "failed").absolute(writes.failed_batches.load(Ordering::Relaxed));
     metrics::counter!("ackgate_broker_acks_total", "result" => "ok").absolute(writes.broker_acks.load(Ordering::Relaxed));
     metrics::counter!("ackgate_broker_acks_total", "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));

@@ -63,6 +63,9 @@ pub fn router(state: AppState) -> Router {
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(error::json_error_bodies))
+        // Bodies read by extractors (JSON bodies) are bounded like publish bodies.
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.limits.max_body_bytes))
         .layer(middleware::from_fn(metrics::count_requests))
         .layer(middleware::from_fn(request_log::log_request))
         .with_state(state)
@@ -86,7 +89,10 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = axum::body::Bytes::from_request(request, state)
             .await
-            .map_err(|e| ApiError::new(e.status(), ErrorCode::BadRequest, e.body_text()))?;
+            .map_err(|e| {
+                let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ErrorCode::LimitExceeded } else { ErrorCode::BadRequest };
+                ApiError::new(e.status(), code, e.body_text())
+            })?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("body is not of this route's shape: {e}")))
     }
 }

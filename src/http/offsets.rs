@@ -115,7 +115,7 @@ pub struct ResetBody {
     put,
     path = "/admin/offsets/{topic}/{client_id}/{partition}",
     tag = "offsets",
-    summary = "Reset an offline client's offset (backwards allowed)",
+    summary = "Reset an offline client's offset (backwards allowed, at most the log end)",
     params(("topic" = String, Path, description = "topic name"), ("client_id" = String, Path, description = "client id"), ("partition" = u32, Path, description = "partition")),
     request_body = crate::http::schemas::ResetOffset,
     security(("admin_token" = [])),
@@ -140,14 +140,21 @@ pub async fn reset(
     if partition >= count {
         return Err(ApiError::bad_request(format!("partition {partition} does not exist; {topic} has {count}")));
     }
-    if d.is_live(&client_id) {
-        return Err(ApiError::conflict(format!("client {client_id} has a live session; disconnect it first")));
+    let log_end = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await?.log_end;
+    if body.offset > log_end {
+        return Err(ApiError::bad_request(format!(
+            "offset {} is above the log end of {topic} partition {partition} ({log_end}); reset to at most {log_end}",
+            body.offset
+        )));
     }
     let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
-    let record = d.store.reset(&key, body.offset, d.clock.now_ms())?;
-    d.forget_client_topic(&client_id, &topic);
+    let record = d.change_offline_client(&client_id, &topic, || d.store.reset(&key, body.offset, d.clock.now_ms())).ok_or_else(|| live(&client_id))??;
     tracing::info!(%key, offset = body.offset, "offset reset by an operator");
     Ok(Json(row(&key, &record)))
+}
+
+fn live(client_id: &ClientId) -> ApiError {
+    ApiError::conflict(format!("client {client_id} has a live session; disconnect it first"))
 }
 
 /// `DELETE /admin/offsets/{topic}/{client_id}`: forget the client's offsets on the topic.
@@ -169,13 +176,12 @@ pub async fn reset(
 pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
     let d = &app.dispatcher;
-    if d.is_live(&client_id) {
-        return Err(ApiError::conflict(format!("client {client_id} has a live session; disconnect it first")));
-    }
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
-    let keys: Vec<OffsetKey> = d.store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
-    let deleted = d.store.remove(&keys)?;
-    d.forget_client_topic(&client_id, &topic);
+    let remove = || -> Result<usize, crate::core::offsets::StoreError> {
+        let keys: Vec<OffsetKey> = d.store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
+        d.store.remove(&keys)
+    };
+    let deleted = d.change_offline_client(&client_id, &topic, remove).ok_or_else(|| live(&client_id))??;
     tracing::info!(%topic, %client_id, deleted, "offsets deleted by an operator");
     Ok(Json(json!({ "deleted": deleted })))
 }

@@ -161,6 +161,7 @@ pub struct ClientOffsets {
 
 #[derive(serde::Serialize, ToSchema)]
 pub struct ResetOffset {
+    /// The new committed offset: at most the partition's `log_end` (400 above it).
     pub offset: u64,
 }
 
@@ -234,6 +235,9 @@ pub struct DeadLetter {
 #[derive(serde::Serialize, ToSchema)]
 pub struct DeadLetterList {
     pub dead_letters: Vec<DeadLetter>,
+    /// Present when more follow: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

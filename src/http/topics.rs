@@ -14,8 +14,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{AppState, JsonBody};
 use crate::core::backend::NewEvent;
-use crate::core::names::{OffsetKey, TopicName, TopicPartition};
-use crate::core::offsets::OffsetFilter;
+use crate::core::names::{TopicName, TopicPartition};
 use crate::core::protocol::ErrorCode;
 
 /// One event of a publish body. `payload` is kept as raw JSON text, never parsed into a tree.
@@ -190,16 +189,23 @@ pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<Create
 pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> Result<Json<Value>, ApiError> {
     let topic = parse_topic(&topic)?;
     let d = &app.dispatcher;
-    if d.topic_in_use(&topic) {
-        return Err(ApiError::conflict(format!("a live session subscribes to {topic}; unsubscribe it first")));
+    // Nobody may subscribe until the deletion is over (the claim is released when it drops).
+    let deletion = d
+        .claim_topic_for_deletion(&topic)
+        .ok_or_else(|| ApiError::conflict(format!("a live session subscribes to {topic} (or it is being deleted); unsubscribe it first")))?;
+    let missing = || ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {topic} does not exist"));
+    if d.backend.partitions(&topic).await?.is_none() {
+        return Err(missing());
     }
-    if !d.backend.delete_topic(&topic).await? {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {topic} does not exist")));
-    }
-    let keys: Vec<OffsetKey> = d.store.scan(&OffsetFilter { topic: Some(topic.clone()), ..Default::default() })?.into_iter().map(|(k, _)| k).collect();
-    let offsets_deleted = d.store.remove(&keys)?;
+    // The offsets go first: should the log's deletion fail, clients replay (at-least-once)
+    // rather than carry offsets over to a new topic of the same name. Removing them also starts
+    // the topic's next generation, so a write still queued for the old topic is dropped.
+    let offsets_deleted = d.store.remove_topic(&topic)?;
     let dead_letters_deleted = d.store.remove_dead_letters(&topic)?;
-    d.forget_topic(&topic);
+    deletion.forget();
+    if !d.backend.delete_topic(&topic).await? {
+        return Err(missing());
+    }
     tracing::info!(%topic, offsets_deleted, dead_letters_deleted, "topic deleted with its offsets and dead letters");
     Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted, "dead_letters_deleted": dead_letters_deleted})))
 }

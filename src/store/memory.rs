@@ -1,10 +1,10 @@
 //! An in-memory `OffsetStore`: the CAS-max is a max under one lock. Nothing survives a restart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::names::{OffsetKey, TopicName};
+use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -16,6 +16,8 @@ struct Inner {
     /// Ordered by (topic, client, partition), the same order as the RocksDB encoding.
     records: BTreeMap<OffsetKey, OffsetRecord>,
     dead_letters: Vec<DeadLetter>,
+    /// Generation of each topic deleted at least once (absent = 0).
+    generations: HashMap<TopicName, u64>,
 }
 
 impl MemoryOffsetStore {
@@ -35,9 +37,13 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
         let mut inner = self.lock();
+        let inner = &mut *inner;
         Ok(writes
             .iter()
             .map(|w| {
+                if inner.generations.get(&w.key.topic).copied().unwrap_or(0) != w.generation {
+                    return WriteOutcome::Obsolete;
+                }
                 match inner.records.get_mut(&w.key) {
                     Some(current) if !current.is_advanced_by(w) => WriteOutcome::Stale,
                     Some(current) => {
@@ -62,10 +68,22 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut inner = self.lock();
-        let last_acked = inner.records.get(key).and_then(|r| r.last_acked);
+        let last_acked = inner.records.get(key).and_then(|r| r.last_acked).filter(|l| *l < committed);
         let record = OffsetRecord { committed, last_acked, updated_at: now };
         inner.records.insert(key.clone(), record);
         Ok(record)
+    }
+
+    fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
+        Ok(self.lock().generations.get(topic).copied().unwrap_or(0))
+    }
+
+    fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.records.len();
+        inner.records.retain(|key, _| key.topic != *topic);
+        *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+        Ok(before - inner.records.len())
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
@@ -86,18 +104,34 @@ impl OffsetStore for MemoryOffsetStore {
     }
 
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
-        self.lock().dead_letters.push(dead.clone());
+        // One per (key, offset), as in the RocksDB store: a second term of it replaces the first.
+        let mut inner = self.lock();
+        inner.dead_letters.retain(|d| d.id() != dead.id());
+        inner.dead_letters.push(dead.clone());
         Ok(())
     }
 
-    fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError> {
-        Ok(self
-            .lock()
-            .dead_letters
-            .iter()
-            .filter(|d| topic.is_none_or(|t| *t == d.topic) && client.is_none_or(|c| *c == d.client_id))
-            .cloned()
-            .collect())
+    fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
+        // The RocksDB store's page order: (topic, client, ...) or (client, topic, ...).
+        let order = |d: &DeadLetter| match query.by_client() {
+            true => (d.client_id.as_str().to_string(), d.topic.as_str().to_string(), d.partition, d.offset),
+            false => (d.topic.as_str().to_string(), d.client_id.as_str().to_string(), d.partition, d.offset),
+        };
+        let after = query.after.as_ref().map(|id| {
+            let probe = DeadLetter { topic: id.key.topic.clone(), client_id: id.key.client_id.clone(), partition: id.key.partition, offset: id.offset, attempts: 0, reason: String::new(), at: 0 };
+            order(&probe)
+        });
+        let mut rows: Vec<DeadLetter> = self.lock().dead_letters.iter().filter(|d| query.matches(d) && after.as_ref().is_none_or(|a| order(d) > *a)).cloned().collect();
+        rows.sort_by_key(order);
+        rows.truncate(query.limit + 1);
+        Ok(DeadLetterPage::from_rows(rows, query.limit))
+    }
+
+    fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.dead_letters.len();
+        inner.dead_letters.retain(|d| d.at >= at_ms);
+        Ok(before - inner.dead_letters.len())
     }
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {

@@ -1,9 +1,13 @@
 //! The RocksDB `OffsetStore` (the default): `<data_dir>/offsets`.
 //!
 //! Column families: `offsets` (topic-ordered key -> record), `by_client` (client-ordered key ->
-//! nothing, the second index that makes a client filter a prefix scan) and `dead_letters`.
+//! nothing, the second index that makes a client filter a prefix scan), `dead_letters` with its
+//! client-ordered index `dead_letters_by_client`, and `topic_generations` (topic -> u64, how many
+//! times it was deleted).
 //! CAS-max is a conditional write (read, skip unless greater, put) serialized by one lock, so
-//! concurrent writers to the same key can never interleave between the read and the put.
+//! concurrent writers to the same key can never interleave between the read and the put. The
+//! lock also guards the generations, cached in memory, so a write checks its topic's generation
+//! and a topic deletion bumps it without a gap between them.
 //! Writes go through the WAL; `sync_writes` adds an fsync per batch.
 
 use std::collections::HashMap;
@@ -13,7 +17,7 @@ use std::sync::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch, WriteOptions};
 
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// Raw `(key, value)` pairs read from a column family.
@@ -24,11 +28,20 @@ type RawVisitor<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>;
 const CF_OFFSETS: &str = "offsets";
 const CF_BY_CLIENT: &str = "by_client";
 const CF_DEAD_LETTERS: &str = "dead_letters";
+const CF_TOPIC_GENERATIONS: &str = "topic_generations";
+const CF_DEAD_LETTERS_BY_CLIENT: &str = "dead_letters_by_client";
+
+/// Records removed or touched per write-lock hold (`remove`, `touch`).
+const REMOVE_CHUNK: usize = 1024;
+
+/// Generation of each topic deleted at least once (absent = 0).
+type Generations = HashMap<TopicName, u64>;
 
 pub struct RocksOffsetStore {
     db: Db,
     sync_writes: bool,
-    write_lock: Mutex<()>,
+    /// Serializes writers; holds the topic generations.
+    write_lock: Mutex<Generations>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
@@ -40,9 +53,28 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
-        Ok(Self { db, sync_writes, write_lock: Mutex::new(()) })
+        let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()) };
+        let mut generations = Generations::new();
+        store.for_each_with_prefix(CF_TOPIC_GENERATIONS, &[], &mut |key, value| {
+            let topic = std::str::from_utf8(key).ok().and_then(|t| TopicName::parse(t).ok());
+            let generation = value.try_into().ok().map(u64::from_be_bytes);
+            match (topic, generation) {
+                (Some(topic), Some(generation)) => {
+                    generations.insert(topic, generation);
+                    Ok(())
+                }
+                _ => Err(StoreError::Corrupt(format!("unreadable topic generation {:?}", String::from_utf8_lossy(key)))),
+            }
+        })?;
+        *store.write_lock.lock().unwrap() = generations;
+        store.index_dead_letters_if_missing()?;
+        Ok(store)
+    }
+
+    fn lock_writes(&self) -> std::sync::MutexGuard<'_, Generations> {
+        self.write_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn cf(&self, name: &str) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
@@ -76,6 +108,39 @@ impl RocksOffsetStore {
         Ok(())
     }
 
+    /// Removes dead letters (topic-ordered keys) and their index entries; returns how many.
+    fn remove_dead_letter_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<usize, StoreError> {
+        let (cf, index_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?);
+        let mut batch = WriteBatch::default();
+        let mut removed = 0;
+        for key in keys {
+            batch.delete_cf(&cf, key);
+            if let Some(id) = decode_dead_letter_key(key) {
+                batch.delete_cf(&index_cf, dead_letter_index_key(&id));
+            }
+            removed += 1;
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        Ok(removed)
+    }
+
+    /// Dead letters recorded before the client index existed get their index entries.
+    fn index_dead_letters_if_missing(&self) -> Result<(), StoreError> {
+        let first = |name| -> Result<bool, StoreError> { Ok(self.db.iterator_cf(&self.cf(name)?, IteratorMode::Start).next().is_some()) };
+        if !first(CF_DEAD_LETTERS)? || first(CF_DEAD_LETTERS_BY_CLIENT)? {
+            return Ok(());
+        }
+        let index_cf = self.cf(CF_DEAD_LETTERS_BY_CLIENT)?;
+        let mut batch = WriteBatch::default();
+        self.for_each_with_prefix(CF_DEAD_LETTERS, &[], &mut |key, _| {
+            if let Some(id) = decode_dead_letter_key(key) {
+                batch.put_cf(&index_cf, dead_letter_index_key(&id), []);
+            }
+            Ok(())
+        })?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
+    }
+
     /// Every `(key bytes, value bytes)` of `cf` that starts with `prefix`.
     fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<RawPairs, StoreError> {
         let mut out = Vec::new();
@@ -85,6 +150,58 @@ impl RocksOffsetStore {
         })?;
         Ok(out)
     }
+}
+
+/// Dead letter key, topic-ordered: the offset key's encoding, then the offset.
+fn dead_letter_key(id: &DeadLetterId) -> Vec<u8> {
+    let mut key = id.key.encode();
+    key.extend_from_slice(&id.offset.to_be_bytes());
+    key
+}
+
+/// The client-ordered index key of a dead letter.
+fn dead_letter_index_key(id: &DeadLetterId) -> Vec<u8> {
+    let mut key = id.key.encode_by_client();
+    key.extend_from_slice(&id.offset.to_be_bytes());
+    key
+}
+
+fn split_offset(key: &[u8]) -> Option<(&[u8], u64)> {
+    let (head, offset) = key.split_at_checked(key.len().checked_sub(8)?)?;
+    Some((head, u64::from_be_bytes(offset.try_into().ok()?)))
+}
+
+fn decode_dead_letter_key(key: &[u8]) -> Option<DeadLetterId> {
+    let (head, offset) = split_offset(key)?;
+    Some(DeadLetterId { key: OffsetKey::decode(head)?, offset })
+}
+
+fn decode_dead_letter_index_key(key: &[u8]) -> Option<DeadLetterId> {
+    let (head, offset) = split_offset(key)?;
+    Some(DeadLetterId { key: OffsetKey::decode_by_client(head)?, offset })
+}
+
+/// Value: version 1, attempts (u32), at (u64), then the reason's bytes.
+fn decode_dead_letter(id: DeadLetterId, value: &[u8]) -> Option<DeadLetter> {
+    if value.len() < 13 || value[0] != 1 {
+        return None;
+    }
+    Some(DeadLetter {
+        topic: id.key.topic,
+        client_id: id.key.client_id,
+        partition: id.key.partition,
+        offset: id.offset,
+        attempts: u32::from_be_bytes(value[1..5].try_into().ok()?),
+        at: u64::from_be_bytes(value[5..13].try_into().ok()?),
+        reason: String::from_utf8_lossy(&value[13..]).into_owned(),
+    })
+}
+
+/// Byte prefix of every key of one client on one topic, in the topic-ordered encoding.
+fn topic_client_prefix(topic: &TopicName, client: &ClientId) -> Vec<u8> {
+    let mut prefix = OffsetKey::new(topic.clone(), client.clone(), 0).encode();
+    prefix.truncate(prefix.len() - 4);
+    prefix
 }
 
 fn decode_record(key: &OffsetKey, bytes: &[u8]) -> Result<OffsetRecord, StoreError> {
@@ -97,7 +214,7 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
-        let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let generations = self.lock_writes();
         let (offsets_cf, by_client_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?);
         // Records as they will be after this batch, so two writes to one key in a batch compare
         // against each other and not only against the stored value.
@@ -105,6 +222,10 @@ impl OffsetStore for RocksOffsetStore {
         let mut outcomes = Vec::with_capacity(writes.len());
         let mut batch = WriteBatch::default();
         for w in writes {
+            if generations.get(&w.key.topic).copied().unwrap_or(0) != w.generation {
+                outcomes.push(WriteOutcome::Obsolete);
+                continue;
+            }
             let current = match after.get(&w.key) {
                 Some(record) => Some(*record),
                 None => self.get_record(&w.key)?,
@@ -150,11 +271,7 @@ impl OffsetStore for RocksOffsetStore {
             });
         }
         let prefix = match (&filter.topic, &filter.client_id) {
-            (Some(topic), Some(client)) => {
-                let mut prefix = OffsetKey::new(topic.clone(), client.clone(), 0).encode();
-                prefix.truncate(prefix.len() - 4);
-                prefix
-            }
+            (Some(topic), Some(client)) => topic_client_prefix(topic, client),
             (Some(topic), None) => topic_prefix(topic),
             (None, _) => Vec::new(),
         };
@@ -165,8 +282,8 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
-        let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let last_acked = self.get_record(key)?.and_then(|r| r.last_acked);
+        let _serialized = self.lock_writes();
+        let last_acked = self.get_record(key)?.and_then(|r| r.last_acked).filter(|l| *l < committed);
         let record = OffsetRecord { committed, last_acked, updated_at: now };
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_OFFSETS)?, key.encode(), record.encode());
@@ -175,90 +292,137 @@ impl OffsetStore for RocksOffsetStore {
         Ok(record)
     }
 
-    fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
-        let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let cf = self.cf(CF_OFFSETS)?;
+    fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
+        Ok(self.lock_writes().get(topic).copied().unwrap_or(0))
+    }
+
+    fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        let mut generations = self.lock_writes();
+        let (offsets_cf, by_client_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?);
         let mut batch = WriteBatch::default();
-        let mut touched = 0;
-        for key in keys {
-            if let Some(record) = self.get_record(key)? {
-                batch.put_cf(&cf, key.encode(), OffsetRecord { updated_at: now, ..record }.encode());
-                touched += 1;
+        let mut removed = 0;
+        self.for_each_with_prefix(CF_OFFSETS, &topic_prefix(topic), &mut |key, _| {
+            if let Some(decoded) = OffsetKey::decode(key) {
+                batch.delete_cf(&by_client_cf, decoded.encode_by_client());
             }
-        }
+            batch.delete_cf(&offsets_cf, key);
+            removed += 1;
+            Ok(())
+        })?;
+        let next = generations.get(topic).copied().unwrap_or(0) + 1;
+        batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        generations.insert(topic.clone(), next);
+        Ok(removed)
+    }
+
+    fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+        let cf = self.cf(CF_OFFSETS)?;
+        let mut touched = 0;
+        // In chunks, like `remove`: refreshing every live client's records is one call.
+        for chunk in keys.chunks(REMOVE_CHUNK) {
+            let _serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for key in chunk {
+                if let Some(record) = self.get_record(key)? {
+                    batch.put_cf(&cf, key.encode(), OffsetRecord { updated_at: now, ..record }.encode());
+                    touched += 1;
+                }
+            }
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        }
         Ok(touched)
     }
 
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
-        let _serialized = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut batch = WriteBatch::default();
+        let unique: Vec<&OffsetKey> = keys.iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let (offsets_cf, by_client_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?);
         let mut removed = 0;
-        let unique: std::collections::BTreeSet<&OffsetKey> = keys.iter().collect();
-        for key in unique {
-            if self.get_record(key)?.is_some() {
-                removed += 1;
+        // In chunks, each its own batch under the write lock: a sweep of a million expired
+        // records never holds back ack writes for more than one chunk.
+        for chunk in unique.chunks(REMOVE_CHUNK) {
+            let _serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for key in chunk {
+                if self.get_record(key)?.is_some() {
+                    removed += 1;
+                }
+                batch.delete_cf(&offsets_cf, key.encode());
+                batch.delete_cf(&by_client_cf, key.encode_by_client());
             }
-            batch.delete_cf(&self.cf(CF_OFFSETS)?, key.encode());
-            batch.delete_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client());
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         Ok(removed)
     }
 
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
-        let mut key = OffsetKey::new(dead.topic.clone(), dead.client_id.clone(), dead.partition).encode();
-        key.extend_from_slice(&dead.offset.to_be_bytes());
-        let mut value = Vec::with_capacity(17 + dead.reason.len());
+        let id = dead.id();
+        let mut value = Vec::with_capacity(13 + dead.reason.len());
         value.push(1u8);
         value.extend_from_slice(&dead.attempts.to_be_bytes());
         value.extend_from_slice(&dead.at.to_be_bytes());
         value.extend_from_slice(dead.reason.as_bytes());
-        self.db.put_cf_opt(&self.cf(CF_DEAD_LETTERS)?, key, value, &self.write_opts()).map_err(io_err)
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(CF_DEAD_LETTERS)?, dead_letter_key(&id), value);
+        batch.put_cf(&self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, dead_letter_index_key(&id), []);
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
     }
 
-    fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError> {
-        let prefix = match (topic, client) {
-            (Some(t), Some(c)) => {
-                let mut p = OffsetKey::new(t.clone(), c.clone(), 0).encode();
-                p.truncate(p.len() - 4);
-                p
-            }
-            (Some(t), None) => topic_prefix(t),
-            // Dead letters have no client index: a client-only filter scans them all.
-            (None, _) => Vec::new(),
-        };
-        let mut out = Vec::new();
-        for (key, value) in self.prefix_scan(CF_DEAD_LETTERS, &prefix)? {
-            let Some((key_part, offset)) = key.split_at_checked(key.len().saturating_sub(8)) else { continue };
-            let (Some(offset_key), Ok(offset)) = (OffsetKey::decode(key_part), offset.try_into().map(u64::from_be_bytes)) else {
-                continue;
+    fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
+        let (cf_name, prefix, start) = if query.by_client() {
+            let client = query.client_id.as_ref().expect("by_client has a client");
+            (CF_DEAD_LETTERS_BY_CLIENT, client_prefix(client), query.after.as_ref().map(dead_letter_index_key))
+        } else {
+            let prefix = match (&query.topic, &query.client_id) {
+                (Some(topic), Some(client)) => topic_client_prefix(topic, client),
+                (Some(topic), None) => topic_prefix(topic),
+                (None, _) => Vec::new(),
             };
-            if client.is_some_and(|c| *c != offset_key.client_id) || value.len() < 13 || value[0] != 1 {
+            (CF_DEAD_LETTERS, prefix, query.after.as_ref().map(dead_letter_key))
+        };
+        let main_cf = self.cf(CF_DEAD_LETTERS)?;
+        let cf = self.cf(cf_name)?;
+        let from = start.as_deref().filter(|s| *s > prefix.as_slice()).unwrap_or(&prefix);
+        let mut rows = Vec::new();
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(from, Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            if !key.starts_with(&prefix) || rows.len() > query.limit {
+                break;
+            }
+            if start.as_deref() == Some(&*key) {
                 continue;
             }
-            out.push(DeadLetter {
-                topic: offset_key.topic,
-                client_id: offset_key.client_id,
-                partition: offset_key.partition,
-                offset,
-                attempts: u32::from_be_bytes(value[1..5].try_into().unwrap()),
-                at: u64::from_be_bytes(value[5..13].try_into().unwrap()),
-                reason: String::from_utf8_lossy(&value[13..]).into_owned(),
-            });
+            let dead = if query.by_client() {
+                let Some(id) = decode_dead_letter_index_key(&key) else { continue };
+                match self.db.get_pinned_cf(&main_cf, dead_letter_key(&id)).map_err(io_err)? {
+                    Some(value) => decode_dead_letter(id, &value),
+                    None => None,
+                }
+            } else {
+                decode_dead_letter_key(&key).and_then(|id| decode_dead_letter(id, &value))
+            };
+            if let Some(dead) = dead.filter(|d| query.matches(d)) {
+                rows.push(dead);
+            }
         }
-        Ok(out)
+        Ok(DeadLetterPage::from_rows(rows, query.limit))
     }
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
         let keys = self.prefix_scan(CF_DEAD_LETTERS, &topic_prefix(topic))?;
-        let cf = self.cf(CF_DEAD_LETTERS)?;
-        let mut batch = WriteBatch::default();
-        for (key, _) in &keys {
-            batch.delete_cf(&cf, key);
-        }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
-        Ok(keys.len())
+        self.remove_dead_letter_keys(keys.iter().map(|(key, _)| &**key))
+    }
+
+    fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
+        let mut old = Vec::new();
+        self.for_each_with_prefix(CF_DEAD_LETTERS, &[], &mut |key, value| {
+            let at = value.get(5..13).map(|b| u64::from_be_bytes(b.try_into().unwrap()));
+            if at.is_some_and(|at| at < at_ms) {
+                old.push(key.to_vec());
+            }
+            Ok(())
+        })?;
+        self.remove_dead_letter_keys(old.iter().map(Vec::as_slice))
     }
 
     fn flush(&self) -> Result<(), StoreError> {

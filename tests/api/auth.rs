@@ -121,3 +121,46 @@ async fn a_client_can_never_ack_or_reset_another_clients_deliveries() {
     assert_eq!(ok["committed"], json!({"shared": {"0": 1}}));
     gw.stop().await;
 }
+
+/// A token whose `nbf` is in the future is not valid yet (PROTOCOL.md: `nbf`, when present, is
+/// checked); one whose `nbf` has passed is.
+#[tokio::test]
+async fn a_token_not_valid_yet_is_refused() {
+    let (_dir, gw) = start().await;
+    let early = token(json!({"sub": "alice", "nbf": now_secs() + 3600}));
+    assert_eq!(refused(format!("{}/ws?client_id=alice&token={early}", gw.base), None).await, (401, "unauthorized".into()));
+    let ready = token(json!({"sub": "alice", "nbf": now_secs() - 10}));
+    connect_with(gw.addr(), "alice", &ready).await.close().await;
+    gw.stop().await;
+}
+
+/// A session that takes over with a token for fewer topics cannot ack, nack, extend or term the
+/// deliveries it inherited on a topic its token no longer allows.
+#[tokio::test]
+async fn a_narrower_token_cannot_settle_inherited_deliveries() {
+    let (_dir, gw) = start().await;
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("admin");
+    let created = admin(http().post(format!("{}/topics", gw.base))).json(&json!({"name": "secret", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let published = admin(http().post(format!("{}/topics/secret/events", gw.base))).json(&json!({"payload": 1})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+    let mut wide = connect_with(gw.addr(), "alice", &token(json!({"sub": "alice", "topics": ["secret"]}))).await;
+    wide.subscribe("secret", json!({})).await;
+    let event = wide.recv_type("event").await;
+    let mut narrow = connect_with(gw.addr(), "alice", &token(json!({"sub": "alice", "topics": ["public"]}))).await;
+    assert_eq!(wide.close_code().await, 4001);
+    for op in ["ack", "nack", "extend", "term"] {
+        narrow.send(json!({"op": op, "delivery_id": id(&event), "req": op})).await;
+        let answer = narrow.recv().await;
+        assert_eq!((answer["type"].as_str(), answer["code"].as_str(), answer["req"].as_str()), (Some("error"), Some("forbidden"), Some(op)), "{answer}");
+    }
+    let row = stored_offset_with(&gw.base, "secret", "alice", "admin").await;
+    assert_eq!(row["committed"], 0, "nothing was acknowledged: {row}");
+    gw.stop().await;
+}
+
+async fn stored_offset_with(base: &str, topic: &str, client: &str, admin_token: &str) -> Value {
+    let response = http().get(format!("{base}/admin/offsets?topic={topic}&client_id={client}")).bearer_auth(admin_token).send().await.unwrap();
+    let body: Value = response.json().await.unwrap();
+    body["offsets"][0].clone()
+}

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use ackgate::core::names::{ClientId, OffsetKey, TopicName};
-use ackgate::core::offsets::{DeadLetter, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::names::{OffsetKey, TopicName};
+use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
 pub struct ControlledStore {
@@ -76,6 +76,14 @@ impl OffsetStore for ControlledStore {
         self.inner.reset(key, committed, now)
     }
 
+    fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
+        self.inner.topic_generation(topic)
+    }
+
+    fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        self.inner.remove_topic(topic)
+    }
+
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
         self.inner.touch(keys, now)
     }
@@ -88,8 +96,12 @@ impl OffsetStore for ControlledStore {
         self.inner.record_dead_letter(dead)
     }
 
-    fn dead_letters(&self, topic: Option<&TopicName>, client: Option<&ClientId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.dead_letters(topic, client)
+    fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
+        self.inner.dead_letters(query)
+    }
+
+    fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
+        self.inner.remove_dead_letters_before(at_ms)
     }
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {

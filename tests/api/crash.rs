@@ -43,14 +43,29 @@ async fn consume(addr: std::net::SocketAddr, client_id: &str, seen: &mut BTreeSe
     client.close().await;
 }
 
+/// Rounds of the embedded-log crash test in one run (`ACKGATE_CRASH_ROUNDS` overrides).
+const CRASH_ROUNDS: usize = 20;
+
+/// The same crash, 20 times in a row on one build, each round killing the process at another
+/// point of the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_loses_nothing_and_never_moves_offsets_back() {
-    sigkill_mid_stream(&[]).await;
+    let rounds = std::env::var("ACKGATE_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(CRASH_ROUNDS);
+    for round in 0..rounds {
+        eprintln!("crash round {} of {rounds}", round + 1);
+        sigkill_mid_stream_at(&[], 300 + 97 * round).await;
+    }
 }
 
 /// The body, for any backend: `env` configures the gateway process (the Kafka suite passes its
 /// broker).
 pub async fn sigkill_mid_stream(env: &[(&str, &str)]) {
+    sigkill_mid_stream_at(env, 300).await;
+}
+
+/// One crash: the process is killed after the last client has acked `acks_before_kill` more
+/// events (the acks of the last ones are still in flight).
+async fn sigkill_mid_stream_at(env: &[(&str, &str)], acks_before_kill: usize) {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, env);
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "stream", "partitions": PARTITIONS})).send().await.unwrap();
@@ -67,7 +82,7 @@ pub async fn sigkill_mid_stream(env: &[(&str, &str)]) {
     }
     let mut client = WsClient::connect(gw.addr, "crash-a").await;
     client.subscribe("stream", json!({})).await;
-    for _ in 0..300 {
+    for _ in 0..acks_before_kill {
         let event = client.recv_type("event").await;
         seen[0].insert(event["payload"]["n"].as_u64().unwrap());
         client.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;

@@ -179,6 +179,13 @@ async fn rest_errors_are_4xx_with_the_error_body() {
     check(409, "conflict")(send(client.delete(format!("{base}/admin/offsets/t/live"))).await);
     check(409, "conflict")(send(client.delete(format!("{base}/topics/t"))).await);
     check(400, "bad_request")(send(client.put(format!("{base}/admin/offsets/t/other/0")).json(&json!({"offset": -1}))).await);
+    // axum's own rejections get the error body too: bad UTF-8 in a path, a plain GET on /ws,
+    // a JSON body over limits.max_body_bytes.
+    check(400, "bad_request")(send(client.get(format!("{base}/admin/offsets/%FF%FE/c"))).await);
+    let (status, body) = send(client.get(format!("{base}/ws?client_id=plain"))).await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    check(413, "limit_exceeded")(send(client.post(format!("{base}/topics")).body(format!(r#"{{"name":"{}","partitions":1}}"#, "x".repeat(5000)))).await);
     live.close().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     gw.stop().await;

@@ -2,11 +2,13 @@
 //! and HTTP clients. One test binary; one module per concern.
 
 mod auth;
+mod bounds;
 mod browser;
 mod cluster;
 mod conformance;
 mod controlled_store;
 mod crash;
+mod dead_letters;
 mod delivery;
 mod errors;
 mod kafka;

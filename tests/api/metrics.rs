@@ -93,4 +93,26 @@ async fn metrics_move_with_a_real_exchange() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let logs = gw.logs.lock().unwrap().join("\n");
     assert!(logs.contains("request_id"), "HTTP log lines carry the request id");
+
+    // A deleted topic's pull lag series leaves the output (gauges not set for 5 s are dropped).
+    again.close().await;
+    let mut deleted = false;
+    for _ in 0..100 {
+        if http().delete(format!("{}/topics/m", gw.base)).send().await.unwrap().status() == 200 {
+            deleted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(deleted, "the topic is deleted once its session has ended");
+    let mut gone = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !scrape(&gw.base).await.keys().any(|k| k.starts_with("ackgate_pull_lag{topic=\"m\"")) {
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "the pull lag of a deleted topic stays in /metrics");
+    assert!(scrape(&gw.base).await.contains_key("ackgate_sessions"), "gauges set at every scrape stay");
 }

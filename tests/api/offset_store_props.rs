@@ -23,7 +23,7 @@ fn key(k: u8) -> OffsetKey {
 fn check_running_max(store: &dyn OffsetStore, batches: &[Vec<(u8, u64)>], model: &mut HashMap<OffsetKey, u64>) {
     for batch in batches {
         let writes: Vec<OffsetWrite> =
-            batch.iter().map(|(k, c)| OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: 1 }).collect();
+            batch.iter().map(|(k, c)| OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: 1, generation: 0 }).collect();
         let outcomes = store.write_offsets(&writes).unwrap();
         for (write, outcome) in writes.iter().zip(outcomes) {
             let current = model.get(&write.key).copied();
@@ -71,7 +71,7 @@ fn prefix_scans_by_topic_by_client_and_both() {
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     let memory = MemoryOffsetStore::new();
     for store in [&rocks as &dyn OffsetStore, &memory] {
-        let writes: Vec<OffsetWrite> = (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1 }).collect();
+        let writes: Vec<OffsetWrite> = (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1, generation: 0 }).collect();
         store.write_offsets(&writes).unwrap();
         let scan = |topic: Option<&str>, client: Option<&str>| -> Vec<String> {
             let filter = OffsetFilter {
@@ -97,4 +97,34 @@ fn prefix_scans_by_topic_by_client_and_both() {
         assert_eq!(scan(None, None).len(), 8, "compaction keeps every live record");
         assert_eq!(store.read(&key(1)).unwrap().unwrap().committed, 5);
     }
+}
+
+/// A deleted topic's offsets go with a new generation: a write made for the old topic (still
+/// queued when it was deleted) is dropped, in both stores and after a RocksDB reopen; writes
+/// for the new generation and for other topics go through.
+#[test]
+fn writes_for_a_deleted_topic_never_land_on_its_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryOffsetStore::new();
+    let write = |k: u8, committed: u64, generation: u64| OffsetWrite { key: key(k), committed, last_acked: None, updated_at: 1, generation };
+    let topic_ab = TopicName::parse("ab").unwrap();
+    {
+        let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+        for store in [&rocks as &dyn OffsetStore, &memory] {
+            assert_eq!(store.topic_generation(&topic_ab).unwrap(), 0);
+            store.write_offsets(&[write(0, 5, 0), write(3, 5, 0), write(1, 5, 0)]).unwrap();
+            assert_eq!(store.remove_topic(&topic_ab).unwrap(), 2, "both partitions of ab#c");
+            assert_eq!(store.topic_generation(&topic_ab).unwrap(), 1);
+            assert_eq!(store.read(&key(0)).unwrap(), None);
+            assert_eq!(store.read(&key(1)).unwrap().unwrap().committed, 5, "topic a is untouched");
+            let outcomes = store.write_offsets(&[write(0, 500, 0), write(1, 6, 0)]).unwrap();
+            assert_eq!(outcomes, vec![WriteOutcome::Obsolete, WriteOutcome::Advanced]);
+            assert_eq!(store.read(&key(0)).unwrap(), None, "the old topic's write was dropped");
+        }
+    }
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.topic_generation(&topic_ab).unwrap(), 1, "the generation survives a reopen");
+    assert_eq!(rocks.write_offset(write(0, 500, 0)).unwrap(), WriteOutcome::Obsolete);
+    assert_eq!(rocks.write_offset(write(0, 2, 1)).unwrap(), WriteOutcome::Advanced);
+    assert_eq!(rocks.read(&key(0)).unwrap().unwrap().committed, 2);
 }

@@ -23,7 +23,7 @@ mod retention;
 mod tests;
 
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
-use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds};
+use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
 use crate::core::names::{topic_prefix, TopicName, TopicPartition};
 use crate::core::offsets::Clock;
 
@@ -344,21 +344,22 @@ impl LogBackend for EmbeddedLog {
         Ok(PartitionBounds { log_start, log_end })
     }
 
-    async fn poll(&self, tp: &TopicPartition, start_offset: i64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+    async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let appended = self.with_partition(tp, |p| p.appended.clone())?;
             let notified = appended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let from = if start_offset >= 0 {
-                start_offset as u64
-            } else {
-                let (start, _) = self.bounds(tp)?;
-                self.cursors.get(tp).unwrap_or(start).max(start)
+            let start = match from {
+                ReadFrom::Offset(offset) => offset,
+                ReadFrom::PullCursor => {
+                    let (log_start, _) = self.bounds(tp)?;
+                    self.cursors.get(tp).unwrap_or(log_start).max(log_start)
+                }
             };
-            let events = self.read_events(tp, from, max)?;
-            if let (true, Some(last)) = (start_offset < 0, events.last()) {
+            let events = self.read_events(tp, start, max)?;
+            if let (ReadFrom::PullCursor, Some(last)) = (from, events.last()) {
                 self.cursors.set(tp, last.offset + 1);
             }
             if !events.is_empty() || tokio::time::Instant::now() >= deadline {

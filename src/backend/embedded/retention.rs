@@ -1,6 +1,9 @@
 //! Log retention: deletes the oldest events of each partition by age and by size.
 
+use std::sync::Arc;
+
 use rocksdb::{Direction, IteratorMode, WriteBatch};
+use tokio::sync::Notify;
 
 use super::codec::StoredEvent;
 use super::{end_marker_key, event_key, io_err, partition_prefix, EmbeddedLog, CF_ENDS, CF_EVENTS};
@@ -12,19 +15,28 @@ impl EmbeddedLog {
     /// many events went. Called periodically by the gateway.
     pub fn enforce_retention(&self) -> Result<u64, BackendError> {
         let now = self.clock.now_ms();
-        let _guard = self.append_lock.lock().unwrap();
-        let targets: Vec<(TopicName, u32, u64, u64, u64)> = self
+        type Target = (TopicName, u32, u64, u64, u64, Arc<Notify>);
+        let targets: Vec<Target> = self
             .topics
             .read()
             .unwrap()
             .iter()
-            .flat_map(|(t, ps)| ps.iter().enumerate().map(|(i, p)| (t.clone(), i as u32, p.start, p.end, p.bytes_before_end)))
-            .filter(|(_, _, start, end, _)| start < end)
+            .flat_map(|(t, ps)| ps.iter().enumerate().map(|(i, p)| (t.clone(), i as u32, p.start, p.end, p.bytes_before_end, p.appended.clone())))
+            .filter(|(_, _, start, end, _, _)| start < end)
             .collect();
         let mut removed = 0;
-        for (topic, partition, start, end, bytes_before_end) in targets {
+        for (topic, partition, start, end, bytes_before_end, incarnation) in targets {
+            // The scan for the cut runs without the append lock: publishes only add events at
+            // the end, above anything it reads, so it never makes them wait.
             let (new_start, new_bytes_before_start) = self.retention_cut(&topic, partition, start, end, bytes_before_end, now)?;
             if new_start == start {
+                continue;
+            }
+            let _guard = self.append_lock.lock().unwrap();
+            // The same partition as scanned: not deleted and created again meanwhile (a new
+            // topic has new `appended` notifiers), and not trimmed by anyone else.
+            let unchanged = self.topics.read().unwrap().get(&topic).and_then(|ps| ps.get(partition as usize)).is_some_and(|p| Arc::ptr_eq(&p.appended, &incarnation) && p.start == start);
+            if !unchanged {
                 continue;
             }
             let cf = self.cf(CF_EVENTS)?;

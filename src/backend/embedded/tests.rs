@@ -24,7 +24,7 @@ fn tp(name: &str, partition: u32) -> TopicPartition {
     TopicPartition::new(topic(name), partition)
 }
 
-async fn offsets_of(log: &EmbeddedLog, tp: &TopicPartition, from: i64) -> Vec<u64> {
+async fn offsets_of(log: &EmbeddedLog, tp: &TopicPartition, from: ReadFrom) -> Vec<u64> {
     log.poll(tp, from, 1000, Duration::ZERO).await.unwrap().iter().map(|e| e.offset).collect()
 }
 
@@ -43,7 +43,7 @@ async fn offsets_are_contiguous_batches_atomic_and_keys_sticky() {
     assert!(keyed.windows(2).all(|w| w[0].0 == w[1].0), "one key, one partition: {keyed:?}");
     assert!(!log.create_topic(&t, 2).await.unwrap(), "same partition count: already there");
     assert!(matches!(log.create_topic(&t, 3).await, Err(BackendError::Conflict(_))));
-    let events = log.poll(&tp("t", 0), 2, 2, Duration::ZERO).await.unwrap();
+    let events = log.poll(&tp("t", 0), ReadFrom::Offset(2), 2, Duration::ZERO).await.unwrap();
     assert_eq!((events[0].offset, events[0].payload.as_slice(), events.len()), (2, b"2".as_slice(), 2));
 }
 
@@ -53,7 +53,7 @@ async fn reopening_recovers_topics_ends_and_the_pull_cursor() {
     {
         let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
         log.publish(&topic("t"), (0..4).map(|n| event(Some(1), None, n)).collect()).await.unwrap();
-        assert_eq!(offsets_of(&log, &tp("t", 1), -1).await, vec![0, 1, 2, 3]);
+        assert_eq!(offsets_of(&log, &tp("t", 1), ReadFrom::PullCursor).await, vec![0, 1, 2, 3]);
         assert_eq!(log.pull_offset(&tp("t", 1)), Some(4));
         log.seek(&tp("t", 1), 2);
         log.checkpoint().unwrap();
@@ -61,7 +61,7 @@ async fn reopening_recovers_topics_ends_and_the_pull_cursor() {
     let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
     assert_eq!(log.topics().await.unwrap(), vec![(topic("t"), 2)]);
     assert_eq!(log.pull_offset(&tp("t", 1)), Some(2));
-    assert_eq!(offsets_of(&log, &tp("t", 1), -1).await, vec![2, 3]);
+    assert_eq!(offsets_of(&log, &tp("t", 1), ReadFrom::PullCursor).await, vec![2, 3]);
     let next = log.publish(&topic("t"), vec![event(Some(1), None, 4)]).await.unwrap();
     assert_eq!(next, vec![(1, 4)]);
 }
@@ -73,7 +73,7 @@ async fn a_long_poll_wakes_on_publish() {
     log.create_topic(&topic("t"), 1).await.unwrap();
     let waiter = {
         let log = log.clone();
-        tokio::spawn(async move { log.poll(&tp("t", 0), -1, 10, Duration::from_secs(30)).await.unwrap() })
+        tokio::spawn(async move { log.poll(&tp("t", 0), ReadFrom::PullCursor, 10, Duration::from_secs(30)).await.unwrap() })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     log.publish(&topic("t"), vec![event(None, None, 1)]).await.unwrap();
@@ -95,7 +95,7 @@ async fn retention_by_age_deletes_old_events_and_offsets_keep_counting() {
         clock.advance(DAY_MS / 2 + 1);
         assert_eq!(log.enforce_retention().unwrap(), 3);
         assert_eq!(log.log_bounds(&tp("t", 0)).await.unwrap(), PartitionBounds { log_start: 3, log_end: 5 });
-        assert_eq!(offsets_of(&log, &tp("t", 0), 0).await, vec![3, 4], "reads below log_start begin at it");
+        assert_eq!(offsets_of(&log, &tp("t", 0), ReadFrom::Offset(0)).await, vec![3, 4], "reads below log_start begin at it");
         clock.advance(DAY_MS);
         assert_eq!(log.enforce_retention().unwrap(), 2);
     }
@@ -115,7 +115,7 @@ async fn retention_by_size_keeps_the_newest_events_that_fit() {
     let log = EmbeddedLog::open(dir.path(), settings.clone(), clock.clone()).unwrap();
     log.publish(&topic("t"), (0..8).map(|n| event(Some(0), None, n)).collect()).await.unwrap();
     assert_eq!(log.enforce_retention().unwrap(), 5);
-    assert_eq!(offsets_of(&log, &tp("t", 0), 0).await, vec![5, 6, 7]);
+    assert_eq!(offsets_of(&log, &tp("t", 0), ReadFrom::Offset(0)).await, vec![5, 6, 7]);
     assert_eq!(log.enforce_retention().unwrap(), 0, "within the limit nothing more goes");
     drop(log);
     let log = EmbeddedLog::open(dir.path(), settings, clock).unwrap();
@@ -132,7 +132,7 @@ async fn deleting_a_topic_removes_its_events() {
     assert!(log.delete_topic(&topic("gone")).await.unwrap());
     assert!(!log.delete_topic(&topic("gone")).await.unwrap());
     assert!(matches!(log.log_bounds(&tp("gone", 0)).await, Err(BackendError::UnknownTopic(_))));
-    assert_eq!(offsets_of(&log, &tp("gone2", 0), 0).await, vec![0], "a topic whose name extends it is untouched");
+    assert_eq!(offsets_of(&log, &tp("gone2", 0), ReadFrom::Offset(0)).await, vec![0], "a topic whose name extends it is untouched");
     log.create_topic(&topic("gone"), 1).await.unwrap();
     assert_eq!(log.log_bounds(&tp("gone", 0)).await.unwrap(), PartitionBounds { log_start: 0, log_end: 0 });
 }

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 mod pull;
 
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
-use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds};
+use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
 use crate::core::names::{TopicName, TopicPartition};
 use pull::Puller;
 
@@ -107,7 +107,9 @@ impl KafkaSettings {
     fn consumer_config(&self) -> ClientConfig {
         // librdkafka's 500 ms default fetch wait would add up to half a second of delivery
         // latency on a quiet partition.
-        let mut config = self.client_config_with(&[("fetch.wait.max.ms", "50")]);
+        // Prefetch is per assigned partition (librdkafka's default is 64 MiB each): bounded here,
+        // overridable through kafka.properties.
+        let mut config = self.client_config_with(&[("fetch.wait.max.ms", "50"), ("queued.max.messages.kbytes", "4096"), ("queued.min.messages", "10000")]);
         config
             .set("group.id", UNUSED_GROUP_ID)
             .set("enable.auto.commit", "false")
@@ -343,16 +345,19 @@ impl LogBackend for KafkaLog {
         Ok(PartitionBounds { log_start: low.max(0) as u64, log_end: high.max(0) as u64 })
     }
 
-    async fn poll(&self, tp: &TopicPartition, start_offset: i64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
-        if start_offset < 0 {
-            self.puller.poll_cursor(tp, max, wait).await
-        } else {
-            self.puller.read_at(tp, start_offset as u64, max, wait).await
+    async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        match from {
+            ReadFrom::PullCursor => self.puller.poll_cursor(tp, max, wait).await,
+            ReadFrom::Offset(offset) => self.puller.read_at(tp, offset, max, wait).await,
         }
     }
 
     fn seek(&self, tp: &TopicPartition, offset: u64) {
         self.puller.seek(tp, offset);
+    }
+
+    fn stop_pulling(&self, tp: &TopicPartition) {
+        self.puller.unassign(tp);
     }
 
     fn pull_offset(&self, tp: &TopicPartition) -> Option<u64> {

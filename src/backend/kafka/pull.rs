@@ -23,9 +23,13 @@ use crate::backend::checkpoint::PullCursors;
 use crate::core::backend::{BackendError, Event};
 use crate::core::names::{TopicName, TopicPartition};
 
-/// A catch-up read waits at least this long for the first message: a fetch from an arbitrary
-/// offset needs a broker round trip, so "nothing yet" after zero wait would mean nothing.
+/// A catch-up read from a new position waits at least this long for the first message: a fetch
+/// from an arbitrary offset needs a broker round trip, so "nothing yet" after zero wait would
+/// mean nothing. A read that continues where the consumer stands waits less: it has fetched.
 const CATCH_UP_MIN_WAIT: Duration = Duration::from_millis(1000);
+const CATCH_UP_CONTINUE_WAIT: Duration = Duration::from_millis(100);
+/// Catch-up consumers: one slow or idle catch-up reader holds only one of them.
+const CATCH_UP_CONSUMERS: usize = 4;
 
 type PartitionQueue = StreamPartitionQueue<DefaultConsumerContext>;
 
@@ -38,7 +42,7 @@ pub struct Puller {
     /// The split queue of every assigned `topic#partition`, with a lock that keeps polls of one
     /// partition in order (the cursor moves after each).
     queues: Mutex<HashMap<TopicPartition, OrderedQueue>>,
-    catch_up: tokio::sync::Mutex<CatchUp>,
+    catch_up: Vec<tokio::sync::Mutex<CatchUp>>,
     cursors: Arc<PullCursors>,
     stop: CancellationToken,
 }
@@ -52,7 +56,9 @@ struct CatchUp {
 impl Puller {
     pub fn start(config: &ClientConfig, cursors: Arc<PullCursors>) -> Result<Self, BackendError> {
         let consumer: Arc<StreamConsumer> = Arc::new(config.create().map_err(kafka_err)?);
-        let catch_up = CatchUp { consumer: config.create().map_err(kafka_err)?, position: None };
+        let catch_up = (0..CATCH_UP_CONSUMERS)
+            .map(|_| Ok(tokio::sync::Mutex::new(CatchUp { consumer: config.create().map_err(kafka_err)?, position: None })))
+            .collect::<Result<Vec<_>, BackendError>>()?;
         let stop = CancellationToken::new();
         // The main queue must be served for librdkafka's events and errors; every message goes
         // to a split queue, so anything here is logged and dropped.
@@ -71,14 +77,16 @@ impl Puller {
                 }
             }
         });
-        Ok(Self { consumer, queues: Mutex::new(HashMap::new()), catch_up: tokio::sync::Mutex::new(catch_up), cursors, stop })
+        Ok(Self { consumer, queues: Mutex::new(HashMap::new()), catch_up, cursors, stop })
     }
 
-    /// Moves the pull cursor of `tp`, assigning the partition on first use.
+    /// Moves the pull cursor of `tp`. An assigned partition is moved at once; one nobody pulls
+    /// yet (boot alignment sets every cursor) is assigned by its first poll, so idle partitions
+    /// cost no split queue and no prefetch.
     pub fn seek(&self, tp: &TopicPartition, offset: u64) {
         self.cursors.set(tp, offset);
         let (topic, partition) = (tp.topic.as_str(), tp.partition as i32);
-        let mut queues = self.queues.lock().unwrap();
+        let queues = self.queues.lock().unwrap();
         if queues.contains_key(tp) {
             if let Err(e) = self.consumer.seek(topic, partition, Offset::Offset(offset as i64), Duration::ZERO) {
                 // A partition whose first fetch has not started cannot seek yet: assign it anew.
@@ -88,6 +96,14 @@ impl Puller {
                     tracing::error!(%tp, offset, error = %e, "re-assigning a Kafka partition failed");
                 }
             }
+        }
+    }
+
+    /// Assigns `tp` at `offset` with its own split queue.
+    fn assign(&self, tp: &TopicPartition, offset: u64) {
+        let (topic, partition) = (tp.topic.as_str(), tp.partition as i32);
+        let mut queues = self.queues.lock().unwrap();
+        if queues.contains_key(tp) {
             return;
         }
         let Some(queue) = self.consumer.split_partition_queue(topic, partition) else {
@@ -106,8 +122,8 @@ impl Puller {
     pub async fn poll_cursor(&self, tp: &TopicPartition, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let queue = self.queues.lock().unwrap().get(tp).cloned();
         let Some(queue) = queue else {
-            // Not assigned yet: start where the checkpoint (or the log start) says.
-            self.seek(tp, self.cursors.get(tp).unwrap_or(0));
+            // Not assigned yet: start where the cursor (or the log start) says.
+            self.assign(tp, self.cursors.get(tp).unwrap_or(0));
             tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
             return Ok(Vec::new());
         };
@@ -124,18 +140,49 @@ impl Puller {
 
     /// Reads up to `max` events of `tp` from `offset` on, without touching the pull cursor.
     pub async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
-        let mut catch_up = self.catch_up.lock().await;
-        if catch_up.position.as_ref() != Some(&(tp.clone(), offset)) {
+        let mut catch_up = self.catch_up_consumer(tp, offset).await;
+        let min_wait = if catch_up.position.as_ref() == Some(&(tp.clone(), offset)) {
+            CATCH_UP_CONTINUE_WAIT
+        } else {
             catch_up.consumer.assign(&one_partition(tp, Offset::Offset(offset as i64))).map_err(kafka_err)?;
             catch_up.position = Some((tp.clone(), offset));
-        }
+            CATCH_UP_MIN_WAIT
+        };
         let mut stream = catch_up.consumer.stream();
-        let events = receive(&mut stream, tp, offset, max, wait.max(CATCH_UP_MIN_WAIT)).await?;
+        let events = receive(&mut stream, tp, offset, max, wait.max(min_wait)).await?;
         drop(stream);
         if let Some(last) = events.last() {
             catch_up.position = Some((tp.clone(), last.offset + 1));
         }
         Ok(events)
+    }
+
+    /// A catch-up consumer for a read of `tp` at `offset`: the one already standing there, else
+    /// a free one, else the first to come free.
+    async fn catch_up_consumer(&self, tp: &TopicPartition, offset: u64) -> tokio::sync::MutexGuard<'_, CatchUp> {
+        let wanted = Some((tp.clone(), offset));
+        let mut free = None;
+        for slot in &self.catch_up {
+            if let Ok(guard) = slot.try_lock() {
+                if guard.position == wanted {
+                    return guard;
+                }
+                free.get_or_insert(guard);
+            }
+        }
+        if let Some(guard) = free {
+            return guard;
+        }
+        let waits = self.catch_up.iter().map(|slot| Box::pin(slot.lock()));
+        futures_util::future::select_all(waits).await.0
+    }
+
+    /// Unassigns a partition nobody reads any more (its prefetched messages go with it); the
+    /// cursor stays, and the next poll assigns it again there.
+    pub fn unassign(&self, tp: &TopicPartition) {
+        if self.queues.lock().unwrap().remove(tp).is_some() {
+            let _ = self.consumer.incremental_unassign(&one_partition(tp, Offset::Invalid));
+        }
     }
 
     /// Unassigns the partitions of a deleted topic.

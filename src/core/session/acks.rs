@@ -14,7 +14,7 @@ use crate::core::client_state::{DeliveryRef, EventRef};
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::metrics::RedeliveryReason;
 use crate::core::offset_writer::WriteRequest;
-use crate::core::offsets::{DeadLetter, OffsetWrite};
+use crate::core::offsets::{DeadLetter, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 
 impl Session {
@@ -28,6 +28,14 @@ impl Session {
         let now_ms = self.d.clock.now_ms();
         {
             let mut client = self.client.lock().unwrap();
+            if self.access.topics.is_some() {
+                // A session that took over with a narrower token settles nothing outside it.
+                for id in ids {
+                    if let Some(topic) = DeliveryRef::parse(id).and_then(|d| client.topic_of(d.slot)).filter(|t| !self.access.allows(t.as_str())) {
+                        return Err(forbidden(topic));
+                    }
+                }
+            }
             for id in ids {
                 let Some(delivery) = DeliveryRef::parse(id) else {
                     unknown.push(id.as_str());
@@ -50,12 +58,15 @@ impl Session {
             }
             for (tp, before) in &touched {
                 let tracker = &client.trackers[tp];
-                if (tracker.floor(), tracker.last_acked()) != *before {
+                // A confirmed ack writes the floor even when this ack did not move it: an earlier
+                // write of it may have failed, and `ack_ok` reports only what is durable.
+                if req.is_some() || (tracker.floor(), tracker.last_acked()) != *before {
                     writes.push(OffsetWrite {
                         key: OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition),
                         committed: tracker.floor(),
                         last_acked: tracker.last_acked(),
                         updated_at: now_ms,
+                        generation: client.generation(&tp.topic),
                     });
                 }
                 committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
@@ -122,6 +133,11 @@ impl Session {
     fn current_delivery(&self, delivery_id: &str) -> Result<EventRef, FrameError> {
         let unknown = || FrameError::new(ErrorCode::UnknownDelivery, format!("no in-flight delivery {delivery_id} in this session"));
         let delivery = DeliveryRef::parse(delivery_id).ok_or_else(unknown)?;
+        if self.access.topics.is_some() {
+            if let Some(topic) = self.client.lock().unwrap().topic_of(delivery.slot).filter(|t| !self.access.allows(t.as_str())) {
+                return Err(forbidden(topic));
+            }
+        }
         match self.in_flight.get(&delivery.event()) {
             Some(current) if current.seq == delivery.seq => Ok(delivery.event()),
             _ => Err(unknown()),
@@ -195,7 +211,10 @@ impl Session {
             reason,
             at: now_ms,
         };
-        if let Err(e) = self.d.store.record_dead_letter(&dead) {
+        // On the blocking pool: with `offsets.sync_writes` the write fsyncs.
+        let (store, record) = (self.d.store.clone(), dead.clone());
+        let recorded = tokio::task::spawn_blocking(move || store.record_dead_letter(&record)).await;
+        if let Ok(Err(e)) | Err(e) = recorded.map_err(|e| StoreError::Io(e.to_string())) {
             // Keep the event pending: it will be delivered again rather than lost.
             tracing::error!(error = %e, "recording a dead letter failed");
             return;
@@ -208,6 +227,7 @@ impl Session {
         let tp = TopicPartition::new(topic.clone(), event.partition);
         let write = {
             let mut client = self.client.lock().unwrap();
+            let generation = client.generation(topic);
             let Some(tracker) = client.trackers.get_mut(&tp) else { return };
             let before = tracker.floor();
             tracker.settle(event.offset);
@@ -216,6 +236,7 @@ impl Session {
                 committed: tracker.floor(),
                 last_acked: tracker.last_acked(),
                 updated_at: now_ms,
+                generation,
             })
         };
         let request = WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };
@@ -223,4 +244,8 @@ impl Session {
             tracing::error!(error = %e, "offset write after a dead letter failed");
         }
     }
+}
+
+fn forbidden(topic: &TopicName) -> FrameError {
+    FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}"))
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{FutureExt, Sink, SinkExt, Stream, StreamExt};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,9 +20,10 @@ use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
 use crate::core::feeder::Fed;
 use crate::core::in_flight::InFlightWindow;
+use crate::core::window::Window;
 use crate::core::offset_writer::WriteRequest;
 use crate::core::names::TopicName;
-use crate::core::offsets::OffsetFilter;
+use crate::core::offsets::{touch_client_offsets, StoreError};
 use crate::core::protocol::{close_code, parse_client_frame, ClientFrame, ErrorCode, FrameError, ServerFrame};
 
 mod acks;
@@ -68,7 +69,7 @@ struct Session {
     d: Arc<Dispatcher>,
     info: Arc<SessionInfo>,
     client: Arc<Mutex<ClientState>>,
-    window: Arc<Semaphore>,
+    window: Arc<Window>,
     subscriptions: HashMap<TopicName, Subscription>,
     in_flight: InFlightWindow,
     feed_tx: mpsc::Sender<Fed>,
@@ -92,7 +93,7 @@ where
     let Registration { info, mut control, client } = registration;
     let (feed_tx, mut feed_rx) = mpsc::channel(d.settings.fetch_batch.max(16));
     let mut s = Session {
-        window: Arc::new(Semaphore::new(d.settings.max_in_flight)),
+        window: Arc::new(Window::new(d.settings.max_in_flight, d.settings.max_in_flight_bytes)),
         d: d.clone(),
         info: info.clone(),
         client,
@@ -131,7 +132,7 @@ where
     let redelivery_timer = tokio::time::sleep_until(timer_at);
     tokio::pin!(redelivery_timer);
     loop {
-        s.info.stats.window_full.store(s.window.available_permits() == 0, Ordering::Relaxed);
+        s.info.stats.window_full.store(s.window.is_full(), Ordering::Relaxed);
         let flushed = {
             let flushing = flush(&mut outbound, &mut s.out);
             tokio::pin!(flushing);
@@ -201,21 +202,28 @@ where
             Step::End => break,
             Step::Close(code, why) => {
                 s.out.push(Outbound::Close(code, why.to_string()));
-                let _ = flush(&mut outbound, &mut s.out).await;
+                // A peer that stopped reading must not keep the session (and its topics) alive.
+                let _ = tokio::time::timeout(write_limit, flush(&mut outbound, &mut s.out)).await;
                 reason = why;
                 break;
             }
         }
     }
     let released = s.in_flight.len();
+    s.cancel.cancel();
+    // Every offset write of this session is durable before the client counts as offline (and
+    // before its topics count as unused): an operator's reset or delete, allowed from then on,
+    // must never be undone by a write still queued from here.
+    s.submit_acked().await;
+    if let Err(e) = d.writer.barrier().await {
+        tracing::warn!(session_id = %info.session_id, error = %e, "offset writes of an ending session not confirmed");
+    }
     let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
     for topic in &topics {
         s.release_topic(topic);
     }
-    s.cancel.cancel();
     s.in_flight.clear();
-    s.submit_acked().await;
-    s.touch_offsets();
+    s.touch_offsets().await;
     d.unregister(&info);
     let stats = &info.stats;
     tracing::info!(
@@ -289,21 +297,17 @@ impl Session {
     }
 
     /// Marks every stored offset of the client as seen now, so retention counts from when it
-    /// left and not from its last ack. A client-prefix scan, then one batch.
-    fn touch_offsets(&self) {
-        let filter = OffsetFilter { client_id: Some(self.info.client_id.clone()), ..Default::default() };
-        let result = self
-            .d
-            .store
-            .scan(&filter)
-            .and_then(|rows| self.d.store.touch(&rows.into_iter().map(|(key, _)| key).collect::<Vec<_>>(), self.d.clock.now_ms()));
-        if let Err(e) = result {
+    /// left and not from its last ack. On the blocking pool: with `offsets.sync_writes` it fsyncs.
+    async fn touch_offsets(&self) {
+        let (store, client, now) = (self.d.store.clone(), self.info.client_id.clone(), self.d.clock.now_ms());
+        let touched = tokio::task::spawn_blocking(move || touch_client_offsets(store.as_ref(), &[client], now)).await;
+        if let Ok(Err(e)) | Err(e) = touched.map_err(|e| StoreError::Io(e.to_string())) {
             tracing::warn!(client_id = %self.info.client_id, error = %e, "could not refresh offset times at session end");
         }
     }
 
     fn check_window(&mut self) -> Step {
-        let full = self.window.available_permits() == 0;
+        let full = self.window.is_full();
         self.info.stats.window_full.store(full, Ordering::Relaxed);
         if !full {
             self.window_full_since = None;

@@ -1,0 +1,69 @@
+//! Memory stays bounded by what is in use: clients that come and go leave no partition readers
+//! behind and at most `limits.max_offline_clients` ack states, and a session's window is bounded
+//! in payload bytes as well as in events.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_clients_come_and_go_and_leave_bounded_state() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_offline_clients = 100;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "shared", 2, 0, 1).await;
+    let d = gw.handle.dispatcher.clone();
+    for i in 0..1000 {
+        // Each client leaves with its event unacknowledged: its ack state is worth keeping.
+        let mut client = WsClient::connect(gw.addr(), &format!("visitor-{i}")).await;
+        client.subscribe("shared", json!({})).await;
+        client.recv_type("event").await;
+        client.close().await;
+    }
+    for _ in 0..200 {
+        if d.sessions().is_empty() && d.readers.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(d.sessions().len(), 0);
+    assert_eq!(d.readers.len(), 0, "no subscriber left: no partition reader either");
+    assert!(d.client_states() <= 100, "{} ack states kept for offline clients", d.client_states());
+    assert!(d.client_states() >= 90, "the most recent offline clients are kept: {}", d.client_states());
+
+    // The newest offline client kept its attempt count; the oldest was forgotten.
+    let mut newest = WsClient::connect(gw.addr(), "visitor-999").await;
+    newest.subscribe("shared", json!({})).await;
+    assert_eq!(newest.recv_type("event").await["attempt"], 2);
+    let mut oldest = WsClient::connect(gw.addr(), "visitor-0").await;
+    oldest.subscribe("shared", json!({})).await;
+    assert_eq!(oldest.recv_type("event").await["attempt"], 1);
+    assert_eq!(d.readers.len(), 2, "readers come back with subscribers");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_is_bounded_in_bytes() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight_bytes = 1000;
+    let gw = InProcess::start(config).await;
+    let big = "x".repeat(398); // a 400-byte JSON string payload
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "big", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let events: Vec<_> = (0..5).map(|_| json!({"payload": big})).collect();
+    publish(&gw.base, "big", json!({ "events": events })).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("big", json!({})).await;
+    let first = client.recv_events(2).await;
+    client.expect_silence(Duration::from_millis(300)).await;
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(sessions["sessions"][0]["window_full"], true, "{sessions}");
+    client.send(json!({"op": "ack", "delivery_id": id(&first[0])})).await;
+    assert_eq!(client.recv_type("event").await["offset"], 2, "an ack makes room for one more");
+    client.expect_silence(Duration::from_millis(300)).await;
+    gw.stop().await;
+}
