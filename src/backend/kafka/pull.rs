@@ -23,11 +23,9 @@ use crate::backend::checkpoint::PullCursors;
 use crate::core::backend::{BackendError, Event};
 use crate::core::names::{TopicName, TopicPartition};
 
-/// A catch-up read from a new position waits at least this long for the first message: a fetch
-/// from an arbitrary offset needs a broker round trip, so "nothing yet" after zero wait would
-/// mean nothing. A read that continues where the consumer stands waits less: it has fetched.
+/// A catch-up read waits at least this long for the first message: a fetch from an arbitrary
+/// offset needs a broker round trip, so "nothing yet" after zero wait would mean nothing.
 const CATCH_UP_MIN_WAIT: Duration = Duration::from_millis(1000);
-const CATCH_UP_CONTINUE_WAIT: Duration = Duration::from_millis(100);
 /// Catch-up consumers: one slow or idle catch-up reader holds only one of them.
 const CATCH_UP_CONSUMERS: usize = 4;
 
@@ -141,15 +139,12 @@ impl Puller {
     /// Reads up to `max` events of `tp` from `offset` on, without touching the pull cursor.
     pub async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let mut catch_up = self.catch_up_consumer(tp, offset).await;
-        let min_wait = if catch_up.position.as_ref() == Some(&(tp.clone(), offset)) {
-            CATCH_UP_CONTINUE_WAIT
-        } else {
+        if catch_up.position.as_ref() != Some(&(tp.clone(), offset)) {
             catch_up.consumer.assign(&one_partition(tp, Offset::Offset(offset as i64))).map_err(kafka_err)?;
             catch_up.position = Some((tp.clone(), offset));
-            CATCH_UP_MIN_WAIT
-        };
+        }
         let mut stream = catch_up.consumer.stream();
-        let events = receive(&mut stream, tp, offset, max, wait.max(min_wait)).await?;
+        let events = receive(&mut stream, tp, offset, max, wait.max(CATCH_UP_MIN_WAIT)).await?;
         drop(stream);
         if let Some(last) = events.last() {
             catch_up.position = Some((tp.clone(), last.offset + 1));
