@@ -47,13 +47,9 @@ async fn put_offset(base: &str, topic: &str, client: &str, partition: u32, offse
     http().put(url).json(&json!({ "offset": offset })).send().await.unwrap().status().as_u16()
 }
 
-/// Fault 1: the acks of a session that just ended are still queued when an operator resets the
-/// client's offset; they must not raise it again afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_after_a_session_ends_is_not_undone_by_its_queued_acks() {
-    let (_dir, data) = temp_dir();
-    let store = ControlledStore::open(&data);
-    let gw = start_with(test_config(&data), store.clone()).await;
+/// Client `c` acks all 5 events of topic `t` (one partition) while the store holds every write,
+/// then leaves; the held writes are let go 500 ms later.
+async fn end_a_session_with_its_acks_held(gw: &InProcess, store: &Arc<ControlledStore>) {
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
     let mut client = WsClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
@@ -62,18 +58,28 @@ async fn a_reset_after_a_session_ends_is_not_undone_by_its_queued_acks() {
     for event in &events {
         client.send(json!({"op": "ack", "delivery_id": id(event)})).await;
     }
+    // Answered after the acks: they are queued for the (held) offset writer.
     client.send(json!({"op": "ping", "req": "p"})).await;
     client.recv_type("pong").await;
     client.close().await;
     store.release_writes_after(Duration::from_millis(500));
+}
+
+/// Fault 1: the acks of a session that just ended are still queued when an operator resets the
+/// client's offset; they must not raise it again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_a_session_ends_is_not_undone_by_its_queued_acks() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let gw = start_with(test_config(&data), store.clone()).await;
+    end_a_session_with_its_acks_held(&gw, &store).await;
     let status = until_not_conflict(async || put_offset(&gw.base, "t", "c", 0, json!(0)).await).await;
     assert_eq!(status, 200);
     // Long after the held writes were let go: the operator's row stands.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 0, "a late ack write raised the reset offset");
     let mut again = WsClient::connect(gw.addr(), "c").await;
-    assert_eq!(again.subscribe("t", json!({}))
-        .await["partitions"][0]["from"], 0);
+    assert_eq!(again.subscribe("t", json!({})).await["partitions"][0]["from"], 0);
     assert_eq!(again.recv_type("event").await["offset"], 0, "the reset replays from 0");
     gw.stop().await;
 }
@@ -85,18 +91,7 @@ async fn a_deleted_topic_recreated_by_a_publish_starts_clean_for_its_old_clients
     let (_dir, data) = temp_dir();
     let store = ControlledStore::open(&data);
     let gw = start_with(test_config(&data), store.clone()).await;
-    publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
-    client.subscribe("t", json!({})).await;
-    let events = client.recv_events(5).await;
-    store.hold_writes();
-    for event in &events {
-        client.send(json!({"op": "ack", "delivery_id": id(event)})).await;
-    }
-    client.send(json!({"op": "ping", "req": "p"})).await;
-    client.recv_type("pong").await;
-    client.close().await;
-    store.release_writes_after(Duration::from_millis(500));
+    end_a_session_with_its_acks_held(&gw, &store).await;
     let status = until_not_conflict(async || http().delete(format!("{}/topics/t", gw.base)).send().await.unwrap().status().as_u16()).await;
     assert_eq!(status, 200);
     // The next publish creates the topic again (embedded log auto-create).
