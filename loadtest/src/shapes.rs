@@ -432,7 +432,10 @@ pub async fn sweep(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
     let topic = "sweep";
     let mut gateway = Gateway::start(&launch)?;
     let data = gateway.data_dir.clone().context("a started gateway has a data dir")?;
-    Http::new(&gateway.base, cli.admin_token.clone()).create_topic(topic, cli.partitions).await?;
+    let http = Http::new(&gateway.base, cli.admin_token.clone());
+    http.create_topic(topic, cli.partitions).await?;
+    // One event per partition: the preloaded committed offset 1 is then the log end, not above it.
+    preload(&http, topic, cli.partitions, cli.partitions as u64, cli.payload_bytes, &AtomicU64::new(0)).await?;
     gateway.stop();
     let mut summary = Summary::new(format!("ping round trips during a sweep of {offsets} expired offsets"));
     let started = Instant::now();

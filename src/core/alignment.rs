@@ -11,6 +11,9 @@ use super::dispatcher::ResetPolicy;
 use super::names::TopicPartition;
 use super::offsets::{lower_to_log_end, OffsetFilter, OffsetStore};
 
+/// Offsets above the log end named one by one per topic before a summary line.
+const LOGGED_PER_TOPIC: usize = 10;
+
 /// What alignment did, for the start-up log line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct AlignmentReport {
@@ -52,9 +55,17 @@ pub async fn align_pull_offsets_to_ack(
                 *entry = (*entry).min(committed);
             })
             .map_err(|e| e.to_string())?;
-        for (key, committed, log_end) in above_log_end {
-            lower_to_log_end(store, &key, committed, log_end, now_ms).map_err(|e| e.to_string())?;
+        let count = above_log_end.len();
+        for (i, (key, committed, log_end)) in above_log_end.into_iter().enumerate() {
+            // Each key is named, up to a point: a log that lost its tail can strand millions.
+            if i < LOGGED_PER_TOPIC {
+                tracing::warn!(%key, committed, log_end, "committed offset above the log end: lowered to the log end");
+            }
+            lower_to_log_end(store, &key, log_end, now_ms).map_err(|e| e.to_string())?;
             report.lowered += 1;
+        }
+        if count > LOGGED_PER_TOPIC {
+            tracing::warn!(%topic, lowered = count, "committed offsets above the log end lowered to it (the first {LOGGED_PER_TOPIC} named above)");
         }
         for (partition, bounds) in (0..partitions).zip(bounds) {
             let tp = TopicPartition::new(topic.clone(), partition);

@@ -418,7 +418,8 @@ impl Dispatcher {
                 None => self.store.read(&key).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
             };
             if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
-                let lowered = lower_to_log_end(self.store.as_ref(), &key, committed, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
+                tracing::warn!(%key, committed, log_end = bounds.log_end, "committed offset above the log end: lowered to the log end");
+                let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
                 stored = Some((lowered.committed, lowered.last_acked));
                 remembered = None;
             }

@@ -315,9 +315,9 @@ pub fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool
 /// A committed offset above its partition's log end is never trusted (the log lost its tail in
 /// a power loss, or the topic was recreated outside ackgate): it would skip the events published
 /// next at the reused offsets. It is lowered to `log_end`, logged with the key and both numbers,
-/// and counted. Besides the admin reset, the only way an offset goes down.
-pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, committed: u64, log_end: u64, now_ms: u64) -> Result<OffsetRecord, StoreError> {
-    tracing::warn!(%key, committed, log_end, "committed offset above the log end: lowered to the log end");
+/// and counted (the caller logs: boot alignment may lower millions and logs a summary). Besides
+/// the admin reset, the only way an offset goes down.
+pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, log_end: u64, now_ms: u64) -> Result<OffsetRecord, StoreError> {
     super::metrics::offsets_above_log_end().increment(1);
     store.reset(key, log_end, now_ms)
 }
