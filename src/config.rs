@@ -14,6 +14,7 @@ pub struct Config {
     pub storage: StorageConfig,
     pub embedded: EmbeddedConfig,
     pub kafka: KafkaConfig,
+    pub rocketmq: RocketMqConfig,
     pub offsets: OffsetsConfig,
     pub dead_letters: DeadLettersConfig,
     pub delivery: DeliveryConfig,
@@ -52,7 +53,7 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// `embedded` (the default) or `kafka`.
+    /// `embedded` (the default), `kafka` or `rocketmq`.
     pub backend: String,
     /// RocksDB databases (`log`, `offsets`) and the pull checkpoint file live here.
     pub data_dir: PathBuf,
@@ -119,6 +120,41 @@ impl Default for KafkaConfig {
             request_timeout_ms: 5000,
             publish_timeout_ms: 10_000,
             properties: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RocketMqConfig {
+    /// `pop` (RocketMQ 5.x POP with the deferred broker ACK) or `pull` (4.x PULL, self-managed cursor).
+    pub mode: String,
+    /// Name server, `host:port`; used when `storage.backend = "rocketmq"`.
+    pub namesrv_addr: String,
+    /// Topics served; empty serves every topic the name server knows (system topics excepted).
+    pub topics: Vec<String>,
+    /// Consumer group named in POP and PULL requests (the protocol requires one). ackgate never
+    /// commits an offset with it; give each ackgate deployment its own.
+    pub consumer_group: String,
+    /// POP: how long the broker keeps a popped message invisible before reviving it; ackgate
+    /// extends it while a live client still owes the ack.
+    pub invisible_time_ms: u64,
+    /// Bound of every request to the name server and broker (long polls add their wait).
+    pub request_timeout_ms: u64,
+    /// A publish the broker has not confirmed within this fails with `unavailable`.
+    pub publish_timeout_ms: u64,
+}
+
+impl Default for RocketMqConfig {
+    fn default() -> Self {
+        Self {
+            mode: "pop".into(),
+            namesrv_addr: String::new(),
+            topics: Vec::new(),
+            consumer_group: "ackgate".into(),
+            invisible_time_ms: 30_000,
+            request_timeout_ms: 5000,
+            publish_timeout_ms: 10_000,
         }
     }
 }
@@ -308,7 +344,27 @@ impl Config {
                     problems.push("kafka.replication_factor must be at least 1".into());
                 }
             }
-            other => problems.push(format!("storage.backend must be \"embedded\" or \"kafka\", got {other:?}")),
+            "rocketmq" => {
+                let r = &self.rocketmq;
+                if r.namesrv_addr.trim().is_empty() {
+                    problems.push("rocketmq.namesrv_addr must be set when storage.backend = \"rocketmq\"".into());
+                }
+                if !matches!(r.mode.as_str(), "pop" | "pull") {
+                    problems.push(format!("rocketmq.mode must be \"pop\" or \"pull\", got {:?}", r.mode));
+                }
+                if r.consumer_group.trim().is_empty() || r.consumer_group.len() > 255 {
+                    problems.push("rocketmq.consumer_group must be 1 to 255 characters".into());
+                }
+                for name in &r.topics {
+                    if crate::core::names::TopicName::parse(name).is_err() {
+                        problems.push(format!("rocketmq.topics: {name:?} is not a valid topic name"));
+                    }
+                }
+                if r.invisible_time_ms < 1000 {
+                    problems.push(format!("rocketmq.invisible_time_ms must be at least 1000, got {}", r.invisible_time_ms));
+                }
+            }
+            other => problems.push(format!("storage.backend must be \"embedded\", \"kafka\" or \"rocketmq\", got {other:?}")),
         }
         if !matches!(self.offsets.store.as_str(), "rocksdb" | "memory") {
             problems.push(format!("offsets.store must be \"rocksdb\" or \"memory\", got {:?}", self.offsets.store));
@@ -322,6 +378,8 @@ impl Config {
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("cluster.probe_interval_ms", self.cluster.probe_interval_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
+            ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
+            ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
@@ -350,6 +408,8 @@ impl Config {
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
+            ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
+            ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::Backend;
 use crate::cluster::{Cluster, Instance};
 use crate::config::Config;
+use crate::core::ack_floor::LiveClientsAckFloor;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
@@ -172,6 +173,7 @@ impl Gateway {
             id => id.to_string(),
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
+        dispatcher.backend.set_ack_floor(Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher))));
         let public_url = match config.server.public_url.as_str() {
             "" => format!("http://{local_addr}"),
             url => url.trim_end_matches('/').to_string(),

@@ -10,18 +10,28 @@ use anyhow::Context;
 pub mod checkpoint;
 pub mod embedded;
 pub mod kafka;
+pub mod rocketmq;
 
 use crate::config::Config;
 use crate::core::backend::LogBackend;
 use crate::core::offsets::Clock;
 use embedded::{EmbeddedLog, EmbeddedLogSettings};
 use kafka::{KafkaLog, KafkaSettings};
+use rocketmq::{RocketMqLog, RocketMqMode, RocketMqSettings};
+
+/// The partition of a keyed event on backends that choose it themselves (embedded, RocketMQ):
+/// 32-bit FNV-1a of the key: stable, so a key maps to the same partition across restarts.
+pub fn key_partition(key: &str, partitions: u32) -> u32 {
+    let hash = key.bytes().fold(0x811c_9dc5u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    hash % partitions.max(1)
+}
 
 /// The configured backend: the trait object the core uses, plus what only one kind can do.
 #[derive(Clone)]
 pub enum Backend {
     Embedded(Arc<EmbeddedLog>),
     Kafka(Arc<KafkaLog>),
+    RocketMq(Arc<RocketMqLog>),
 }
 
 impl Backend {
@@ -39,6 +49,20 @@ impl Backend {
             let log = KafkaLog::open(data_dir, settings).await.with_context(|| format!("connecting to Kafka at {}", k.bootstrap_servers))?;
             return Ok(Self::Kafka(Arc::new(log)));
         }
+        if config.storage.backend == "rocketmq" {
+            let r = &config.rocketmq;
+            let settings = RocketMqSettings {
+                mode: if r.mode == "pull" { RocketMqMode::Pull } else { RocketMqMode::Pop },
+                namesrv_addr: r.namesrv_addr.clone(),
+                topics: r.topics.clone(),
+                consumer_group: r.consumer_group.clone(),
+                invisible_time: Duration::from_millis(r.invisible_time_ms),
+                request_timeout: Duration::from_millis(r.request_timeout_ms),
+                publish_timeout: Duration::from_millis(r.publish_timeout_ms),
+            };
+            let log = RocketMqLog::open(data_dir, settings).await.with_context(|| format!("connecting to RocketMQ at {}", r.namesrv_addr))?;
+            return Ok(Self::RocketMq(log));
+        }
         let settings = EmbeddedLogSettings {
             default_partitions: config.embedded.default_partitions,
             retention_ms: config.embedded.retention_secs.saturating_mul(1000),
@@ -53,6 +77,7 @@ impl Backend {
         match self {
             Self::Embedded(log) => log.clone(),
             Self::Kafka(log) => log.clone(),
+            Self::RocketMq(log) => log.clone(),
         }
     }
 
@@ -60,7 +85,7 @@ impl Backend {
     pub fn embedded(&self) -> Option<&Arc<EmbeddedLog>> {
         match self {
             Self::Embedded(log) => Some(log),
-            Self::Kafka(_) => None,
+            Self::Kafka(_) | Self::RocketMq(_) => None,
         }
     }
 }

@@ -3,6 +3,8 @@
 //! The backend owns the pull offset of each `topic#partition` (how far this instance has pulled)
 //! and checkpoints it; ackgate's own ack offsets live in the `OffsetStore`, never here.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -75,6 +77,16 @@ pub enum ReadFrom {
     Offset(u64),
 }
 
+/// How far the clients reading each partition on this instance have durably acknowledged: what a
+/// backend that acknowledges events at its broker (RocketMQ POP) needs to know when an event is
+/// done with.
+pub trait AckFloor: Send + Sync + 'static {
+    /// For each of `tps` that some live client on this instance is subscribed to: the lowest
+    /// committed offset among those clients (every offset below it is acknowledged by all of
+    /// them, or dead-lettered). A partition nobody live reads is absent.
+    fn floors(&self, tps: &[TopicPartition]) -> HashMap<TopicPartition, u64>;
+}
+
 /// A durable, partitioned log used as a FIFO. Every method is safe to call concurrently.
 #[async_trait]
 pub trait LogBackend: Send + Sync + 'static {
@@ -112,6 +124,10 @@ pub trait LogBackend: Send + Sync + 'static {
 
     /// The deferred broker ACK, fired after a client's ack is durable. Log backends only count it.
     fn ack_pulled_message(&self, tp: &TopicPartition, offset: u64);
+
+    /// Gives the backend the clients' acknowledged floors (called once, at start). Backends
+    /// without broker-side acknowledgement ignore it.
+    fn set_ack_floor(&self, _floor: Arc<dyn AckFloor>) {}
 
     /// Writes the pull cursors to the checkpoint file (atomically).
     fn checkpoint(&self) -> Result<(), BackendError>;

@@ -2,6 +2,7 @@
 //! plain Rust types and the `LogBackend` / `OffsetStore` traits.
 
 pub mod access;
+pub mod ack_floor;
 pub mod ack_tracker;
 pub mod alignment;
 pub mod client_state;

@@ -20,4 +20,6 @@ mod offset_store_props;
 mod openapi;
 mod process;
 mod restart;
+mod rocketmq;
+mod rocketmq_broker;
 mod support;

@@ -200,7 +200,7 @@ impl EmbeddedLog {
         match (event.partition, &event.key) {
             (Some(p), _) if p < count => Ok(p),
             (Some(p), _) => Err(BackendError::InvalidInput(format!("partition {p} does not exist; the topic has {count}"))),
-            (None, Some(key)) => Ok(fnv1a(key.as_bytes()) % count),
+            (None, Some(key)) => Ok(super::key_partition(key, count)),
             (None, None) => Ok(self.round_robin.fetch_add(1, Ordering::Relaxed) % count),
         }
     }
@@ -390,7 +390,3 @@ impl LogBackend for EmbeddedLog {
     }
 }
 
-/// 32-bit FNV-1a: a stable key hash, so a key maps to the same partition across restarts.
-fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5u32, |hash, b| (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193))
-}

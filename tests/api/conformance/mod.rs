@@ -11,16 +11,20 @@ use ackgate::core::offsets::ManualClock;
 use serde_json::{json, Value};
 
 use crate::kafka_broker::TestBroker;
+use crate::rocketmq_broker::TestRocketMq;
 use crate::support::*;
 
 mod embedded;
 mod kafka;
+mod rocketmq;
 
 /// The backend under test.
 pub enum Backend {
     Embedded,
     /// Behind a lock: `cut_log` restarts the broker.
     Kafka(std::sync::Mutex<TestBroker>),
+    /// rocketmq-rust's name server and broker, in `pop` or `pull` mode.
+    RocketMq(TestRocketMq, &'static str),
 }
 
 pub struct Harness {
@@ -40,6 +44,10 @@ impl Harness {
         Self::new(Backend::Kafka(std::sync::Mutex::new(TestBroker::start())))
     }
 
+    pub fn rocketmq(mode: &'static str) -> Self {
+        Self::new(Backend::RocketMq(TestRocketMq::start(), mode))
+    }
+
     fn new(backend: Backend) -> Self {
         let (dir, data) = temp_dir();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
@@ -51,6 +59,10 @@ impl Harness {
         if let Backend::Kafka(broker) = &self.backend {
             config.storage.backend = "kafka".into();
             config.kafka.bootstrap_servers = broker.lock().unwrap().bootstrap();
+        } else if let Backend::RocketMq(broker, mode) = &self.backend {
+            config.storage.backend = "rocketmq".into();
+            config.rocketmq.namesrv_addr = broker.namesrv();
+            config.rocketmq.mode = mode.to_string();
         } else {
             // Log retention runs often, so `cut_log` below only has to wait for it; an hour of
             // log retention is far below the offsets' (a week), so moving the clock past the
@@ -93,6 +105,7 @@ impl Harness {
     pub async fn cut_log(&self, base: &str, topic: &str, partition: u32, before: u64) {
         match &self.backend {
             Backend::Embedded => self.clock.advance(self.config().embedded.retention_secs * 1000 + 1000),
+            Backend::RocketMq(..) => panic!("rocketmq-rust deletes commit log files only after hours (fileReservedTime); the retention body does not run on it"),
             Backend::Kafka(broker) => {
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 publish(base, topic, json!({"partition": partition, "payload": {"kept": true}})).await;

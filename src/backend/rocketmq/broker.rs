@@ -1,0 +1,392 @@
+//! Typed RocketMQ requests on top of `remoting`: name server lookups, topic admin, send, pull,
+//! pop, ack and invisible-time changes. Everything here is one request and its answer; policy
+//! (cursors, receipt handles, when to ack) lives in `mod.rs` and `pop.rs`.
+
+use std::time::Duration;
+
+use super::message::{decode_messages, StoredMessage};
+use super::remoting::{code, response, Remoting, RemotingError, Response};
+use crate::core::backend::BackendError;
+use crate::core::offsets::{Clock, SystemClock};
+
+/// Where a topic lives: its one master broker and its queue count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub broker_name: String,
+    pub broker_addr: String,
+    pub queues: u32,
+}
+
+/// One PULL answer.
+#[derive(Debug)]
+pub enum Pulled {
+    Found { messages: Vec<StoredMessage>, next: u64 },
+    /// Nothing at `offset` yet (or a rewind inside the queue): read again from `next`.
+    NotFound { next: u64 },
+    /// `offset` is outside the queue: read from `next` (the broker's suggestion).
+    OffsetMoved { next: u64 },
+}
+
+/// What a POP answer says about its receipt handles (RocketMQ's pop response header).
+#[derive(Debug, Clone)]
+pub struct PopHeader {
+    pub pop_time: u64,
+    pub invisible_time: u64,
+    pub revive_qid: i64,
+    /// `retry marker @ queue id` -> checkpoint start offset.
+    pub start_offsets: std::collections::HashMap<String, i64>,
+}
+
+pub struct Broker {
+    pub remoting: Remoting,
+    pub namesrv: String,
+    pub timeout: Duration,
+}
+
+fn unavailable(e: RemotingError) -> BackendError {
+    BackendError::Unavailable(format!("RocketMQ: {e}"))
+}
+
+/// An error answer as a backend error.
+fn refused(what: &str, r: &Response) -> BackendError {
+    match r.code {
+        response::TOPIC_NOT_EXIST => BackendError::UnknownTopic(format!("{what}: {}", r.remark)),
+        _ => BackendError::Unavailable(format!("RocketMQ {what}: code {} {}", r.code, r.remark)),
+    }
+}
+
+impl Broker {
+    pub fn new(namesrv: String, timeout: Duration) -> Self {
+        Self { remoting: Remoting::default(), namesrv, timeout }
+    }
+
+    async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, BackendError> {
+        self.remoting.call(addr, code, ext, body, timeout).await.map_err(unavailable)
+    }
+
+    /// Every topic name the name server knows (system topics and cluster names included).
+    pub async fn topic_names(&self) -> Result<Vec<String>, BackendError> {
+        let r = self.call(&self.namesrv, code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[], &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("topic list", &r));
+        }
+        let body: serde_json::Value = parse_json(&r.body)?;
+        Ok(body["topicList"].as_array().map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()).unwrap_or_default())
+    }
+
+    /// The route of `topic`, `None` when the name server does not know it.
+    pub async fn route(&self, topic: &str) -> Result<Option<Route>, BackendError> {
+        let r = self.call(&self.namesrv, code::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic.to_string())], &[], self.timeout).await?;
+        if r.code == response::TOPIC_NOT_EXIST {
+            return Ok(None);
+        }
+        if r.code != response::SUCCESS {
+            return Err(refused("route", &r));
+        }
+        let body: serde_json::Value = parse_json(&r.body)?;
+        let queue = body["queueDatas"].as_array().and_then(|q| q.first()).cloned().unwrap_or_default();
+        let broker_name = queue["brokerName"].as_str().unwrap_or_default().to_string();
+        let queues = queue["readQueueNums"].as_u64().unwrap_or(0) as u32;
+        let broker_addr = body["brokerDatas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|b| b["brokerName"].as_str() == Some(broker_name.as_str()))
+            .and_then(|b| b["brokerAddrs"]["0"].as_str())
+            .map(str::to_string);
+        match broker_addr {
+            Some(broker_addr) if queues > 0 => Ok(Some(Route { broker_name, broker_addr, queues })),
+            _ => Ok(None),
+        }
+    }
+
+    /// The master address of every broker the name server knows, by broker name.
+    pub async fn brokers(&self) -> Result<Vec<(String, String)>, BackendError> {
+        let r = self.call(&self.namesrv, 106, &[], &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("cluster info", &r));
+        }
+        let body: serde_json::Value = parse_json(&r.body)?;
+        let mut brokers: Vec<(String, String)> = body["brokerAddrTable"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(name, data)| data["brokerAddrs"]["0"].as_str().map(|a| (name.clone(), a.to_string())))
+            .collect();
+        brokers.sort();
+        Ok(brokers)
+    }
+
+    pub async fn create_topic(&self, broker_addr: &str, topic: &str, queues: u32) -> Result<(), BackendError> {
+        let ext = [
+            ("topic", topic.to_string()),
+            ("defaultTopic", "TBW102".to_string()),
+            ("readQueueNums", queues.to_string()),
+            ("writeQueueNums", queues.to_string()),
+            ("perm", "6".to_string()),
+            ("topicFilterType", "SINGLE_TAG".to_string()),
+            ("topicSysFlag", "0".to_string()),
+            ("order", "false".to_string()),
+        ];
+        let r = self.call(broker_addr, code::UPDATE_AND_CREATE_TOPIC, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(BackendError::InvalidInput(format!("RocketMQ refused to create {topic}: code {} {}", r.code, r.remark)));
+        }
+        Ok(())
+    }
+
+    pub async fn delete_topic(&self, broker_addr: &str, topic: &str) -> Result<(), BackendError> {
+        let ext = [("topic", topic.to_string())];
+        let r = self.call(broker_addr, code::DELETE_TOPIC_IN_BROKER, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("delete topic in broker", &r));
+        }
+        let r = self.call(&self.namesrv, code::DELETE_TOPIC_IN_NAMESRV, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("delete topic in name server", &r));
+        }
+        Ok(())
+    }
+
+    /// Makes sure the consumer group exists (POP refuses an unknown group). It is never used to
+    /// commit an offset.
+    pub async fn ensure_group(&self, broker_addr: &str, group: &str) -> Result<(), BackendError> {
+        let config = serde_json::json!({
+            "groupName": group,
+            "consumeEnable": true,
+            "consumeFromMinEnable": true,
+            "consumeBroadcastEnable": false,
+            "retryQueueNums": 1,
+            "retryMaxTimes": 16,
+            "brokerId": 0,
+            "whichBrokerWhenConsumeSlowly": 1,
+            "notifyConsumerIdsChangedEnable": false,
+        });
+        let body = serde_json::to_vec(&config).expect("JSON");
+        let r = self.call(broker_addr, code::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], &body, self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("create consumer group", &r));
+        }
+        Ok(())
+    }
+
+    /// Sends one message to a queue; answers its queue offset.
+    pub async fn send(&self, broker_addr: &str, producer_group: &str, topic: &str, queue_id: u32, properties: String, body: &[u8], timeout: Duration) -> Result<u64, BackendError> {
+        let now = SystemClock.now_ms();
+        let ext = [
+            ("producerGroup", producer_group.to_string()),
+            ("topic", topic.to_string()),
+            ("defaultTopic", "TBW102".to_string()),
+            ("defaultTopicQueueNums", "4".to_string()),
+            ("queueId", queue_id.to_string()),
+            ("sysFlag", "0".to_string()),
+            ("bornTimestamp", now.to_string()),
+            ("flag", "0".to_string()),
+            ("properties", properties),
+            ("reconsumeTimes", "0".to_string()),
+            ("unitMode", "false".to_string()),
+            ("batch", "false".to_string()),
+        ];
+        let r = self.call(broker_addr, code::SEND_MESSAGE, &ext, body, timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("send", &r));
+        }
+        let offset = r.number("queueOffset").map_err(|e| BackendError::Io(e.to_string()))?;
+        u64::try_from(offset).map_err(|_| BackendError::Io(format!("send answered queue offset {offset}")))
+    }
+
+    /// PULL from `offset`, never committing an offset for `group`. `wait` > 0 lets the broker
+    /// hold the request until a message arrives (long polling).
+    pub async fn pull(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, offset: u64, max: usize, wait: Duration) -> Result<Pulled, BackendError> {
+        const FLAG_SUSPEND: i32 = 0x2;
+        const FLAG_SUBSCRIPTION: i32 = 0x4;
+        let suspend = if wait.is_zero() { 0 } else { FLAG_SUSPEND };
+        let ext = [
+            ("consumerGroup", group.to_string()),
+            ("topic", topic.to_string()),
+            ("queueId", queue_id.to_string()),
+            ("queueOffset", offset.to_string()),
+            ("maxMsgNums", max.clamp(1, 1024).to_string()),
+            // No FLAG_COMMIT_OFFSET: the broker must never hold an offset for this group.
+            ("sysFlag", (FLAG_SUBSCRIPTION | suspend).to_string()),
+            ("commitOffset", "0".to_string()),
+            ("suspendTimeoutMillis", wait.as_millis().to_string()),
+            ("subscription", "*".to_string()),
+            ("subVersion", "0".to_string()),
+            ("expressionType", "TAG".to_string()),
+        ];
+        let r = self.call(broker_addr, code::PULL_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        let next = |r: &Response| r.number("nextBeginOffset").map(|n| n.max(0) as u64).unwrap_or(offset);
+        match r.code {
+            response::SUCCESS => {
+                let messages = decode_messages(&r.body).map_err(BackendError::Io)?;
+                Ok(Pulled::Found { next: next(&r), messages })
+            }
+            response::PULL_NOT_FOUND | response::PULL_RETRY_IMMEDIATELY => Ok(Pulled::NotFound { next: next(&r) }),
+            response::PULL_OFFSET_MOVED => Ok(Pulled::OffsetMoved { next: next(&r) }),
+            _ => Err(refused("pull", &r)),
+        }
+    }
+
+    /// POP from one queue (and, as the broker decides, from the group's retry topic).
+    pub async fn pop(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, max: usize, invisible: Duration, wait: Duration) -> Result<(PopHeader, Vec<StoredMessage>), BackendError> {
+        let now = SystemClock.now_ms();
+        let ext = [
+            ("consumerGroup", group.to_string()),
+            ("topic", topic.to_string()),
+            ("queueId", queue_id.to_string()),
+            ("maxMsgNums", max.clamp(1, 32).to_string()),
+            ("invisibleTime", invisible.as_millis().to_string()),
+            ("pollTime", wait.as_millis().to_string()),
+            ("bornTime", now.to_string()),
+            // ConsumeInitMode.MIN: a group's first pop starts at the queue's first message.
+            ("initMode", "0".to_string()),
+            ("expType", "TAG".to_string()),
+            ("exp", "*".to_string()),
+            ("order", "false".to_string()),
+        ];
+        let r = self.call(broker_addr, code::POP_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        let empty = || PopHeader { pop_time: 0, invisible_time: 0, revive_qid: 0, start_offsets: Default::default() };
+        match r.code {
+            response::SUCCESS => {}
+            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => return Ok((empty(), Vec::new())),
+            _ => return Err(refused("pop", &r)),
+        }
+        let header = PopHeader {
+            pop_time: r.number("popTime").unwrap_or(0).max(0) as u64,
+            invisible_time: r.number("invisibleTime").unwrap_or(0).max(0) as u64,
+            revive_qid: r.number("reviveQid").unwrap_or(0),
+            start_offsets: parse_start_offsets(r.field("startOffsetInfo").unwrap_or_default()),
+        };
+        let messages = decode_messages(&r.body).map_err(BackendError::Io)?;
+        Ok((header, messages))
+    }
+
+    /// ACK_MESSAGE for one receipt handle.
+    pub async fn ack(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64) -> Result<(), BackendError> {
+        let ext = [
+            ("consumerGroup", group.to_string()),
+            ("topic", topic.to_string()),
+            ("queueId", queue_id.to_string()),
+            ("extraInfo", extra_info.to_string()),
+            ("offset", offset.to_string()),
+        ];
+        let r = self.call(broker_addr, code::ACK_MESSAGE, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("ack", &r));
+        }
+        Ok(())
+    }
+
+    /// CHANGE_MESSAGE_INVISIBLETIME: the message stays invisible `invisible` from now; answers
+    /// the new pop time and revive queue (the handle changes with them).
+    pub async fn change_invisible_time(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64, invisible: Duration) -> Result<(u64, i64), BackendError> {
+        let ext = [
+            ("consumerGroup", group.to_string()),
+            ("topic", topic.to_string()),
+            ("queueId", queue_id.to_string()),
+            ("extraInfo", extra_info.to_string()),
+            ("offset", offset.to_string()),
+            ("invisibleTime", invisible.as_millis().to_string()),
+        ];
+        let r = self.call(broker_addr, code::CHANGE_MESSAGE_INVISIBLETIME, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("change invisible time", &r));
+        }
+        Ok((r.number("popTime").unwrap_or(0).max(0) as u64, r.number("reviveQid").unwrap_or(0)))
+    }
+
+    /// First (`GET_MIN_OFFSET`) or next-to-write (`GET_MAX_OFFSET`) offset of a queue.
+    pub async fn queue_offset(&self, broker_addr: &str, topic: &str, queue_id: u32, max: bool) -> Result<u64, BackendError> {
+        let code = if max { code::GET_MAX_OFFSET } else { code::GET_MIN_OFFSET };
+        let r = self.call(broker_addr, code, &[("topic", topic.to_string()), ("queueId", queue_id.to_string())], &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("queue offset", &r));
+        }
+        Ok(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?.max(0) as u64)
+    }
+
+    /// The offset the broker holds for `group` on a queue, `None` when it holds none.
+    pub async fn consumer_offset(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32) -> Result<Option<i64>, BackendError> {
+        let ext = [("consumerGroup", group.to_string()), ("topic", topic.to_string()), ("queueId", queue_id.to_string()), ("setZeroIfNotFound", "false".to_string())];
+        let r = self.call(broker_addr, code::QUERY_CONSUMER_OFFSET, &ext, &[], self.timeout).await?;
+        match r.code {
+            response::SUCCESS => Ok(Some(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?)),
+            response::QUERY_NOT_FOUND => Ok(None),
+            _ => Err(refused("query consumer offset", &r)),
+        }
+    }
+}
+
+/// `marker queueId offset;marker queueId offset` -> `marker@queueId` -> offset.
+fn parse_start_offsets(info: &str) -> std::collections::HashMap<String, i64> {
+    info.split(';')
+        .filter_map(|one| {
+            let mut parts = one.split(' ');
+            let (marker, queue, offset) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((format!("{marker}@{queue}"), offset.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Parses a JSON body, quoting the bare integer map keys Java's fastjson writes (`{0:"addr"}`).
+fn parse_json(body: &[u8]) -> Result<serde_json::Value, BackendError> {
+    serde_json::from_slice(body)
+        .or_else(|_| serde_json::from_slice(&quote_integer_keys(body)))
+        .map_err(|e| BackendError::Io(format!("RocketMQ answered a body that is not JSON: {e}")))
+}
+
+fn quote_integer_keys(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let (mut in_string, mut escaped) = (false, false);
+    let mut i = 0;
+    while i < body.len() {
+        let b = body[i];
+        out.push(b);
+        i += 1;
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b',' => {
+                let digits = body[i..].iter().take_while(|c| c.is_ascii_digit() || **c == b'-').count();
+                if digits > 0 && body.get(i + digits) == Some(&b':') {
+                    out.push(b'"');
+                    out.extend_from_slice(&body[i..i + digits]);
+                    out.push(b'"');
+                    i += digits;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fastjson_integer_keys_are_quoted_outside_strings_only() {
+        let body = br#"{"brokerDatas":[{"brokerAddrs":{0:"127.0.0.1:10911",1:"x,2:y"}}]}"#;
+        let v = parse_json(body).unwrap();
+        assert_eq!(v["brokerDatas"][0]["brokerAddrs"]["0"], "127.0.0.1:10911");
+        assert_eq!(v["brokerDatas"][0]["brokerAddrs"]["1"], "x,2:y");
+    }
+
+    #[test]
+    fn start_offset_info_parses() {
+        let m = parse_start_offsets("0 3 17;1 0 4");
+        assert_eq!(m.get("0@3"), Some(&17));
+        assert_eq!(m.get("1@0"), Some(&4));
+        assert!(parse_start_offsets("").is_empty());
+    }
+}

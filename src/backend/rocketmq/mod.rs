@@ -1,0 +1,600 @@
+//! The RocketMQ backend: partition = queue id, offset = queue offset. Two modes:
+//!
+//! - `pull` (RocketMQ 4.x): PULL_MESSAGE from ackgate's own cursor (the checkpoint file), with
+//!   the commit-offset flag off: the broker never holds an offset for the consumer group.
+//!   `ack_pulled_message` only counts.
+//! - `pop` (RocketMQ 5.x): the partition reader POPs; each popped message keeps its receipt
+//!   handle, acknowledged at the broker only after its clients' acks are durable (`pop.rs`).
+//!   Reads by offset (catch-up, and the stretch between the cursor and the group's pop position
+//!   after a restart or a rewind) use PULL, which needs no handle.
+//!
+//! A topic lives on one master broker (the first the name server names); topics spread over
+//! several masters are not supported. This is the only module that speaks RocketMQ.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+pub mod broker;
+pub mod message;
+mod pop;
+pub mod remoting;
+
+use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
+use crate::core::backend::{AckFloor, BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
+use crate::core::names::{TopicName, TopicPartition};
+use crate::core::offsets::{Clock, SystemClock};
+pub use broker::{Broker, Pulled, Route};
+use message::{encode_properties, is_property_safe, is_system_property, StoredMessage, KEYS, POP_CK, UNIQ_KEY};
+use pop::{Handle, Ledger, Positions};
+
+/// Producer group named in sends (RocketMQ requires one; it holds no state for ackgate).
+const PRODUCER_GROUP: &str = "ackgate-producer";
+/// Original positions remembered for revived messages.
+const POSITIONS_REMEMBERED: usize = 1_000_000;
+/// How often the broker-ack task runs when no ack wakes it.
+const BROKER_ACK_PERIOD: Duration = Duration::from_millis(200);
+/// Attempts of one broker ACK before it is counted as failed (the broker then revives it).
+const BROKER_ACK_ATTEMPTS: u32 = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RocketMqMode {
+    /// RocketMQ 5.x POP with the deferred broker ACK.
+    Pop,
+    /// RocketMQ 4.x PULL with a self-managed cursor.
+    Pull,
+}
+
+/// Settings of the RocketMQ backend (from the `[rocketmq]` config section).
+#[derive(Debug, Clone)]
+pub struct RocketMqSettings {
+    pub mode: RocketMqMode,
+    pub namesrv_addr: String,
+    /// Topics served; empty serves every topic the name server knows (system topics excepted).
+    pub topics: Vec<String>,
+    /// Needed by the protocol for POP and PULL; never used to commit an offset.
+    pub consumer_group: String,
+    pub invisible_time: Duration,
+    pub request_timeout: Duration,
+    pub publish_timeout: Duration,
+}
+
+pub struct RocketMqLog {
+    settings: RocketMqSettings,
+    broker: Broker,
+    served: Option<std::collections::HashSet<String>>,
+    routes: Mutex<HashMap<TopicName, Route>>,
+    cursors: PullCursors,
+    /// Polls of one partition at its cursor run one at a time.
+    cursor_locks: Mutex<HashMap<TopicPartition, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per partition, the offset below which the group has popped everything (as far as this
+    /// instance knows): a cursor below it reads by PULL.
+    popped_to: Mutex<HashMap<TopicPartition, u64>>,
+    ledger: Ledger,
+    positions: Positions,
+    ack_floor: OnceLock<Arc<dyn AckFloor>>,
+    /// Woken by `ack_pulled_message`, so broker ACKs follow client acks closely.
+    acked: tokio::sync::Notify,
+    reachable: AtomicBool,
+    next_queue: AtomicU64,
+    next_uniq: AtomicU64,
+    uniq_prefix: String,
+    counted_acks: AtomicU64,
+    stop: CancellationToken,
+}
+
+fn is_system_topic(name: &str) -> bool {
+    name.starts_with('%') || name.starts_with("rmq_sys_") || name.starts_with("RMQ_SYS_") || name == "TBW102" || name.contains("SCHEDULE_TOPIC")
+        || name == "SELF_TEST_TOPIC" || name == "OFFSET_MOVED_EVENT" || name.starts_with("TRANS_CHECK_MAX_TIME_TOPIC")
+}
+
+impl RocketMqLog {
+    /// Connects to the name server (fails when it cannot be reached within the request timeout)
+    /// and loads the pull checkpoint from `data_dir`.
+    pub async fn open(data_dir: &Path, settings: RocketMqSettings) -> Result<Arc<Self>, BackendError> {
+        let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(|e| BackendError::Io(e.to_string()))?;
+        let broker = Broker::new(settings.namesrv_addr.clone(), settings.request_timeout);
+        let brokers = broker.brokers().await?;
+        if brokers.is_empty() {
+            return Err(BackendError::Unavailable(format!("the RocketMQ name server at {} knows no broker", settings.namesrv_addr)));
+        }
+        for (_, addr) in &brokers {
+            broker.ensure_group(addr, &settings.consumer_group).await?;
+        }
+        let served = (!settings.topics.is_empty()).then(|| settings.topics.iter().cloned().collect());
+        let log = Arc::new(Self {
+            broker,
+            served,
+            routes: Mutex::new(HashMap::new()),
+            cursors,
+            cursor_locks: Mutex::new(HashMap::new()),
+            popped_to: Mutex::new(HashMap::new()),
+            ledger: Ledger::default(),
+            positions: Positions::new(POSITIONS_REMEMBERED),
+            ack_floor: OnceLock::new(),
+            acked: tokio::sync::Notify::new(),
+            reachable: AtomicBool::new(true),
+            next_queue: AtomicU64::new(0),
+            next_uniq: AtomicU64::new(0),
+            uniq_prefix: format!("ackgate-{:x}-{:x}", std::process::id(), SystemClock.now_ms()),
+            counted_acks: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            settings,
+        });
+        spawn_reachability_monitor(Arc::downgrade(&log));
+        if log.settings.mode == RocketMqMode::Pop {
+            spawn_broker_acks(Arc::downgrade(&log));
+        }
+        Ok(log)
+    }
+
+    pub fn mode(&self) -> RocketMqMode {
+        self.settings.mode
+    }
+
+    /// Receipt handles waiting for their clients' acks.
+    pub fn pending_handles(&self) -> usize {
+        self.ledger.len()
+    }
+
+    fn is_served(&self, topic: &str) -> bool {
+        !is_system_topic(topic) && self.served.as_ref().is_none_or(|s| s.contains(topic))
+    }
+
+    async fn route(&self, topic: &TopicName) -> Result<Option<Route>, BackendError> {
+        if let Some(route) = self.routes.lock().unwrap().get(topic) {
+            return Ok(Some(route.clone()));
+        }
+        if !self.is_served(topic.as_str()) {
+            return Ok(None);
+        }
+        let route = self.broker.route(topic.as_str()).await?;
+        if let Some(route) = &route {
+            self.routes.lock().unwrap().insert(topic.clone(), route.clone());
+        }
+        Ok(route)
+    }
+
+    async fn route_of(&self, tp: &TopicPartition) -> Result<Route, BackendError> {
+        let route = self.route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        if tp.partition >= route.queues {
+            return Err(BackendError::InvalidInput(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.queues)));
+        }
+        Ok(route)
+    }
+
+    fn cursor_lock(&self, tp: &TopicPartition) -> Arc<tokio::sync::Mutex<()>> {
+        self.cursor_locks.lock().unwrap().entry(tp.clone()).or_default().clone()
+    }
+
+    /// Reads by offset with PULL (no handle, no cursor): up to `max` events from `offset` on.
+    async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let route = self.route_of(tp).await?;
+        let mut offset = offset;
+        // An offset below the log start (or past a hole) is moved once by the broker's answer.
+        for _ in 0..2 {
+            match self.broker.pull(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, offset, max, wait).await? {
+                Pulled::Found { messages, .. } => return Ok(self.into_events(tp, messages, offset, max)),
+                Pulled::NotFound { next } | Pulled::OffsetMoved { next } if next > offset => offset = next,
+                Pulled::NotFound { .. } | Pulled::OffsetMoved { .. } => return Ok(Vec::new()),
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position.
+    fn into_events(&self, tp: &TopicPartition, messages: Vec<StoredMessage>, from: u64, max: usize) -> Vec<Event> {
+        messages
+            .into_iter()
+            .filter(|m| m.queue_id == tp.partition && m.queue_offset >= from)
+            .take(max)
+            .map(|m| {
+                if let Some(uniq) = m.property(UNIQ_KEY) {
+                    self.positions.learn(uniq, tp, m.queue_offset);
+                }
+                m.into_event()
+            })
+            .collect()
+    }
+
+    /// A poll at the pull cursor in pull mode: PULL with long polling.
+    async fn poll_pull(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        self.read_at(tp, cursor, max, wait).await
+    }
+
+    /// A poll at the pull cursor in pop mode: POP, keep every handle, and return the events
+    /// contiguous from the cursor. Events between the cursor and the group's pop position
+    /// (popped before a restart or a rewind, or popped ahead of the cursor) are read by PULL: they
+    /// need no new handle, and the broker revives the ones never acknowledged.
+    async fn poll_pop(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let popped_to = self.popped_to.lock().unwrap().get(tp).copied().unwrap_or(0);
+        if cursor < popped_to {
+            let mut events = self.read_at(tp, cursor, max, Duration::ZERO).await?;
+            events.retain(|e| e.offset < popped_to);
+            if !events.is_empty() {
+                return Ok(events);
+            }
+        }
+        let route = self.route_of(tp).await?;
+        let (header, messages) = self
+            .broker
+            .pop(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, max, self.settings.invisible_time, wait)
+            .await?;
+        let mut fresh = Vec::new();
+        for message in messages {
+            let Some((original_tp, original_offset, handle)) = self.handle_of(&route, tp, &header, &message) else {
+                continue;
+            };
+            self.ledger.record(&original_tp, original_offset, handle);
+            let revived = message.property(POP_CK).is_some() || message.topic.starts_with('%');
+            if !revived && original_tp == *tp {
+                fresh.push(message);
+            }
+        }
+        fresh.sort_by_key(|m| m.queue_offset);
+        let pop_position = match fresh.last() {
+            Some(last) => last.queue_offset + 1,
+            // Nothing new: everything below the log end was popped already.
+            None => self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, true).await?,
+        };
+        self.popped_to.lock().unwrap().insert(tp.clone(), pop_position.max(popped_to));
+        if fresh.first().is_some_and(|m| m.queue_offset == cursor) {
+            let mut events = self.into_events(tp, fresh, cursor, max);
+            // Only the run contiguous from the cursor; anything after a hole is read by PULL.
+            let contiguous = events.iter().enumerate().take_while(|(i, e)| e.offset == cursor + *i as u64).count();
+            events.truncate(contiguous);
+            return Ok(events);
+        }
+        for m in &fresh {
+            if let Some(uniq) = m.property(UNIQ_KEY) {
+                self.positions.learn(uniq, tp, m.queue_offset);
+            }
+        }
+        if pop_position > cursor {
+            let mut events = self.read_at(tp, cursor, max, Duration::ZERO).await?;
+            events.retain(|e| e.offset < pop_position);
+            return Ok(events);
+        }
+        Ok(Vec::new())
+    }
+
+    /// The original partition and offset of a popped message, and its receipt handle. A revived
+    /// message (from the retry topic) is mapped back through its `UNIQ_KEY`; one whose original
+    /// is unknown is left to the broker (logged and counted).
+    fn handle_of(&self, route: &Route, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
+        let retry = m.topic.starts_with("%RETRY%") || m.property(POP_CK).is_some();
+        let extra_info = match m.property(POP_CK) {
+            Some(ck) => ck.to_string(),
+            None => {
+                let marker = if !retry {
+                    "0"
+                } else if m.topic.contains('+') {
+                    "2"
+                } else {
+                    "1"
+                };
+                let start = header.start_offsets.get(&format!("{marker}@{}", m.queue_id)).copied().unwrap_or(m.queue_offset as i64);
+                format!(
+                    "{start} {} {} {} {marker} {} {} {}",
+                    header.pop_time, header.invisible_time, header.revive_qid, route.broker_name, m.queue_id, m.queue_offset
+                )
+            }
+        };
+        let handle_topic = if retry && !m.topic.starts_with("%RETRY%") { retry_topic(&extra_info, &self.settings.consumer_group, polled.topic.as_str()) } else { m.topic.clone() };
+        let invisible_until = header.pop_time.max(1) + header.invisible_time;
+        let handle = Handle { topic: handle_topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until };
+        if !retry {
+            let tp = TopicPartition::new(polled.topic.clone(), m.queue_id);
+            return Some((tp, m.queue_offset, handle));
+        }
+        let original = m.property(UNIQ_KEY).and_then(|u| self.positions.find(u));
+        match original {
+            Some((tp, offset)) => Some((tp, offset, handle)),
+            None => {
+                metrics::counter!("ackgate_rocketmq_unmapped_revived_total").increment(1);
+                tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
+                None
+            }
+        }
+    }
+
+    /// One round of broker ACKs and invisible-time extensions.
+    async fn settle_handles(&self) {
+        let Some(floor) = self.ack_floor.get() else { return };
+        metrics::gauge!("ackgate_rocketmq_pending_handles").set(self.ledger.len() as f64);
+        let tps = self.ledger.partitions();
+        if tps.is_empty() {
+            return;
+        }
+        let floors = floor.floors(&tps);
+        let now = SystemClock.now_ms();
+        let invisible_ms = self.settings.invisible_time.as_millis() as u64;
+        let due = self.ledger.due(&floors, now, invisible_ms / 2);
+        for handle in due.ack {
+            self.ack_at_broker(handle).await;
+        }
+        for (tp, offset, handle) in due.extend {
+            self.extend(&tp, offset, handle).await;
+        }
+    }
+
+    async fn ack_at_broker(&self, handle: Handle) {
+        let addr = match self.broker_addr_of_handle(&handle).await {
+            Some(addr) => addr,
+            None => return,
+        };
+        for attempt in 1..=BROKER_ACK_ATTEMPTS {
+            match self.broker.ack(&addr, &self.settings.consumer_group, &handle.topic, handle.queue_id, &handle.extra_info, handle.queue_offset).await {
+                Ok(()) => {
+                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_acked").increment(1);
+                    return;
+                }
+                Err(e) if attempt < BROKER_ACK_ATTEMPTS => {
+                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_retried").increment(1);
+                    tracing::warn!(topic = %handle.topic, queue = handle.queue_id, offset = handle.queue_offset, attempt, error = %e, "broker ACK failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                }
+                Err(e) => {
+                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_failed").increment(1);
+                    tracing::error!(topic = %handle.topic, queue = handle.queue_id, offset = handle.queue_offset, error = %e, "broker ACK failed; the broker will redeliver the message (clients that acked it do not get it again)");
+                }
+            }
+        }
+    }
+
+    async fn extend(&self, tp: &TopicPartition, offset: u64, handle: Handle) {
+        let Some(addr) = self.broker_addr_of_handle(&handle).await else { return };
+        let invisible = self.settings.invisible_time;
+        let changed = self
+            .broker
+            .change_invisible_time(&addr, &self.settings.consumer_group, &handle.topic, handle.queue_id, &handle.extra_info, handle.queue_offset, invisible)
+            .await;
+        match changed {
+            Ok((pop_time, revive_qid)) => {
+                metrics::counter!("ackgate_broker_invisible_extensions_total").increment(1);
+                let fields: Vec<&str> = handle.extra_info.split(' ').collect();
+                let (marker, broker_name) = (fields.get(4).copied().unwrap_or("0"), fields.get(5).copied().unwrap_or_default());
+                // The new checkpoint covers this one message: its start offset is the message's.
+                let extra_info = format!(
+                    "{} {pop_time} {} {revive_qid} {marker} {broker_name} {} {}",
+                    handle.queue_offset,
+                    invisible.as_millis(),
+                    handle.queue_id,
+                    handle.queue_offset
+                );
+                let new = Handle { extra_info, invisible_until: pop_time + invisible.as_millis() as u64, ..handle.clone() };
+                self.ledger.replace(tp, offset, &handle, new);
+            }
+            Err(e) => tracing::warn!(%tp, offset, error = %e, "extending a popped message's invisible time failed; the broker may redeliver it"),
+        }
+    }
+
+    async fn broker_addr_of_handle(&self, handle: &Handle) -> Option<String> {
+        // Every served topic lives on one broker; its retry topic lives on the same one.
+        let routes = self.routes.lock().unwrap().values().next().map(|r| r.broker_addr.clone());
+        match routes {
+            Some(addr) => Some(addr),
+            None => match self.broker.brokers().await {
+                Ok(brokers) => brokers.first().map(|(_, a)| a.clone()),
+                Err(e) => {
+                    tracing::warn!(topic = %handle.topic, error = %e, "no broker address for a receipt handle");
+                    None
+                }
+            },
+        }
+    }
+
+    fn new_uniq_key(&self) -> String {
+        format!("{}-{:x}", self.uniq_prefix, self.next_uniq.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The retry topic a handle's retry marker names (`1`: `%RETRY%group_topic`, `2`: `%RETRY%group+topic`).
+fn retry_topic(extra_info: &str, group: &str, topic: &str) -> String {
+    match extra_info.split(' ').nth(4) {
+        Some("2") => format!("%RETRY%{group}+{topic}"),
+        _ => format!("%RETRY%{group}_{topic}"),
+    }
+}
+
+impl Drop for RocketMqLog {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Asks the name server for its brokers every second: readiness, and a fast `unavailable`.
+fn spawn_reachability_monitor(log: std::sync::Weak<RocketMqLog>) {
+    tokio::spawn(async move {
+        loop {
+            let Some(this) = log.upgrade() else { return };
+            let stop = this.stop.clone();
+            let now = this.broker.brokers().await.is_ok_and(|b| !b.is_empty());
+            if this.reachable.swap(now, Ordering::SeqCst) != now {
+                if now {
+                    tracing::info!("RocketMQ reachable again");
+                } else {
+                    tracing::warn!("RocketMQ unreachable: publishes answer unavailable, readiness is false");
+                }
+            }
+            drop(this);
+            tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(1)) => {} }
+        }
+    });
+}
+
+/// Acknowledges handles at the broker as clients' acks become durable, and extends the ones
+/// still owed.
+fn spawn_broker_acks(log: std::sync::Weak<RocketMqLog>) {
+    tokio::spawn(async move {
+        loop {
+            let Some(this) = log.upgrade() else { return };
+            this.settle_handles().await;
+            let stop = this.stop.clone();
+            let woken = async {
+                this.acked.notified().await;
+                // Let a burst of acks collect into one round.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = woken => {}
+                _ = tokio::time::sleep(BROKER_ACK_PERIOD) => {}
+            }
+        }
+    });
+}
+
+#[async_trait]
+impl LogBackend for RocketMqLog {
+    async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+        let mut topics = Vec::new();
+        for name in self.broker.topic_names().await? {
+            if !self.is_served(&name) {
+                continue;
+            }
+            let Ok(topic) = TopicName::parse(&name) else { continue };
+            if let Some(route) = self.broker.route(&name).await? {
+                self.routes.lock().unwrap().insert(topic.clone(), route.clone());
+                topics.push((topic, route.queues));
+            }
+        }
+        topics.sort();
+        Ok(topics)
+    }
+
+    async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
+        Ok(self.route(topic).await?.map(|r| r.queues))
+    }
+
+    async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        if !self.is_served(topic.as_str()) {
+            return Err(BackendError::InvalidInput(format!("topic {topic} is not in rocketmq.topics")));
+        }
+        if let Some(existing) = self.broker.route(topic.as_str()).await? {
+            return if existing.queues == partitions { Ok(false) } else { Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.queues))) };
+        }
+        let brokers = self.broker.brokers().await?;
+        let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
+        self.broker.create_topic(addr, topic.as_str(), partitions).await?;
+        // The broker registers the topic with the name server right after creating it.
+        for _ in 0..50 {
+            if let Some(route) = self.broker.route(topic.as_str()).await? {
+                self.routes.lock().unwrap().insert(topic.clone(), route);
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(BackendError::Unavailable(format!("topic {topic} was created but the name server does not route it yet")))
+    }
+
+    async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
+        let Some(route) = self.route(topic).await? else { return Ok(false) };
+        self.broker.delete_topic(&route.broker_addr, topic.as_str()).await?;
+        self.routes.lock().unwrap().remove(topic);
+        self.cursors.remove_topic(topic);
+        self.ledger.forget_topic(topic);
+        self.popped_to.lock().unwrap().retain(|tp, _| tp.topic != *topic);
+        Ok(true)
+    }
+
+    async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+        if !self.reachable.load(Ordering::SeqCst) {
+            return Err(BackendError::Unavailable(format!("RocketMQ at {} is unreachable", self.settings.namesrv_addr)));
+        }
+        let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        for event in &events {
+            if let Some(p) = event.partition.filter(|p| *p >= route.queues) {
+                return Err(BackendError::InvalidInput(format!("partition {p} does not exist: topic {topic} has {}", route.queues)));
+            }
+            let texts = event.key.iter().map(String::as_str).chain(event.headers.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+            if let Some(bad) = texts.into_iter().find(|t| !is_property_safe(t)) {
+                return Err(BackendError::InvalidInput(format!("RocketMQ properties cannot hold the control characters \\u0001 or \\u0002: {bad:?}")));
+            }
+            if let Some((name, _)) = event.headers.iter().find(|(k, _)| is_system_property(k) || k.is_empty()) {
+                return Err(BackendError::InvalidInput(format!("header {name:?} is reserved by RocketMQ")));
+            }
+        }
+        let mut written = Vec::with_capacity(events.len());
+        // One after another: offsets within a partition follow the order given.
+        for event in events {
+            let queue = match (event.partition, &event.key) {
+                (Some(p), _) => p,
+                (None, Some(key)) => super::key_partition(key, route.queues),
+                (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(route.queues)) as u32,
+            };
+            let uniq = self.new_uniq_key();
+            let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true")];
+            if let Some(key) = &event.key {
+                properties.push((KEYS, key.as_str()));
+            }
+            properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let offset = self
+                .broker
+                .send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, encode_properties(&properties), &event.payload, self.settings.publish_timeout)
+                .await?;
+            written.push((queue, offset));
+        }
+        Ok(written)
+    }
+
+    async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+        let route = self.route_of(tp).await?;
+        let log_start = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, false).await?;
+        let log_end = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, true).await?;
+        Ok(PartitionBounds { log_start, log_end: log_end.max(log_start) })
+    }
+
+    async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        match from {
+            ReadFrom::Offset(offset) => self.read_at(tp, offset, max, wait).await,
+            ReadFrom::PullCursor => {
+                let lock = self.cursor_lock(tp);
+                let _in_order = lock.lock().await;
+                let cursor = match self.cursors.get(tp) {
+                    Some(cursor) => cursor,
+                    None => self.log_bounds(tp).await?.log_start,
+                };
+                let events = match self.settings.mode {
+                    RocketMqMode::Pull => self.poll_pull(tp, cursor, max, wait).await?,
+                    RocketMqMode::Pop => self.poll_pop(tp, cursor, max, wait).await?,
+                };
+                let next = events.last().map_or(cursor, |e| e.offset + 1);
+                self.cursors.set(tp, next.max(cursor));
+                Ok(events)
+            }
+        }
+    }
+
+    fn seek(&self, tp: &TopicPartition, offset: u64) {
+        self.cursors.set(tp, offset);
+    }
+
+    fn pull_offset(&self, tp: &TopicPartition) -> Option<u64> {
+        self.cursors.get(tp)
+    }
+
+    fn ack_pulled_message(&self, _tp: &TopicPartition, _offset: u64) {
+        self.counted_acks.fetch_add(1, Ordering::Relaxed);
+        if self.settings.mode == RocketMqMode::Pop {
+            self.acked.notify_one();
+        }
+    }
+
+    fn set_ack_floor(&self, floor: Arc<dyn AckFloor>) {
+        let _ = self.ack_floor.set(floor);
+    }
+
+    fn checkpoint(&self) -> Result<(), BackendError> {
+        self.cursors.save().map_err(|e| BackendError::Io(e.to_string()))
+    }
+
+    async fn is_ready(&self) -> bool {
+        self.reachable.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,287 @@
+//! RocketMQ's remoting protocol, spoken directly: one TCP connection per address, requests
+//! multiplexed by `opaque`.
+//!
+//! A frame is `[total length: u32][header length: u32, top byte = serialize type][header][body]`,
+//! all big-endian; the header is JSON (`code`, `opaque`, `flag`, `remark`, `extFields` whose values
+//! are strings). The protocol is small enough that a client crate (and its dependency graph)
+//! would cost more than these few hundred lines.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+/// Request codes ackgate sends (RocketMQ's `RequestCode`).
+pub mod code {
+    pub const SEND_MESSAGE: i32 = 10;
+    pub const PULL_MESSAGE: i32 = 11;
+    pub const QUERY_CONSUMER_OFFSET: i32 = 14;
+    pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
+    pub const GET_MAX_OFFSET: i32 = 30;
+    pub const GET_MIN_OFFSET: i32 = 31;
+    pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
+    pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
+    pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    pub const DELETE_TOPIC_IN_BROKER: i32 = 215;
+    pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
+    pub const POP_MESSAGE: i32 = 200050;
+    pub const ACK_MESSAGE: i32 = 200051;
+    pub const CHANGE_MESSAGE_INVISIBLETIME: i32 = 200053;
+}
+
+/// Response codes ackgate tells apart (RocketMQ's `ResponseCode`).
+pub mod response {
+    pub const SUCCESS: i32 = 0;
+    pub const TOPIC_NOT_EXIST: i32 = 17;
+    pub const PULL_NOT_FOUND: i32 = 19;
+    pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
+    pub const PULL_OFFSET_MOVED: i32 = 21;
+    pub const QUERY_NOT_FOUND: i32 = 22;
+    pub const POLLING_FULL: i32 = 209;
+    pub const POLLING_TIMEOUT: i32 = 210;
+}
+
+/// Frames above this are refused (a broken peer must not make us allocate gigabytes).
+const MAX_FRAME: usize = 64 * 1024 * 1024;
+const RESPONSE_FLAG: i32 = 1;
+
+/// A decoded response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub code: i32,
+    pub remark: String,
+    pub ext: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.ext.get(name).map(String::as_str)
+    }
+
+    /// A numeric header field.
+    pub fn number(&self, name: &str) -> Result<i64, RemotingError> {
+        self.field(name)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| RemotingError::Protocol(format!("response {} has no numeric {name}", self.code)))
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RemotingError {
+    #[error("{addr}: {message}")]
+    Connection { addr: String, message: String },
+    #[error("{addr}: no response within {timeout:?}")]
+    Timeout { addr: String, timeout: Duration },
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+type Pending = Arc<Mutex<Option<HashMap<i32, oneshot::Sender<Response>>>>>;
+
+/// One connection: a writer behind a lock and a reader task that hands responses to waiters.
+struct Connection {
+    writer: tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>,
+    /// Waiters by opaque; `None` once the connection is gone.
+    pending: Pending,
+}
+
+/// Connections by address, opened on first use and reopened after a failure.
+#[derive(Default)]
+pub struct Remoting {
+    connections: Mutex<HashMap<String, Arc<Connection>>>,
+    next_opaque: AtomicI32,
+}
+
+impl Remoting {
+    /// Sends a request and waits up to `timeout` for its response.
+    pub async fn request(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
+        let opaque = self.next_opaque.fetch_add(1, Ordering::Relaxed);
+        let frame = encode_request(code, opaque, ext, body);
+        let call = async {
+            let connection = self.connection(addr).await?;
+            let (tx, rx) = oneshot::channel();
+            match connection.pending.lock().unwrap().as_mut() {
+                Some(pending) => pending.insert(opaque, tx),
+                None => return Err(gone(addr, "connection closed")),
+            };
+            let written = connection.writer.lock().await.write_all(&frame).await;
+            if let Err(e) = written {
+                self.drop_connection(addr, &connection);
+                return Err(gone(addr, &e.to_string()));
+            }
+            rx.await.map_err(|_| gone(addr, "connection closed before the response"))
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(RemotingError::Timeout { addr: addr.to_string(), timeout }),
+        }
+    }
+
+    async fn connection(&self, addr: &str) -> Result<Arc<Connection>, RemotingError> {
+        if let Some(c) = self.connections.lock().unwrap().get(addr) {
+            return Ok(c.clone());
+        }
+        let stream = TcpStream::connect(addr).await.map_err(|e| gone(addr, &e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = stream.into_split();
+        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
+        let connection = Arc::new(Connection { writer: tokio::sync::Mutex::new(writer), pending: pending.clone() });
+        {
+            let mut connections = self.connections.lock().unwrap();
+            if let Some(raced) = connections.get(addr) {
+                return Ok(raced.clone());
+            }
+            connections.insert(addr.to_string(), connection.clone());
+        }
+        tokio::spawn(read_responses(addr.to_string(), reader, pending));
+        Ok(connection)
+    }
+
+    fn drop_connection(&self, addr: &str, connection: &Arc<Connection>) {
+        let mut connections = self.connections.lock().unwrap();
+        if connections.get(addr).is_some_and(|c| Arc::ptr_eq(c, connection)) {
+            connections.remove(addr);
+        }
+        connection.pending.lock().unwrap().take();
+    }
+
+    /// Forgets connections whose reader ended, so the next request reconnects.
+    fn prune(&self) {
+        self.connections.lock().unwrap().retain(|_, c| c.pending.lock().unwrap().is_some());
+    }
+
+    /// Like `request`, reconnecting once when a stale connection fails at once.
+    pub async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
+        self.prune();
+        match self.request(addr, code, ext, body, timeout).await {
+            Err(RemotingError::Connection { .. }) => {
+                self.prune();
+                self.request(addr, code, ext, body, timeout).await
+            }
+            other => other,
+        }
+    }
+}
+
+fn gone(addr: &str, message: &str) -> RemotingError {
+    RemotingError::Connection { addr: addr.to_string(), message: message.to_string() }
+}
+
+async fn read_responses(addr: String, mut reader: tokio::net::tcp::OwnedReadHalf, pending: Pending) {
+    loop {
+        match read_frame(&mut reader).await {
+            Ok(Some((flag, opaque, response))) => {
+                if flag & RESPONSE_FLAG == 0 {
+                    // A request from the broker (consumer-ids-changed notices and the like): ackgate
+                    // registers no consumers, so there is nothing to answer.
+                    continue;
+                }
+                let waiter = pending.lock().unwrap().as_mut().and_then(|p| p.remove(&opaque));
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(response);
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "RocketMQ connection failed");
+                break;
+            }
+        }
+    }
+    // Dropping the waiters wakes them with "connection closed".
+    pending.lock().unwrap().take();
+}
+
+/// Encodes a request frame (JSON header).
+pub fn encode_request(code: i32, opaque: i32, ext: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+    let ext: serde_json::Map<String, serde_json::Value> = ext.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.clone()))).collect();
+    let header = serde_json::json!({
+        "code": code,
+        "language": "RUST",
+        "version": 0,
+        "opaque": opaque,
+        "flag": 0,
+        "remark": null,
+        "extFields": ext,
+        "serializeTypeCurrentRPC": "JSON",
+    });
+    let header = serde_json::to_vec(&header).expect("a JSON value always serializes");
+    let mut frame = Vec::with_capacity(8 + header.len() + body.len());
+    frame.extend_from_slice(&((4 + header.len() + body.len()) as u32).to_be_bytes());
+    frame.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&header);
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// Reads one frame: `(flag, opaque, response)`, `None` at a clean end of stream.
+async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<(i32, i32, Response)>, RemotingError> {
+    let mut length = [0u8; 4];
+    match reader.read_exact(&mut length).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(RemotingError::Protocol(e.to_string())),
+    }
+    let length = u32::from_be_bytes(length) as usize;
+    if !(4..=MAX_FRAME).contains(&length) {
+        return Err(RemotingError::Protocol(format!("frame of {length} bytes")));
+    }
+    let mut frame = vec![0u8; length];
+    reader.read_exact(&mut frame).await.map_err(|e| RemotingError::Protocol(e.to_string()))?;
+    decode_frame(&frame).map(Some)
+}
+
+/// Decodes a frame after its length prefix.
+pub fn decode_frame(frame: &[u8]) -> Result<(i32, i32, Response), RemotingError> {
+    let marked = frame.get(..4).ok_or_else(|| RemotingError::Protocol("frame shorter than its header length".into()))?;
+    let marked = u32::from_be_bytes(marked.try_into().expect("4 bytes"));
+    if marked >> 24 != 0 {
+        return Err(RemotingError::Protocol(format!("serialize type {} (only JSON is spoken)", marked >> 24)));
+    }
+    let header_len = (marked & 0x00FF_FFFF) as usize;
+    let header = frame.get(4..4 + header_len).ok_or_else(|| RemotingError::Protocol("header longer than its frame".into()))?;
+    let header: serde_json::Value = serde_json::from_slice(header).map_err(|e| RemotingError::Protocol(format!("header: {e}")))?;
+    let number = |name: &str| header.get(name).and_then(serde_json::Value::as_i64).unwrap_or(0) as i32;
+    let ext = match header.get("extFields") {
+        Some(serde_json::Value::Object(fields)) => fields
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+            .collect(),
+        _ => HashMap::new(),
+    };
+    let response = Response {
+        code: number("code"),
+        remark: header.get("remark").and_then(serde_json::Value::as_str).unwrap_or_default().to_string(),
+        ext,
+        body: frame[4 + header_len..].to_vec(),
+    };
+    Ok((number("flag"), number("opaque"), response))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_frame_decodes_back() {
+        let frame = encode_request(code::PULL_MESSAGE, 7, &[("topic", "t".into()), ("queueId", "3".into())], b"body");
+        assert_eq!(u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize, frame.len() - 4);
+        let (flag, opaque, decoded) = decode_frame(&frame[4..]).unwrap();
+        assert_eq!((flag, opaque, decoded.code), (0, 7, code::PULL_MESSAGE));
+        assert_eq!(decoded.field("topic"), Some("t"));
+        assert_eq!(decoded.number("queueId").unwrap(), 3);
+        assert_eq!(decoded.body, b"body");
+    }
+
+    #[test]
+    fn broken_frames_are_errors_not_panics() {
+        assert!(decode_frame(&[0, 0, 0, 200, b'{']).is_err(), "header longer than the frame");
+        assert!(decode_frame(&[1, 0, 0, 0]).is_err(), "binary serialize type");
+        assert!(decode_frame(&[0, 0, 0, 1, b'x']).is_err(), "not JSON");
+    }
+}

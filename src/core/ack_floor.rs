@@ -1,0 +1,51 @@
+//! The clients' acknowledged floor per partition, for backends that acknowledge events at their
+//! broker (RocketMQ POP): an event may be acknowledged there once every live client subscribed
+//! to its topic on this instance has a durable committed offset past it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Weak;
+
+use super::backend::AckFloor;
+use super::dispatcher::Dispatcher;
+use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+
+/// Floors computed from the live sessions and the offset store.
+pub struct LiveClientsAckFloor {
+    dispatcher: Weak<Dispatcher>,
+}
+
+impl LiveClientsAckFloor {
+    pub fn new(dispatcher: Weak<Dispatcher>) -> Self {
+        Self { dispatcher }
+    }
+}
+
+impl AckFloor for LiveClientsAckFloor {
+    fn floors(&self, tps: &[TopicPartition]) -> HashMap<TopicPartition, u64> {
+        let Some(d) = self.dispatcher.upgrade() else {
+            return HashMap::new();
+        };
+        let wanted: HashSet<&TopicName> = tps.iter().map(|tp| &tp.topic).collect();
+        let mut readers: HashMap<TopicName, HashSet<ClientId>> = HashMap::new();
+        for session in d.sessions() {
+            let subscriptions = session.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+            for topic in subscriptions.iter().filter(|t| wanted.contains(t)) {
+                readers.entry(topic.clone()).or_default().insert(session.client_id.clone());
+            }
+        }
+        let mut floors = HashMap::new();
+        for tp in tps {
+            let Some(clients) = readers.get(&tp.topic) else { continue };
+            let mut floor = u64::MAX;
+            for client in clients {
+                let key = OffsetKey::new(tp.topic.clone(), client.clone(), tp.partition);
+                // No stored offset (or an unreadable one): nothing of this partition is known to
+                // be acknowledged by that client.
+                let committed = d.store.read(&key).ok().flatten().map_or(0, |r| r.committed);
+                floor = floor.min(committed);
+            }
+            floors.insert(tp.clone(), floor);
+        }
+        floors
+    }
+}

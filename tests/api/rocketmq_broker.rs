@@ -1,0 +1,79 @@
+//! A real RocketMQ broker for the RocketMQ tests: rocketmq-rust's name server and broker (the Rust
+//! port; `scripts/rocketmq-test-broker install` builds them), one pair per test, started through
+//! `scripts/rocketmq-test-broker start PORT` with its data in a temp dir, stopped on drop.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ackgate::backend::rocketmq::remoting::{code, Remoting, Response};
+
+pub struct TestRocketMq {
+    dir: tempfile::TempDir,
+    pub port: u16,
+    extra: String,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/rocketmq-test-broker")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl TestRocketMq {
+    pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// With extra `[broker]` TOML lines (revive timing, ...).
+    pub fn start_with(extra: &str) -> Self {
+        let broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), extra: extra.to_string() };
+        broker.run("start");
+        broker
+    }
+
+    fn run(&self, verb: &str) {
+        let status = Command::new("bash")
+            .arg(script())
+            .arg(verb)
+            .arg(self.port.to_string())
+            .env("ACKGATE_ROCKETMQ_DATA", self.dir.path())
+            .env("ACKGATE_ROCKETMQ_BROKER_EXTRA", &self.extra)
+            .status()
+            .expect("scripts/rocketmq-test-broker runs");
+        assert!(status.success() || verb == "stop", "rocketmq-test-broker {verb} failed: see {}", self.dir.path().display());
+    }
+
+    /// `host:port` of the name server, for `rocketmq.namesrv_addr`.
+    pub fn namesrv(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The broker's address as the name server routes it.
+    pub async fn broker_addr(&self) -> String {
+        let r = self.call(&self.namesrv(), 106, &[]).await;
+        let body: serde_json::Value = serde_json::from_slice(&r.body).expect("cluster info is JSON");
+        let table = body["brokerAddrTable"].as_object().expect("brokerAddrTable");
+        table.values().next().and_then(|b| b["brokerAddrs"]["0"].as_str()).expect("one broker").to_string()
+    }
+
+    pub async fn call(&self, addr: &str, request: i32, ext: &[(&str, String)]) -> Response {
+        Remoting::default().call(addr, request, ext, &[], Duration::from_secs(5)).await.expect("RocketMQ answers")
+    }
+
+    /// The consumer offset the broker holds for `group` on a queue (`None`: it holds none).
+    pub async fn consumer_offset(&self, group: &str, topic: &str, queue: u32) -> Option<i64> {
+        let ext = [("consumerGroup", group.to_string()), ("topic", topic.to_string()), ("queueId", queue.to_string()), ("setZeroIfNotFound", "false".to_string())];
+        let r = self.call(&self.broker_addr().await, code::QUERY_CONSUMER_OFFSET, &ext).await;
+        (r.code == 0).then(|| r.number("offset").unwrap())
+    }
+}
+
+impl Drop for TestRocketMq {
+    fn drop(&mut self) {
+        self.run("stop");
+    }
+}
