@@ -1,6 +1,6 @@
-//! The gateway under test: the real `ackgate` binary started in a temp data dir (embedded log, or
-//! Kafka with `--brokers`), or one already running at `--url`. Also reads its RSS and CPU time
-//! from /proc.
+//! The gateway under test: the real `ackgate` binary started in a temp data dir (embedded log,
+//! Kafka with `--brokers`, or RocketMQ with `--rocketmq`), or one already running at `--url`.
+//! Also reads its RSS and CPU time from /proc.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

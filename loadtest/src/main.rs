@@ -31,6 +31,12 @@ pub struct Cli {
     /// Start the gateway on Kafka at these brokers instead of the embedded log.
     #[arg(long)]
     pub brokers: Option<String>,
+    /// Start the gateway on RocketMQ with this name server (`host:port`) instead of the embedded log.
+    #[arg(long, conflicts_with = "brokers")]
+    pub rocketmq: Option<String>,
+    /// RocketMQ mode with `--rocketmq`: `pop` (5.x, deferred broker ACK) or `pull` (4.x).
+    #[arg(long, default_value = "pop")]
+    pub rocketmq_mode: String,
     /// Consumers (each its own client_id).
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
@@ -85,7 +91,13 @@ pub struct Cli {
 
 impl Cli {
     fn launch(&self) -> Launch {
-        Launch { binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: self.brokers.clone(), env: Vec::new() }
+        let mut env = Vec::new();
+        if let Some(namesrv) = &self.rocketmq {
+            env.push(("ACKGATE_STORAGE__BACKEND".to_string(), "rocketmq".to_string()));
+            env.push(("ACKGATE_ROCKETMQ__NAMESRV_ADDR".to_string(), namesrv.clone()));
+            env.push(("ACKGATE_ROCKETMQ__MODE".to_string(), self.rocketmq_mode.clone()));
+        }
+        Launch { binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: self.brokers.clone(), env }
     }
 
     fn gateway(&self) -> anyhow::Result<Gateway> {

@@ -102,11 +102,7 @@ impl Broker {
 
     /// The master address of every broker the name server knows, by broker name.
     pub async fn brokers(&self) -> Result<Vec<(String, String)>, BackendError> {
-        let r = self.call(&self.namesrv, 106, &[], &[], self.timeout).await?;
-        if r.code != response::SUCCESS {
-            return Err(refused("cluster info", &r));
-        }
-        let body: serde_json::Value = parse_json(&r.body)?;
+        let body = self.cluster_info().await?;
         let mut brokers: Vec<(String, String)> = body["brokerAddrTable"]
             .as_object()
             .into_iter()
@@ -115,6 +111,23 @@ impl Broker {
             .collect();
         brokers.sort();
         Ok(brokers)
+    }
+
+    /// Cluster and broker names: the name server lists them among the topics (each broker
+    /// registers a topic named after itself and its cluster).
+    pub async fn cluster_and_broker_names(&self) -> Result<Vec<String>, BackendError> {
+        let body = self.cluster_info().await?;
+        let mut names: Vec<String> = body["brokerAddrTable"].as_object().into_iter().flatten().map(|(name, _)| name.clone()).collect();
+        names.extend(body["clusterAddrTable"].as_object().into_iter().flatten().map(|(name, _)| name.clone()));
+        Ok(names)
+    }
+
+    async fn cluster_info(&self) -> Result<serde_json::Value, BackendError> {
+        let r = self.call(&self.namesrv, code::GET_BROKER_CLUSTER_INFO, &[], &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("cluster info", &r));
+        }
+        parse_json(&r.body)
     }
 
     pub async fn create_topic(&self, broker_addr: &str, topic: &str, queues: u32) -> Result<(), BackendError> {

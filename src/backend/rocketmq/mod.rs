@@ -41,6 +41,8 @@ const POSITIONS_REMEMBERED: usize = 1_000_000;
 const BROKER_ACK_PERIOD: Duration = Duration::from_millis(200);
 /// Attempts of one broker ACK before it is counted as failed (the broker then revives it).
 const BROKER_ACK_ATTEMPTS: u32 = 3;
+/// A failed invisible-time extension is tried again after this pause.
+const EXTEND_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RocketMqMode {
@@ -88,9 +90,11 @@ pub struct RocketMqLog {
     stop: CancellationToken,
 }
 
+/// Topics RocketMQ creates for itself (retry, DLQ, revive, timer, scheduling, tracing, replies,
+/// benchmarks): never served.
 fn is_system_topic(name: &str) -> bool {
-    name.starts_with('%') || name.starts_with("rmq_sys_") || name.starts_with("RMQ_SYS_") || name == "TBW102" || name.contains("SCHEDULE_TOPIC")
-        || name == "SELF_TEST_TOPIC" || name == "OFFSET_MOVED_EVENT" || name.starts_with("TRANS_CHECK_MAX_TIME_TOPIC")
+    const EXACT: &[&str] = &["TBW102", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", "BenchmarkTest", "SCHEDULE_TOPIC_XXXX", "TRANS_CHECK_MAX_TIME_TOPIC"];
+    name.starts_with('%') || name.starts_with("rmq_sys_") || name.starts_with("RMQ_SYS_") || name.ends_with("_REPLY_TOPIC") || EXACT.contains(&name)
 }
 
 impl RocketMqLog {
@@ -230,6 +234,7 @@ impl RocketMqLog {
             let Some((original_tp, original_offset, handle)) = self.handle_of(&route, tp, &header, &message) else {
                 continue;
             };
+            metrics::counter!("ackgate_rocketmq_popped_total").increment(1);
             self.ledger.record(&original_tp, original_offset, handle);
             let revived = message.property(POP_CK).is_some() || message.topic.starts_with('%');
             if !revived && original_tp == *tp {
@@ -250,11 +255,6 @@ impl RocketMqLog {
             events.truncate(contiguous);
             return Ok(events);
         }
-        for m in &fresh {
-            if let Some(uniq) = m.property(UNIQ_KEY) {
-                self.positions.learn(uniq, tp, m.queue_offset);
-            }
-        }
         if pop_position > cursor {
             let mut events = self.read_at(tp, cursor, max, Duration::ZERO).await?;
             events.retain(|e| e.offset < pop_position);
@@ -263,44 +263,15 @@ impl RocketMqLog {
         Ok(Vec::new())
     }
 
-    /// The original partition and offset of a popped message, and its receipt handle. A revived
-    /// message (from the retry topic) is mapped back through its `UNIQ_KEY`; one whose original
-    /// is unknown is left to the broker (logged and counted).
+    /// The original partition and offset of a popped message, and its receipt handle; `None`
+    /// for a revived message whose original is unknown here (left to the broker, counted).
     fn handle_of(&self, route: &Route, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
-        let retry = m.topic.starts_with("%RETRY%") || m.property(POP_CK).is_some();
-        let extra_info = match m.property(POP_CK) {
-            Some(ck) => ck.to_string(),
-            None => {
-                let marker = if !retry {
-                    "0"
-                } else if m.topic.contains('+') {
-                    "2"
-                } else {
-                    "1"
-                };
-                let start = header.start_offsets.get(&format!("{marker}@{}", m.queue_id)).copied().unwrap_or(m.queue_offset as i64);
-                format!(
-                    "{start} {} {} {} {marker} {} {} {}",
-                    header.pop_time, header.invisible_time, header.revive_qid, route.broker_name, m.queue_id, m.queue_offset
-                )
-            }
-        };
-        let handle_topic = if retry && !m.topic.starts_with("%RETRY%") { retry_topic(&extra_info, &self.settings.consumer_group, polled.topic.as_str()) } else { m.topic.clone() };
-        let invisible_until = header.pop_time.max(1) + header.invisible_time;
-        let handle = Handle { topic: handle_topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until };
-        if !retry {
-            let tp = TopicPartition::new(polled.topic.clone(), m.queue_id);
-            return Some((tp, m.queue_offset, handle));
+        let popped = pop::receipt(&self.settings.consumer_group, &route.broker_name, polled, header, m, &self.positions);
+        if popped.is_none() {
+            metrics::counter!("ackgate_rocketmq_unmapped_revived_total").increment(1);
+            tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
         }
-        let original = m.property(UNIQ_KEY).and_then(|u| self.positions.find(u));
-        match original {
-            Some((tp, offset)) => Some((tp, offset, handle)),
-            None => {
-                metrics::counter!("ackgate_rocketmq_unmapped_revived_total").increment(1);
-                tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
-                None
-            }
-        }
+        popped
     }
 
     /// One round of broker ACKs and invisible-time extensions.
@@ -356,7 +327,7 @@ impl RocketMqLog {
             .await;
         match changed {
             Ok((pop_time, revive_qid)) => {
-                metrics::counter!("ackgate_broker_invisible_extensions_total").increment(1);
+                metrics::counter!("ackgate_broker_invisible_extensions_total", "result" => "ok").increment(1);
                 let fields: Vec<&str> = handle.extra_info.split(' ').collect();
                 let (marker, broker_name) = (fields.get(4).copied().unwrap_or("0"), fields.get(5).copied().unwrap_or_default());
                 // The new checkpoint covers this one message: its start offset is the message's.
@@ -367,10 +338,16 @@ impl RocketMqLog {
                     handle.queue_id,
                     handle.queue_offset
                 );
-                let new = Handle { extra_info, invisible_until: pop_time + invisible.as_millis() as u64, ..handle.clone() };
+                let new = Handle { extra_info, invisible_until: pop_time + invisible.as_millis() as u64, retry_extend_at: 0, ..handle.clone() };
                 self.ledger.replace(tp, offset, &handle, new);
             }
-            Err(e) => tracing::warn!(%tp, offset, error = %e, "extending a popped message's invisible time failed; the broker may redeliver it"),
+            Err(e) => {
+                metrics::counter!("ackgate_broker_invisible_extensions_total", "result" => "failed").increment(1);
+                tracing::warn!(%tp, offset, error = %e, "extending a popped message's invisible time failed; the broker may redeliver it");
+                // Not again every round: once more after a pause, while the handle is still valid.
+                let retry_extend_at = SystemClock.now_ms() + EXTEND_RETRY_PAUSE.as_millis() as u64;
+                self.ledger.replace(tp, offset, &handle, Handle { retry_extend_at, ..handle.clone() });
+            }
         }
     }
 
@@ -391,14 +368,6 @@ impl RocketMqLog {
 
     fn new_uniq_key(&self) -> String {
         format!("{}-{:x}", self.uniq_prefix, self.next_uniq.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// The retry topic a handle's retry marker names (`1`: `%RETRY%group_topic`, `2`: `%RETRY%group+topic`).
-fn retry_topic(extra_info: &str, group: &str, topic: &str) -> String {
-    match extra_info.split(' ').nth(4) {
-        Some("2") => format!("%RETRY%{group}+{topic}"),
-        _ => format!("%RETRY%{group}_{topic}"),
     }
 }
 
@@ -453,9 +422,10 @@ fn spawn_broker_acks(log: std::sync::Weak<RocketMqLog>) {
 #[async_trait]
 impl LogBackend for RocketMqLog {
     async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+        let reserved = self.broker.cluster_and_broker_names().await?;
         let mut topics = Vec::new();
         for name in self.broker.topic_names().await? {
-            if !self.is_served(&name) {
+            if !self.is_served(&name) || reserved.contains(&name) {
                 continue;
             }
             let Ok(topic) = TopicName::parse(&name) else { continue };

@@ -16,7 +16,51 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
+use super::broker::PopHeader;
+use super::message::{StoredMessage, POP_CK, UNIQ_KEY};
 use crate::core::names::TopicPartition;
+
+/// The receipt handle of a popped message and the original `topic#partition` and offset it
+/// stands for. A fresh message's handle is built from the POP answer (as RocketMQ's clients do:
+/// `checkpoint start offset, pop time, invisible time, revive queue, retry marker, broker, queue,
+/// queue offset`); a revived one carries its own (`POP_CK`) or lives in the group's retry topic,
+/// and is mapped back through its `UNIQ_KEY`. `None` when that key is unknown here.
+pub fn receipt(group: &str, broker_name: &str, polled: &TopicPartition, header: &PopHeader, m: &StoredMessage, positions: &Positions) -> Option<(TopicPartition, u64, Handle)> {
+    let in_retry_topic = m.topic.starts_with("%RETRY%");
+    let revived = in_retry_topic || m.property(POP_CK).is_some();
+    let extra_info = match m.property(POP_CK) {
+        Some(ck) => ck.to_string(),
+        None => {
+            let marker = match (revived, m.topic.contains('+')) {
+                (false, _) => "0",
+                (true, true) => "2",
+                (true, false) => "1",
+            };
+            let start = header.start_offsets.get(&format!("{marker}@{}", m.queue_id)).copied().unwrap_or(m.queue_offset as i64);
+            format!("{start} {} {} {} {marker} {broker_name} {} {}", header.pop_time, header.invisible_time, header.revive_qid, m.queue_id, m.queue_offset)
+        }
+    };
+    let topic = if revived && !in_retry_topic {
+        // The broker named the original topic; the handle belongs to the retry topic its marker names.
+        match extra_info.split(' ').nth(4) {
+            Some("2") => format!("%RETRY%{group}+{}", polled.topic),
+            _ => format!("%RETRY%{group}_{}", polled.topic),
+        }
+    } else {
+        m.topic.clone()
+    };
+    let invisible_until = header.pop_time + header.invisible_time;
+    let handle = Handle { topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until, retry_extend_at: 0 };
+    if !revived {
+        let tp = TopicPartition::new(polled.topic.clone(), m.queue_id);
+        if let Some(uniq) = m.property(UNIQ_KEY) {
+            positions.learn(uniq, &tp, m.queue_offset);
+        }
+        return Some((tp, m.queue_offset, handle));
+    }
+    let (tp, offset) = positions.find(m.property(UNIQ_KEY)?)?;
+    Some((tp, offset, handle))
+}
 
 /// One receipt handle: what an ACK_MESSAGE or CHANGE_MESSAGE_INVISIBLETIME for it needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +72,8 @@ pub struct Handle {
     pub extra_info: String,
     /// Epoch ms at which the broker revives the message unless acknowledged or extended.
     pub invisible_until: u64,
+    /// Epoch ms before which no extension is tried again (after one failed); 0: any time.
+    pub retry_extend_at: u64,
 }
 
 /// What a round of the broker-ack task must do.
@@ -55,9 +101,11 @@ impl Ledger {
     }
 
     /// Takes the handles every client is done with (original offset below the partition's floor)
-    /// and picks those to extend: owed by a live client and invisible for less than `margin_ms`
-    /// more. A partition without a floor (no live subscriber) keeps its handles until the broker
-    /// revives them; lapsed ones are dropped.
+    /// and picks those to extend: owed by a live client, still invisible, and for less than
+    /// `margin_ms` more. A handle past its invisible time is still acknowledged once its clients
+    /// are done (harmless where the broker revived it; needed where a failed extension left it
+    /// in flight). A partition without a floor (no live subscriber) drops its handles once they
+    /// lapse: the broker revives them and whoever pops them again settles them.
     pub fn due(&self, floors: &HashMap<TopicPartition, u64>, now_ms: u64, margin_ms: u64) -> Due {
         let mut due = Due::default();
         let mut pending = self.pending.lock().unwrap();
@@ -68,11 +116,9 @@ impl Ledger {
                     for (_, handles) in std::mem::replace(by_offset, owed) {
                         due.ack.extend(handles);
                     }
-                    for (offset, handles) in by_offset.iter_mut() {
-                        handles.retain(|h| h.invisible_until > now_ms);
-                        for h in handles.iter().filter(|h| h.invisible_until <= now_ms + margin_ms) {
-                            due.extend.push((tp.clone(), *offset, h.clone()));
-                        }
+                    for (offset, handles) in by_offset.iter() {
+                        let extend = handles.iter().filter(|h| h.invisible_until > now_ms && h.invisible_until <= now_ms + margin_ms && h.retry_extend_at <= now_ms);
+                        due.extend.extend(extend.map(|h| (tp.clone(), *offset, h.clone())));
                     }
                 }
                 None => {
@@ -145,7 +191,63 @@ mod tests {
     }
 
     fn handle(info: &str, until: u64) -> Handle {
-        Handle { topic: "t".into(), queue_id: 0, queue_offset: 0, extra_info: info.into(), invisible_until: until }
+        Handle { topic: "t".into(), queue_id: 0, queue_offset: 0, extra_info: info.into(), invisible_until: until, retry_extend_at: 0 }
+    }
+
+    fn message(topic: &str, queue_id: u32, queue_offset: u64, properties: &[(&str, &str)]) -> StoredMessage {
+        StoredMessage {
+            topic: topic.into(),
+            queue_id,
+            queue_offset,
+            born_timestamp: 0,
+            store_timestamp: 0,
+            reconsume_times: 0,
+            properties: properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: Vec::new(),
+        }
+    }
+
+    fn header() -> PopHeader {
+        PopHeader { pop_time: 1000, invisible_time: 30_000, revive_qid: 3, start_offsets: [("0@2".to_string(), 40), ("1@0".to_string(), 7)].into() }
+    }
+
+    #[test]
+    fn a_fresh_message_gets_a_handle_built_from_the_pop_answer() {
+        let positions = Positions::new(10);
+        let polled = tp(2);
+        let (at, offset, h) = receipt("g", "b1", &polled, &header(), &message("t", 2, 42, &[(UNIQ_KEY, "u42")]), &positions).unwrap();
+        assert_eq!((at, offset), (tp(2), 42));
+        assert_eq!(h.extra_info, "40 1000 30000 3 0 b1 2 42");
+        assert_eq!((h.topic.as_str(), h.queue_id, h.queue_offset, h.invisible_until), ("t", 2, 42, 31_000));
+        assert_eq!(positions.find("u42"), Some((tp(2), 42)), "its position is learned for a later revival");
+    }
+
+    #[test]
+    fn a_revived_message_maps_back_to_its_original_offset_through_its_uniq_key() {
+        let positions = Positions::new(10);
+        positions.learn("u5", &tp(1), 5);
+        // Returned under the retry topic's own name (popResponseReturnActualRetryTopic).
+        let retry = message("%RETRY%g_t", 0, 9, &[(UNIQ_KEY, "u5")]);
+        let (at, offset, h) = receipt("g", "b1", &tp(0), &header(), &retry, &positions).unwrap();
+        assert_eq!((at, offset), (tp(1), 5), "the original partition and offset, not the retry queue's");
+        assert_eq!(h.topic, "%RETRY%g_t");
+        assert_eq!(h.extra_info, "7 1000 30000 3 1 b1 0 9");
+        // Returned under the original name with the broker's own handle.
+        let renamed = message("t", 0, 9, &[(UNIQ_KEY, "u5"), (POP_CK, "9 1000 30000 3 2 b1 0 9 4")]);
+        let (at, offset, h) = receipt("g", "b1", &tp(0), &header(), &renamed, &positions).unwrap();
+        assert_eq!((at, offset), (tp(1), 5));
+        assert_eq!((h.topic.as_str(), h.extra_info.as_str()), ("%RETRY%g+t", "9 1000 30000 3 2 b1 0 9 4"));
+        // Unknown here: left to the broker.
+        assert!(receipt("g", "b1", &tp(0), &header(), &message("%RETRY%g_t", 0, 10, &[(UNIQ_KEY, "u-other")]), &positions).is_none());
+        assert!(receipt("g", "b1", &tp(0), &header(), &message("%RETRY%g_t", 0, 11, &[]), &positions).is_none());
+    }
+
+    #[test]
+    fn a_failed_extension_waits_before_the_next_try() {
+        let ledger = Ledger::default();
+        ledger.record(&tp(0), 1, Handle { retry_extend_at: 5_000, ..handle("a", 10_000) });
+        assert!(ledger.due(&[(tp(0), 0)].into(), 4_000, 8_000).extend.is_empty());
+        assert_eq!(ledger.due(&[(tp(0), 0)].into(), 5_000, 8_000).extend.len(), 1);
     }
 
     #[test]
@@ -159,10 +261,12 @@ mod tests {
         assert_eq!(due.extend.iter().map(|(_, o, h)| (*o, h.extra_info.as_str())).collect::<Vec<_>>(), [(5, "b")]);
         assert_eq!(ledger.len(), 2);
         ledger.replace(&tp(0), 5, &handle("b", 10_000), handle("b2", 40_000));
-        let due = ledger.due(&[(tp(0), 7)].into(), 9_500, 2_000);
+        let due = ledger.due(&[(tp(0), 5)].into(), 70_000, 2_000);
+        assert!(due.ack.is_empty() && due.extend.is_empty(), "past its invisible time: kept, not extended");
+        let due = ledger.due(&[(tp(0), 7)].into(), 70_000, 2_000);
         let mut acked: Vec<_> = due.ack.iter().map(|h| h.extra_info.as_str()).collect();
         acked.sort();
-        assert_eq!(acked, ["b2", "c"]);
+        assert_eq!(acked, ["b2", "c"], "acknowledged once the clients are done, even late");
         assert_eq!(ledger.len(), 0);
     }
 

@@ -24,6 +24,7 @@ pub mod code {
     pub const GET_MAX_OFFSET: i32 = 30;
     pub const GET_MIN_OFFSET: i32 = 31;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
+    pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
     pub const DELETE_TOPIC_IN_BROKER: i32 = 215;
