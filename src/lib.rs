@@ -11,6 +11,8 @@
 //!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
 //!   - `reader`: one shared partition reader per `topic#partition`;
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
+//!   - `ack_floor`: per partition, how far its live clients have durably acked (when a
+//!     backend may acknowledge an event at its broker);
 //!   - `dispatcher`: session registry, takeover, subscription start points;
 //!   - `feeder`, `window`, `in_flight`: per-partition feeders, a session's in-flight window
 //!     (events and bytes) and its deliveries' ack deadlines;
@@ -20,7 +22,8 @@
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
 //!   - `rendezvous`: which instance a client should use.
 //! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
-//! - `backend`: `LogBackend` implementations (`embedded`, `kafka`) and the pull checkpoint file.
+//! - `backend`: `LogBackend` implementations (`embedded`, `kafka`, `rocketmq`) and the pull
+//!   checkpoint file.
 //! - `cluster`: the peers and their health, for `/session/recommend`.
 //! - `http`: the axum router, one file per REST resource, the WebSocket adapter, auth, metrics,
 //!   OpenAPI, the browser console.
