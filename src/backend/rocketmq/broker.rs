@@ -200,7 +200,19 @@ impl Broker {
             ("unitMode", "false".to_string()),
             ("batch", "false".to_string()),
         ];
-        let r = self.call(broker_addr, code::SEND_MESSAGE, &ext, body, timeout).await?;
+        // A busy broker refuses before storing anything (SYSTEM_BUSY: its flow control), so the
+        // send is tried again after a pause, as RocketMQ's producers do, within `timeout`.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(5);
+        let r = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let r = self.call(broker_addr, code::SEND_MESSAGE, &ext, body, left.max(Duration::from_millis(1))).await?;
+            if r.code != response::SYSTEM_BUSY || tokio::time::Instant::now() + pause >= deadline {
+                break r;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        };
         if r.code != response::SUCCESS {
             return Err(refused("send", &r));
         }

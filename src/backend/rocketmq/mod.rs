@@ -490,25 +490,42 @@ impl LogBackend for RocketMqLog {
                 return Err(BackendError::InvalidInput(format!("header {name:?} is reserved by RocketMQ")));
             }
         }
-        let mut written = Vec::with_capacity(events.len());
-        // One after another: offsets within a partition follow the order given.
-        for event in events {
+        // Each event's queue first; then every queue's events are sent one after another (so
+        // offsets within a partition follow the order given) while queues are sent to at once.
+        let mut by_queue: HashMap<u32, Vec<(usize, NewEvent)>> = HashMap::new();
+        for (i, event) in events.into_iter().enumerate() {
             let queue = match (event.partition, &event.key) {
                 (Some(p), _) => p,
                 (None, Some(key)) => super::key_partition(key, route.queues),
                 (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(route.queues)) as u32,
             };
-            let uniq = self.new_uniq_key();
-            let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true")];
-            if let Some(key) = &event.key {
-                properties.push((KEYS, key.as_str()));
+            by_queue.entry(queue).or_default().push((i, event));
+        }
+        let count = by_queue.values().map(Vec::len).sum();
+        let sends = by_queue.into_iter().map(|(queue, events)| {
+            let route = &route;
+            async move {
+                let mut written = Vec::with_capacity(events.len());
+                for (i, event) in events {
+                    let uniq = self.new_uniq_key();
+                    let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true")];
+                    if let Some(key) = &event.key {
+                        properties.push((KEYS, key.as_str()));
+                    }
+                    properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                    let properties = encode_properties(&properties);
+                    let offset =
+                        self.broker.send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, properties, &event.payload, self.settings.publish_timeout).await?;
+                    written.push((i, (queue, offset)));
+                }
+                Ok::<_, BackendError>(written)
             }
-            properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            let offset = self
-                .broker
-                .send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, encode_properties(&properties), &event.payload, self.settings.publish_timeout)
-                .await?;
-            written.push((queue, offset));
+        });
+        let mut written = vec![(0, 0); count];
+        for queue in futures_util::future::join_all(sends).await {
+            for (i, at) in queue? {
+                written[i] = at;
+            }
         }
         Ok(written)
     }

@@ -37,6 +37,7 @@ pub mod code {
 /// Response codes ackgate tells apart (RocketMQ's `ResponseCode`).
 pub mod response {
     pub const SUCCESS: i32 = 0;
+    pub const SYSTEM_BUSY: i32 = 2;
     pub const TOPIC_NOT_EXIST: i32 = 17;
     pub const PULL_NOT_FOUND: i32 = 19;
     pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
