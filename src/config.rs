@@ -241,6 +241,12 @@ pub struct LimitsConfig {
     /// deliveries; attempt counts continue when they come back). Beyond it the oldest is
     /// forgotten and its attempt counts restart at 1.
     pub max_offline_clients: usize,
+    /// After a connection is done (a close frame sent, an error answered), ackgate keeps reading
+    /// and discarding what the client still sends for up to this long, so the client reads the
+    /// answer instead of a TCP reset.
+    pub close_drain_ms: u64,
+    /// ...and at most this many bytes.
+    pub close_drain_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -254,6 +260,8 @@ impl Default for LimitsConfig {
             max_subscriptions_per_session: 100,
             max_clients_per_topic: 100_000,
             max_offline_clients: 10_000,
+            close_drain_ms: 1000,
+            close_drain_bytes: 67_108_864,
         }
     }
 }
@@ -414,6 +422,7 @@ impl Config {
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
             ("delivery.slow_client_timeout_ms", self.delivery.slow_client_timeout_ms),
+            ("limits.close_drain_ms", self.limits.close_drain_ms),
         ];
         for (key, value) in periods {
             if value > MAX_PERIOD_MS {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +21,7 @@ use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
+use crate::http::lingering::{Linger, LingeringListener, PeerAddr};
 use crate::http::{router, AppState};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
@@ -201,11 +201,9 @@ impl Gateway {
         let config = app.config.clone();
         let local_addr = listener.local_addr()?;
         spawn_background(&app, &backend);
-        let listener = listener.tap_io(|tcp| {
-            // Without it, small frames wait for Nagle's algorithm: 40 ms per round trip.
-            let _ = tcp.set_nodelay(true);
-        });
-        let service = router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
+        let linger = Linger { grace: Duration::from_millis(config.limits.close_drain_ms), max_bytes: config.limits.close_drain_bytes };
+        let listener = LingeringListener::new(listener, linger);
+        let service = router(app.clone()).into_make_service_with_connect_info::<PeerAddr>();
         let stop_serving = cancel.clone();
         let server = axum::serve(listener, service).with_graceful_shutdown(async move { stop_serving.cancelled().await });
         let server = tokio::spawn(server.into_future());

@@ -1,11 +1,13 @@
 //! The HTTP edge: one `router(state)` shared by the binary and the tests. Each REST resource has
-//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`.
+//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`; every
+//! accepted connection drains before it closes (`lingering`).
 
 pub mod auth;
 pub mod console;
 pub mod dead_letters;
 pub mod error;
 pub mod health;
+pub mod lingering;
 pub mod metrics;
 pub mod offsets;
 pub mod openapi;

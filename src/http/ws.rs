@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::future::ready;
-use std::net::SocketAddr;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
 use super::auth::session_access;
+use super::lingering::PeerAddr;
 use super::error::ApiError;
 use super::AppState;
 use crate::core::access::Access;
@@ -39,7 +39,7 @@ const TRY_AGAIN_LATER: u16 = 1013;
 )]
 pub async fn upgrade(
     State(app): State<AppState>,
-    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    ConnectInfo(PeerAddr(remote)): ConnectInfo<PeerAddr>,
     headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     ws: WebSocketUpgrade,

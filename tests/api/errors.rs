@@ -90,6 +90,41 @@ async fn a_frame_over_the_limit_closes_with_1009() {
     gw.stop().await;
 }
 
+/// A frame far over the limit (2, 4 and 16 MiB against the 1 MiB default), 20 times each: the
+/// client always finishes sending and reads close 1009; the gateway never resets the connection
+/// under it by closing while the frame is still arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_frame_always_gets_its_1009_never_a_reset() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    for mib in [2usize, 4, 16] {
+        let big = format!("{{\"op\":\"ping\",\"req\":\"{}\"}}", "x".repeat(mib << 20));
+        for round in 0..20 {
+            let url = format!("ws://{}/ws?client_id=big-{mib}-{round}", gw.addr());
+            let (mut ws, _) = tokio_tungstenite::connect_async(url).await.expect("websocket connects");
+            let welcome = ws.next().await.expect("welcome").expect("welcome frame");
+            assert!(welcome.to_text().unwrap().contains("welcome"));
+            let sent = ws.send(Message::text(big.clone())).await;
+            assert!(sent.is_ok(), "{mib} MiB round {round}: the gateway reset the connection while the frame was arriving: {sent:?}");
+            let mut code = None;
+            while let Some(next) = tokio::time::timeout(WAIT, ws.next()).await.expect("the gateway answers in time") {
+                match next {
+                    Ok(Message::Close(frame)) => {
+                        code = frame.map(|f| u16::from(f.code));
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(e) => panic!("{mib} MiB round {round}: the connection failed before the close frame ({e}); send: {sent:?}"),
+                }
+            }
+            assert_eq!(code, Some(1009), "{mib} MiB round {round}: close code (send: {sent:?})");
+        }
+    }
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn binary_frames_are_bad_frames() {
     let (_dir, data) = temp_dir();

@@ -72,12 +72,6 @@ impl TestRocketMq {
     }
 }
 
-impl TestRocketMq {
-    pub fn data_dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
 impl Drop for TestRocketMq {
     fn drop(&mut self) {
         self.run("stop");
