@@ -1,36 +1,159 @@
-//! A tiny WebSocket client for the walkthrough: subscribes to a topic, prints every event and
-//! acknowledges it (with a receipt, so each line also shows the durable committed offset).
+//! A small WebSocket client for the walkthrough: subscribes to a topic, prints every frame and
+//! acknowledges each event (with a receipt, so each line also shows the durable committed offset).
 //!
-//! `cargo run --example ws_client -- [ws://127.0.0.1:8080] CLIENT_ID TOPIC [--no-ack]`
+//! It follows a takeover by itself, by the rules of PROTOCOL.md and the JS client
+//! (`static/ackgate.js`): after any close that is not final (final: 1008, 4001) or a dropped
+//! connection it waits (exponential backoff with jitter), asks `GET /session/recommend` of an
+//! instance it knows (the one it was given, `--peer` URLs, every instance an answer named),
+//! connects to the instance named and subscribes again with a resume token: per partition, the
+//! offset after its contiguous acknowledged floor as the gateway confirmed it durable (the
+//! `committed` of `ack_ok`; every ack here asks for one), or where the subscription started.
+//!
+//! `scripts/client [ws://127.0.0.1:8080] CLIENT_ID TOPIC [--no-ack] [--peer http://host:port]...`
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
+
+/// Closes after which a client must not reconnect by itself.
+const FINAL_CLOSES: [u16; 2] = [1008, 4001];
+
+/// Per partition: the durable committed offset the gateway confirmed (or the subscription's
+/// start). Only confirmed progress goes into a resume token: an ack lost with the connection
+/// means one redelivery, never a skipped event.
+type Progress = BTreeMap<u32, u64>;
+
+enum Ended {
+    /// Final close (or the server is gone for good): stop.
+    Final(String),
+    /// Anything else: reconnect.
+    Retry(String),
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let ack = !args.iter().any(|a| a == "--no-ack");
     args.retain(|a| a != "--no-ack");
-    let base = if args.first().is_some_and(|a| a.starts_with("ws")) { args.remove(0) } else { "ws://127.0.0.1:8080".into() };
-    let [client_id, topic] = <[String; 2]>::try_from(args).map_err(|_| "usage: ws_client [URL] CLIENT_ID TOPIC [--no-ack]")?;
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{base}/ws?client_id={client_id}")).await?;
-    ws.send(Message::Text(json!({"op": "subscribe", "topic": topic, "req": "sub"}).to_string().into())).await?;
-    while let Some(message) = ws.next().await {
-        let text = match message? {
-            Message::Text(text) => text,
-            Message::Close(frame) => {
-                println!("closed: {frame:?}");
-                break;
-            }
-            _ => continue,
-        };
-        println!("{text}");
-        let frame: Value = serde_json::from_str(text.as_str())?;
-        if ack && frame["type"] == "event" {
-            let ack = json!({"op": "ack", "delivery_id": frame["delivery_id"], "req": frame["offset"]});
-            ws.send(Message::Text(ack.to_string().into())).await?;
+    let mut known: Vec<String> = Vec::new();
+    while let Some(at) = args.iter().position(|a| a == "--peer") {
+        args.remove(at);
+        if at < args.len() {
+            known.push(args.remove(at).trim_end_matches('/').to_string());
         }
     }
-    Ok(())
+    let base = if args.first().is_some_and(|a| a.starts_with("ws")) { args.remove(0) } else { "ws://127.0.0.1:8080".into() };
+    let [client_id, topic] = <[String; 2]>::try_from(args).map_err(|_| "usage: ws_client [URL] CLIENT_ID TOPIC [--no-ack] [--peer URL]...")?;
+    let mut ws_url = format!("{}/ws", base.trim_end_matches('/').trim_end_matches("/ws"));
+    known.insert(0, http_base(&ws_url));
+    let mut progress = Progress::new();
+    let mut attempt = 0u32;
+    loop {
+        match session(&ws_url, &client_id, &topic, ack, &mut progress).await {
+            Ended::Final(why) => {
+                println!("closed for good: {why}");
+                return Ok(());
+            }
+            Ended::Retry(why) => {
+                attempt += 1;
+                let pause = backoff(attempt);
+                println!("connection ended ({why}); reconnect attempt {attempt} in {} ms", pause.as_millis());
+                tokio::time::sleep(pause).await;
+                if let Some(next) = recommended(&mut known, &client_id).await {
+                    ws_url = next;
+                }
+                println!("reconnecting to {ws_url}");
+            }
+        }
+    }
+}
+
+/// One connection: subscribe (with the resume token once there is one), print, ack.
+async fn session(ws_url: &str, client_id: &str, topic: &str, ack: bool, progress: &mut Progress) -> Ended {
+    let (mut ws, _) = match tokio_tungstenite::connect_async(format!("{ws_url}?client_id={client_id}")).await {
+        Ok(connected) => connected,
+        Err(e) => return Ended::Retry(format!("connect to {ws_url}: {e}")),
+    };
+    let mut subscribe = json!({"op": "subscribe", "topic": topic, "req": "sub"});
+    if !progress.is_empty() {
+        let token: serde_json::Map<String, Value> = progress.iter().map(|(p, at)| (p.to_string(), json!(at))).collect();
+        subscribe["resume"] = Value::Object(token);
+    }
+    if let Err(e) = ws.send(Message::Text(subscribe.to_string().into())).await {
+        return Ended::Retry(format!("send: {e}"));
+    }
+    while let Some(message) = ws.next().await {
+        let text = match message {
+            Ok(Message::Text(text)) => text,
+            Ok(Message::Close(frame)) => {
+                let code = frame.as_ref().map_or(1005, |f| u16::from(f.code));
+                let why = format!("close {code} {}", frame.map(|f| f.reason.to_string()).unwrap_or_default());
+                return if FINAL_CLOSES.contains(&code) { Ended::Final(why) } else { Ended::Retry(why) };
+            }
+            Ok(_) => continue,
+            Err(e) => return Ended::Retry(format!("connection failed: {e}")),
+        };
+        println!("{text}");
+        let Ok(frame) = serde_json::from_str::<Value>(text.as_str()) else { continue };
+        match frame["type"].as_str() {
+            Some("subscribed") => {
+                for p in frame["partitions"].as_array().into_iter().flatten() {
+                    if let (Some(partition), Some(from)) = (p["partition"].as_u64(), p["from"].as_u64()) {
+                        let at = progress.entry(partition as u32).or_default();
+                        *at = (*at).max(from);
+                    }
+                }
+            }
+            Some("ack_ok") => {
+                for (partition, committed) in frame["committed"][topic].as_object().into_iter().flatten() {
+                    if let (Ok(partition), Some(committed)) = (partition.parse::<u32>(), committed.as_u64()) {
+                        let at = progress.entry(partition).or_default();
+                        *at = (*at).max(committed);
+                    }
+                }
+            }
+            Some("event") if ack => {
+                let ack = json!({"op": "ack", "delivery_id": frame["delivery_id"], "req": frame["offset"]});
+                if let Err(e) = ws.send(Message::Text(ack.to_string().into())).await {
+                    return Ended::Retry(format!("send: {e}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ended::Retry("connection closed without a close frame".into())
+}
+
+/// Asks each known instance in turn which instance this client should use; learns the answer.
+async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+    for base in known.clone() {
+        let Ok(answer) = http.get(format!("{base}/session/recommend")).query(&[("client_id", client_id)]).send().await else { continue };
+        let Ok(answer) = answer.json::<Value>().await else { continue };
+        if let Some(url) = answer["http_url"].as_str().map(|u| u.trim_end_matches('/').to_string()) {
+            if !known.contains(&url) {
+                known.push(url);
+            }
+        }
+        if let Some(ws_url) = answer["ws_url"].as_str() {
+            return Some(ws_url.to_string());
+        }
+    }
+    None
+}
+
+/// 250 ms doubling up to 10 s, each with jitter (half to all of it).
+fn backoff(attempt: u32) -> Duration {
+    let full = 250u64.saturating_mul(1 << attempt.min(6).saturating_sub(1)).min(10_000);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64);
+    Duration::from_millis(full / 2 + nanos % (full / 2 + 1))
+}
+
+/// "ws://host:8080/ws" -> "http://host:8080".
+fn http_base(ws_url: &str) -> String {
+    let base = ws_url.trim_end_matches('/').trim_end_matches("/ws");
+    base.replacen("wss://", "https://", 1).replacen("ws://", "http://", 1)
 }

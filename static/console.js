@@ -9,6 +9,11 @@ function log(line) {
   $("log").textContent = `${now} ${line}\n` + $("log").textContent.slice(0, 20000);
 }
 
+function setStatus(state, text) {
+  $("status").textContent = text;
+  $("status").className = `status ${state}`;
+}
+
 function setConnected(on, text) {
   $("status").textContent = text;
   $("status").className = `status ${on ? "on" : "off"}`;
@@ -82,9 +87,22 @@ $("connect-form").onsubmit = async (e) => {
     token: $("token").value.trim() || undefined,
     onEvent: showEvent,
     onError: (frame) => log(`error ${frame.code}: ${frame.message}`),
-    onClose: ({ code, reason }) => {
-      setConnected(false, `closed ${code}`);
-      log(`socket closed ${code} ${reason}`);
+    onClose: ({ code, reason, final }) => {
+      log(`socket closed ${code} ${reason}${final ? "" : " (reconnecting)"}`);
+      if (final) setConnected(false, `closed ${code}`);
+      else setStatus("reconnecting", `reconnecting after ${code}`);
+    },
+    onReconnect: ({ attempt, delayMs, url, welcome, error }) => {
+      if (welcome) {
+        setConnected(true, `connected as ${welcome.client_id} on ${welcome.instance} (reconnect ${attempt})`);
+        $("session-info").textContent = `session ${welcome.session_id} on ${welcome.instance}`;
+        log(`reconnected to ${url} (attempt ${attempt}): ${JSON.stringify(welcome)}`);
+      } else if (error) {
+        log(`reconnect attempt ${attempt} to ${url} failed: ${error}`);
+      } else {
+        setStatus("reconnecting", `reconnecting (attempt ${attempt}) to ${url}`);
+        log(`reconnect attempt ${attempt} after ${delayMs} ms: ${url}`);
+      }
     },
   });
   try {

@@ -3,8 +3,10 @@
 use std::collections::HashMap;
 
 use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::ApiError;
 use super::AppState;
@@ -21,12 +23,15 @@ use crate::core::names::ClientId;
         (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
+pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<impl IntoResponse, ApiError> {
     let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
         Some(Ok(client_id)) => client_id,
         Some(Err(e)) => return Err(ApiError::invalid_name(e.0)),
         None => return Err(ApiError::invalid_name("the client_id query parameter is required")),
     };
     let chosen = app.cluster.recommend(client_id.as_str());
-    Ok(Json(json!({"instance": chosen.instance, "ws_url": chosen.ws_url(), "http_url": chosen.http_url})))
+    // Readable from any origin: a browser page served by one instance asks the others when its
+    // own is gone (the answer is the same public information to everyone).
+    let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];
+    Ok((anyone, Json(json!({"instance": chosen.instance, "ws_url": chosen.ws_url(), "http_url": chosen.http_url}))))
 }

@@ -23,3 +23,4 @@ mod restart;
 mod rocketmq;
 mod rocketmq_broker;
 mod support;
+mod takeover;

@@ -1,0 +1,259 @@
+//! Takeover across instances, end to end: three real gateways on one Kafka-protocol broker
+//! (tansu), clients spread by `/session/recommend`, a publisher running, one gateway killed with
+//! SIGKILL mid-stream. Its clients follow the rules of PROTOCOL.md (and of `static/ackgate.js`
+//! and `examples/ws_client.rs`): reconnect after a non-final close with backoff, ask
+//! `/session/recommend` of an instance they know, resubscribe with a resume token built from the
+//! `committed` offsets their `ack_ok` frames confirmed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::kafka_broker::TestBroker;
+use crate::support::*;
+
+const TOPIC: &str = "takeover";
+const PARTITIONS: u32 = 4;
+const CLIENTS: usize = 30;
+const EVENTS: u64 = 3_000;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// What one following client saw.
+#[derive(Default, Debug)]
+struct Seen {
+    /// Every (partition, offset) received.
+    received: BTreeSet<(u32, u64)>,
+    /// The instance of each session, in order.
+    instances: Vec<String>,
+    /// Events pushed below the token the client had just presented: must stay empty.
+    below_token: Vec<(u32, u64, u64)>,
+    /// When its first session after the kill received its welcome.
+    back_at: Option<Instant>,
+}
+
+/// A client following the rules, until it has received `until` events (the log's size, set once
+/// the publisher is done).
+async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>>, killed_at: Arc<Mutex<Option<Instant>>>, until: Arc<AtomicUsize>) {
+    let mut committed: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut attempt = 0u32;
+    while seen.lock().unwrap().received.len() < until.load(Ordering::SeqCst) {
+        let Some(ws_url) = recommended(&mut known, &client_id).await else {
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt.min(20)))).await;
+            continue;
+        };
+        let Ok((mut ws, _)) = tokio_tungstenite::connect_async(format!("{ws_url}?client_id={client_id}")).await else {
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt.min(20)))).await;
+            continue;
+        };
+        let token = committed.clone();
+        let mut subscribe = json!({"op": "subscribe", "topic": TOPIC, "req": "sub"});
+        if !token.is_empty() {
+            subscribe["resume"] = json!(token.iter().map(|(p, o)| (p.to_string(), json!(o))).collect::<serde_json::Map<_, _>>());
+        }
+        if ws.send(Message::text(subscribe.to_string())).await.is_err() {
+            continue;
+        }
+        loop {
+            let message = match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+                Ok(Some(Ok(message))) => message,
+                _ => break,
+            };
+            let text = match message {
+                Message::Text(text) => text,
+                Message::Close(frame) => {
+                    let code = frame.map_or(1005, |f| u16::from(f.code));
+                    assert!(code != 4001 && code != 1008, "{client_id}: unexpected final close {code}");
+                    break;
+                }
+                _ => continue,
+            };
+            let frame: Value = serde_json::from_str(text.as_str()).unwrap();
+            match frame["type"].as_str() {
+                Some("welcome") => {
+                    let killed = killed_at.lock().unwrap().is_some();
+                    let mut s = seen.lock().unwrap();
+                    s.instances.push(frame["instance"].as_str().unwrap().to_string());
+                    if killed && s.back_at.is_none() && s.instances.len() > 1 {
+                        s.back_at = Some(Instant::now());
+                    }
+                    drop(s);
+                    attempt = 0;
+                }
+                Some("subscribed") => {
+                    for p in frame["partitions"].as_array().unwrap() {
+                        let (partition, from) = (p["partition"].as_u64().unwrap() as u32, p["from"].as_u64().unwrap());
+                        let start = committed.entry(partition).or_default();
+                        *start = (*start).max(from);
+                    }
+                }
+                Some("ack_ok") => {
+                    for (partition, offset) in frame["committed"][TOPIC].as_object().into_iter().flatten() {
+                        let at = committed.entry(partition.parse().unwrap()).or_default();
+                        *at = (*at).max(offset.as_u64().unwrap());
+                    }
+                }
+                Some("event") => {
+                    let (partition, offset) = (frame["partition"].as_u64().unwrap() as u32, frame["offset"].as_u64().unwrap());
+                    {
+                        let mut s = seen.lock().unwrap();
+                        if let Some(&presented) = token.get(&partition) {
+                            if offset < presented {
+                                s.below_token.push((partition, offset, presented));
+                            }
+                        }
+                        s.received.insert((partition, offset));
+                    }
+                    let ack = json!({"op": "ack", "delivery_id": frame["delivery_id"], "req": offset});
+                    if ws.send(Message::text(ack.to_string())).await.is_err() {
+                        break;
+                    }
+                    let done = seen.lock().unwrap().received.len() >= until.load(Ordering::SeqCst);
+                    if done {
+                        // Drain the last ack_ok frames so the committed offsets are durable.
+                        let _ = tokio::time::timeout(Duration::from_millis(300), async { while ws.next().await.is_some() {} }).await;
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+        attempt += 1;
+        // Exponential backoff with jitter, as the real clients do (bounded for the test).
+        let pause = 100u64 * (1 << attempt.min(4)) / 2 + (client_id.len() as u64 * 37 + u64::from(attempt) * 11) % 100;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// Asks each known instance in turn; learns the instance named.
+async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    for base in known.clone() {
+        let Ok(answer) = http.get(format!("{base}/session/recommend?client_id={client_id}")).send().await else { continue };
+        let Ok(answer) = answer.json::<Value>().await else { continue };
+        if let Some(url) = answer["http_url"].as_str() {
+            if !known.iter().any(|k| k == url) {
+                known.push(url.to_string());
+            }
+        }
+        return answer["ws_url"].as_str().map(str::to_string);
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_survivors() {
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let peers = serde_json::to_string(&urls).unwrap();
+    let dirs: Vec<(tempfile::TempDir, std::path::PathBuf)> = (0..3).map(|_| temp_dir()).collect();
+    let env = [
+        ("ACKGATE_STORAGE__BACKEND", "kafka"),
+        ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("ACKGATE_CLUSTER__PEERS", peers.as_str()),
+        ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
+    ];
+    let mut gateways: Vec<Option<Process>> = (0..3).map(|i| Some(Process::start_at(&dirs[i].1, &format!("127.0.0.1:{}", ports[i]), &env))).collect();
+    let first = gateways[0].as_ref().unwrap().base.clone();
+    let created = http().post(format!("{first}/topics")).json(&json!({"name": TOPIC, "partitions": PARTITIONS})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    // Every instance sees every peer healthy before clients are spread.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let killed_at = Arc::new(Mutex::new(None));
+    let until = Arc::new(AtomicUsize::new(usize::MAX));
+    let seen: Vec<Arc<Mutex<Seen>>> = (0..CLIENTS).map(|_| Arc::default()).collect();
+    let mut followers = Vec::new();
+    for (i, s) in seen.iter().enumerate() {
+        // Built with the list of instances, as a client is given its cluster (rotated, so the first
+        // question goes to different instances).
+        let known: Vec<String> = (0..3).map(|k| urls[(i + k) % 3].clone()).collect();
+        followers.push(tokio::spawn(follow(format!("follower-{i}"), known, s.clone(), killed_at.clone(), until.clone())));
+    }
+    // Publish through the instances in turn while the clients consume.
+    let publish_to = urls.clone();
+    let publisher = tokio::spawn(async move {
+        for chunk in 0..(EVENTS / 100) {
+            let events: Vec<Value> = (0..100).map(|j| json!({"key": format!("k{}", chunk * 100 + j), "payload": {"n": chunk * 100 + j}})).collect();
+            // A publish to the instance being killed may fail: the next instance is asked.
+            for attempt in 0..6 {
+                let base = &publish_to[(chunk as usize + attempt) % 3];
+                let sent = http().post(format!("{base}/topics/{TOPIC}/events")).json(&json!({ "events": events })).send().await;
+                if sent.is_ok_and(|r| r.status() == 200) {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+
+    // Kill the instance most clients are on, once they are mid-stream.
+    let started = Instant::now();
+    while seen.iter().map(|s| s.lock().unwrap().received.len()).sum::<usize>() < CLIENTS * 300 {
+        assert!(started.elapsed() < Duration::from_secs(60), "clients did not start receiving");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut by_instance: BTreeMap<String, usize> = BTreeMap::new();
+    for s in &seen {
+        if let Some(instance) = s.lock().unwrap().instances.last() {
+            *by_instance.entry(instance.clone()).or_default() += 1;
+        }
+    }
+    assert!(by_instance.len() >= 2, "recommend spread the clients over the instances: {by_instance:?}");
+    let (victim_name, victims) = by_instance.iter().max_by_key(|(_, n)| **n).map(|(k, n)| (k.clone(), *n)).unwrap();
+    let victim = ports.iter().position(|p| victim_name.ends_with(&format!(":{p}"))).expect("instance ids end with their port");
+    *killed_at.lock().unwrap() = Some(Instant::now());
+    gateways[victim].take().unwrap().kill9();
+    let kill = Instant::now();
+    publisher.await.unwrap();
+    // A publish retried after the victim died may have been written twice: the log is the truth.
+    let survivor = &urls[(victim + 1) % 3];
+    let (status, topics) = get_json(&format!("{survivor}/topics")).await;
+    assert_eq!(status, 200);
+    let topic = topics["topics"].as_array().unwrap().iter().find(|t| t["name"] == TOPIC).unwrap();
+    let log: BTreeSet<(u32, u64)> = topic["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            let partition = p["partition"].as_u64().unwrap() as u32;
+            (p["log_start"].as_u64().unwrap()..p["log_end"].as_u64().unwrap()).map(move |o| (partition, o))
+        })
+        .collect();
+    assert!(log.len() as u64 >= EVENTS, "every event was published: {} in the log", log.len());
+    until.store(log.len(), Ordering::SeqCst);
+
+    for (i, follower) in followers.into_iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(120), follower).await.unwrap_or_else(|_| panic!("follower-{i} did not receive everything: {:?}", seen[i].lock().unwrap().received.len())).unwrap();
+    }
+    let mut moved = 0;
+    let mut takeover = Vec::new();
+    for (i, s) in seen.iter().enumerate() {
+        let s = s.lock().unwrap();
+        assert_eq!(s.received, log, "follower-{i} received every event of the log");
+        assert!(s.below_token.is_empty(), "follower-{i} got events below the token it presented: {:?}", s.below_token);
+        let on_victim = s.instances.iter().any(|n| *n == victim_name);
+        if on_victim && s.instances.last() != Some(&victim_name) {
+            moved += 1;
+            if let Some(back) = s.back_at {
+                takeover.push(back.saturating_duration_since(kill));
+            }
+        }
+        assert_ne!(s.instances.last(), Some(&victim_name), "follower-{i} is not left on the dead instance");
+    }
+    assert!(moved >= victims, "every client of the killed instance ({victims}) moved to a survivor ({moved} did)");
+    takeover.sort();
+    eprintln!("takeover: {moved} clients moved; kill to welcome on a survivor: min {:?}, max {:?}", takeover.first(), takeover.last());
+}
