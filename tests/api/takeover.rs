@@ -38,6 +38,8 @@ struct Seen {
     below_token: Vec<(u32, u64, u64)>,
     /// When its first session after the kill received its welcome.
     back_at: Option<Instant>,
+    /// Its resume token at the end: the durable committed offsets its ack_ok frames confirmed.
+    token: BTreeMap<u32, u64>,
 }
 
 /// A client following the rules, until it has received `until` events (the log's size, set once
@@ -102,6 +104,7 @@ async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>
                         let at = committed.entry(partition.parse().unwrap()).or_default();
                         *at = (*at).max(offset.as_u64().unwrap());
                     }
+                    seen.lock().unwrap().token = committed.clone();
                 }
                 Some("event") => {
                     let (partition, offset) = (frame["partition"].as_u64().unwrap() as u32, frame["offset"].as_u64().unwrap());
@@ -256,4 +259,38 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
     assert!(moved >= victims, "every client of the killed instance ({victims}) moved to a survivor ({moved} did)");
     takeover.sort();
     eprintln!("takeover: {moved} clients moved; kill to welcome on a survivor: min {:?}, max {:?}", takeover.first(), takeover.last());
+
+    // The killed instance comes back with the offsets it had stored when it died. A client that
+    // moved away and later lands on it again resumes from its token, not from that stale offset.
+    let restarted = Process::start_at(&dirs[victim].1, &format!("127.0.0.1:{}", ports[victim]), &env);
+    let (mover, token) = seen
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.lock().unwrap()))
+        .find(|(_, s)| s.instances.first() == Some(&victim_name))
+        .map(|(i, s)| (format!("follower-{i}"), s.token.clone()))
+        .expect("a client started on the killed instance");
+    let mut stale: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let committed = stored_offset(&restarted.base, TOPIC, &mover, p).await;
+        stale.insert(p, committed.and_then(|r| r["committed"].as_u64()).unwrap_or(0));
+    }
+    assert!(token.iter().any(|(p, t)| *t > stale[p]), "the killed instance's stored offsets are stale: {stale:?} vs token {token:?}");
+    let mut back = WsClient::connect(restarted.addr, &mover).await;
+    let resume: serde_json::Map<String, Value> = token.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
+    let subscribed = back.subscribe(TOPIC, json!({ "resume": resume })).await;
+    for p in subscribed["partitions"].as_array().unwrap() {
+        let partition = p["partition"].as_u64().unwrap() as u32;
+        assert_eq!(p["from"].as_u64(), token.get(&partition).copied(), "partition {partition} starts at the token, not at the stale {}", stale[&partition]);
+    }
+    // Only what the token does not cover comes (acks whose ack_ok the client had not seen yet):
+    // each at or above the token, never the stale stretch below it.
+    let expected: usize = log.iter().filter(|(p, o)| *o >= token.get(p).copied().unwrap_or(0)).count();
+    let replayed = back.recv_events(expected).await;
+    for event in &replayed {
+        let (partition, offset) = (event["partition"].as_u64().unwrap() as u32, event["offset"].as_u64().unwrap());
+        assert!(offset >= token[&partition], "{mover} got offset {offset} of partition {partition}, below its token {}", token[&partition]);
+    }
+    back.expect_silence(Duration::from_millis(500)).await;
+    back.close().await;
 }
