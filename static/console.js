@@ -85,6 +85,7 @@ $("connect-form").onsubmit = async (e) => {
   client = new AckgateClient(wsUrl, {
     clientId: $("client-id").value.trim(),
     token: $("token").value.trim() || undefined,
+    peers: $("peers").value.split(",").map((u) => u.trim()).filter(Boolean),
     onEvent: showEvent,
     onError: (frame) => log(`error ${frame.code}: ${frame.message}`),
     onClose: ({ code, reason, final }) => {

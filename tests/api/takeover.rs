@@ -294,3 +294,68 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
     back.expect_silence(Duration::from_millis(500)).await;
     back.close().await;
 }
+
+/// The browser console connected to instance A keeps receiving after A is killed: headless
+/// Chromium runs `tests/browser/takeover.mjs`, which connects on A (with B named as another
+/// instance) and subscribes with auto-ack; A is then killed and an event is published through B;
+/// the page reconnects by itself and receives and acks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_follows_a_takeover_in_a_real_browser() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    let ports = [free_port(), free_port()];
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let peers = serde_json::to_string(&urls).unwrap();
+    let env = [
+        ("ACKGATE_STORAGE__BACKEND", "kafka"),
+        ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("ACKGATE_CLUSTER__PEERS", peers.as_str()),
+        ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
+    ];
+    let (_a_dir, a_data) = temp_dir();
+    let (_b_dir, b_data) = temp_dir();
+    let a = Process::start_at(&a_data, &format!("127.0.0.1:{}", ports[0]), &env);
+    let b = Process::start_at(&b_data, &format!("127.0.0.1:{}", ports[1]), &env);
+    let created = http().post(format!("{}/topics", a.base)).json(&json!({"name": "web", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+
+    let screenshot = std::env::temp_dir().join(format!("ackgate-takeover-{}.png", std::process::id()));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/takeover.mjs");
+    let mut node = Command::new("node").arg(script).arg(&urls[0]).arg(&urls[1]).arg(&screenshot).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("node runs");
+    let stdout = node.stdout.take().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.recv()).await.expect("the page subscribes in time");
+        let Some(line) = line else {
+            let output = node.wait_with_output().unwrap();
+            panic!("the browser script ended early: {seen:?}\n{}", String::from_utf8_lossy(&output.stderr));
+        };
+        seen.push(line.clone());
+        if line == "subscribed" {
+            break;
+        }
+    }
+    a.kill9();
+    let published = http().post(format!("{}/topics/web/events", urls[1])).json(&json!({"payload": {"msg": "after the kill"}})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+    let output = tokio::task::spawn_blocking(move || node.wait_with_output().unwrap()).await.unwrap();
+    while let Ok(line) = lines.try_recv() {
+        seen.push(line);
+    }
+    assert!(output.status.success(), "browser takeover failed: {seen:?}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(seen.iter().any(|l| l.starts_with("received after the kill")), "{seen:?}");
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "takeover screenshot: {}", screenshot.display());
+    // B stored the console client's ack of the event it received there.
+    let row = stored_offset(&b.base, "web", "browser-takeover", 0).await.expect("the console's client has an offset on B");
+    assert_eq!(row["committed"], 1);
+}
