@@ -17,7 +17,7 @@ use crate::core::names::ClientId;
     path = "/session/recommend",
     tag = "cluster",
     summary = "The live instance this client should use (rendezvous hashing)",
-    params(("client_id" = String, Query, description = "client id")),
+    params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
     responses(
         (status = 200, body = crate::http::schemas::Recommendation),
         (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),

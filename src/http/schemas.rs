@@ -101,7 +101,10 @@ pub struct TopicList {
 
 #[derive(serde::Serialize, ToSchema)]
 pub struct CreateTopic {
+    #[schema(pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)]
     pub name: String,
+    /// 1 to 10,000 (the embedded log's bound; Kafka and RocketMQ apply their own).
+    #[schema(minimum = 1, maximum = 10000)]
     pub partitions: u32,
 }
 

@@ -47,7 +47,7 @@ fn too_large(message: String) -> ApiError {
     path = "/topics/{topic}/events",
     tag = "topics",
     summary = "Publish one event or a batch",
-    params(("topic" = String, Path, description = "topic name")),
+    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
     request_body = crate::http::schemas::PublishRequest,
     security(("admin_token" = [])),
     responses(
@@ -174,7 +174,7 @@ pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<Create
     path = "/topics/{topic}",
     tag = "topics",
     summary = "Delete a topic and every client's offsets on it",
-    params(("topic" = String, Path, description = "topic name")),
+    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::TopicDeleted),

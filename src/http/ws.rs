@@ -29,7 +29,7 @@ const TRY_AGAIN_LATER: u16 = 1013;
     path = "/ws",
     tag = "websocket",
     summary = "Open a WebSocket session (frames: ClientFrame in, ServerFrame out)",
-    params(("client_id" = String, Query, description = "client id"), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
+    params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
     responses(
         (status = 101, description = "Switching protocols. Then text frames: the client sends ClientFrame objects, the gateway sends ServerFrame objects (see components)."),
         (status = 400, description = "invalid_name: client_id missing or invalid", body = crate::http::schemas::ErrorBody),
