@@ -1,18 +1,14 @@
 //! The OpenAPI 3 document: every route (`#[utoipa::path]` on its handler), every body and error
 //! (`schemas`), and the WebSocket frames as `ClientFrame` / `ServerFrame` components referenced
-//! by the `/ws` route. Printed by `ackgate openapi` and kept in the repository as
-//! `openapi/openapi.json` (a test fails when they differ): the document of a gateway with
-//! `auth.admin_token` set. `GET /openapi.json` serves the running configuration's: without a
-//! token, no operation declares a security requirement.
+//! by the `/ws` route. Served at `GET /openapi.json`, printed by `ackgate openapi`, and kept in the
+//! repository as `openapi/openapi.json` (a test fails when they differ).
 
-use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::schemas::*;
-use super::AppState;
 use super::{console, dead_letters, health, metrics, offsets, recommend, sessions, topics, ws};
 
 #[derive(OpenApi)]
@@ -45,36 +41,14 @@ impl Modify for AdminToken {
     }
 }
 
-/// The document as pretty JSON with a trailing newline (the form kept in the repository): the
-/// one of a gateway with `auth.admin_token` set.
+/// The document as pretty JSON with a trailing newline (the form kept in the repository).
 pub fn document() -> String {
-    document_for(true)
-}
-
-/// The document of a gateway whose admin token is set (`admin_auth`) or empty: without a token
-/// no route requires one, so no operation declares a security requirement.
-pub fn document_for(admin_auth: bool) -> String {
-    let mut doc = ApiDoc::openapi();
-    if !admin_auth {
-        for item in doc.paths.paths.values_mut() {
-            for operation in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch, &mut item.head, &mut item.options, &mut item.trace]
-                .into_iter()
-                .flatten()
-            {
-                operation.security = None;
-            }
-        }
-        if let Some(components) = doc.components.as_mut() {
-            components.security_schemes.clear();
-        }
-    }
-    let mut text = doc.to_pretty_json().expect("the OpenAPI document serializes");
+    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes");
     text.push('\n');
     text
 }
 
-#[utoipa::path(get, path = "/openapi.json", tag = "health", summary = "This OpenAPI document (as this gateway is configured: no security requirements without auth.admin_token)", responses((status = 200, description = "OpenAPI 3 JSON")))]
-pub async fn document_route(State(app): State<AppState>) -> Response {
-    let admin_auth = !app.config.auth.admin_token.is_empty();
-    ([(header::CONTENT_TYPE, "application/json")], document_for(admin_auth)).into_response()
+#[utoipa::path(get, path = "/openapi.json", tag = "health", summary = "This OpenAPI document", responses((status = 200, description = "OpenAPI 3 JSON")))]
+pub async fn document_route() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
 }
