@@ -37,7 +37,7 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
     path = "/admin/offsets",
     tag = "offsets",
     summary = "Stored ack offsets, filtered by key-prefix scans",
-    params(("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295)),
+    params(("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::OffsetList),
@@ -116,7 +116,7 @@ pub struct ResetBody {
     path = "/admin/offsets/{topic}/{client_id}/{partition}",
     tag = "offsets",
     summary = "Reset an offline client's offset (backwards allowed, at most the log end)",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295)),
+    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
     request_body = crate::http::schemas::ResetOffset,
     security(("admin_token" = [])),
     responses(
