@@ -40,20 +40,44 @@ pub enum ErrorCodeName {
     Conflict,
 }
 
-/// One event to publish: `payload` (any JSON) or `payload_base64` (bytes).
+/// One event to publish: a JSON `payload`, or bytes in `payload_base64` (one of the two).
 #[derive(serde::Serialize, ToSchema)]
-pub struct PublishEvent {
+#[serde(untagged)]
+pub enum PublishEvent {
+    Json(PublishJsonEvent),
+    Bytes(PublishBytesEvent),
+}
+
+/// An event whose payload is JSON.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishJsonEvent {
     pub key: Option<String>,
     /// Explicit partition; otherwise by key hash, or spread without a key.
     pub partition: Option<u32>,
     pub headers: Option<BTreeMap<String, String>>,
-    pub payload: Option<Value>,
-    pub payload_base64: Option<String>,
+    /// Any JSON value (`null` included), stored as sent.
+    pub payload: Value,
 }
 
-/// A batch: at most `limits.max_batch_events` events; atomic on the embedded log.
+/// An event whose payload is bytes (base64).
 #[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishBytesEvent {
+    pub key: Option<String>,
+    /// Explicit partition; otherwise by key hash, or spread without a key.
+    pub partition: Option<u32>,
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Standard base64 with padding.
+    #[schema(pattern = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")]
+    pub payload_base64: String,
+}
+
+/// A batch: 1 to `limits.max_batch_events` events (413 past it); atomic on the embedded log.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PublishBatch {
+    #[schema(min_items = 1)]
     pub events: Vec<PublishEvent>,
 }
 
@@ -100,6 +124,7 @@ pub struct TopicList {
 }
 
 #[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateTopic {
     #[schema(pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)]
     pub name: String,
@@ -163,6 +188,7 @@ pub struct ClientOffsets {
 }
 
 #[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResetOffset {
     /// The new committed offset: at most the partition's `log_end` (400 above it).
     pub offset: u64,

@@ -27,11 +27,17 @@ struct PublishedEvent<'a> {
     partition: Option<u32>,
     #[serde(default)]
     headers: Option<BTreeMap<String, String>>,
-    #[serde(default, borrow)]
+    /// `Some` whenever the field is present, `null` included (a JSON payload like any other).
+    #[serde(default, borrow, deserialize_with = "present")]
     payload: Option<&'a RawValue>,
     /// Binary payloads, base64 (an extension: `payload` must be JSON).
     #[serde(default)]
     payload_base64: Option<String>,
+}
+
+/// Deserializes a present field as `Some`, even when its value is `null`.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue as Deserialize>::deserialize(deserializer).map(Some)
 }
 
 fn parse_topic(topic: &str) -> Result<TopicName, ApiError> {
@@ -240,5 +246,9 @@ mod tests {
         assert_eq!(code(br#"{"events":[{"payload":1},{"payload":2}]}"#, 1), Some((413, ErrorCode::LimitExceeded)));
         assert_eq!(code(br#"{"payload":1,"surprise":2}"#, 10), Some((400, ErrorCode::BadRequest)));
         assert_eq!(code(br#"{"payload":1,"partition":-1}"#, 10), Some((400, ErrorCode::BadRequest)));
+        // `null` is a JSON payload like any other; an absent payload is not.
+        let null = parse_publish_body(br#"{"payload":null}"#, 10).unwrap();
+        assert_eq!((null[0].payload.as_slice(), null[0].payload_is_json), (b"null".as_slice(), true));
+        assert_eq!(code(br#"{"payload":null,"payload_base64":"AA=="}"#, 10), Some((400, ErrorCode::BadRequest)));
     }
 }
