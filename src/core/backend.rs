@@ -58,6 +58,9 @@ pub struct PartitionBounds {
 pub enum BackendError {
     #[error("unknown topic {0}")]
     UnknownTopic(String),
+    /// A partition number the topic does not have (the message names both).
+    #[error("{0}")]
+    UnknownPartition(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]

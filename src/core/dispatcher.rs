@@ -458,7 +458,7 @@ impl Dispatcher {
 pub fn backend_frame_error(e: BackendError) -> FrameError {
     match e {
         BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
-        BackendError::InvalidInput(m) => FrameError::new(ErrorCode::BadFrame, m),
+        BackendError::InvalidInput(m) | BackendError::UnknownPartition(m) => FrameError::new(ErrorCode::BadFrame, m),
         BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
         BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::new(ErrorCode::Unavailable, m),
     }

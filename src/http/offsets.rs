@@ -124,7 +124,7 @@ pub struct ResetBody {
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
-        (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic, or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: the client has a live session", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -138,7 +138,7 @@ pub async fn reset(
     let d = &app.dispatcher;
     let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
     if partition >= count {
-        return Err(ApiError::bad_request(format!("partition {partition} does not exist; {topic} has {count}")));
+        return Err(ApiError::not_found(format!("partition {partition} does not exist; {topic} has {count}")));
     }
     let log_end = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await?.log_end;
     if body.offset > log_end {

@@ -61,7 +61,7 @@ fn too_large(message: String) -> ApiError {
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
-        (status = 404, description = "unknown_topic (Kafka; the embedded log auto-creates)", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic (Kafka, RocketMQ; the embedded log auto-creates), or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
         (status = 413, description = "limit_exceeded: too many events or too large a body", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: backend down", body = crate::http::schemas::ErrorBody),
     )

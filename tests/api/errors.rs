@@ -197,7 +197,7 @@ async fn rest_errors_are_4xx_with_the_error_body() {
     check(413, "limit_exceeded")(send(client.post(&url).json(&json!({"payload": "x".repeat(5000)}))).await);
     check(400, "invalid_name")(send(client.post(format!("{base}/topics/a%23b/events")).json(&json!({"payload": 1}))).await);
     send(client.post(&url).json(&json!({"payload": 1}))).await;
-    check(400, "bad_request")(send(client.post(&url).json(&json!({"partition": 99, "payload": 1}))).await);
+    check(404, "not_found")(send(client.post(&url).json(&json!({"partition": 99, "payload": 1}))).await);
     check(409, "conflict")(send(client.post(format!("{base}/topics")).json(&json!({"name": "t", "partitions": 9}))).await);
     check(400, "bad_request")(send(client.post(format!("{base}/topics")).json(&json!({"name": "z", "partitions": 0}))).await);
     check(404, "not_found")(send(client.get(format!("{base}/no/such/route"))).await);

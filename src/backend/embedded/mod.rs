@@ -199,7 +199,7 @@ impl EmbeddedLog {
     fn pick_partition(&self, event: &NewEvent, count: u32) -> Result<u32, BackendError> {
         match (event.partition, &event.key) {
             (Some(p), _) if p < count => Ok(p),
-            (Some(p), _) => Err(BackendError::InvalidInput(format!("partition {p} does not exist; the topic has {count}"))),
+            (Some(p), _) => Err(BackendError::UnknownPartition(format!("partition {p} does not exist; the topic has {count}"))),
             (None, Some(key)) => Ok(super::key_partition(key, count)),
             (None, None) => Ok(self.round_robin.fetch_add(1, Ordering::Relaxed) % count),
         }
@@ -243,7 +243,7 @@ impl EmbeddedLog {
         let partitions = topics.get(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
         let partition = partitions
             .get(tp.partition as usize)
-            .ok_or_else(|| BackendError::InvalidInput(format!("partition {} does not exist in {}", tp.partition, tp.topic)))?;
+            .ok_or_else(|| BackendError::UnknownPartition(format!("partition {} does not exist in {}", tp.partition, tp.topic)))?;
         Ok(f(partition))
     }
 

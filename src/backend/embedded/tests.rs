@@ -37,7 +37,7 @@ async fn offsets_are_contiguous_batches_atomic_and_keys_sticky() {
     assert_eq!(assigned, (0..5).map(|o| (0, o)).collect::<Vec<_>>());
     // One bad partition refuses the whole batch.
     let bad = log.publish(&t, vec![event(Some(1), None, 9), event(Some(7), None, 9)]).await;
-    assert!(matches!(bad, Err(BackendError::InvalidInput(_))));
+    assert!(matches!(bad, Err(BackendError::UnknownPartition(_))));
     assert_eq!(log.log_bounds(&tp("t", 1)).await.unwrap(), PartitionBounds { log_start: 0, log_end: 0 });
     let keyed = log.publish(&t, (0..6).map(|n| event(None, Some("same"), n)).collect()).await.unwrap();
     assert!(keyed.windows(2).all(|w| w[0].0 == w[1].0), "one key, one partition: {keyed:?}");

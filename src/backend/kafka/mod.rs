@@ -313,7 +313,7 @@ impl LogBackend for KafkaLog {
         self.ensure_reachable()?;
         let count = self.partitions(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         if let Some(p) = events.iter().filter_map(|e| e.partition).find(|p| *p >= count) {
-            return Err(BackendError::InvalidInput(format!("partition {p} does not exist: topic {topic} has {count}")));
+            return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {count}")));
         }
         // Sent together (librdkafka batches them), answered in the order given.
         let sends = events.iter().map(|event| {

@@ -167,7 +167,7 @@ impl RocketMqLog {
     async fn route_of(&self, tp: &TopicPartition) -> Result<Route, BackendError> {
         let route = self.route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
         if tp.partition >= route.queues {
-            return Err(BackendError::InvalidInput(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.queues)));
+            return Err(BackendError::UnknownPartition(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.queues)));
         }
         Ok(route)
     }
@@ -480,7 +480,7 @@ impl LogBackend for RocketMqLog {
         let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         for event in &events {
             if let Some(p) = event.partition.filter(|p| *p >= route.queues) {
-                return Err(BackendError::InvalidInput(format!("partition {p} does not exist: topic {topic} has {}", route.queues)));
+                return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.queues)));
             }
             let texts = event.key.iter().map(String::as_str).chain(event.headers.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
             if let Some(bad) = texts.into_iter().find(|t| !is_property_safe(t)) {
