@@ -129,7 +129,8 @@ impl Drop for LingeringStream {
 async fn drain_then_close(mut tcp: TcpStream, linger: Linger) {
     let _ = tcp.shutdown().await;
     let deadline = tokio::time::Instant::now() + linger.grace;
-    let mut buf = vec![0u8; 64 * 1024];
+    // Small: thousands of connections may close at once (a shutdown), each draining for a while.
+    let mut buf = [0u8; 8 * 1024];
     let mut drained = 0usize;
     while drained < linger.max_bytes {
         match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
