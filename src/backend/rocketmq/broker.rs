@@ -289,13 +289,7 @@ impl Broker {
 
     /// ACK_MESSAGE for one receipt handle.
     pub async fn ack(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64) -> Result<(), BackendError> {
-        let ext = [
-            ("consumerGroup", group.to_string()),
-            ("topic", topic.to_string()),
-            ("queueId", queue_id.to_string()),
-            ("extraInfo", extra_info.to_string()),
-            ("offset", offset.to_string()),
-        ];
+        let ext = receipt_fields(group, topic, queue_id, extra_info, offset);
         let r = self.call(broker_addr, code::ACK_MESSAGE, &ext, &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("ack", &r));
@@ -306,14 +300,8 @@ impl Broker {
     /// CHANGE_MESSAGE_INVISIBLETIME: the message stays invisible `invisible` from now; answers
     /// the new pop time and revive queue (the handle changes with them).
     pub async fn change_invisible_time(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64, invisible: Duration) -> Result<(u64, i64), BackendError> {
-        let ext = [
-            ("consumerGroup", group.to_string()),
-            ("topic", topic.to_string()),
-            ("queueId", queue_id.to_string()),
-            ("extraInfo", extra_info.to_string()),
-            ("offset", offset.to_string()),
-            ("invisibleTime", invisible.as_millis().to_string()),
-        ];
+        let mut ext = receipt_fields(group, topic, queue_id, extra_info, offset);
+        ext.push(("invisibleTime", invisible.as_millis().to_string()));
         let r = self.call(broker_addr, code::CHANGE_MESSAGE_INVISIBLETIME, &ext, &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("change invisible time", &r));
@@ -330,17 +318,17 @@ impl Broker {
         }
         Ok(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?.max(0) as u64)
     }
+}
 
-    /// The offset the broker holds for `group` on a queue, `None` when it holds none.
-    pub async fn consumer_offset(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32) -> Result<Option<i64>, BackendError> {
-        let ext = [("consumerGroup", group.to_string()), ("topic", topic.to_string()), ("queueId", queue_id.to_string()), ("setZeroIfNotFound", "false".to_string())];
-        let r = self.call(broker_addr, code::QUERY_CONSUMER_OFFSET, &ext, &[], self.timeout).await?;
-        match r.code {
-            response::SUCCESS => Ok(Some(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?)),
-            response::QUERY_NOT_FOUND => Ok(None),
-            _ => Err(refused("query consumer offset", &r)),
-        }
-    }
+/// The header fields naming one receipt handle (ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME).
+fn receipt_fields(group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("consumerGroup", group.to_string()),
+        ("topic", topic.to_string()),
+        ("queueId", queue_id.to_string()),
+        ("extraInfo", extra_info.to_string()),
+        ("offset", offset.to_string()),
+    ]
 }
 
 /// `marker queueId offset;marker queueId offset` -> `marker@queueId` -> offset.

@@ -2,7 +2,7 @@
 //!
 //! - `pull` (RocketMQ 4.x): PULL_MESSAGE from ackgate's own cursor (the checkpoint file), with
 //!   the commit-offset flag off: the broker never holds an offset for the consumer group.
-//!   `ack_pulled_message` only counts.
+//!   `ack_pulled_message` has nothing to do (the core counts it).
 //! - `pop` (RocketMQ 5.x): the partition reader POPs; each popped message keeps its receipt
 //!   handle, acknowledged at the broker only after its clients' acks are durable (`pop.rs`).
 //!   Reads by offset (catch-up, and the stretch between the cursor and the group's pop position
@@ -86,7 +86,6 @@ pub struct RocketMqLog {
     next_queue: AtomicU64,
     next_uniq: AtomicU64,
     uniq_prefix: String,
-    counted_acks: AtomicU64,
     stop: CancellationToken,
 }
 
@@ -126,7 +125,6 @@ impl RocketMqLog {
             next_queue: AtomicU64::new(0),
             next_uniq: AtomicU64::new(0),
             uniq_prefix: format!("ackgate-{:x}-{:x}", std::process::id(), SystemClock.now_ms()),
-            counted_acks: AtomicU64::new(0),
             stop: CancellationToken::new(),
             settings,
         });
@@ -135,15 +133,6 @@ impl RocketMqLog {
             spawn_broker_acks(Arc::downgrade(&log));
         }
         Ok(log)
-    }
-
-    pub fn mode(&self) -> RocketMqMode {
-        self.settings.mode
-    }
-
-    /// Receipt handles waiting for their clients' acks.
-    pub fn pending_handles(&self) -> usize {
-        self.ledger.len()
     }
 
     fn is_served(&self, topic: &str) -> bool {
@@ -204,11 +193,6 @@ impl RocketMqLog {
                 m.into_event()
             })
             .collect()
-    }
-
-    /// A poll at the pull cursor in pull mode: PULL with long polling.
-    async fn poll_pull(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
-        self.read_at(tp, cursor, max, wait).await
     }
 
     /// A poll at the pull cursor in pop mode: POP, keep every handle, and return the events
@@ -548,7 +532,8 @@ impl LogBackend for RocketMqLog {
                     None => self.log_bounds(tp).await?.log_start,
                 };
                 let events = match self.settings.mode {
-                    RocketMqMode::Pull => self.poll_pull(tp, cursor, max, wait).await?,
+                    // PULL from the cursor, long-polling up to `wait`.
+                    RocketMqMode::Pull => self.read_at(tp, cursor, max, wait).await?,
                     RocketMqMode::Pop => self.poll_pop(tp, cursor, max, wait).await?,
                 };
                 let next = events.last().map_or(cursor, |e| e.offset + 1);
@@ -567,7 +552,8 @@ impl LogBackend for RocketMqLog {
     }
 
     fn ack_pulled_message(&self, _tp: &TopicPartition, _offset: u64) {
-        self.counted_acks.fetch_add(1, Ordering::Relaxed);
+        // Which handles this settles is decided by the clients' floors (`settle_handles`); the
+        // core counts the call itself (`ackgate_broker_acks_total{result="ok"}`).
         if self.settings.mode == RocketMqMode::Pop {
             self.acked.notify_one();
         }

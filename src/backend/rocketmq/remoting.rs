@@ -42,7 +42,6 @@ pub mod response {
     pub const PULL_NOT_FOUND: i32 = 19;
     pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
     pub const PULL_OFFSET_MOVED: i32 = 21;
-    pub const QUERY_NOT_FOUND: i32 = 22;
     pub const POLLING_FULL: i32 = 209;
     pub const POLLING_TIMEOUT: i32 = 210;
 }
