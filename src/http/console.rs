@@ -26,6 +26,7 @@ fn serve(name: &str) -> Response {
 #[utoipa::path(
     get,
     path = "/",
+    operation_id = "console",
     tag = "console",
     summary = "The browser console",
     responses(

@@ -19,6 +19,7 @@ pub const MAX_PAGE: usize = 1000;
 #[utoipa::path(
     get,
     path = "/admin/dead-letters",
+    operation_id = "list_dead_letters",
     tag = "dead letters",
     summary = "Dead letters (max_attempts or term), one page at a time",
     params(

@@ -13,6 +13,7 @@ use crate::core::names::{ClientId, OffsetKey, TopicName};
 #[utoipa::path(
     get,
     path = "/healthz",
+    operation_id = "healthz",
     tag = "health",
     summary = "Liveness",
     responses(
@@ -26,6 +27,7 @@ pub async fn healthz(State(app): State<AppState>) -> Json<serde_json::Value> {
 #[utoipa::path(
     get,
     path = "/readyz",
+    operation_id = "readyz",
     tag = "health",
     summary = "Readiness: offset store open, backend reachable",
     responses(

@@ -61,6 +61,7 @@ pub fn upkeep() {
 #[utoipa::path(
     get,
     path = "/metrics",
+    operation_id = "metrics",
     tag = "health",
     summary = "Prometheus metrics (text format), names prefixed ackgate_",
     responses(

@@ -16,6 +16,7 @@ pub mod request_log;
 pub mod schemas;
 pub mod sessions;
 pub mod topics;
+pub mod whole_number;
 pub mod ws;
 
 use std::sync::Arc;

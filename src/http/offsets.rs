@@ -35,12 +35,17 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
 #[utoipa::path(
     get,
     path = "/admin/offsets",
+    operation_id = "list_offsets",
     tag = "offsets",
     summary = "Stored ack offsets, filtered by key-prefix scans",
     params(("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0)),
     security(("admin_token" = [])),
     responses(
-        (status = 200, body = crate::http::schemas::OffsetList),
+        (status = 200, body = crate::http::schemas::OffsetList, links(
+            ("GetClientOffsets" = (operation_id = "get_client_offsets", parameters(("topic" = "$response.body#/offsets/0/topic"), ("client_id" = "$response.body#/offsets/0/client_id")))),
+            ("ResetOffset" = (operation_id = "reset_offset", parameters(("topic" = "$response.body#/offsets/0/topic"), ("client_id" = "$response.body#/offsets/0/client_id"), ("partition" = "$response.body#/offsets/0/partition")))),
+            ("DeleteClientOffsets" = (operation_id = "delete_client_offsets", parameters(("topic" = "$response.body#/offsets/0/topic"), ("client_id" = "$response.body#/offsets/0/client_id")))),
+        )),
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
@@ -68,6 +73,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
 #[utoipa::path(
     get,
     path = "/admin/offsets/{topic}/{client_id}",
+    operation_id = "get_client_offsets",
     tag = "offsets",
     summary = "One client's offsets on a topic, with log end and lag",
     params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
@@ -107,6 +113,7 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
+    #[serde(deserialize_with = "super::whole_number::whole")]
     offset: u64,
 }
 
@@ -114,6 +121,7 @@ pub struct ResetBody {
 #[utoipa::path(
     put,
     path = "/admin/offsets/{topic}/{client_id}/{partition}",
+    operation_id = "reset_offset",
     tag = "offsets",
     summary = "Reset an offline client's offset (backwards allowed, at most the log end)",
     params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
@@ -161,6 +169,7 @@ fn live(client_id: &ClientId) -> ApiError {
 #[utoipa::path(
     delete,
     path = "/admin/offsets/{topic}/{client_id}",
+    operation_id = "delete_client_offsets",
     tag = "offsets",
     summary = "Forget an offline client's offsets on a topic",
     params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),

@@ -43,12 +43,16 @@ impl Modify for AdminToken {
 
 /// The document as pretty JSON with a trailing newline (the form kept in the repository).
 pub fn document() -> String {
-    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes");
+    let text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serializes");
+    // utoipa 5.5 writes the Link object's `operationId` in snake case, which no tool reads. A
+    // quote-colon pair cannot occur inside a JSON string (its quotes are escaped), so this
+    // replaces keys only.
+    let mut text = text.replace("\"operation_id\": ", "\"operationId\": ");
     text.push('\n');
     text
 }
 
-#[utoipa::path(get, path = "/openapi.json", tag = "health", summary = "This OpenAPI document", responses((status = 200, description = "OpenAPI 3 JSON")))]
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi_document", tag = "health", summary = "This OpenAPI document", responses((status = 200, description = "OpenAPI 3 JSON")))]
 pub async fn document_route() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
 }

@@ -15,6 +15,7 @@ use crate::core::names::ClientId;
 #[utoipa::path(
     get,
     path = "/session/recommend",
+    operation_id = "recommend_instance",
     tag = "cluster",
     summary = "The live instance this client should use (rendezvous hashing)",
     params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),

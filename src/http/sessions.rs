@@ -34,11 +34,15 @@ fn session_json(info: &SessionInfo) -> Value {
 #[utoipa::path(
     get,
     path = "/admin/sessions",
+    operation_id = "list_sessions",
     tag = "sessions",
     summary = "Live sessions and their counters",
     security(("admin_token" = [])),
     responses(
-        (status = 200, body = crate::http::schemas::SessionList),
+        (status = 200, body = crate::http::schemas::SessionList, links(
+            ("GetSession" = (operation_id = "get_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
+            ("DisconnectSession" = (operation_id = "disconnect_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
+        )),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
     )
@@ -55,6 +59,7 @@ fn missing(session_id: &str) -> ApiError {
 #[utoipa::path(
     get,
     path = "/admin/sessions/{session_id}",
+    operation_id = "get_session",
     tag = "sessions",
     summary = "One session with its in-flight deliveries",
     params(("session_id" = String, Path, description = "session id")),
@@ -93,6 +98,7 @@ pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>)
 #[utoipa::path(
     delete,
     path = "/admin/sessions/{session_id}",
+    operation_id = "disconnect_session",
     tag = "sessions",
     summary = "Disconnect a session (close code 4002)",
     params(("session_id" = String, Path, description = "session id")),

@@ -23,7 +23,7 @@ use crate::core::protocol::ErrorCode;
 struct PublishedEvent<'a> {
     #[serde(default)]
     key: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
     partition: Option<u32>,
     #[serde(default)]
     headers: Option<BTreeMap<String, String>>,
@@ -51,6 +51,7 @@ fn too_large(message: String) -> ApiError {
 #[utoipa::path(
     post,
     path = "/topics/{topic}/events",
+    operation_id = "publish_events",
     tag = "topics",
     summary = "Publish one event or a batch",
     params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
@@ -96,11 +97,17 @@ fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, 
     raw_events.into_iter().enumerate().map(|(i, e)| to_new_event(e).map_err(|m| ApiError::bad_request(format!("event {i}: {m}")))).collect()
 }
 
+/// Standard base64 with padding that ignores the unused low bits of the last character
+/// (`"N2=="` decodes like `"Nw=="`): the document's pattern accepts both, as do most decoders, and
+/// the bits carry no data.
+const LENIENT_BASE64: base64::engine::GeneralPurpose =
+    base64::engine::GeneralPurpose::new(&base64::alphabet::STANDARD, base64::engine::general_purpose::PAD.with_decode_allow_trailing_bits(true));
+
 fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
     let (payload, payload_is_json) = match (event.payload, event.payload_base64) {
         (Some(raw), None) => (raw.get().as_bytes().to_vec(), true),
         (None, Some(b64)) => {
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("payload_base64 is not base64: {e}"))?;
+            let bytes = LENIENT_BASE64.decode(b64).map_err(|e| format!("payload_base64 is not base64: {e}"))?;
             let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
             (bytes, is_json)
         }
@@ -119,6 +126,7 @@ fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
 #[utoipa::path(
     get,
     path = "/topics",
+    operation_id = "list_topics",
     tag = "topics",
     summary = "List topics with per-partition bounds and pull offsets",
     responses(
@@ -150,18 +158,22 @@ pub async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> 
 #[serde(deny_unknown_fields)]
 pub struct CreateTopic {
     name: String,
+    #[serde(deserialize_with = "super::whole_number::whole")]
     partitions: u32,
 }
 
 #[utoipa::path(
     post,
     path = "/topics",
+    operation_id = "create_topic",
     tag = "topics",
     summary = "Create a topic",
     request_body = crate::http::schemas::CreateTopic,
     security(("admin_token" = [])),
     responses(
-        (status = 200, body = crate::http::schemas::TopicCreated),
+        (status = 200, body = crate::http::schemas::TopicCreated, links(
+            ("DeleteTopic" = (operation_id = "delete_topic", parameters(("topic" = "$response.body#/name")))),
+        )),
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
@@ -178,6 +190,7 @@ pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<Create
 #[utoipa::path(
     delete,
     path = "/topics/{topic}",
+    operation_id = "delete_topic",
     tag = "topics",
     summary = "Delete a topic and every client's offsets on it",
     params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
@@ -246,6 +259,13 @@ mod tests {
         assert_eq!(code(br#"{"events":[{"payload":1},{"payload":2}]}"#, 1), Some((413, ErrorCode::LimitExceeded)));
         assert_eq!(code(br#"{"payload":1,"surprise":2}"#, 10), Some((400, ErrorCode::BadRequest)));
         assert_eq!(code(br#"{"payload":1,"partition":-1}"#, 10), Some((400, ErrorCode::BadRequest)));
+        // What schemathesis sends from the document: integral floats are integers, and base64
+        // with stray low bits in its last character decodes (the bits carry nothing).
+        let generated = parse_publish_body(br#"{"events":[{"payload":1,"partition":3.0},{"payload_base64":"SvNBpBGZN2=="}]}"#, 10).unwrap();
+        assert_eq!(generated[0].partition, Some(3));
+        assert_eq!(generated[1].payload, LENIENT_BASE64.decode("SvNBpBGZNw==").unwrap());
+        assert_eq!(code(br#"{"payload":1,"partition":3.5}"#, 10), Some((400, ErrorCode::BadRequest)));
+        assert_eq!(code(br#"{"payload_base64":"SvNBpBGZN"}"#, 10), Some((400, ErrorCode::BadRequest)));
         // `null` is a JSON payload like any other; an absent payload is not.
         let null = parse_publish_body(br#"{"payload":null}"#, 10).unwrap();
         assert_eq!((null[0].payload.as_slice(), null[0].payload_is_json), (b"null".as_slice(), true));

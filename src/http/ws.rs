@@ -27,6 +27,7 @@ const TRY_AGAIN_LATER: u16 = 1013;
 #[utoipa::path(
     get,
     path = "/ws",
+    operation_id = "open_websocket",
     tag = "websocket",
     summary = "Open a WebSocket session (frames: ClientFrame in, ServerFrame out)",
     params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),

@@ -22,5 +22,6 @@ mod process;
 mod restart;
 mod rocketmq;
 mod rocketmq_broker;
+mod schemathesis;
 mod support;
 mod takeover;

@@ -60,6 +60,30 @@ fn every_protocol_route_is_documented_with_its_bodies_and_errors() {
     let reset = &doc["paths"]["/admin/offsets/{topic}/{client_id}/{partition}"]["put"];
     assert_eq!(reset["responses"]["409"]["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody");
     assert!(reset["security"].to_string().contains("admin_token"));
+    // Operation ids are unique, and every link names one of them with parameters it has
+    // (schemathesis follows the links in its stateful phase).
+    let mut ids = std::collections::BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path} has an operationId"));
+            assert!(ids.insert(id.to_string(), op.clone()).is_none(), "operationId {id} is used twice");
+        }
+    }
+    let mut links = 0;
+    for item in doc["paths"].as_object().unwrap().values() {
+        for op in item.as_object().unwrap().values() {
+            for response in op["responses"].as_object().unwrap().values() {
+                for (name, link) in response["links"].as_object().into_iter().flatten() {
+                    let target = &ids[link["operationId"].as_str().unwrap_or_else(|| panic!("link {name} names an operationId: {link}"))];
+                    for parameter in link["parameters"].as_object().unwrap().keys() {
+                        assert!(target["parameters"].as_array().unwrap().iter().any(|p| p["name"] == parameter.as_str()), "link {name}: target has no parameter {parameter}");
+                    }
+                    links += 1;
+                }
+            }
+        }
+    }
+    assert!(links >= 7, "the stateful links are documented ({links})");
     // Every client op and server frame type of PROTOCOL.md is described.
     let frames = serde_json::to_string(&schemas["ClientFrame"]).unwrap() + &serde_json::to_string(&schemas["ServerFrame"]).unwrap();
     for name in ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"] {

@@ -248,6 +248,16 @@ impl WsClient {
         }
     }
 
+    /// Reads and discards frames, with no deadline, until the connection ends (a background
+    /// reader that keeps a session live).
+    pub async fn read_until_closed(&mut self) {
+        while let Some(Ok(message)) = self.ws.next().await {
+            if message.is_close() {
+                return;
+            }
+        }
+    }
+
     /// Waits for the close frame and returns its code.
     pub async fn close_code(&mut self) -> u16 {
         loop {
