@@ -46,7 +46,10 @@ impl Cluster {
             .map(|u| u.trim_end_matches('/').to_string())
             .filter(|u| *u != this.http_url.trim_end_matches('/'))
             .map(|url| Peer { url, healthy_as: None })
-            .collect();
+            .collect::<Vec<_>>();
+        for peer in peers.iter().filter(|p| !p.url.starts_with("http://")) {
+            tracing::warn!(peer = %peer.url, "cluster.peers: only http:// peers can be probed; this one will never be recommended");
+        }
         Self { this, peers: Mutex::new(peers) }
     }
 

@@ -36,6 +36,12 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// `text` or `json` log lines.
     pub log_format: String,
+    /// PEM certificate chain; with `tls_key`, the listener speaks only TLS (https, wss).
+    pub tls_cert: String,
+    /// PEM private key of `tls_cert`. Both files are read again on SIGHUP.
+    pub tls_key: String,
+    /// A TLS handshake not finished after this closes the connection.
+    pub tls_handshake_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +52,9 @@ impl Default for ServerConfig {
             public_url: String::new(),
             shutdown_grace_ms: 10_000,
             log_format: "text".into(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            tls_handshake_timeout_ms: 10_000,
         }
     }
 }
@@ -331,6 +340,12 @@ impl Config {
         }
         if !matches!(self.server.log_format.as_str(), "text" | "json") {
             problems.push(format!("server.log_format must be \"text\" or \"json\", got {:?}", self.server.log_format));
+        }
+        if self.server.tls_cert.is_empty() != self.server.tls_key.is_empty() {
+            problems.push("server.tls_cert and server.tls_key are set together (both PEM paths) or not at all".into());
+        }
+        if self.server.tls_handshake_timeout_ms == 0 {
+            problems.push("server.tls_handshake_timeout_ms must be at least 1".into());
         }
         match self.storage.backend.as_str() {
             "embedded" => {}

@@ -22,6 +22,7 @@ use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
 use crate::http::lingering::{Linger, LingeringListener, PeerAddr};
+use crate::http::tls::{Tls, TlsListener};
 use crate::http::{router, AppState};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
@@ -32,6 +33,8 @@ const WRITE_QUEUE: usize = 65_536;
 /// A gateway whose stores are open and whose listener is bound, ready to `run`.
 pub struct Gateway {
     listener: TcpListener,
+    /// `Some` when `server.tls_cert` / `tls_key` are set: the listener speaks only TLS.
+    tls: Option<Arc<Tls>>,
     app: AppState,
     backend: Backend,
     writer_thread: std::thread::JoinHandle<()>,
@@ -166,6 +169,11 @@ impl Gateway {
         // With an fsync per write a store write can take milliseconds: never on a session task.
         let inline_when_idle = !config.offsets.sync_writes;
         let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle);
+        // Read before binding: a bad certificate stops the start with the file named.
+        let tls = match config.server.tls_cert.as_str() {
+            "" => None,
+            cert => Some(Arc::new(Tls::load(Path::new(cert), Path::new(&config.server.tls_key))?)),
+        };
         let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
         let local_addr = listener.local_addr()?;
         let instance = match config.server.instance_id.as_str() {
@@ -175,13 +183,14 @@ impl Gateway {
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
         dispatcher.backend.set_ack_floor(Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher))));
         let public_url = match config.server.public_url.as_str() {
+            "" if tls.is_some() => format!("https://{local_addr}"),
             "" => format!("http://{local_addr}"),
             url => url.trim_end_matches('/').to_string(),
         };
         let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
         let cluster = Arc::new(Cluster::new(this, &config.cluster.peers));
         let app = AppState { dispatcher, config: Arc::new(config), cluster };
-        Ok(Self { listener, app, backend: opened, writer_thread })
+        Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 
     pub fn handle(&self) -> GatewayHandle {
@@ -196,7 +205,7 @@ impl Gateway {
     /// Serves until `shutdown` resolves (or `GatewayHandle::shutdown`), then closes sessions
     /// with 1001, drains offset writes, checkpoints the pull cursors and closes the stores.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Gateway { listener, app, backend, writer_thread } = self;
+        let Gateway { listener, tls, app, backend, writer_thread } = self;
         let cancel = app.dispatcher.shutdown.clone();
         let config = app.config.clone();
         let local_addr = listener.local_addr()?;
@@ -205,9 +214,17 @@ impl Gateway {
         let listener = LingeringListener::new(listener, linger);
         let service = router(app.clone()).into_make_service_with_connect_info::<PeerAddr>();
         let stop_serving = cancel.clone();
-        let server = axum::serve(listener, service).with_graceful_shutdown(async move { stop_serving.cancelled().await });
-        let server = tokio::spawn(server.into_future());
-        tracing::info!(%local_addr, instance = %app.dispatcher.instance, "ackgate listening");
+        let stopped = async move { stop_serving.cancelled().await };
+        let server = match &tls {
+            None => tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stopped).into_future()),
+            Some(tls) => {
+                let handshake_timeout = Duration::from_millis(config.server.tls_handshake_timeout_ms);
+                reload_tls_on_sighup(tls.clone(), cancel.clone())?;
+                let listener = TlsListener::new(listener, tls.clone(), handshake_timeout)?;
+                tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stopped).into_future())
+            }
+        };
+        tracing::info!(%local_addr, instance = %app.dispatcher.instance, tls = tls.is_some(), "ackgate listening");
         tokio::select! {
             _ = shutdown => {}
             _ = cancel.cancelled() => {}
@@ -256,6 +273,26 @@ impl Gateway {
 
 /// Pull checkpoint, metrics upkeep, peer probes, offset retention sweep and log retention, each
 /// until shutdown.
+/// SIGHUP reads the certificate and key again (rotation without a restart); sessions and other
+/// open connections keep the certificate they were opened with.
+fn reload_tls_on_sighup(tls: Arc<Tls>, cancel: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {}
+                _ = cancel.cancelled() => return,
+            }
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded; new connections use them"),
+                Err(e) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS reload failed; the previous certificate stays in use"),
+            }
+        }
+    });
+    Ok(())
+}
+
 fn spawn_background(app: &AppState, backend: &Backend) {
     let config = &app.config;
     let cancel = app.dispatcher.shutdown.clone();

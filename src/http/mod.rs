@@ -15,6 +15,7 @@ pub mod recommend;
 pub mod request_log;
 pub mod schemas;
 pub mod sessions;
+pub mod tls;
 pub mod topics;
 pub mod whole_number;
 pub mod ws;

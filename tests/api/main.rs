@@ -25,3 +25,4 @@ mod rocketmq_broker;
 mod schemathesis;
 mod support;
 mod takeover;
+mod tls;

@@ -116,6 +116,24 @@ impl Process {
         let _ = self.child.wait();
     }
 
+    /// Sends a signal by name (`HUP`, `TERM`, ...) with the shell's `kill` builtin.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("sh").arg("-c").arg(format!("kill -{name} {}", self.child.id())).status().unwrap();
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Waits until a log line contains `needle` (at most `WAIT`); returns that line.
+    pub async fn wait_for_log(&self, needle: &str) -> String {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(line) = self.logs.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return line.clone();
+            }
+            assert!(started.elapsed() < WAIT, "no log line with {needle:?}; logs:\n{}", self.logs.lock().unwrap().join("\n"));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // The shell's own `kill` builtin: no procps package needed.

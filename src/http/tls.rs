@@ -1,0 +1,145 @@
+//! TLS without a proxy: with `server.tls_cert` and `server.tls_key` (PEM files) the listener
+//! speaks only TLS, so clients use `https://` and `wss://` directly. The only module that imports
+//! rustls.
+//!
+//! Handshakes run in their own tasks, each bounded by `server.tls_handshake_timeout_ms`, and only
+//! finished ones are handed to the HTTP server: a client that opens a socket and says nothing
+//! never holds up the accept loop. `Tls::reload` (SIGHUP) reads the files again; new connections
+//! get the new certificate, live ones (sessions included) keep theirs, and a file that does not
+//! load leaves the old certificate in place.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use super::lingering::{LingeringListener, LingeringStream, PeerAddr};
+
+/// The certificate and key in use, and where they were read from.
+pub struct Tls {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    acceptor: RwLock<TlsAcceptor>,
+}
+
+impl Tls {
+    /// Reads both files; an error names the file and what is wrong with it.
+    pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<Self> {
+        let config = server_config(cert_path, key_path)?;
+        Ok(Self { cert_path: cert_path.to_path_buf(), key_path: key_path.to_path_buf(), acceptor: RwLock::new(TlsAcceptor::from(Arc::new(config))) })
+    }
+
+    /// Reads the files again for new connections. On error the current certificate stays.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let config = server_config(&self.cert_path, &self.key_path)?;
+        *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) = TlsAcceptor::from(Arc::new(config));
+        Ok(())
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+fn server_config(cert_path: &Path, key_path: &Path) -> anyhow::Result<ServerConfig> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+        .and_then(|certs| certs.collect())
+        .with_context(|| format!("server.tls_cert {}: not a readable PEM certificate chain", cert_path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "server.tls_cert {}: no CERTIFICATE block in the file", cert_path.display());
+    let key = PrivateKeyDer::from_pem_file(key_path).with_context(|| format!("server.tls_key {}: not a readable PEM private key", key_path.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .with_context(|| format!("server.tls_key {} does not match server.tls_cert {}", key_path.display(), cert_path.display()))?;
+    // The server speaks HTTP/1.1 only (WebSocket upgrades included).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A listener that hands out connections whose TLS handshake has finished.
+pub struct TlsListener {
+    ready: mpsc::Receiver<(TlsStream<LingeringStream>, SocketAddr)>,
+    local_addr: SocketAddr,
+}
+
+impl TlsListener {
+    pub fn new(mut inner: LingeringListener, tls: Arc<Tls>, handshake_timeout: Duration) -> io::Result<Self> {
+        use axum::serve::Listener as _;
+        let local_addr = inner.local_addr()?;
+        // Small: a finished handshake waits here only until the server's accept loop takes it.
+        let (tx, ready) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, addr) = tokio::select! {
+                    accepted = inner.accept() => accepted,
+                    // The server stopped (shutdown): stop accepting, free the port.
+                    _ = tx.closed() => return,
+                };
+                let acceptor = tls.acceptor();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send((stream, addr)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%addr, ?handshake_timeout, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self { ready, local_addr })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<LingeringStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(connection) => connection,
+            // The accept task only ends after this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local_addr)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for PeerAddr {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreadable_or_mismatched_files_are_refused_with_the_file_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let error = Tls::load(&cert, &key).err().unwrap().to_string();
+        assert!(error.contains("server.tls_cert") && error.contains("cert.pem"), "{error}");
+        std::fs::write(&cert, "not a certificate").unwrap();
+        std::fs::write(&key, "not a key").unwrap();
+        let error = Tls::load(&cert, &key).err().unwrap().to_string();
+        assert!(error.contains("no CERTIFICATE block"), "{error}");
+    }
+}
