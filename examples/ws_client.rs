@@ -47,12 +47,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let base = if args.first().is_some_and(|a| a.starts_with("ws")) { args.remove(0) } else { "ws://127.0.0.1:8080".into() };
     let [client_id, topic] = <[String; 2]>::try_from(args).map_err(|_| "usage: ws_client [URL] CLIENT_ID TOPIC [--no-ack] [--peer URL]...")?;
-    let mut ws_url = format!("{}/ws", base.trim_end_matches('/').trim_end_matches("/ws"));
+    let ws_url = format!("{}/ws", base.trim_end_matches('/').trim_end_matches("/ws"));
     known.insert(0, http_base(&ws_url));
+    // Where to connect, in order: the instance recommended, then the one that recommended it.
+    let mut candidates = vec![ws_url];
     let mut progress = Progress::new();
     let mut attempt = 0u32;
     loop {
-        match session(&ws_url, &client_id, &topic, ack, &mut progress).await {
+        match session(&candidates, &client_id, &topic, ack, &mut progress).await {
             Ended::Final(why) => {
                 println!("closed for good: {why}");
                 return Ok(());
@@ -62,21 +64,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let pause = backoff(attempt);
                 println!("connection ended ({why}); reconnect attempt {attempt} in {} ms", pause.as_millis());
                 tokio::time::sleep(pause).await;
-                if let Some(next) = recommended(&mut known, &client_id).await {
-                    ws_url = next;
+                if let Some((named, answered)) = recommended(&mut known, &client_id).await {
+                    candidates = if named == answered { vec![named] } else { vec![named, answered] };
                 }
-                println!("reconnecting to {ws_url}");
+                println!("reconnecting to {}", candidates.join(", else "));
             }
         }
     }
 }
 
-/// One connection: subscribe (with the resume token once there is one), print, ack.
-async fn session(ws_url: &str, client_id: &str, topic: &str, ack: bool, progress: &mut Progress) -> Ended {
-    let (mut ws, _) = match tokio_tungstenite::connect_async(format!("{ws_url}?client_id={client_id}")).await {
-        Ok(connected) => connected,
-        Err(e) => return Ended::Retry(format!("connect to {ws_url}: {e}")),
-    };
+/// One connection to the first of `ws_urls` that accepts it: subscribe (with the resume token
+/// once there is one), print, ack. The instance that answered /session/recommend comes second: it
+/// is alive, while the one it named may have died before its probes noticed.
+async fn session(ws_urls: &[String], client_id: &str, topic: &str, ack: bool, progress: &mut Progress) -> Ended {
+    let mut failures = Vec::new();
+    let mut connected = None;
+    for ws_url in ws_urls {
+        match tokio_tungstenite::connect_async(format!("{ws_url}?client_id={client_id}")).await {
+            Ok((ws, _)) => {
+                connected = Some(ws);
+                break;
+            }
+            Err(e) => failures.push(format!("connect to {ws_url}: {e}")),
+        }
+    }
+    let Some(mut ws) = connected else { return Ended::Retry(failures.join("; ")) };
     let mut subscribe = json!({"op": "subscribe", "topic": topic, "req": "sub"});
     if !progress.is_empty() {
         let token: serde_json::Map<String, Value> = progress.iter().map(|(p, at)| (p.to_string(), json!(at))).collect();
@@ -128,7 +140,8 @@ async fn session(ws_url: &str, client_id: &str, topic: &str, ack: bool, progress
 }
 
 /// Asks each known instance in turn which instance this client should use; learns the answer.
-async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<String> {
+/// Returns the `/ws` URL named and the one of the instance that answered.
+async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<(String, String)> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
     for base in known.clone() {
         let Ok(answer) = http.get(format!("{base}/session/recommend")).query(&[("client_id", client_id)]).send().await else { continue };
@@ -139,7 +152,8 @@ async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<String>
             }
         }
         if let Some(ws_url) = answer["ws_url"].as_str() {
-            return Some(ws_url.to_string());
+            let answered = format!("{}/ws", base.replacen("https://", "wss://", 1).replacen("http://", "ws://", 1));
+            return Some((ws_url.to_string(), answered));
         }
     }
     None

@@ -116,9 +116,19 @@ export class AckgateClient {
       if (this.closedHere) break;
       let url = this.url;
       try {
-        url = await this.#recommended();
+        const { named, answered } = await this.#recommended();
+        url = named;
         this.options.onReconnect?.({ attempt, delayMs, url });
-        const welcome = await this.#open(url);
+        let welcome;
+        try {
+          welcome = await this.#open(named);
+        } catch (error) {
+          // The instance named is unreachable (the one that answered may not have noticed it
+          // died yet): the instance that answered is alive, so use it. Not after a final close.
+          if (answered === named || FINAL_CLOSES.has(this.lastClose)) throw error;
+          url = answered;
+          welcome = await this.#open(answered);
+        }
         for (const [topic, options] of this.subscriptions) {
           await this.subscribe(topic, { ...options, resume: this.resumeToken(topic) });
         }
@@ -135,7 +145,7 @@ export class AckgateClient {
     this.reconnecting = false;
   }
 
-  /** The /ws URL the first instance that answers `/session/recommend` names. */
+  /** The /ws URL the first instance that answers `/session/recommend` names, and its own. */
   async #recommended() {
     const query = new URLSearchParams({ client_id: this.options.clientId });
     for (const base of [...this.known]) {
@@ -144,7 +154,7 @@ export class AckgateClient {
         if (!response.ok) continue;
         const answer = await response.json();
         if (answer.http_url) this.known.add(answer.http_url.replace(/\/+$/, ""));
-        if (answer.ws_url) return answer.ws_url;
+        if (answer.ws_url) return { named: answer.ws_url, answered: `${base.replace(/^http/, "ws")}/ws` };
       } catch {
         // That instance is down or unreachable: ask the next one.
       }

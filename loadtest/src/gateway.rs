@@ -101,6 +101,14 @@ impl Gateway {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// SIGKILL: a crash, nothing flushed.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// SIGTERM and wait for the exit (graceful: offsets flushed, checkpoint written).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -3,7 +3,8 @@
 //!
 //! Shapes: throughput (`--clients K --split|--fanout --events N`, acks each / batched /
 //! confirmed), paced latency (`--rate R`), idle-session memory (`--idle-sessions S`), restart
-//! time with stored offsets (`--restart-offsets M`) and ping round trips during a retention sweep
+//! time with stored offsets (`--restart-offsets M`), takeover across instances on Kafka
+//! (`--instances N --kill-instance-after SECS`) and ping round trips during a retention sweep
 //! (`--sweep-offsets M`). `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
@@ -11,6 +12,7 @@ mod client;
 mod gateway;
 mod report;
 mod shapes;
+mod takeover;
 
 use std::path::PathBuf;
 
@@ -74,6 +76,14 @@ pub struct Cli {
     /// its first retention sweep removes them.
     #[arg(long)]
     pub sweep_offsets: Option<u64>,
+    /// Start this many gateways on one Kafka broker (`--brokers`), each with its own data dir and
+    /// `cluster.peers` naming the others; `--clients` followers of one topic follow
+    /// /session/recommend across them (the takeover shape, paced by `--rate`, default 2000/s).
+    #[arg(long, requires = "brokers")]
+    pub instances: Option<usize>,
+    /// With `--instances`: SIGKILL the instance holding the most sessions after this many seconds.
+    #[arg(long, requires = "instances")]
+    pub kill_instance_after: Option<f64>,
     /// Bearer token for publishing and the admin routes (a gateway with auth.admin_token).
     #[arg(long)]
     pub admin_token: Option<String>,
@@ -112,7 +122,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let outcome = runtime.block_on(async {
-        if let Some(sessions) = cli.idle_sessions {
+        if let Some(instances) = cli.instances {
+            takeover::run(&cli, instances.max(1)).await
+        } else if let Some(sessions) = cli.idle_sessions {
             shapes::idle_sessions(&cli, sessions).await
         } else if let Some(offsets) = cli.restart_offsets {
             shapes::restart(&cli, offsets).await

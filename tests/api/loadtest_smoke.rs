@@ -51,3 +51,21 @@ fn loadtest_fails_a_run_whose_offsets_do_not_reach_the_log_end() {
     let problems = summary["problems"].to_string();
     assert!(problems.contains("committed Some(0), log end 300"), "{problems}");
 }
+
+/// The takeover shape on a real tansu broker: two instances, one SIGKILLed mid-run; the
+/// followers of the killed one move to the survivor, and nothing is lost.
+#[test]
+fn loadtest_takeover_smoke_one_of_two_instances_killed_nothing_lost() {
+    let broker = crate::kafka_broker::TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    let summary = run(&["--brokers", &bootstrap, "--instances", "2", "--kill-instance-after", "1.5", "--clients", "4", "--events", "3000", "--rate", "1000", "--partitions", "2"]);
+    assert_eq!(summary["complete"], true, "{summary}");
+    let killed = summary["killed_instance"].as_str().unwrap_or_default();
+    assert!(killed.starts_with("gw-"), "{summary}");
+    let moved = summary["followers_moved"].as_str().unwrap_or_default();
+    let (moved, of) = moved.split_once(" of ").unwrap();
+    assert_eq!(moved, of, "every follower of the killed instance took over: {summary}");
+    assert!(of.parse::<u32>().unwrap() > 0, "the killed instance held sessions: {summary}");
+    assert!(summary["takeover_to_first_event"]["count"].as_u64().unwrap() > 0, "{summary}");
+    drop(broker);
+}
