@@ -66,6 +66,13 @@ pub struct Cli {
     /// Publish at this many events/s while clients consume; reports publish-to-delivery latency.
     #[arg(long)]
     pub rate: Option<u64>,
+    /// Broadcast to many: this many clients on one topic (fan-out), events published at `--rate`
+    /// (default 100/s) for `--duration-secs`, each acked; reports publish-to-delivery latency.
+    #[arg(long, conflicts_with_all = ["split", "instances"])]
+    pub broadcast: Option<usize>,
+    /// Length of a `--broadcast` run.
+    #[arg(long, default_value_t = 60)]
+    pub duration_secs: u64,
     /// Open this many idle sessions (subscribed, no traffic) and report gateway memory.
     #[arg(long)]
     pub idle_sessions: Option<usize>,
@@ -119,7 +126,12 @@ impl Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Some(clients) = cli.broadcast {
+        // A fan-out at a paced rate: every client receives every event.
+        let rate = cli.rate.unwrap_or(100);
+        cli = Cli { clients, fanout: true, rate: Some(rate), events: rate * cli.duration_secs, ..cli };
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let outcome = runtime.block_on(async {
         if let Some(instances) = cli.instances {

@@ -103,15 +103,17 @@ async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], settle: 
                 bail!("topic {topic} missing from GET /topics");
             };
             let rows = http.get(&format!("/admin/offsets?topic={topic}")).await?;
+            // Indexed: a broadcast run has 10,000 clients times the partitions.
+            let stored: std::collections::HashMap<(&str, u64), u64> = rows["offsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| Some(((r["client_id"].as_str()?, r["partition"].as_u64()?), r["committed"].as_u64()?)))
+                .collect();
             for partition in info["partitions"].as_array().into_iter().flatten() {
                 let (p, end) = (partition["partition"].as_u64().unwrap_or_default(), partition["log_end"].as_u64().unwrap_or_default());
                 for client in clients {
-                    let committed = rows["offsets"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|r| r["client_id"] == client.as_str() && r["partition"].as_u64() == Some(p))
-                        .and_then(|r| r["committed"].as_u64());
+                    let committed = stored.get(&(client.as_str(), p)).copied();
                     if end > 0 && committed != Some(end) {
                         behind.push(format!("{topic}#{client}#{p}: committed {committed:?}, log end {end}"));
                     }
@@ -145,7 +147,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     };
     let paced = cli.rate.is_some();
     let shape = if paced {
-        format!("paced {} events/s, {} clients", cli.rate.unwrap_or(0), cli.clients)
+        format!("paced {} events/s for {} events, {} {} clients, {} partitions", cli.rate.unwrap_or(0), cli.events, if cli.fanout { "fan-out to" } else { "split over" }, cli.clients, cli.partitions)
     } else {
         format!("{} {} clients, {} events, {} partitions, {}-byte payloads, ack {:?}", if cli.fanout { "fan-out" } else { "split" }, cli.clients, cli.events, cli.partitions, cli.payload_bytes, cli.ack)
     };
@@ -164,13 +166,19 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
         summary.add("publish_events_per_s", (cli.events as f64 / started.elapsed().as_secs_f64()).round());
     }
 
-    // Connect everyone first, so the timed part is delivery and acks only.
-    let mut sockets = Vec::new();
-    for (topic, readers, count) in &assignments {
-        for client_id in readers {
-            sockets.push((topic.clone(), client_id.clone(), *count, client::connect(&gateway.ws, client_id).await?));
+    // Connect everyone first (200 handshakes at a time), so the timed part is delivery and acks.
+    let planned: Vec<(String, String, u64)> = assignments.iter().flat_map(|(topic, readers, count)| readers.iter().map(move |c| (topic.clone(), c.clone(), *count))).collect();
+    let connected = Arc::new(AtomicU64::new(0));
+    let connecting = (planned.len() > 1000).then(|| Progress::start("connected", connected.clone(), planned.len() as u64));
+    let mut sockets = Vec::with_capacity(planned.len());
+    for chunk in planned.chunks(200) {
+        let opened = futures_util::future::join_all(chunk.iter().map(|(_, client_id, _)| client::connect(&gateway.ws, client_id))).await;
+        for ((topic, client_id, count), ws) in chunk.iter().zip(opened) {
+            sockets.push((topic.clone(), client_id.clone(), *count, ws?));
+            connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
+    drop(connecting);
     let acked = Arc::new(AtomicU64::new(0));
     let deliveries_expected: u64 = assignments.iter().map(|(_, readers, count)| readers.len() as u64 * count).sum();
     let paced_since = paced.then(Instant::now);

@@ -250,24 +250,27 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
         gateways.push(Some(Gateway::start(&launch).with_context(|| format!("starting instance gw-{i}"))?));
     }
     let http = reqwest::Client::new();
-    // Wait until each instance sees the others healthy: recommendations name every instance.
+    // Wait until every instance sees all the others healthy: its recommendations name them all
+    // (otherwise the instances disagree and the followers bunch up on a few).
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut named = HashSet::new();
-        for i in 0..200 {
-            if let Ok(answer) = http.get(format!("{}/session/recommend?client_id=probe-{i}", urls[i % instances])).send().await {
-                if let Ok(body) = answer.json::<Value>().await {
-                    named.insert(body["instance"].as_str().unwrap_or_default().to_string());
+    for url in &urls {
+        loop {
+            let mut named = HashSet::new();
+            for i in 0..100 {
+                if let Ok(answer) = http.get(format!("{url}/session/recommend?client_id=probe-{i}")).send().await {
+                    if let Ok(body) = answer.json::<Value>().await {
+                        named.insert(body["instance"].as_str().unwrap_or_default().to_string());
+                    }
                 }
             }
+            if named.len() == instances {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{url} did not see the other instances healthy within 30 s ({} of {instances} recommended)", named.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if named.len() == instances {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the instances did not see each other healthy within 30 s ({} of {instances} recommended)", named.len());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     let run = format!("lt{}", std::process::id());
