@@ -11,19 +11,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
 use super::ack_tracker::AckTracker;
-use super::backend::{BackendError, LogBackend};
+use super::backend::{BackendError, LogBackend, PartitionBounds};
 use super::client_state::ClientState;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_writer::OffsetWriter;
 use super::offsets::{lower_to_log_end, Clock, OffsetStore, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 use super::reader::Readers;
+
+/// Partitions whose log bounds a subscribe asks the backend for at once.
+const BOUNDS_IN_PARALLEL: usize = 16;
 
 /// Where a client with no stored offset starts (`delivery.reset_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,11 +410,21 @@ impl Dispatcher {
         }
         let generation = self.store.topic_generation(topic).map_err(store_frame_error)?;
         client.lock().unwrap().set_generation(topic, generation);
+        // The bounds of every partition, asked a few at a time: on Kafka each is a broker round
+        // trip, and one after the other they made a subscribe (and so a takeover) wait for the sum.
+        let bounds: Vec<PartitionBounds> = futures_util::stream::iter(0..partitions)
+            .map(|partition| {
+                let tp = TopicPartition::new(topic.clone(), partition);
+                async move { self.backend.log_bounds(&tp).await }
+            })
+            .buffered(BOUNDS_IN_PARALLEL)
+            .try_collect()
+            .await
+            .map_err(backend_frame_error)?;
         let mut starts = Vec::with_capacity(partitions as usize);
         let mut writes = Vec::new();
-        for partition in 0..partitions {
+        for (partition, bounds) in (0..partitions).zip(bounds) {
             let tp = TopicPartition::new(topic.clone(), partition);
-            let bounds = self.backend.log_bounds(&tp).await.map_err(backend_frame_error)?;
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
             let mut remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
             let mut stored = match remembered {
