@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use super::ack_tracker::AckTracker;
 use super::names::{TopicName, TopicPartition};
 
@@ -52,7 +54,7 @@ pub struct EventRef {
 /// Per-client acknowledgement state, shared by the client's sessions on this instance.
 #[derive(Debug, Default)]
 pub struct ClientState {
-    pub trackers: HashMap<TopicPartition, AckTracker>,
+    pub trackers: FxHashMap<TopicPartition, AckTracker>,
     topic_slots: Vec<TopicName>,
     /// The store's generation of each topic the trackers belong to, read when the subscription
     /// started: every offset write carries it, so none lands on a later topic of the same name.

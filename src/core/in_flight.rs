@@ -5,9 +5,11 @@
 //! entry is skipped when it comes up, instead of searching the heap to remove it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use rustc_hash::FxHashMap;
 
 use super::window::WindowPermit;
 use tokio::time::Instant;
@@ -42,7 +44,7 @@ const STALE_SLACK: usize = 1024;
 
 #[derive(Default)]
 pub struct InFlightWindow {
-    entries: HashMap<EventRef, Entry>,
+    entries: FxHashMap<EventRef, Entry>,
     deadlines: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
     next_generation: u64,
 }

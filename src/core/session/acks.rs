@@ -20,9 +20,10 @@ use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 impl Session {
     pub(super) async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
         let mut unknown = Vec::new();
-        let mut acked = Vec::new();
-        // Floor and last_acked of every touched partition before this ack, to see which moved.
-        let mut touched: BTreeMap<TopicPartition, (u64, Option<u64>)> = BTreeMap::new();
+        let mut acked = Vec::with_capacity(ids.len());
+        // Floor and last_acked of every touched partition before this ack, to see which moved
+        // (a frame touches one or a few partitions: a list beats a map here).
+        let mut touched: Vec<(TopicPartition, (u64, Option<u64>))> = Vec::new();
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         let mut writes = Vec::new();
         let now_ms = self.d.clock.now_ms();
@@ -54,7 +55,9 @@ impl Session {
                         continue;
                     }
                 }
-                touched.entry(tp).or_insert(before);
+                if !touched.iter().any(|(seen, _)| *seen == tp) {
+                    touched.push((tp, before));
+                }
             }
             for (tp, before) in &touched {
                 let tracker = &client.trackers[tp];
@@ -69,7 +72,10 @@ impl Session {
                         generation: client.generation(&tp.topic),
                     });
                 }
-                committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
+                // Only a confirmed ack reports the floors (in its `ack_ok`).
+                if req.is_some() {
+                    committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
+                }
             }
         }
         let metrics = &self.d.metrics;
@@ -119,7 +125,7 @@ impl Session {
         }
         let mut writes = std::mem::take(&mut self.acked.writes);
         // Within a session each key's floor only rises: the last write of a key carries them all.
-        let mut seen = std::collections::HashSet::with_capacity(writes.len());
+        let mut seen = rustc_hash::FxHashSet::default();
         writes.reverse();
         writes.retain(|w| seen.insert(w.key.clone()));
         let request = WriteRequest { writes, broker_acks: std::mem::take(&mut self.acked.broker_acks), done: None };

@@ -5,11 +5,11 @@
 //! HTTP types; `http::ws` adapts a real WebSocket to it. Frames of a session are handled one at a
 //! time in the order sent; everything a step wants to send is queued and written in one flush.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use futures_util::{FutureExt, Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -70,13 +70,13 @@ struct Session {
     info: Arc<SessionInfo>,
     client: Arc<Mutex<ClientState>>,
     window: Arc<Window>,
-    subscriptions: HashMap<TopicName, Subscription>,
+    subscriptions: FxHashMap<TopicName, Subscription>,
     in_flight: InFlightWindow,
     feed_tx: mpsc::Sender<Fed>,
     next_subscription: u64,
     window_full_since: Option<Instant>,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
-    nacked: std::collections::HashSet<EventRef>,
+    nacked: FxHashSet<EventRef>,
     /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
     acked: WriteRequest,
     access: Access,
@@ -97,7 +97,7 @@ where
         d: d.clone(),
         info: info.clone(),
         client,
-        subscriptions: HashMap::new(),
+        subscriptions: FxHashMap::default(),
         in_flight: InFlightWindow::default(),
         feed_tx,
         next_subscription: 1,
