@@ -10,6 +10,7 @@ use ackgate::core::ack_tracker::AckTracker;
 use ackgate::core::backend::Event;
 use ackgate::core::names::{ClientId, OffsetKey, TopicName};
 use ackgate::core::offsets::{OffsetStore, OffsetWrite};
+use ackgate::core::client_state::DeliveryRef;
 use ackgate::core::protocol::{parse_client_frame, write_event_frame};
 use ackgate::store::memory::MemoryOffsetStore;
 use ackgate::store::rocks::RocksOffsetStore;
@@ -35,7 +36,7 @@ fn frames(c: &mut Criterion) {
     group.bench_function("write event frame (100-byte JSON payload)", |b| {
         b.iter(|| {
             out.clear();
-            write_event_frame(&mut out, black_box("1a2b.3.3.1e240"), "orders", 1, black_box(&event));
+            write_event_frame(&mut out, black_box(DeliveryRef { seq: 0x1a2b, slot: 3, partition: 3, offset: 0x1e240 }), "orders", 1, black_box(&event));
             out.len()
         })
     });

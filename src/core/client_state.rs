@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxHashMap;
+use super::FastMap;
 
 use super::ack_tracker::AckTracker;
 use super::names::{TopicName, TopicPartition};
@@ -23,7 +23,21 @@ pub struct DeliveryRef {
 
 impl DeliveryRef {
     pub fn to_id(self) -> String {
-        format!("{:x}.{:x}.{:x}.{:x}", self.seq, self.slot, self.partition, self.offset)
+        let mut id = String::with_capacity(40);
+        self.write_id(&mut id);
+        id
+    }
+
+    /// Appends the id (`seq.slot.partition.offset`, lowercase hex) without a formatter: it is
+    /// written into every event frame.
+    pub fn write_id(self, out: &mut String) {
+        push_hex(out, self.seq);
+        out.push('.');
+        push_hex(out, self.slot.into());
+        out.push('.');
+        push_hex(out, self.partition.into());
+        out.push('.');
+        push_hex(out, self.offset);
     }
 
     /// `None` for anything this instance could not have issued.
@@ -43,6 +57,20 @@ impl DeliveryRef {
     }
 }
 
+fn push_hex(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789abcdef"[(n & 0xf) as usize];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("hex digits"));
+}
+
 /// One event of one client's topics, independent of which delivery carried it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventRef {
@@ -54,7 +82,7 @@ pub struct EventRef {
 /// Per-client acknowledgement state, shared by the client's sessions on this instance.
 #[derive(Debug, Default)]
 pub struct ClientState {
-    pub trackers: FxHashMap<TopicPartition, AckTracker>,
+    pub trackers: FastMap<TopicPartition, AckTracker>,
     topic_slots: Vec<TopicName>,
     /// The store's generation of each topic the trackers belong to, read when the subscription
     /// started: every offset write carries it, so none lands on a later topic of the same name.
@@ -114,6 +142,8 @@ mod tests {
     fn delivery_ids_round_trip_and_reject_garbage() {
         let d = DeliveryRef { seq: 7, slot: 1, partition: 3, offset: u64::MAX };
         assert_eq!(DeliveryRef::parse(&d.to_id()), Some(d));
+        assert_eq!(d.to_id(), format!("{:x}.{:x}.{:x}.{:x}", d.seq, d.slot, d.partition, d.offset));
+        assert_eq!(DeliveryRef { seq: 0, slot: 0, partition: u32::MAX, offset: 0xabc }.to_id(), "0.0.ffffffff.abc");
         for bad in ["", "1.2.3", "1.2.3.4.5", "x.1.2.3", "1.1.1ffffffff.1", "1..2.3"] {
             assert_eq!(DeliveryRef::parse(bad), None, "{bad}");
         }

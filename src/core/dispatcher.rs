@@ -239,6 +239,11 @@ impl Dispatcher {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// `n` consecutive delivery sequence numbers; returns the first.
+    pub fn next_seqs(&self, n: u64) -> u64 {
+        self.next_seq.fetch_add(n, Ordering::Relaxed)
+    }
+
     /// Registers a new session of `client_id`. A live session of the same client is told to close
     /// with 4001; the new one shares its ack state, so in-flight events go to the new session.
     pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {

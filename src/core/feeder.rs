@@ -13,19 +13,22 @@ use super::names::TopicName;
 use super::reader::ReaderLease;
 use super::window::{Window, WindowPermit};
 
-/// An event handed to a session, holding one slot of its in-flight window.
+/// Events of one partition handed to a session in offset order, each holding one slot of its
+/// in-flight window. A batch per fetch, not an event per send: one channel operation and one
+/// clock read per batch on the session's side.
 pub struct Fed {
     /// Which subscription of the session it belongs to (events of an ended one are dropped).
     pub subscription: u64,
     pub topic: TopicName,
-    pub event: Arc<Event>,
-    pub permit: WindowPermit,
+    pub partition: u32,
+    pub events: Vec<(Arc<Event>, WindowPermit)>,
 }
 
 /// Where and how one feeder reads.
 pub struct FeedPlan {
     /// Held for as long as the feeder runs: the reader stops when its last feeder does.
     pub reader: ReaderLease,
+    pub partition: u32,
     /// First offset to hand over.
     pub from: u64,
     pub batch: usize,
@@ -35,7 +38,8 @@ pub struct FeedPlan {
 
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<Fed>, cancel: CancellationToken) {
-    let FeedPlan { reader, from: mut next, batch, subscription, topic } = plan;
+    let FeedPlan { reader, partition, from: mut next, batch, subscription, topic } = plan;
+    let new_batch = |capacity: usize| Fed { subscription, topic: topic.clone(), partition, events: Vec::with_capacity(capacity) };
     loop {
         let fetched = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -51,6 +55,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                 }
             }
         };
+        let mut fed = new_batch(events.len());
         for event in events {
             if event.offset < next {
                 continue;
@@ -58,19 +63,26 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
             // Room at once is the common case: take it without arming a cancellation waiter.
             let permit = match window.try_acquire(event.payload.len()) {
                 Some(permit) => permit,
-                None => tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    permit = window.acquire(event.payload.len()) => match permit {
-                        Some(permit) => permit,
-                        None => return,
-                    },
-                },
+                None => {
+                    // The window is full: hand over what this batch has so far (the session
+                    // cannot free room for events it has not seen), then wait.
+                    if !fed.events.is_empty() {
+                        let full = std::mem::replace(&mut fed, new_batch(batch));
+                        if tx.send(full).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        permit = window.acquire(event.payload.len()) => permit,
+                    }
+                }
             };
             next = event.offset + 1;
-            let fed = Fed { subscription, topic: topic.clone(), event, permit };
-            if tx.send(fed).await.is_err() {
-                return;
-            }
+            fed.events.push((event, permit));
+        }
+        if !fed.events.is_empty() && tx.send(fed).await.is_err() {
+            return;
         }
     }
 }

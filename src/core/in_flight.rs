@@ -9,7 +9,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustc_hash::FxHashMap;
+use super::FastMap;
 
 use super::window::WindowPermit;
 use tokio::time::Instant;
@@ -44,7 +44,7 @@ const STALE_SLACK: usize = 1024;
 
 #[derive(Default)]
 pub struct InFlightWindow {
-    entries: FxHashMap<EventRef, Entry>,
+    entries: FastMap<EventRef, Entry>,
     deadlines: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
     next_generation: u64,
 }
@@ -62,9 +62,9 @@ impl InFlightWindow {
         self.entries.get(at).map(|e| &e.delivery)
     }
 
-    /// Adds a delivery due for redelivery `after` from now.
-    pub fn insert(&mut self, at: EventRef, delivery: Delivery, after: Duration, now_ms: u64) {
-        let (deadline_ms, generation) = self.schedule(at, after, now_ms);
+    /// Adds a delivery due for redelivery `after` from `now` (`now_ms` on the wall clock).
+    pub fn insert(&mut self, at: EventRef, delivery: Delivery, after: Duration, now: Instant, now_ms: u64) {
+        let (deadline_ms, generation) = self.schedule(at, after, now, now_ms);
         self.entries.insert(at, Entry { delivery, deadline_ms, generation });
     }
 
@@ -77,7 +77,7 @@ impl InFlightWindow {
         if !self.entries.contains_key(&at) {
             return false;
         }
-        let (deadline_ms, generation) = self.schedule(at, after, now_ms);
+        let (deadline_ms, generation) = self.schedule(at, after, Instant::now(), now_ms);
         if let Some(entry) = self.entries.get_mut(&at) {
             entry.deadline_ms = deadline_ms;
             entry.generation = generation;
@@ -96,10 +96,10 @@ impl InFlightWindow {
         }
     }
 
-    fn schedule(&mut self, at: EventRef, after: Duration, now_ms: u64) -> (u64, u64) {
+    fn schedule(&mut self, at: EventRef, after: Duration, now: Instant, now_ms: u64) -> (u64, u64) {
         self.next_generation += 1;
         // Delays are bounded by config and protocol, but an overflow must never panic.
-        let deadline = Instant::now().checked_add(after).unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        let deadline = now.checked_add(after).unwrap_or_else(|| now + Duration::from_secs(86_400 * 365));
         // Acked deliveries leave their heap entry behind until its deadline; at full speed that is
         // ack_timeout x rate entries (millions). Drop the stale ones once they outnumber the live
         // ones: O(n) every ~n pushes, so the heap stays within a small multiple of the window.
@@ -176,7 +176,7 @@ mod tests {
         let mut window = InFlightWindow::default();
         for offset in 0..100_000u64 {
             let at = EventRef { slot: 0, partition: 0, offset };
-            window.insert(at, delivery(offset, &permits), Duration::from_secs(30), 0);
+            window.insert(at, delivery(offset, &permits), Duration::from_secs(30), Instant::now(), 0);
             if offset >= 5 {
                 window.remove(&EventRef { slot: 0, partition: 0, offset: offset - 5 });
             }
@@ -194,8 +194,8 @@ mod tests {
         let permits = Window::new(3, 1000);
         let mut window = InFlightWindow::default();
         let (a, b) = (EventRef { slot: 0, partition: 0, offset: 1 }, EventRef { slot: 0, partition: 0, offset: 2 });
-        window.insert(a, delivery(1, &permits), Duration::from_secs(1), 0);
-        window.insert(b, delivery(2, &permits), Duration::from_secs(2), 0);
+        window.insert(a, delivery(1, &permits), Duration::from_secs(1), Instant::now(), 0);
+        window.insert(b, delivery(2, &permits), Duration::from_secs(2), Instant::now(), 0);
         assert!(window.reschedule(a, Duration::from_secs(5), 0));
         tokio::time::advance(Duration::from_millis(2500)).await;
         assert_eq!(window.pop_due(Instant::now()), Some(b));

@@ -10,6 +10,7 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, His
 pub const FRAMES_IN: [&str; 8] = ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "invalid"];
 /// Gateway frame kinds counted by `ackgate_ws_frames_total{direction="out"}`.
 pub const FRAMES_OUT: [&str; 7] = ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"];
+const EVENT_FRAME: usize = 3;
 
 /// Why an event was pushed again.
 #[derive(Debug, Clone, Copy)]
@@ -86,6 +87,12 @@ impl Metrics {
             frames_in: FRAMES_IN.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "in", "kind" => kind)),
             frames_out: FRAMES_OUT.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "out", "kind" => kind)),
         }
+    }
+
+    /// Counts `n` events pushed to a session: deliveries and their `event` frames.
+    pub fn delivered(&self, n: u64) {
+        self.deliveries.increment(n);
+        self.frames_out[EVENT_FRAME].increment(n);
     }
 
     pub fn redelivered(&self, reason: RedeliveryReason) {

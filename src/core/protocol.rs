@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::backend::Event;
+use super::client_state::DeliveryRef;
 
 /// Stable error codes of PROTOCOL.md (WebSocket `error` frames and REST error bodies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -372,9 +373,10 @@ fn push_u64(out: &mut String, mut n: u64) {
 }
 
 /// Writes one `event` frame. The payload is copied verbatim when the event says it is JSON.
-pub fn write_event_frame(out: &mut String, delivery_id: &str, topic: &str, attempt: u32, event: &Event) {
-    out.push_str("{\"type\":\"event\",\"delivery_id\":");
-    push_json_str(out, delivery_id);
+pub fn write_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, attempt: u32, event: &Event) {
+    out.push_str("{\"type\":\"event\",\"delivery_id\":\"");
+    delivery.write_id(out);
+    out.push('"');
     out.push_str(",\"topic\":");
     push_json_str(out, topic);
     // Digits by hand: `write!` goes through the formatter, the larger part of this function.
@@ -416,7 +418,15 @@ pub fn write_event_frame(out: &mut String, delivery_id: &str, topic: &str, attem
 }
 
 fn push_json_str(out: &mut String, s: &str) {
-    // serde_json's string escaping, written straight into the buffer.
+    // Delivery ids, topic names and most keys need no escaping: copied as they are, without the
+    // temporary string of the general case (three of them per event frame otherwise).
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
+    // serde_json's escaping (it escapes exactly those bytes).
     let quoted = serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     out.push_str(&quoted);
 }
@@ -428,6 +438,15 @@ mod tests {
 
     fn err(text: &str) -> FrameError {
         parse_client_frame(text).unwrap_err()
+    }
+
+    #[test]
+    fn strings_in_frames_are_escaped_exactly_as_serde_json_does() {
+        for text in ["", "orders", "1f.0.3.ff", "caf\u{e9} \u{2028}", "a\"b", "back\\slash", "tab\there", "nul\u{0}", "\u{1f}\u{7f}"] {
+            let mut out = String::new();
+            push_json_str(&mut out, text);
+            assert_eq!(out, serde_json::to_string(text).unwrap(), "{text:?}");
+        }
     }
 
     #[test]
@@ -525,8 +544,9 @@ mod tests {
             payload_is_json: true,
         };
         let mut out = String::new();
-        write_event_frame(&mut out, "d1", "t", 2, &event);
+        write_event_frame(&mut out, DeliveryRef { seq: 0x1f, slot: 0, partition: 1, offset: 42 }, "t", 2, &event);
         let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["delivery_id"], "1f.0.1.2a");
         assert_eq!(v["payload"], json!({"n": 1}));
         assert_eq!((v["offset"].as_u64(), v["attempt"].as_u64(), v["key"].as_str()), (Some(42), Some(2), Some("k\"1")));
         assert_eq!(v["headers"], json!({"h": "v"}));
@@ -534,7 +554,7 @@ mod tests {
         event.payload_is_json = false;
         event.key = None;
         out.clear();
-        write_event_frame(&mut out, "d2", "t", 1, &event);
+        write_event_frame(&mut out, DeliveryRef { seq: 2, slot: 0, partition: 1, offset: 42 }, "t", 1, &event);
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!((v["payload_base64"].as_str(), v["key"].is_null()), (Some("/wA="), true));
     }

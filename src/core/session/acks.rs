@@ -125,7 +125,7 @@ impl Session {
         }
         let mut writes = std::mem::take(&mut self.acked.writes);
         // Within a session each key's floor only rises: the last write of a key carries them all.
-        let mut seen = rustc_hash::FxHashSet::default();
+        let mut seen = crate::core::FastSet::default();
         writes.reverse();
         writes.retain(|w| seen.insert(w.key.clone()));
         let request = WriteRequest { writes, broker_acks: std::mem::take(&mut self.acked.broker_acks), done: None };
@@ -200,6 +200,7 @@ impl Session {
             return;
         };
         self.push_event(&topic, seq, next_attempt, &payload, event);
+        self.d.metrics.delivered(1);
         self.in_flight.redelivered(event, seq, next_attempt, self.d.settings.ack_timeout, self.d.clock.now_ms());
         self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
         self.d.metrics.redelivered(reason);

@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rustc_hash::{FxHashMap, FxHashSet};
 use futures_util::{FutureExt, Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::access::Access;
+use crate::core::{FastMap, FastSet};
 use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
 use crate::core::feeder::Fed;
@@ -46,8 +46,10 @@ pub enum Outbound {
     Close(u16, String),
 }
 
-/// Events taken from the feeder channel in one step before flushing the socket.
-const FEED_DRAIN: usize = 256;
+/// Batches of events (one partition's fetch each) a session's feeders may queue for it.
+const FEED_BATCHES_QUEUED: usize = 16;
+/// Frames queued in one step before the socket is flushed (more batches are taken until then).
+const FEED_DRAIN_FRAMES: usize = 256;
 /// Client frames already received that are handled in one step (their acks: one write request).
 const INBOUND_DRAIN: usize = 256;
 /// How often the session checks for a window that stays full.
@@ -70,13 +72,13 @@ struct Session {
     info: Arc<SessionInfo>,
     client: Arc<Mutex<ClientState>>,
     window: Arc<Window>,
-    subscriptions: FxHashMap<TopicName, Subscription>,
+    subscriptions: FastMap<TopicName, Subscription>,
     in_flight: InFlightWindow,
     feed_tx: mpsc::Sender<Fed>,
     next_subscription: u64,
     window_full_since: Option<Instant>,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
-    nacked: FxHashSet<EventRef>,
+    nacked: FastSet<EventRef>,
     /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
     acked: WriteRequest,
     access: Access,
@@ -91,13 +93,13 @@ where
     O: Sink<Outbound> + Unpin,
 {
     let Registration { info, mut control, client } = registration;
-    let (feed_tx, mut feed_rx) = mpsc::channel(d.settings.fetch_batch.max(16));
+    let (feed_tx, mut feed_rx) = mpsc::channel(FEED_BATCHES_QUEUED);
     let mut s = Session {
         window: Arc::new(Window::new(d.settings.max_in_flight, d.settings.max_in_flight_bytes)),
         d: d.clone(),
         info: info.clone(),
         client,
-        subscriptions: FxHashMap::default(),
+        subscriptions: FastMap::default(),
         in_flight: InFlightWindow::default(),
         feed_tx,
         next_subscription: 1,
@@ -187,7 +189,7 @@ where
             }
             Some(fed) = feed_rx.recv() => {
                 s.on_fed(fed).await;
-                for _ in 0..FEED_DRAIN {
+                while s.out.len() < FEED_DRAIN_FRAMES {
                     match feed_rx.try_recv() {
                         Ok(fed) => s.on_fed(fed).await,
                         Err(_) => break,

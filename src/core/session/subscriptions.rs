@@ -51,7 +51,7 @@ impl Session {
         });
         for start in &starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
-            let plan = FeedPlan { reader, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
+            let plan = FeedPlan { reader, partition: start.partition, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
             self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
         self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
@@ -81,44 +81,53 @@ impl Session {
         true
     }
 
+    /// A batch of one partition's events becoming in-flight deliveries and `event` frames: one
+    /// client-state lock, one block of sequence numbers and one clock read for the batch.
     pub(super) async fn on_fed(&mut self, fed: Fed) {
         let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
             return; // from a subscription that has ended
         };
-        let event = EventRef { slot: subscription.slot, partition: fed.event.partition, offset: fed.event.offset };
-        let seq = self.d.next_seq();
-        let tp = TopicPartition::new(fed.topic.clone(), fed.event.partition);
-        let attempt = {
+        let slot = subscription.slot;
+        let first_seq = self.d.next_seqs(fed.events.len() as u64);
+        let tp = TopicPartition::new(fed.topic.clone(), fed.partition);
+        let attempts: Vec<Option<u32>> = {
             let mut client = self.client.lock().unwrap();
             match client.trackers.get_mut(&tp) {
-                Some(tracker) => tracker.on_delivery(event.offset, seq),
-                None => None,
+                Some(tracker) => fed.events.iter().zip(first_seq..).map(|((event, _), seq)| tracker.on_delivery(event.offset, seq)).collect(),
+                None => vec![None; fed.events.len()],
             }
         };
-        let Some(attempt) = attempt else {
-            return; // already acknowledged (a redelivery after a restart of the subscription)
-        };
-        if attempt > self.d.settings.max_attempts {
-            self.dead_letter(&fed.topic, event, attempt - 1, "max_attempts".into()).await;
-            return;
+        let (delivered_at, now_ms) = (Instant::now(), self.d.clock.now_ms());
+        let (ack_timeout, max_attempts) = (self.d.settings.ack_timeout, self.d.settings.max_attempts);
+        let mut pushed = 0;
+        for (((event, permit), seq), attempt) in fed.events.into_iter().zip(first_seq..).zip(attempts) {
+            let at = EventRef { slot, partition: fed.partition, offset: event.offset };
+            let Some(attempt) = attempt else {
+                continue; // already acknowledged (a redelivery after a restart of the subscription)
+            };
+            if attempt > max_attempts {
+                drop(permit);
+                self.dead_letter(&fed.topic, at, attempt - 1, "max_attempts".into()).await;
+                continue;
+            }
+            self.push_event(&fed.topic, seq, attempt, &event, at);
+            pushed += 1;
+            if attempt > 1 {
+                // Pushed before to a session that ended or unsubscribed without acking it.
+                self.d.metrics.redelivered(RedeliveryReason::Disconnect);
+            }
+            let delivery = Delivery { seq, topic: fed.topic.clone(), attempt, event, delivered_at, permit };
+            self.in_flight.insert(at, delivery, ack_timeout, delivered_at, now_ms);
         }
-        self.push_event(&fed.topic, seq, attempt, &fed.event, event);
-        if attempt > 1 {
-            // Pushed before to a session that ended or unsubscribed without acking it.
-            self.d.metrics.redelivered(RedeliveryReason::Disconnect);
-        }
-        let delivery = Delivery { seq, topic: fed.topic, attempt, event: fed.event, delivered_at: Instant::now(), permit: fed.permit };
-        self.in_flight.insert(event, delivery, self.d.settings.ack_timeout, self.d.clock.now_ms());
-        self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.d.metrics.delivered(pushed);
+        self.info.stats.delivered.fetch_add(pushed, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
     }
 
     pub(super) fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {
-        let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset }.to_id();
+        let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset };
         let mut frame = String::with_capacity(160 + event.payload.len());
-        write_event_frame(&mut frame, &id, topic.as_str(), attempt, event);
+        write_event_frame(&mut frame, id, topic.as_str(), attempt, event);
         self.out.push(Outbound::Text(frame));
-        self.d.metrics.deliveries.increment(1);
-        self.d.metrics.frame_out("event");
     }
 }
