@@ -55,7 +55,8 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                 }
             }
         };
-        let mut fed = new_batch(events.len());
+        // Sized for the room there is: with a full window a batch carries one event or a few.
+        let mut fed = new_batch(events.len().min(window.free_slots()));
         for event in events {
             if event.offset < next {
                 continue;
@@ -67,7 +68,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                     // The window is full: hand over what this batch has so far (the session
                     // cannot free room for events it has not seen), then wait.
                     if !fed.events.is_empty() {
-                        let full = std::mem::replace(&mut fed, new_batch(batch));
+                        let full = std::mem::replace(&mut fed, new_batch(0));
                         if tx.send(full).await.is_err() {
                             return;
                         }
