@@ -350,11 +350,17 @@ impl From<FrameError> for ServerFrame {
 /// whitespace, escapes, `req`) returns `None` and takes the general path, which accepts the same
 /// frames and more.
 fn parse_plain_ack(text: &str) -> Option<ClientFrame> {
+    plain_ack_id(text).map(|id| ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None })
+}
+
+/// The delivery id of the exact frame `{"op":"ack","delivery_id":"ID"}` (what clients send most),
+/// read in place; `None` for any other frame, which then takes the general parser.
+pub fn plain_ack_id(text: &str) -> Option<&str> {
     let id = text.strip_prefix(r#"{"op":"ack","delivery_id":""#)?.strip_suffix(r#""}"#)?;
     if id.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
         return None;
     }
-    Some(ClientFrame::Ack { delivery_ids: vec![id.to_string()], req: None })
+    Some(id)
 }
 
 /// Appends the decimal digits of `n`.

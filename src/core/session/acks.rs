@@ -18,40 +18,60 @@ use crate::core::offsets::{DeadLetter, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 
 impl Session {
-    pub(super) async fn ack(&mut self, ids: &[String], req: Option<Value>) -> Result<(), FrameError> {
+    /// `ids` are delivery ids: a `&[&str]` of one for the plain ack frame (no allocation on that
+    /// path, the most frequent frame of all), the parsed list otherwise.
+    pub(super) async fn ack<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
         let mut unknown = Vec::new();
-        let mut acked = Vec::with_capacity(ids.len());
+        let mut acked = 0u64;
         // Floor and last_acked of every touched partition before this ack, to see which moved
         // (a frame touches one or a few partitions: a list beats a map here).
         let mut touched: Vec<(TopicPartition, (u64, Option<u64>))> = Vec::new();
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-        let mut writes = Vec::new();
+        // A confirmed ack writes (and answers) on its own; the others join the batch submitted
+        // once per burst of frames (`submit_acked`).
+        let (mut confirmed_writes, mut confirmed_broker_acks) = (Vec::new(), Vec::new());
+        let (writes, broker_acks) = match req {
+            Some(_) => (&mut confirmed_writes, &mut confirmed_broker_acks),
+            None => (&mut self.acked.writes, &mut self.acked.broker_acks),
+        };
         let now_ms = self.d.clock.now_ms();
+        let metrics = &self.d.metrics;
         {
             let mut client = self.client.lock().unwrap();
             if self.access.topics.is_some() {
                 // A session that took over with a narrower token settles nothing outside it.
                 for id in ids {
-                    if let Some(topic) = DeliveryRef::parse(id).and_then(|d| client.topic_of(d.slot)).filter(|t| !self.access.allows(t.as_str())) {
+                    if let Some(topic) = DeliveryRef::parse(id.as_ref()).and_then(|d| client.topic_of(d.slot)).filter(|t| !self.access.allows(t.as_str())) {
                         return Err(forbidden(topic));
                     }
                 }
             }
             for id in ids {
+                let id = id.as_ref();
                 let Some(delivery) = DeliveryRef::parse(id) else {
-                    unknown.push(id.as_str());
+                    unknown.push(id);
                     continue;
                 };
                 let Some((tp, tracker)) = client.tracker_mut(delivery.event()) else {
-                    unknown.push(id.as_str());
+                    unknown.push(id);
                     continue;
                 };
                 let before = (tracker.floor(), tracker.last_acked());
                 match tracker.ack(delivery.offset, delivery.seq) {
-                    AckEffect::Acked => acked.push((tp.clone(), delivery.event())),
+                    AckEffect::Acked => {
+                        let event = delivery.event();
+                        if let Some(settled) = self.in_flight.remove(&event) {
+                            metrics.ack_latency.record(settled.delivered_at.elapsed().as_secs_f64());
+                        }
+                        if !self.nacked.is_empty() {
+                            self.nacked.remove(&event);
+                        }
+                        broker_acks.push((tp.clone(), event.offset));
+                        acked += 1;
+                    }
                     AckEffect::AlreadyAcked => {}
                     AckEffect::Unknown => {
-                        unknown.push(id.as_str());
+                        unknown.push(id);
                         continue;
                     }
                 }
@@ -78,35 +98,21 @@ impl Session {
                 }
             }
         }
-        let metrics = &self.d.metrics;
-        for (_, event) in &acked {
-            if let Some(delivery) = self.in_flight.get(event) {
-                metrics.ack_latency.record(delivery.delivered_at.elapsed().as_secs_f64());
-            }
-            self.in_flight.remove(event);
-            if !self.nacked.is_empty() {
-                self.nacked.remove(event);
-            }
-        }
-        metrics.acks.increment(acked.len() as u64);
+        metrics.acks.increment(acked);
         let stats = &self.info.stats;
-        stats.acked.fetch_add(acked.len() as u64, Ordering::Relaxed);
+        stats.acked.fetch_add(acked, Ordering::Relaxed);
         stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
-        if !acked.is_empty() {
+        if acked > 0 {
             stats.last_ack_at.store(now_ms, Ordering::Relaxed);
         }
-        let broker_acks: Vec<(TopicPartition, u64)> = acked.into_iter().map(|(tp, e)| (tp, e.offset)).collect();
         let valid = ids.len() - unknown.len();
         if let Some(req) = req.clone() {
             // Earlier unconfirmed acks go first, so the writer sees them in order.
             self.submit_acked().await;
-            self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            self.d.writer.write_durably(confirmed_writes, confirmed_broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
             if unknown.is_empty() {
                 self.send(ServerFrame::AckOk { req, committed });
             }
-        } else {
-            self.acked.writes.extend(writes);
-            self.acked.broker_acks.extend(broker_acks);
         }
         if unknown.is_empty() {
             Ok(())

@@ -24,7 +24,7 @@ use crate::core::window::Window;
 use crate::core::offset_writer::WriteRequest;
 use crate::core::names::TopicName;
 use crate::core::offsets::{touch_client_offsets, StoreError};
-use crate::core::protocol::{close_code, parse_client_frame, ClientFrame, ErrorCode, FrameError, ServerFrame};
+use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
 
 mod acks;
 mod subscriptions;
@@ -324,6 +324,13 @@ impl Session {
     }
 
     async fn on_text(&mut self, text: &str) -> Step {
+        if let Some(id) = plain_ack_id(text) {
+            self.d.metrics.frame_in("ack");
+            if let Err(e) = self.ack(&[id], None).await {
+                self.error(e);
+            }
+            return Step::Continue;
+        }
         let frame = match parse_client_frame(text) {
             Ok(frame) => {
                 self.d.metrics.frame_in(frame.kind());
