@@ -234,12 +234,8 @@ impl Dispatcher {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A delivery sequence number never used before on this instance.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// `n` consecutive delivery sequence numbers; returns the first.
+    /// `n` consecutive delivery sequence numbers never used before on this instance; returns the
+    /// first.
     pub fn next_seqs(&self, n: u64) -> u64 {
         self.next_seq.fetch_add(n, Ordering::Relaxed)
     }

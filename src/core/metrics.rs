@@ -10,6 +10,7 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, His
 pub const FRAMES_IN: [&str; 8] = ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "invalid"];
 /// Gateway frame kinds counted by `ackgate_ws_frames_total{direction="out"}`.
 pub const FRAMES_OUT: [&str; 7] = ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"];
+/// Index of "event" in `FRAMES_OUT` (counted per batch of deliveries, not looked up per frame).
 const EVENT_FRAME: usize = 3;
 
 /// Why an event was pushed again.
@@ -110,5 +111,15 @@ impl Metrics {
         if let Some(i) = FRAMES_OUT.iter().position(|k| *k == kind) {
             self.frames_out[i].increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_frame_index_names_the_event_kind() {
+        assert_eq!(FRAMES_OUT[EVENT_FRAME], "event");
     }
 }

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::backend::{BackendError, Event, LogBackend, ReadFrom};
 use super::names::{TopicName, TopicPartition};
+use super::waiting::WaitingGuard;
 
 /// How long one long poll of the backend waits for new events.
 const PULL_WAIT: Duration = Duration::from_millis(500);
@@ -126,23 +127,6 @@ impl PartitionReader {
         }
         drop(buffer);
         self.pulled.notify_waiters();
-    }
-}
-
-/// Counts a subscriber waiting at the end for as long as it waits, even when its wait is
-/// cancelled (an unsubscribe drops the future mid-await).
-struct WaitingGuard<'a>(&'a AtomicUsize);
-
-impl<'a> WaitingGuard<'a> {
-    fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Self(counter)
-    }
-}
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use super::waiting::WaitingGuard;
+
 /// Room is counted with two atomics and one compare-and-swap each, not with semaphores: a
 /// semaphore's release takes its waiter lock on every event (it was ~5% of a busy session's CPU).
 pub struct Window {
@@ -99,7 +101,7 @@ impl Window {
         let cost = self.cost(payload_len);
         let budget = &self.budget;
         if !budget.try_take(cost) {
-            let _waiting = Waiting::new(&budget.waiting);
+            let _waiting = WaitingGuard::new(&budget.waiting);
             loop {
                 let freed = budget.freed.notified();
                 tokio::pin!(freed);
@@ -121,22 +123,6 @@ impl Window {
     /// True when nothing more can be pushed: every slot taken, or a feeder waits for room.
     pub fn is_full(&self) -> bool {
         self.free_slots() == 0 || self.budget.waiting.load(Ordering::Relaxed) > 0
-    }
-}
-
-/// Counts a feeder as waiting for as long as its wait lasts, also when it is cancelled.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Self(counter)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -198,7 +198,7 @@ impl Session {
             self.dead_letter(&topic, event, attempt, "max_attempts".into()).await;
             return;
         }
-        let seq = self.d.next_seq();
+        let seq = self.d.next_seqs(1);
         let tp = TopicPartition::new(topic.clone(), event.partition);
         let next_attempt = self.client.lock().unwrap().trackers.get_mut(&tp).and_then(|t| t.on_delivery(event.offset, seq));
         let Some(next_attempt) = next_attempt else {
