@@ -20,7 +20,8 @@
 //!     deliveries fed to it; `session::acks`: acks, redelivery, dead letters);
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
-//!   - `rendezvous`: which instance a client should use.
+//!   - `rendezvous`: which instance a client should use; `waiting`: a cancel-safe count of
+//!     waiters (readers, window); `FastMap`/`FastSet`: foldhash maps for the per-event path.
 //! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
 //! - `backend`: `LogBackend` implementations (`embedded`, `kafka`, `rocketmq`) and the pull
 //!   checkpoint file.
