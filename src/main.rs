@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 
 // The gateway allocates a little per frame and per event; mimalloc halves what glibc's malloc
-// costs on that path (malloc/free were ~17% of a profile at full load).
+// costs on that path (malloc/free were ~17% of a profile at full load). The `system-allocator`
+// feature keeps glibc's malloc, so that heap profilers which hook malloc (heaptrack) see every
+// allocation: README, Performance, "Where the memory goes".
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
