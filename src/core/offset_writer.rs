@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::LogBackend;
@@ -79,10 +80,18 @@ impl OffsetWriter {
     /// Queues a request; fails only when the writer has stopped (shutdown).
     pub async fn submit(&self, request: WriteRequest) -> Result<(), String> {
         self.queued.fetch_add(1, Ordering::SeqCst);
-        self.tx.send(request).await.map_err(|_| {
+        // Room in the queue is the common case. Waiting for room is boxed: a session's future
+        // holds every future it awaits, and every session, idle or not, would carry this one.
+        let sent = match self.tx.try_send(request) {
+            Ok(()) => true,
+            Err(TrySendError::Full(request)) => Box::pin(self.tx.send(request)).await.is_ok(),
+            Err(TrySendError::Closed(_)) => false,
+        };
+        if !sent {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            "offset writer stopped".to_string()
-        })
+            return Err("offset writer stopped".to_string());
+        }
+        Ok(())
     }
 
     /// Writes and returns once the write is durable. With nothing queued for the writer thread,

@@ -106,13 +106,9 @@ impl Session {
             stats.last_ack_at.store(now_ms, Ordering::Relaxed);
         }
         let valid = ids.len() - unknown.len();
-        if let Some(req) = req.clone() {
-            // Earlier unconfirmed acks go first, so the writer sees them in order.
-            self.submit_acked().await;
-            self.d.writer.write_durably(confirmed_writes, confirmed_broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
-            if unknown.is_empty() {
-                self.send(ServerFrame::AckOk { req, committed });
-            }
+        if let Some(req) = req {
+            // Boxed, as every rare await of a session (see `on_text`).
+            Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, committed, unknown.is_empty())).await?;
         }
         if unknown.is_empty() {
             Ok(())
@@ -122,6 +118,24 @@ impl Session {
                 format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", ")),
             ))
         }
+    }
+
+    /// The durable half of an ack with `req`: `ack_ok` (when every id was known) once its writes
+    /// are durable. Earlier unconfirmed acks go first, so the writer sees them in order.
+    async fn confirm_ack(
+        &mut self,
+        req: Value,
+        writes: Vec<OffsetWrite>,
+        broker_acks: Vec<(TopicPartition, u64)>,
+        committed: BTreeMap<String, BTreeMap<String, u64>>,
+        all_known: bool,
+    ) -> Result<(), FrameError> {
+        self.submit_acked().await;
+        self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        if all_known {
+            self.send(ServerFrame::AckOk { req, committed });
+        }
+        Ok(())
     }
 
     /// Submits the writes of acks without `req` collected so far (one request per batch of frames).
@@ -178,7 +192,7 @@ impl Session {
             Some(current) => (current.topic.clone(), current.attempt),
             None => return Ok(()),
         };
-        self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into())).await;
+        Box::pin(self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into()))).await;
         Ok(())
     }
 
@@ -195,7 +209,7 @@ impl Session {
         let Some(current) = self.in_flight.get(&event) else { return };
         let (topic, attempt, payload) = (current.topic.clone(), current.attempt, current.event.clone());
         if attempt >= self.d.settings.max_attempts {
-            self.dead_letter(&topic, event, attempt, "max_attempts".into()).await;
+            Box::pin(self.dead_letter(&topic, event, attempt, "max_attempts".into())).await;
             return;
         }
         let seq = self.d.next_seqs(1);
@@ -212,7 +226,8 @@ impl Session {
         self.d.metrics.redelivered(reason);
     }
 
-    /// Gives up on an event: records the dead letter, then counts it as acknowledged.
+    /// Gives up on an event: records the dead letter, then counts it as acknowledged. Rare: its
+    /// callers box it, so that its awaits are not part of every session's future.
     pub(super) async fn dead_letter(&mut self, topic: &TopicName, event: EventRef, attempts: u32, reason: String) {
         let now_ms = self.d.clock.now_ms();
         let dead = DeadLetter {

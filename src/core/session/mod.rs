@@ -18,7 +18,7 @@ use crate::core::access::Access;
 use crate::core::{FastMap, FastSet};
 use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionControl, SessionInfo};
-use crate::core::feeder::Fed;
+use crate::core::feeder::FedBatch;
 use crate::core::in_flight::InFlightWindow;
 use crate::core::window::Window;
 use crate::core::offset_writer::WriteRequest;
@@ -74,7 +74,7 @@ struct Session {
     window: Arc<Window>,
     subscriptions: FastMap<TopicName, Subscription>,
     in_flight: InFlightWindow,
-    feed_tx: mpsc::Sender<Fed>,
+    feed_tx: mpsc::Sender<FedBatch>,
     next_subscription: u64,
     window_full_since: Option<Instant>,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
@@ -331,6 +331,13 @@ impl Session {
             }
             return Step::Continue;
         }
+        // Boxed, as every rare await of a session: a session's future is as large as its largest
+        // await, and every session, idle or not, carries it (README "Where the memory goes").
+        // Frames other than the plain ack are rare or carry many ids.
+        Box::pin(self.on_frame(text)).await
+    }
+
+    async fn on_frame(&mut self, text: &str) -> Step {
         let frame = match parse_client_frame(text) {
             Ok(frame) => {
                 self.d.metrics.frame_in(frame.kind());

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{Outbound, Session, Subscription};
 use crate::core::backend::Event;
 use crate::core::client_state::{DeliveryRef, EventRef};
-use crate::core::feeder::{feed_partition, FeedPlan, Fed};
+use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
@@ -83,7 +83,8 @@ impl Session {
 
     /// A batch of one partition's events becoming in-flight deliveries and `event` frames: one
     /// client-state lock, one block of sequence numbers and one clock read for the batch.
-    pub(super) async fn on_fed(&mut self, fed: Fed) {
+    pub(super) async fn on_fed(&mut self, fed: FedBatch) {
+        let fed = *fed;
         let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
             return; // from a subscription that has ended
         };
@@ -107,7 +108,7 @@ impl Session {
             };
             if attempt > max_attempts {
                 drop(permit);
-                self.dead_letter(&fed.topic, at, attempt - 1, "max_attempts".into()).await;
+                Box::pin(self.dead_letter(&fed.topic, at, attempt - 1, "max_attempts".into())).await;
                 continue;
             }
             self.push_event(&fed.topic, seq, attempt, &event, at);
