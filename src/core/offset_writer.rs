@@ -175,3 +175,106 @@ fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, applier: Arc<Applier>, queue
         tracing::error!(error = %e, "offset store flush at shutdown failed");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+    use crate::core::names::{ClientId, OffsetKey, TopicName};
+    use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, StoreError, SystemClock};
+    use crate::store::memory::MemoryOffsetStore;
+
+    /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.
+    struct GatedStore {
+        inner: MemoryOffsetStore,
+        gate: Mutex<()>,
+    }
+
+    impl OffsetStore for GatedStore {
+        fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
+            self.inner.read(key)
+        }
+        fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
+            let _open = self.gate.lock().unwrap();
+            self.inner.write_offsets(writes)
+        }
+        fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
+            self.inner.scan_each(filter, visit)
+        }
+        fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+            self.inner.reset(key, committed, now)
+        }
+        fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
+            self.inner.topic_generation(topic)
+        }
+        fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
+            self.inner.remove_topic(topic)
+        }
+        fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+            self.inner.touch(keys, now)
+        }
+        fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+            self.inner.remove(keys)
+        }
+        fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
+            self.inner.record_dead_letter(dead)
+        }
+        fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
+            self.inner.dead_letters(query)
+        }
+        fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
+            self.inner.remove_dead_letters(topic)
+        }
+        fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
+            self.inner.remove_dead_letters_before(at_ms)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            self.inner.flush()
+        }
+    }
+
+    fn write(client: &str, committed: u64) -> WriteRequest {
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse(client).unwrap(), 0);
+        WriteRequest { writes: vec![OffsetWrite { key, committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0 }], broker_acks: Vec::new(), done: None }
+    }
+
+    /// `submit` with the queue full waits for room (the boxed path) and loses nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn submit_waits_for_room_when_the_queue_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
+        let backend = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(SystemClock)).unwrap());
+        let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()) });
+        let (writer, thread) = OffsetWriter::start(store.clone(), backend, 1, false);
+        let writer = Arc::new(writer);
+        let closed = store.gate.lock().unwrap();
+        // The writer thread takes the first request and waits at the gate; the second fills the
+        // queue of one; the third finds it full.
+        writer.submit(write("a", 5)).await.unwrap();
+        while writer.queued.load(Ordering::SeqCst) != 1 || writer.tx.capacity() != 1 {
+            tokio::task::yield_now().await;
+        }
+        writer.submit(write("b", 6)).await.unwrap();
+        assert_eq!(writer.tx.capacity(), 0, "the queue is full");
+        let third = tokio::spawn({
+            let writer = writer.clone();
+            async move { writer.submit(write("c", 7)).await }
+        });
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!third.is_finished(), "a submit to a full queue waits for room");
+        drop(closed);
+        third.await.unwrap().unwrap();
+        writer.barrier().await.unwrap();
+        for (client, committed) in [("a", 5), ("b", 6), ("c", 7)] {
+            let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse(client).unwrap(), 0);
+            assert_eq!(store.read(&key).unwrap().map(|r| r.committed), Some(committed), "write of {client}");
+        }
+        assert_eq!(writer.queued.load(Ordering::SeqCst), 0);
+        drop(Arc::into_inner(writer).unwrap());
+        thread.join().unwrap();
+    }
+}
