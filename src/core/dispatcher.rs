@@ -5,14 +5,14 @@
 //! and the rules that pick where a subscription starts. Sessions themselves run in
 //! `core::session`, one task each.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -70,6 +70,48 @@ pub enum SessionControl {
     Describe(tokio::sync::oneshot::Sender<Vec<InFlightView>>),
 }
 
+/// A session's queue of `SessionControl` messages and its wake-up. Not a tokio channel: one of
+/// those allocates ~1 KiB per session up front (heaptrack, README "Where the memory goes") for
+/// messages that almost never come.
+pub struct ControlInbox {
+    /// `None` once the session stopped reading it.
+    queue: Mutex<Option<VecDeque<SessionControl>>>,
+    wake: Notify,
+}
+
+impl ControlInbox {
+    fn new() -> Self {
+        Self { queue: Mutex::new(Some(VecDeque::new())), wake: Notify::new() }
+    }
+
+    /// False when the session no longer reads its messages.
+    pub fn send(&self, message: SessionControl) -> bool {
+        match self.queue.lock().unwrap().as_mut() {
+            Some(queue) => queue.push_back(message),
+            None => return false,
+        }
+        self.wake.notify_one();
+        true
+    }
+
+    /// The next message. Cancel-safe: a message is taken only in the poll that returns it.
+    pub async fn recv(&self) -> SessionControl {
+        loop {
+            // A `send` between this check and the wait leaves a permit in `wake`: not lost.
+            if let Some(message) = self.queue.lock().unwrap().as_mut().and_then(VecDeque::pop_front) {
+                return message;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// The session stopped reading: later sends fail, and queued messages are dropped (a
+    /// waiting `Describe` is answered "gone" at once).
+    pub fn close(&self) {
+        self.queue.lock().unwrap().take();
+    }
+}
+
 /// One in-flight delivery as the admin routes show it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct InFlightView {
@@ -107,13 +149,13 @@ pub struct SessionInfo {
 
 struct SessionEntry {
     info: Arc<SessionInfo>,
-    control: mpsc::UnboundedSender<SessionControl>,
+    control: Arc<ControlInbox>,
 }
 
 /// What a new session gets from `Dispatcher::register`.
 pub struct Registration {
     pub info: Arc<SessionInfo>,
-    pub control: mpsc::UnboundedReceiver<SessionControl>,
+    pub control: Arc<ControlInbox>,
     pub client: Arc<Mutex<ClientState>>,
 }
 
@@ -252,7 +294,7 @@ impl Dispatcher {
             ));
         }
         if let Some(old) = replaces.and_then(|id| registry.sessions.remove(&id)) {
-            let _ = old.control.send(SessionControl::TakenOver);
+            old.control.send(SessionControl::TakenOver);
             tracing::info!(client_id = %client_id, old_session = %old.info.session_id, "session taken over");
         }
         let n = self.next_session.fetch_add(1, Ordering::Relaxed);
@@ -265,8 +307,8 @@ impl Dispatcher {
             stats: SessionStats::default(),
             subscriptions: Mutex::new(Vec::new()),
         });
-        let (tx, control) = mpsc::unbounded_channel();
-        registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: tx });
+        let control = Arc::new(ControlInbox::new());
+        registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: control.clone() });
         registry.by_client.insert(client_id.clone(), session_id);
         if let Some(since) = registry.offline_since.remove(&client_id) {
             registry.offline.remove(&since);
@@ -320,7 +362,7 @@ impl Dispatcher {
 
     /// Sends a control message; false when no such session is live.
     pub fn control(&self, session_id: &str, message: SessionControl) -> bool {
-        self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message).is_ok())
+        self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message))
     }
 
     /// Counts a new subscriber of `topic`, within `limits.max_clients_per_topic`.
@@ -481,4 +523,33 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
 
 pub fn store_frame_error(e: StoreError) -> FrameError {
     FrameError::new(ErrorCode::Unavailable, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn control_inbox_delivers_in_order_and_drops_what_a_closed_session_leaves() {
+        let inbox = Arc::new(ControlInbox::new());
+        // Sent before anyone waits: kept, in order.
+        assert!(inbox.send(SessionControl::Disconnect));
+        assert!(inbox.send(SessionControl::TakenOver));
+        assert!(matches!(inbox.recv().await, SessionControl::Disconnect));
+        assert!(matches!(inbox.recv().await, SessionControl::TakenOver));
+        // Sent while the session waits: wakes it.
+        let waiting = tokio::spawn({
+            let inbox = inbox.clone();
+            async move { matches!(inbox.recv().await, SessionControl::TakenOver) }
+        });
+        tokio::task::yield_now().await;
+        assert!(inbox.send(SessionControl::TakenOver));
+        assert!(waiting.await.unwrap());
+        // Closed: a queued Describe is dropped (its asker hears "gone" at once), later sends fail.
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        assert!(inbox.send(SessionControl::Describe(reply)));
+        inbox.close();
+        assert!(answer.await.is_err());
+        assert!(!inbox.send(SessionControl::Disconnect));
+    }
 }

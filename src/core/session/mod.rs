@@ -92,7 +92,7 @@ where
     I: Stream<Item = Inbound> + Unpin,
     O: Sink<Outbound> + Unpin,
 {
-    let Registration { info, mut control, client } = registration;
+    let Registration { info, control, client } = registration;
     let (feed_tx, mut feed_rx) = mpsc::channel(FEED_BATCHES_QUEUED);
     let mut s = Session {
         window: Arc::new(Window::new(d.settings.max_in_flight, d.settings.max_in_flight_bytes)),
@@ -164,7 +164,7 @@ where
             biased;
             _ = &mut shutting_down => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
             _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
-            Some(message) = control.recv() => s.on_control(message),
+            message = control.recv() => s.on_control(message),
             frame = inbound.next() => {
                 let mut step = s.on_inbound(frame).await;
                 // Frames already read are handled together: their acks become one write request.
@@ -211,6 +211,7 @@ where
             }
         }
     }
+    control.close();
     let released = s.in_flight.len();
     s.cancel.cancel();
     // Every offset write of this session is durable before the client counts as offline (and
