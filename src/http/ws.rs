@@ -64,11 +64,18 @@ pub async fn upgrade(
         .max_frame_size(max_frame)
         .read_buffer_size(app.config.limits.ws_read_buffer_bytes)
         .on_upgrade(move |socket| async move {
-        // Counted by the shutdown drain until the session ends.
-        let _running = app.dispatcher.tasks.token();
         match app.dispatcher.register(client_id, remote) {
-            Ok(registration) => serve_socket(app, registration, access, socket).await,
-            Err(e) => refuse(socket, e.code, e.message).await,
+            // A task of its own, counted by the shutdown drain until the session ends: the
+            // upgrade task (axum's future around this one) then ends at once instead of living
+            // as long as the session (README "Where the memory goes").
+            Ok(registration) => {
+                let tasks = app.dispatcher.tasks.clone();
+                tasks.spawn(serve_socket(app, registration, access, socket));
+            }
+            Err(e) => {
+                let _running = app.dispatcher.tasks.token();
+                refuse(socket, e.code, e.message).await
+            }
         }
     })
 }
