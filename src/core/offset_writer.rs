@@ -190,6 +190,8 @@ mod tests {
     struct GatedStore {
         inner: MemoryOffsetStore,
         gate: Mutex<()>,
+        /// Writes begun: the writer thread is past taking its batch once this is 1.
+        entered: AtomicUsize,
     }
 
     impl OffsetStore for GatedStore {
@@ -197,6 +199,7 @@ mod tests {
             self.inner.read(key)
         }
         fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
             let _open = self.gate.lock().unwrap();
             self.inner.write_offsets(writes)
         }
@@ -246,16 +249,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
         let backend = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(SystemClock)).unwrap());
-        let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()) });
+        let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()), entered: AtomicUsize::new(0) });
         let (writer, thread) = OffsetWriter::start(store.clone(), backend, 1, false);
         let writer = Arc::new(writer);
         let closed = store.gate.lock().unwrap();
         // The writer thread takes the first request and waits at the gate; the second fills the
         // queue of one; the third finds it full.
         writer.submit(write("a", 5)).await.unwrap();
-        while writer.queued.load(Ordering::SeqCst) != 1 || writer.tx.capacity() != 1 {
+        // Until the thread waits at the gate it may still take more requests into its batch.
+        while store.entered.load(Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
+        assert_eq!(writer.tx.capacity(), 1);
         writer.submit(write("b", 6)).await.unwrap();
         assert_eq!(writer.tx.capacity(), 0, "the queue is full");
         let third = tokio::spawn({
