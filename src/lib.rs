@@ -18,6 +18,7 @@
 //!     (events and bytes) and its deliveries' ack deadlines;
 //!   - `session`: one task per WebSocket session (`session::subscriptions`: subscribe and the
 //!     deliveries fed to it; `session::acks`: acks, redelivery, dead letters);
+//!     `session_control`: messages to a session from outside it, and its inbox;
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
 //!   - `rendezvous`: which instance a client should use; `waiting`: a cancel-safe count of

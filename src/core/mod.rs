@@ -14,6 +14,7 @@ pub mod offset_writer;
 pub mod reader;
 pub mod rendezvous;
 pub mod session;
+pub mod session_control;
 pub mod waiting;
 pub mod window;
 pub mod backend;
