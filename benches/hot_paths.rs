@@ -29,6 +29,7 @@ fn frames(c: &mut Criterion) {
         timestamp: 1_764_000_000_000,
         key: Some("order-42".into()),
         headers: vec![("source".into(), "bench".into())],
+        headers_base64: Vec::new(),
         payload: format!(r#"{{"p":"{}"}}"#, "x".repeat(92)).into_bytes(),
         payload_is_json: true,
     };

@@ -42,6 +42,24 @@ pub struct ServerConfig {
     pub tls_key: String,
     /// A TLS handshake not finished after this closes the connection.
     pub tls_handshake_timeout_ms: u64,
+    /// Origins (`scheme://host[:port]`) whose pages may open sessions and call POST, PUT and
+    /// DELETE routes, besides the gateway's own, its `public_url` and the `cluster.peers`
+    /// instances; `"*"` allows any.
+    pub allowed_origins: Vec<String>,
+    /// Host names (or `host:port`) requests may be addressed to. On a loopback listener
+    /// `localhost`, `127.0.0.1`, `[::1]` and the `public_url` host are always allowed and any other
+    /// host is refused (DNS rebinding); elsewhere the check applies only when this is set.
+    pub allowed_hosts: Vec<String>,
+    /// A connection that has not sent a whole request head this long after it was accepted (or,
+    /// between requests, after the head's first byte) is closed.
+    pub header_read_timeout_ms: u64,
+    /// A keep-alive connection with no request for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// The gateway pings each WebSocket this often; 0 = never.
+    pub ws_ping_interval_ms: u64,
+    /// A WebSocket from which nothing (a pong or a frame) arrived for this long is a dead peer:
+    /// its session ends and its deliveries are released.
+    pub ws_pong_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +73,12 @@ impl Default for ServerConfig {
             tls_cert: String::new(),
             tls_key: String::new(),
             tls_handshake_timeout_ms: 10_000,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            ws_ping_interval_ms: 25_000,
+            ws_pong_timeout_ms: 60_000,
         }
     }
 }
@@ -204,11 +228,13 @@ pub struct DeliveryConfig {
     pub max_attempts: u32,
     /// Where a client without a stored offset starts: `earliest` or `latest`.
     pub reset_policy: String,
-    /// A session whose in-flight window stays full this long is closed with 4003, and one whose
-    /// socket takes no writes this long is dropped; 0 = never.
+    /// A session whose in-flight window stays full with no ack or term arriving for this long is
+    /// closed with 4003, and one whose socket takes no writes this long is dropped; 0 = never.
     pub slow_client_timeout_ms: u64,
     /// Events each partition reader keeps in memory for its subscribers.
     pub reader_buffer_events: usize,
+    /// Payload bytes each partition reader keeps in memory at most (the newest event always).
+    pub reader_buffer_bytes: usize,
     /// Events read from the log in one go.
     pub fetch_batch: usize,
 }
@@ -223,6 +249,7 @@ impl Default for DeliveryConfig {
             reset_policy: "earliest".into(),
             slow_client_timeout_ms: 300_000,
             reader_buffer_events: 10_000,
+            reader_buffer_bytes: 64 << 20,
             fetch_batch: 256,
         }
     }
@@ -256,6 +283,11 @@ pub struct LimitsConfig {
     pub close_drain_ms: u64,
     /// ...and at most this many bytes.
     pub close_drain_bytes: usize,
+    /// Open connections (HTTP and WebSocket), lowered at start to what the open-files limit
+    /// allows; beyond it a new connection gets 503 `unavailable` before anything is read.
+    pub max_connections: usize,
+    /// Open connections from one IP address; 0 = no limit. Beyond it 429 `limit_exceeded`.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for LimitsConfig {
@@ -271,6 +303,8 @@ impl Default for LimitsConfig {
             max_offline_clients: 10_000,
             close_drain_ms: 1000,
             close_drain_bytes: 67_108_864,
+            max_connections: 100_000,
+            max_connections_per_ip: 0,
         }
     }
 }
@@ -295,7 +329,28 @@ pub struct AuthConfig {
     /// Bearer token for `/admin/*`, publishing, and creating or deleting topics; empty = no auth.
     pub admin_token: String,
     /// HS256 secret for `/ws` tokens (`sub` = client_id, optional `exp` and `topics`); empty = no auth.
+    /// At least 32 bytes.
     pub jwt_secret: String,
+    /// A `server.listen` off loopback refuses to start while `admin_token` or `jwt_secret` is
+    /// empty, unless this is true (then it starts with a warning).
+    pub allow_anonymous: bool,
+    /// When set, a token's `aud` must contain it.
+    pub jwt_audience: String,
+    /// When set, a token's `iss` must equal it.
+    pub jwt_issuer: String,
+    /// When set (seconds), a token needs an `exp` at most this far ahead; 0 = off.
+    pub jwt_max_lifetime_secs: u64,
+}
+
+/// The smallest `auth.jwt_secret`: an HS256 key shorter than the hash is guessable offline from
+/// any one token.
+pub const MIN_JWT_SECRET_BYTES: usize = 32;
+
+impl ServerConfig {
+    /// True when `listen` is a loopback address (only this machine can connect).
+    pub fn listens_on_loopback(&self) -> bool {
+        self.listen.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -343,6 +398,22 @@ impl Config {
         }
         if self.server.tls_cert.is_empty() != self.server.tls_key.is_empty() {
             problems.push("server.tls_cert and server.tls_key are set together (both PEM paths) or not at all".into());
+        }
+        if !self.server.listens_on_loopback() && (self.auth.admin_token.is_empty() || self.auth.jwt_secret.is_empty()) && !self.auth.allow_anonymous {
+            problems.push(format!(
+                "server.listen {:?} is not a loopback address, and auth.admin_token or auth.jwt_secret is empty: anyone who can reach it could \
+                 read, publish, reset offsets and act as any client. Set both keys, or set auth.allow_anonymous = true to serve without them \
+                 (README, \"Before you expose it\")",
+                self.server.listen
+            ));
+        }
+        if !self.auth.jwt_secret.is_empty() && self.auth.jwt_secret.len() < MIN_JWT_SECRET_BYTES {
+            problems.push(format!("auth.jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.auth.jwt_secret.len()));
+        }
+        for origin in &self.server.allowed_origins {
+            if origin != "*" && crate::http::exposure::parse_origin(origin).is_none() {
+                problems.push(format!("server.allowed_origins: {origin:?} is not \"*\" or scheme://host[:port]"));
+            }
         }
         if self.server.tls_handshake_timeout_ms == 0 {
             problems.push("server.tls_handshake_timeout_ms must be at least 1".into());
@@ -410,6 +481,7 @@ impl Config {
             ("delivery.max_in_flight_bytes", self.delivery.max_in_flight_bytes as u64),
             ("delivery.max_attempts", self.delivery.max_attempts as u64),
             ("delivery.reader_buffer_events", self.delivery.reader_buffer_events as u64),
+            ("delivery.reader_buffer_bytes", self.delivery.reader_buffer_bytes as u64),
             ("delivery.fetch_batch", self.delivery.fetch_batch as u64),
             ("limits.max_frame_bytes", self.limits.max_frame_bytes as u64),
             ("limits.ws_read_buffer_bytes", self.limits.ws_read_buffer_bytes as u64),
@@ -418,6 +490,10 @@ impl Config {
             ("limits.max_sessions", self.limits.max_sessions as u64),
             ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
             ("limits.max_clients_per_topic", self.limits.max_clients_per_topic as u64),
+            ("limits.max_connections", self.limits.max_connections as u64),
+            ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.idle_timeout_ms", self.server.idle_timeout_ms),
+            ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -438,6 +514,11 @@ impl Config {
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
             ("delivery.slow_client_timeout_ms", self.delivery.slow_client_timeout_ms),
             ("limits.close_drain_ms", self.limits.close_drain_ms),
+            ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.idle_timeout_ms", self.server.idle_timeout_ms),
+            ("server.ws_ping_interval_ms", self.server.ws_ping_interval_ms),
+            ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
+            ("auth.jwt_max_lifetime_secs (as ms)", self.auth.jwt_max_lifetime_secs.saturating_mul(1000)),
         ];
         for (key, value) in periods {
             if value > MAX_PERIOD_MS {
@@ -461,6 +542,9 @@ impl Config {
         }
         if self.embedded.default_partitions > 10_000 {
             problems.push("embedded.default_partitions must be at most 10000".into());
+        }
+        if self.server.ws_ping_interval_ms != 0 && self.server.ws_ping_interval_ms >= self.server.ws_pong_timeout_ms {
+            problems.push("server.ws_ping_interval_ms must be below server.ws_pong_timeout_ms (a healthy peer answers each ping)".into());
         }
         if self.delivery.max_in_flight > 1_000_000 {
             problems.push("delivery.max_in_flight must be at most 1000000".into());

@@ -1,7 +1,7 @@
 //! Wiring: open the stores, align the pull layer, bind the listener (`Gateway::build`), then serve
 //! until shutdown and drain (`Gateway::run`).
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -21,8 +21,10 @@ use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
-use crate::http::lingering::{Linger, LingeringListener, PeerAddr};
-use crate::http::tls::{Tls, TlsListener};
+use crate::http::connections::{connection_capacity, raise_descriptor_limit, serve, ConnectionLimits};
+use crate::http::exposure::Exposure;
+use crate::http::lingering::Linger;
+use crate::http::tls::Tls;
 use crate::http::{router, AppState};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
@@ -107,7 +109,10 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,
         reader_buffer_events: d.reader_buffer_events,
+        reader_buffer_bytes: d.reader_buffer_bytes,
         fetch_batch: d.fetch_batch,
+        ping_interval: Duration::from_millis(config.server.ws_ping_interval_ms),
+        pong_timeout: Duration::from_millis(config.server.ws_pong_timeout_ms),
     }
 }
 
@@ -189,7 +194,23 @@ impl Gateway {
         };
         let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
         let cluster = Arc::new(Cluster::new(this, &config.cluster.peers));
-        let app = AppState { dispatcher, config: Arc::new(config), cluster };
+        if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || config.auth.jwt_secret.is_empty()) {
+            // Only reachable with auth.allow_anonymous = true (validate refuses it otherwise).
+            tracing::warn!(
+                listen = %config.server.listen,
+                admin_token = !config.auth.admin_token.is_empty(),
+                jwt_secret = !config.auth.jwt_secret.is_empty(),
+                "serving off loopback without full auth (auth.allow_anonymous = true): anyone who can reach this address can act as any client"
+            );
+        }
+        if !config.cluster.peers.is_empty() && config.server.public_url.is_empty() {
+            // Rendezvous hashing ranks instances by their URL strings: a default public_url
+            // (`http://<listen>`, e.g. 0.0.0.0) differs from how peers name this instance, so the
+            // instances disagree on where each client belongs.
+            tracing::warn!(default = %format!("http://{local_addr}"), "cluster.peers is set but server.public_url is not: set it to the URL the peers list for this instance");
+        }
+        let exposure = Arc::new(Exposure::from_config(&config));
+        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 
@@ -211,19 +232,24 @@ impl Gateway {
         let local_addr = listener.local_addr()?;
         spawn_background(&app, &backend);
         let linger = Linger { grace: Duration::from_millis(config.limits.close_drain_ms), max_bytes: config.limits.close_drain_bytes };
-        let listener = LingeringListener::new(listener, linger);
-        let service = router(app.clone()).into_make_service_with_connect_info::<PeerAddr>();
-        let stop_serving = cancel.clone();
-        let stopped = async move { stop_serving.cancelled().await };
-        let server = match &tls {
-            None => tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stopped).into_future()),
-            Some(tls) => {
-                let handshake_timeout = Duration::from_millis(config.server.tls_handshake_timeout_ms);
-                reload_tls_on_sighup(tls.clone(), cancel.clone())?;
-                let listener = TlsListener::new(listener, tls.clone(), handshake_timeout)?;
-                tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stopped).into_future())
-            }
+        let descriptors = raise_descriptor_limit();
+        let limits = ConnectionLimits {
+            max_connections: connection_capacity(config.limits.max_connections, descriptors),
+            max_per_ip: config.limits.max_connections_per_ip,
+            header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(config.server.idle_timeout_ms),
+            tls_handshake_timeout: Duration::from_millis(config.server.tls_handshake_timeout_ms),
+            linger,
         };
+        tracing::info!(
+            max_connections = limits.max_connections,
+            configured = config.limits.max_connections,
+            open_files_limit = descriptors,
+            max_connections_per_ip = limits.max_per_ip,
+            "connection capacity"
+        );
+        reload_tls_on_sighup(tls.clone(), cancel.clone())?;
+        let server = tokio::spawn(serve(listener, tls.clone(), router(app.clone()), limits, app.connections.clone(), cancel.clone()));
         tracing::info!(%local_addr, instance = %app.dispatcher.instance, tls = tls.is_some(), "ackgate listening");
         tokio::select! {
             _ = shutdown => {}
@@ -274,8 +300,9 @@ impl Gateway {
 /// Pull checkpoint, metrics upkeep, peer probes, offset retention sweep and log retention, each
 /// until shutdown.
 /// SIGHUP reads the certificate and key again (rotation without a restart); sessions and other
-/// open connections keep the certificate they were opened with.
-fn reload_tls_on_sighup(tls: Arc<Tls>, cancel: CancellationToken) -> anyhow::Result<()> {
+/// open connections keep the certificate they were opened with. Without TLS it is logged and
+/// ignored: a stray `kill -HUP` (log rotation scripts send it) must never stop a gateway.
+fn reload_tls_on_sighup(tls: Option<Arc<Tls>>, cancel: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tokio::spawn(async move {
@@ -284,9 +311,10 @@ fn reload_tls_on_sighup(tls: Arc<Tls>, cancel: CancellationToken) -> anyhow::Res
                 _ = hangup.recv() => {}
                 _ = cancel.cancelled() => return,
             }
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded; new connections use them"),
-                Err(e) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS reload failed; the previous certificate stays in use"),
+            match tls.as_ref().map(|tls| tls.reload()) {
+                None => tracing::info!("SIGHUP ignored: no TLS certificate to reload"),
+                Some(Ok(())) => tracing::info!("SIGHUP: TLS certificate and key reloaded; new connections use them"),
+                Some(Err(e)) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS reload failed; the previous certificate stays in use"),
             }
         }
     });

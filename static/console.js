@@ -1,6 +1,9 @@
 // The console page: wires the form controls to an AckgateClient and polls the admin routes.
 import { AckgateClient } from "./ackgate.js";
 
+/** Rows the events table keeps (the newest first); older ones are dropped. */
+const MAX_EVENT_ROWS = 500;
+
 const $ = (id) => document.getElementById(id);
 let client = null;
 
@@ -75,7 +78,10 @@ function showEvent(event) {
     settle(row, "termed");
   });
   row.append(actions);
-  $("events").tBodies[0].prepend(row);
+  const body = $("events").tBodies[0];
+  body.prepend(row);
+  // A busy topic must not grow the page without bound: the newest rows stay.
+  while (body.rows.length > MAX_EVENT_ROWS) body.deleteRow(-1);
   if ($("auto-ack").checked) actions.querySelector("button.ack").click();
 }
 

@@ -84,7 +84,8 @@ pub async fn align_pull_offsets_to_ack(
                     }
                 }
             };
-            backend.seek(&tp, cursor.clamp(bounds.log_start, bounds.log_end));
+            // Not `clamp`: it panics on bounds a broker answered inverted.
+            backend.seek(&tp, cursor.min(bounds.log_end).max(bounds.log_start));
         }
     }
     Ok(report)

@@ -20,6 +20,9 @@ pub struct Event {
     pub timestamp: u64,
     pub key: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// Headers whose value is not UTF-8 (a Kafka producer may write any bytes); the event frame
+    /// carries them base64-encoded in `headers_base64`.
+    pub headers_base64: Vec<(String, Vec<u8>)>,
     pub payload: Vec<u8>,
     /// True when `payload` holds valid JSON text (checked once, at publish or at pull).
     pub payload_is_json: bool,
@@ -52,6 +55,17 @@ pub struct NewEvent {
 pub struct PartitionBounds {
     pub log_start: u64,
     pub log_end: u64,
+}
+
+impl PartitionBounds {
+    /// Bounds as a broker answered them, made consistent: negative values (Kafka's -1 for
+    /// "unknown") count as 0, and a start above the end (a broker answering low > high for a
+    /// moment) becomes an empty range at the start, so no caller ever sees `log_start > log_end`
+    /// (`clamp` on such bounds panicked the boot).
+    pub fn from_broker(log_start: i64, log_end: i64) -> Self {
+        let log_start = log_start.max(0) as u64;
+        Self { log_start, log_end: (log_end.max(0) as u64).max(log_start) }
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -137,4 +151,17 @@ pub trait LogBackend: Send + Sync + 'static {
 
     /// Whether the backend can serve reads and writes now (readiness).
     async fn is_ready(&self) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartitionBounds;
+
+    #[test]
+    fn broker_bounds_are_never_inverted_or_negative() {
+        assert_eq!(PartitionBounds::from_broker(3, 10), PartitionBounds { log_start: 3, log_end: 10 });
+        assert_eq!(PartitionBounds::from_broker(10, 3), PartitionBounds { log_start: 10, log_end: 10 });
+        assert_eq!(PartitionBounds::from_broker(-1, -1), PartitionBounds { log_start: 0, log_end: 0 });
+        assert_eq!(PartitionBounds::from_broker(i64::MAX, i64::MIN), PartitionBounds { log_start: i64::MAX as u64, log_end: i64::MAX as u64 });
+    }
 }

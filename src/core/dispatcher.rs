@@ -55,8 +55,14 @@ pub struct DeliverySettings {
     pub max_offline_clients: usize,
     /// Events each partition reader keeps for its subscribers.
     pub reader_buffer_events: usize,
+    /// Payload bytes each partition reader keeps at most.
+    pub reader_buffer_bytes: usize,
     /// Events read from the log at once.
     pub fetch_batch: usize,
+    /// How often a session pings its peer; zero disables pings and the dead-peer check.
+    pub ping_interval: Duration,
+    /// A session that heard nothing from its peer this long ends as a dead peer.
+    pub pong_timeout: Duration,
 }
 
 /// One in-flight delivery as the admin routes show it.
@@ -121,6 +127,12 @@ struct Registry {
     offline: BTreeMap<u64, ClientId>,
     offline_since: HashMap<ClientId, u64>,
     next_offline: u64,
+    /// Session tasks still running per client, from `register` to the very end of the task: a
+    /// session taken over keeps running until it has closed, and its client counts as live (no
+    /// reset, delete or sweep) until none runs (PROTOCOL.md, "session").
+    running: HashMap<ClientId, usize>,
+    /// All running session tasks: what `limits.max_sessions` bounds.
+    running_total: usize,
 }
 
 impl Registry {
@@ -197,6 +209,7 @@ impl Dispatcher {
         let readers = Readers::new(
             backend.clone(),
             settings.reader_buffer_events,
+            settings.reader_buffer_bytes,
             settings.fetch_batch,
             shutdown.clone(),
             tasks.clone(),
@@ -234,7 +247,10 @@ impl Dispatcher {
     pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {
         let mut registry = self.registry();
         let replaces = registry.by_client.get(&client_id).cloned();
-        if replaces.is_none() && registry.sessions.len() >= self.settings.max_sessions {
+        // A takeover may go past the limit only while the client runs just the session it
+        // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
+        let running_here = registry.running.get(&client_id).copied().unwrap_or(0);
+        if registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
                 format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings.max_sessions),
@@ -244,6 +260,8 @@ impl Dispatcher {
             old.control.send(SessionControl::TakenOver);
             tracing::info!(client_id = %client_id, old_session = %old.info.session_id, "session taken over");
         }
+        *registry.running.entry(client_id.clone()).or_insert(0) += 1;
+        registry.running_total += 1;
         let n = self.next_session.fetch_add(1, Ordering::Relaxed);
         let session_id = format!("s{n:x}-{:x}", self.clock.now_ms());
         let info = Arc::new(SessionInfo {
@@ -270,6 +288,21 @@ impl Dispatcher {
         registry.sessions.remove(&info.session_id);
         if registry.by_client.get(&info.client_id) == Some(&info.session_id) {
             registry.by_client.remove(&info.client_id);
+        }
+        registry.running_total = registry.running_total.saturating_sub(1);
+        let last = match registry.running.get_mut(&info.client_id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                registry.running.remove(&info.client_id);
+                true
+            }
+        };
+        // Offline only once the last of its sessions has finished (a newer session may end
+        // before the one it took over).
+        if last {
             let idle = registry.clients.get(&info.client_id).is_none_or(|c| c.lock().unwrap().is_idle());
             if idle {
                 registry.clients.remove(&info.client_id);
@@ -288,13 +321,14 @@ impl Dispatcher {
         self.registry().clients.len()
     }
 
+    /// True while any session of the client still runs (a taken-over one included).
     pub fn is_live(&self, client_id: &ClientId) -> bool {
-        self.registry().by_client.contains_key(client_id)
+        self.registry().running.contains_key(client_id)
     }
 
     /// Every client with a live session on this instance.
     pub fn live_clients(&self) -> Vec<ClientId> {
-        self.registry().by_client.keys().cloned().collect()
+        self.registry().running.keys().cloned().collect()
     }
 
     pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {
@@ -347,7 +381,7 @@ impl Dispatcher {
     /// `None` while the client is live.
     pub fn change_offline_client<T>(&self, client_id: &ClientId, topic: &TopicName, change: impl FnOnce() -> T) -> Option<T> {
         let registry = self.registry();
-        if registry.by_client.contains_key(client_id) {
+        if registry.running.contains_key(client_id) {
             return None;
         }
         let result = change();
@@ -452,6 +486,33 @@ impl Dispatcher {
             }
             starts.push(StartPoint { partition, from: start, log_start: bounds.log_start });
         }
+        // A retention sweep may have read this client's records as expired before it
+        // connected: touch them now (a sweep removes only records unchanged since its scan), and
+        // write back any the sweep already took, so a subscription served from memory never
+        // leaves its client without a stored offset (issue 21). On the blocking pool: with
+        // `offsets.sync_writes` a touch fsyncs.
+        let (store, now_ms) = (self.store.clone(), self.clock.now_ms());
+        let keys: Vec<OffsetKey> = starts.iter().map(|s| OffsetKey::new(topic.clone(), client_id.clone(), s.partition)).collect();
+        let planned: Vec<OffsetKey> = writes.iter().map(|w: &OffsetWrite| w.key.clone()).collect();
+        let missing = tokio::task::spawn_blocking(move || -> Result<Vec<OffsetKey>, StoreError> {
+            store.touch(&keys, now_ms)?;
+            let mut missing = Vec::new();
+            for key in keys {
+                if !planned.contains(&key) && store.read(&key)?.is_none() {
+                    missing.push(key);
+                }
+            }
+            Ok(missing)
+        })
+        .await
+        .map_err(|e| FrameError::new(ErrorCode::Unavailable, format!("reading stored offsets: {e}")))?
+        .map_err(store_frame_error)?;
+        for key in missing {
+            let tracker = client.lock().unwrap().trackers.get(&TopicPartition::new(topic.clone(), key.partition)).map(|t| (t.floor(), t.last_acked()));
+            if let Some((committed, last_acked)) = tracker {
+                writes.push(OffsetWrite { key, committed, last_acked, updated_at: now_ms, generation });
+            }
+        }
         if !writes.is_empty() {
             self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
         }
@@ -464,11 +525,16 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
         BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
         BackendError::InvalidInput(m) | BackendError::UnknownPartition(m) => FrameError::new(ErrorCode::BadFrame, m),
         BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
-        BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::new(ErrorCode::Unavailable, m),
+        BackendError::Unavailable(m) | BackendError::Io(m) => {
+            // The detail (broker addresses, file paths) goes to the log, not to the client.
+            tracing::warn!(error = %m, "backend error answered with an unavailable frame");
+            FrameError::new(ErrorCode::Unavailable, "the log backend is unavailable; retry later")
+        }
     }
 }
 
 pub fn store_frame_error(e: StoreError) -> FrameError {
-    FrameError::new(ErrorCode::Unavailable, e.to_string())
+    tracing::error!(error = %e, "offset store error answered with an unavailable frame");
+    FrameError::new(ErrorCode::Unavailable, "the offset store is unavailable; retry later")
 }
 

@@ -1,6 +1,8 @@
 //! Feeders: one task per partition of a subscription that hands events to its session in offset
-//! order, with room in the session's in-flight window for each. When the window is full the feeder waits, and
-//! nothing more is pushed to that session.
+//! order, with room in the session's in-flight window for each. When the window is full the
+//! feeder waits, and nothing more is pushed to that session. A feeder reads only once the window
+//! has room, and only as many events and bytes as it has room for: what a session's feeders hold
+//! outside its window is at most one window's worth each (README, "Memory bounds").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,9 +48,16 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
     let FeedPlan { reader, partition, from: mut next, batch, subscription, topic } = plan;
     let new_batch = |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, events: Vec::with_capacity(capacity) });
     loop {
+        // Read only what the window has room for, once it has some: events never wait outside
+        // the window in bulk (a whole fetch of large events, held per subscriber, was how a
+        // few clients that stop reading pinned gigabytes).
         let fetched = tokio::select! {
             _ = cancel.cancelled() => return,
-            fetched = reader.fetch(next, batch) => fetched,
+            fetched = async {
+                window.room().await;
+                let (slots, bytes) = (window.free_slots().clamp(1, batch), window.free_bytes().max(1));
+                reader.fetch(next, slots, usize::try_from(bytes).unwrap_or(usize::MAX)).await
+            } => fetched,
         };
         let events = match fetched {
             Ok(events) => events,

@@ -47,6 +47,21 @@ pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
 pub const HTTP_DURATION: &str = "ackgate_http_request_duration_seconds";
 pub const ACK_LATENCY: &str = "ackgate_ack_latency_seconds";
 pub const OFFSETS_ABOVE_LOG_END: &str = "ackgate_offsets_above_log_end_total";
+pub const CONNECTIONS: &str = "ackgate_connections";
+pub const CONNECTIONS_REFUSED: &str = "ackgate_connections_refused_total";
+pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
+
+/// `ackgate_connections_refused_total{reason}`: connections refused at accept, before any request
+/// was read (`capacity`: `limits.max_connections`; `per_ip`: `limits.max_connections_per_ip`).
+pub fn connections_refused(reason: &'static str) -> Counter {
+    metrics::counter!(CONNECTIONS_REFUSED, "reason" => reason)
+}
+
+/// `ackgate_kafka_headers_dropped_total`: Kafka record headers whose key is not UTF-8 (the event
+/// goes out without them).
+pub fn kafka_headers_dropped() -> Counter {
+    metrics::counter!(KAFKA_HEADERS_DROPPED)
+}
 
 /// `ackgate_offsets_above_log_end_total`: committed offsets found above their partition's log end
 /// and lowered to it. A free function: boot alignment counts before `Metrics::register` runs.
@@ -69,6 +84,9 @@ impl Metrics {
         describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
         describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
         describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
+        describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
+        describe_counter!(CONNECTIONS_REFUSED, "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)");
+        describe_counter!(KAFKA_HEADERS_DROPPED, "Kafka record headers dropped because their key is not UTF-8");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
         describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");

@@ -221,6 +221,9 @@ mod tests {
         fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
             self.inner.remove(keys)
         }
+        fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError> {
+            self.inner.remove_unchanged(records)
+        }
         fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
             self.inner.record_dead_letter(dead)
         }

@@ -248,6 +248,12 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Removes the given records; returns how many existed.
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError>;
 
+    /// Removes each record whose `updated_at` is still the one given (read again under the write
+    /// lock, serialized with writes and touches): the retention sweep's removal, which must not
+    /// take a record that a client touched or wrote after the sweep read it. Returns how many
+    /// went.
+    fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError>;
+
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError>;
 
     /// One page of dead letters; a topic or client filter is a prefix scan.
@@ -337,12 +343,14 @@ pub fn sweep_expired_offsets(
     let mut expired = Vec::new();
     store.scan_each(&OffsetFilter::default(), &mut |key, record| {
         if is_expired(&record, now_ms, retention_ms) {
-            expired.push(key);
+            expired.push((key, record.updated_at));
         }
     })?;
-    // Asked after the scan: `is_live` takes the session registry's lock.
-    expired.retain(|key| !is_live(&key.client_id));
-    store.remove(&expired)
+    // Asked after the scan: `is_live` takes the session registry's lock. A client may still
+    // connect between here and the removal: its subscribe touches (or writes) its records first,
+    // and a record changed since the scan is not removed.
+    expired.retain(|(key, _)| !is_live(&key.client_id));
+    store.remove_unchanged(&expired)
 }
 
 /// Marks every stored offset of `clients` as seen at `now_ms` (one client-prefix scan each, then

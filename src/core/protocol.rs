@@ -409,6 +409,19 @@ pub fn write_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, a
         push_json_str(out, value);
     }
     out.push('}');
+    if !event.headers_base64.is_empty() {
+        out.push_str(",\"headers_base64\":{");
+        for (i, (name, value)) in event.headers_base64.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(out, name);
+            out.push_str(":\"");
+            base64::engine::general_purpose::STANDARD.encode_string(value, out);
+            out.push('"');
+        }
+        out.push('}');
+    }
     match event.json_payload() {
         Some(json) => {
             out.push_str(",\"payload\":");
@@ -546,6 +559,7 @@ mod tests {
             timestamp: 7,
             key: Some("k\"1".into()),
             headers: vec![("h".into(), "v".into())],
+            headers_base64: vec![("bin".into(), vec![0xff, 0x00])],
             payload: br#"{"n":1}"#.to_vec(),
             payload_is_json: true,
         };
@@ -556,6 +570,8 @@ mod tests {
         assert_eq!(v["payload"], json!({"n": 1}));
         assert_eq!((v["offset"].as_u64(), v["attempt"].as_u64(), v["key"].as_str()), (Some(42), Some(2), Some("k\"1")));
         assert_eq!(v["headers"], json!({"h": "v"}));
+        assert_eq!(v["headers_base64"], json!({"bin": "/wA="}));
+        event.headers_base64.clear();
         event.payload = vec![0xff, 0x00];
         event.payload_is_json = false;
         event.key = None;
@@ -563,5 +579,6 @@ mod tests {
         write_event_frame(&mut out, DeliveryRef { seq: 2, slot: 0, partition: 1, offset: 42 }, "t", 1, &event);
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!((v["payload_base64"].as_str(), v["key"].is_null()), (Some("/wA="), true));
+        assert!(v.get("headers_base64").is_none(), "absent when every header is text: {out}");
     }
 }

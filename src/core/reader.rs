@@ -4,7 +4,9 @@
 //! subscriber waits at the end of what was pulled, and keeps the last `capacity` events in a ring
 //! buffer. Subscribers read from the buffer; one that is behind the buffer (slow, or starting from
 //! an older committed offset) or ahead of it reads the log directly by offset (a catch-up read).
-//! So a slow client never holds back the others, and memory per partition stays bounded.
+//! So a slow client never holds back the others, and memory per partition stays bounded: the
+//! ring by `delivery.reader_buffer_events` and `delivery.reader_buffer_bytes`, a catch-up read by
+//! what its subscriber's window has room for.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +25,9 @@ use super::waiting::WaitingGuard;
 const PULL_WAIT: Duration = Duration::from_millis(500);
 /// How long a subscriber waits at the end before looking again on its own.
 const FETCH_RECHECK: Duration = Duration::from_millis(1000);
+/// Events in a partition's first read by offset, before any size is known: its sizes tell how
+/// many the byte budget allows next.
+const FIRST_READ_EVENTS: usize = 16;
 
 struct Buffer {
     /// Every event with an offset in `[covered_from, covered_to)` is in `events` (a log with
@@ -30,12 +35,47 @@ struct Buffer {
     covered_from: u64,
     covered_to: u64,
     events: VecDeque<Arc<Event>>,
+    /// Payload bytes of `events`.
+    bytes: usize,
+}
+
+impl Buffer {
+    /// Drops the oldest events while over either bound (the newest always stays).
+    fn trim(&mut self, max_events: usize, max_bytes: usize) {
+        while self.events.len() > max_events || (self.bytes > max_bytes && self.events.len() > 1) {
+            let Some(oldest) = self.events.pop_front() else { break };
+            self.bytes -= oldest.payload.len();
+            self.covered_from = self.events.front().map_or(self.covered_to, |e| e.offset);
+        }
+    }
+
+    /// Average payload size, for sizing the next pull (1 when empty).
+    fn average_event_bytes(&self) -> usize {
+        (self.bytes / self.events.len().max(1)).max(1)
+    }
+}
+
+/// Events taken in order until `max_events`, or until the next one would pass `max_bytes` (the
+/// first always goes, whatever its size: an event larger than the budget goes alone).
+fn take_within<I: Iterator<Item = Arc<Event>>>(events: I, max_events: usize, max_bytes: usize) -> Vec<Arc<Event>> {
+    let mut taken = Vec::new();
+    let mut bytes = 0usize;
+    for event in events.take(max_events) {
+        if !taken.is_empty() && bytes + event.payload.len() > max_bytes {
+            break;
+        }
+        bytes += event.payload.len();
+        taken.push(event);
+    }
+    taken
 }
 
 pub struct PartitionReader {
     tp: TopicPartition,
     backend: Arc<dyn LogBackend>,
     capacity: usize,
+    /// Payload bytes the ring keeps at most (`delivery.reader_buffer_bytes`).
+    capacity_bytes: usize,
     batch: usize,
     buffer: Mutex<Buffer>,
     /// Woken when new events enter the buffer.
@@ -44,6 +84,9 @@ pub struct PartitionReader {
     demand: Notify,
     waiting: AtomicUsize,
     pulled_events: metrics::Counter,
+    /// Average payload size of the events read last (0: none yet): sizes the first read of a
+    /// catch-up read to its byte budget.
+    average_bytes: AtomicUsize,
 }
 
 impl PartitionReader {
@@ -52,8 +95,10 @@ impl PartitionReader {
         self.buffer.lock().unwrap().covered_to
     }
 
-    /// Up to `max` events from `from` on, in offset order; waits when there are none yet.
-    pub async fn fetch(&self, from: u64, max: usize) -> Result<Vec<Arc<Event>>, BackendError> {
+    /// Up to `max` events and about `max_bytes` of payload (at least one event) from `from` on,
+    /// in offset order; waits when there are none yet. A subscriber only takes what its window
+    /// has room for, so events never wait outside the window in bulk (issue 20).
+    pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize) -> Result<Vec<Arc<Event>>, BackendError> {
         loop {
             let pulled = self.pulled.notified();
             tokio::pin!(pulled);
@@ -62,7 +107,7 @@ impl PartitionReader {
                 let buffer = self.buffer.lock().unwrap();
                 if from >= buffer.covered_from && from < buffer.covered_to {
                     let first = buffer.events.partition_point(|e| e.offset < from);
-                    let events: Vec<_> = buffer.events.range(first..).take(max).cloned().collect();
+                    let events = take_within(buffer.events.range(first..).cloned(), max, max_bytes);
                     if !events.is_empty() {
                         return Ok(events);
                     }
@@ -72,9 +117,9 @@ impl PartitionReader {
                 }
             };
             if direct {
-                let events = self.backend.poll(&self.tp, ReadFrom::Offset(from), max, Duration::ZERO).await?;
+                let events = self.read_by_offset(from, max, max_bytes).await?;
                 if !events.is_empty() {
-                    return Ok(events.into_iter().map(Arc::new).collect());
+                    return Ok(events);
                 }
             }
             let _waiting = WaitingGuard::new(&self.waiting);
@@ -83,22 +128,76 @@ impl PartitionReader {
         }
     }
 
-    async fn run(self: Arc<Self>, cancel: CancellationToken) {
+    /// A catch-up read from the log, within `max` events and about `max_bytes`: a small first
+    /// read, then as many more as its sizes say fit, so a read of large events never holds a whole
+    /// batch of them (256 events of 512 KiB were 128 MiB per subscriber).
+    async fn read_by_offset(&self, from: u64, max: usize, max_bytes: usize) -> Result<Vec<Arc<Event>>, BackendError> {
+        let mut taken: Vec<Arc<Event>> = Vec::new();
+        // Sized by the sizes seen last: small events take one read, as before; large ones only
+        // what fits.
+        let first = match self.average_bytes.load(Ordering::Relaxed) {
+            0 => FIRST_READ_EVENTS,
+            average => (max_bytes / average).max(1),
+        };
+        let (mut next, mut bytes, mut chunk) = (from, 0usize, max.min(first));
+        while taken.len() < max && chunk > 0 {
+            let events = self.backend.poll(&self.tp, ReadFrom::Offset(next), chunk, Duration::ZERO).await?;
+            let got = events.len();
+            for event in events {
+                if !taken.is_empty() && bytes + event.payload.len() > max_bytes {
+                    return Ok(taken);
+                }
+                bytes += event.payload.len();
+                next = event.offset + 1;
+                taken.push(Arc::new(event));
+            }
+            if got < chunk || taken.is_empty() {
+                break; // the end of what the log has now
+            }
+            let average = (bytes / taken.len()).max(1);
+            self.average_bytes.store(average, Ordering::Relaxed);
+            chunk = (max_bytes.saturating_sub(bytes) / average).min(max - taken.len());
+        }
+        Ok(taken)
+    }
+
+    /// `previous`: finished once the previous reader of this partition has stopped. Its last
+    /// poll may still move the cursor this reader was seeded from (issue 21), so this one starts
+    /// pulling only after it, from the cursor as it is then.
+    async fn run(self: Arc<Self>, cancel: CancellationToken, previous: Option<CancellationToken>) {
+        if let Some(previous) = previous {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = previous.cancelled() => {}
+            }
+            self.start_at_cursor();
+        }
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = self.demand.notified() => {}
             }
             while self.waiting.load(Ordering::SeqCst) > 0 && !cancel.is_cancelled() {
+                // Sized so that one pull of large events stays within a quarter of the ring's bytes.
+                let (batch, covered_to) = {
+                    let buffer = self.buffer.lock().unwrap();
+                    ((self.capacity_bytes / 4 / buffer.average_event_bytes()).clamp(1, self.batch), buffer.covered_to)
+                };
+                // A cursor that is not where this ring ends was moved under it (see `append`).
+                let moved = self.backend.pull_offset(&self.tp).is_some_and(|cursor| cursor != covered_to);
                 let polled = tokio::select! {
+                    // A cancelled reader must not take another poll: the next generation of this
+                    // partition's reader may already have started from the cursor.
+                    biased;
                     _ = cancel.cancelled() => return,
-                    polled = self.backend.poll(&self.tp, ReadFrom::PullCursor, self.batch, PULL_WAIT) => polled,
+                    polled = self.backend.poll(&self.tp, ReadFrom::PullCursor, batch, PULL_WAIT) => polled,
                 };
                 match polled {
                     Ok(events) if events.is_empty() => {}
                     Ok(events) => {
                         self.pulled_events.increment(events.len() as u64);
-                        self.append(events)
+                        self.append(events, moved)
                     }
                     Err(e) => {
                         tracing::warn!(tp = %self.tp, error = %e, "pull failed; retrying");
@@ -109,22 +208,42 @@ impl PartitionReader {
         }
     }
 
-    fn append(&self, events: Vec<Event>) {
+    /// Moves an empty ring to where the pull cursor is now (a subscriber below it reads by
+    /// offset), and lets waiting subscribers look again.
+    fn start_at_cursor(&self) {
+        let Some(cursor) = self.backend.pull_offset(&self.tp) else { return };
+        let mut buffer = self.buffer.lock().unwrap();
+        if buffer.events.is_empty() && buffer.covered_to != cursor {
+            buffer.covered_from = cursor;
+            buffer.covered_to = cursor;
+        }
+        drop(buffer);
+        self.pulled.notify_waiters();
+    }
+
+    /// Adds pulled events; `moved`: the pull cursor was not where the ring ends when the poll
+    /// began.
+    fn append(&self, events: Vec<Event>, moved: bool) {
         let mut buffer = self.buffer.lock().unwrap();
         let first = events[0].offset;
-        if first < buffer.covered_to {
-            // The cursor was moved back under us (a seek): the range restarts here.
+        if first < buffer.covered_to || (moved && first != buffer.covered_to) {
+            // The cursor was moved under us: back (a seek), or ahead (a poll of the previous
+            // reader of this partition, still in flight when this one started from the cursor,
+            // moved it). The range restarts here: the ring claims only what it holds, so a
+            // subscriber below `first` reads the log by offset instead of skipping to `first`.
+            // A first offset above the ring's end from a cursor that was where the ring ends is
+            // a gap of the log itself (Kafka compaction, transaction markers): nothing to read
+            // there, and the range goes on.
             buffer.events.clear();
+            buffer.bytes = 0;
             buffer.covered_from = first;
         }
         let last = events[events.len() - 1].offset;
+        buffer.bytes += events.iter().map(|e| e.payload.len()).sum::<usize>();
         buffer.events.extend(events.into_iter().map(Arc::new));
         buffer.covered_to = buffer.covered_to.max(last + 1);
-        while buffer.events.len() > self.capacity {
-            buffer.events.pop_front();
-            let next = buffer.events.front().map_or(buffer.covered_to, |e| e.offset);
-            buffer.covered_from = next;
-        }
+        buffer.trim(self.capacity, self.capacity_bytes);
+        self.average_bytes.store(buffer.average_event_bytes(), Ordering::Relaxed);
         drop(buffer);
         self.pulled.notify_waiters();
     }
@@ -134,10 +253,15 @@ impl PartitionReader {
 struct ReaderEntry {
     reader: Arc<PartitionReader>,
     cancel: CancellationToken,
+    /// Finished when the reader's task has returned.
+    finished: CancellationToken,
     leases: usize,
 }
 
 type ReaderMap = Arc<Mutex<HashMap<TopicPartition, ReaderEntry>>>;
+/// Readers whose last lease is gone but whose task may still be running, by partition: the token
+/// is finished when the task has returned.
+type StoppingMap = Arc<Mutex<HashMap<TopicPartition, CancellationToken>>>;
 
 /// A feeder's hold on a partition reader. When the last lease of a reader is dropped the reader
 /// stops and is forgotten with its buffer: a partition nobody reads costs nothing (the pull
@@ -146,6 +270,7 @@ pub struct ReaderLease {
     tp: TopicPartition,
     reader: Arc<PartitionReader>,
     map: ReaderMap,
+    stopping: StoppingMap,
 }
 
 impl std::ops::Deref for ReaderLease {
@@ -163,6 +288,8 @@ impl Drop for ReaderLease {
         entry.leases -= 1;
         if entry.leases == 0 {
             entry.cancel.cancel();
+            // The next reader of this partition waits for this one's task to end.
+            self.stopping.lock().unwrap().insert(self.tp.clone(), entry.finished.clone());
             map.remove(&self.tp);
             self.reader.backend.stop_pulling(&self.tp);
         }
@@ -174,8 +301,10 @@ impl Drop for ReaderLease {
 pub struct Readers {
     backend: Arc<dyn LogBackend>,
     capacity: usize,
+    capacity_bytes: usize,
     batch: usize,
     readers: ReaderMap,
+    stopping: StoppingMap,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     /// `ackgate_pull_events_total`, shared by every reader.
@@ -183,15 +312,19 @@ pub struct Readers {
 }
 
 impl Readers {
+    /// Each reader keeps at most `capacity` events and `capacity_bytes` of payload, and pulls at
+    /// most `batch` events at a time.
     pub fn new(
         backend: Arc<dyn LogBackend>,
         capacity: usize,
+        capacity_bytes: usize,
         batch: usize,
         shutdown: CancellationToken,
         tasks: TaskTracker,
         pulled_events: metrics::Counter,
     ) -> Self {
-        Self { backend, capacity, batch, readers: Arc::new(Mutex::new(HashMap::new())), shutdown, tasks, pulled_events }
+        let (readers, stopping) = (Arc::new(Mutex::new(HashMap::new())), Arc::new(Mutex::new(HashMap::new())));
+        Self { backend, capacity, capacity_bytes, batch, readers, stopping, shutdown, tasks, pulled_events }
     }
 
     /// A lease on the reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
@@ -199,7 +332,7 @@ impl Readers {
         let mut readers = self.readers.lock().unwrap();
         if let Some(entry) = readers.get_mut(tp) {
             entry.leases += 1;
-            return ReaderLease { tp: tp.clone(), reader: entry.reader.clone(), map: self.readers.clone() };
+            return ReaderLease { tp: tp.clone(), reader: entry.reader.clone(), map: self.readers.clone(), stopping: self.stopping.clone() };
         }
         let cursor = self.backend.pull_offset(tp).unwrap_or(log_start).max(log_start);
         self.backend.seek(tp, cursor);
@@ -207,17 +340,28 @@ impl Readers {
             tp: tp.clone(),
             backend: self.backend.clone(),
             capacity: self.capacity,
+            capacity_bytes: self.capacity_bytes,
             batch: self.batch,
-            buffer: Mutex::new(Buffer { covered_from: cursor, covered_to: cursor, events: VecDeque::new() }),
+            buffer: Mutex::new(Buffer { covered_from: cursor, covered_to: cursor, events: VecDeque::new(), bytes: 0 }),
             pulled: Notify::new(),
             demand: Notify::new(),
             waiting: AtomicUsize::new(0),
             pulled_events: self.pulled_events.clone(),
+            average_bytes: AtomicUsize::new(0),
         });
-        let cancel = self.shutdown.child_token();
-        self.tasks.spawn(reader.clone().run(cancel.clone()));
-        readers.insert(tp.clone(), ReaderEntry { reader: reader.clone(), cancel, leases: 1 });
-        ReaderLease { tp: tp.clone(), reader, map: self.readers.clone() }
+        let (cancel, finished) = (self.shutdown.child_token(), CancellationToken::new());
+        let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());
+        let (running, stop, done, stopping, key) = (reader.clone(), cancel.clone(), finished.clone(), self.stopping.clone(), tp.clone());
+        self.tasks.spawn(async move {
+            running.run(stop, previous).await;
+            done.cancel();
+            let mut stopping = stopping.lock().unwrap();
+            if stopping.get(&key).is_some_and(|t| t.is_cancelled()) {
+                stopping.remove(&key);
+            }
+        });
+        readers.insert(tp.clone(), ReaderEntry { reader: reader.clone(), cancel, finished, leases: 1 });
+        ReaderLease { tp: tp.clone(), reader, map: self.readers.clone(), stopping: self.stopping.clone() }
     }
 
     /// Partitions with a running reader.

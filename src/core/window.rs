@@ -120,6 +120,32 @@ impl Window {
         self.budget.max_slots.saturating_sub(self.budget.slots.load(Ordering::Relaxed))
     }
 
+    /// Payload bytes that could still be added (an event larger than this still goes once the
+    /// window is empty).
+    pub fn free_bytes(&self) -> u64 {
+        self.budget.max_bytes.saturating_sub(self.budget.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Waits until at least one slot and some bytes are free (cancel-safe; takes nothing): a
+    /// feeder reads from the log only then, and only as much as there is room for.
+    pub async fn room(&self) {
+        let budget = &self.budget;
+        let has_room = || self.free_slots() > 0 && self.free_bytes() > 0;
+        if has_room() {
+            return;
+        }
+        let _waiting = WaitingGuard::new(&budget.waiting);
+        loop {
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if has_room() {
+                return;
+            }
+            freed.await;
+        }
+    }
+
     /// True when nothing more can be pushed: every slot taken, or a feeder waits for room.
     pub fn is_full(&self) -> bool {
         self.free_slots() == 0 || self.budget.waiting.load(Ordering::Relaxed) > 0

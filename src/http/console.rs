@@ -18,7 +18,19 @@ const FILES: [(&str, &str, &str); 4] = [
 
 fn serve(name: &str) -> Response {
     match FILES.iter().find(|(n, _, _)| *n == name) {
-        Some((_, content_type, content)) => ([(header::CONTENT_TYPE, *content_type), (header::CACHE_CONTROL, "no-cache")], *content).into_response(),
+        Some((_, content_type, content)) => (
+            [
+                (header::CONTENT_TYPE, *content_type),
+                (header::CACHE_CONTROL, "no-cache"),
+                // Only its own files, never framed by another site (clickjacking the ack and term
+                // buttons), and no content sniffing. Connections may go to other instances: the
+                // page follows a takeover to wherever /session/recommend names.
+                (header::CONTENT_SECURITY_POLICY, "default-src 'self'; img-src 'self' data:; connect-src 'self' http: https: ws: wss:; frame-ancestors 'none'"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            *content,
+        )
+            .into_response(),
         None => ApiError::not_found(format!("no static file {name}")).into_response(),
     }
 }

@@ -14,8 +14,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use super::connections::{Activity, ConnectionSlot};
 
 /// How long and how much a closed connection is drained.
 #[derive(Debug, Clone, Copy)]
@@ -24,63 +28,25 @@ pub struct Linger {
     pub max_bytes: usize,
 }
 
-/// The client's address, as `ConnectInfo` hands it to handlers of connections accepted here.
+/// The client's address, as `ConnectInfo` hands it to handlers (`http::connections` sets it).
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, LingeringListener>> for PeerAddr {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, LingeringListener>) -> Self {
-        Self(*stream.remote_addr())
-    }
-}
-
-/// A listener whose connections linger when dropped.
-pub struct LingeringListener {
-    inner: TcpListener,
-    linger: Linger,
-}
-
-impl LingeringListener {
-    pub fn new(inner: TcpListener, linger: Linger) -> Self {
-        Self { inner, linger }
-    }
-}
-
-impl axum::serve::Listener for LingeringListener {
-    type Io = LingeringStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.inner.accept().await {
-                Ok((tcp, addr)) => {
-                    // Without it, small frames wait for Nagle's algorithm: 40 ms per round trip.
-                    let _ = tcp.set_nodelay(true);
-                    return (LingeringStream { tcp: Some(tcp), linger: self.linger }, addr);
-                }
-                // A connection that died before it was accepted concerns nobody else.
-                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionRefused) => {}
-                Err(e) => {
-                    // Out of file descriptors and the like: wait instead of spinning.
-                    tracing::error!(error = %e, "accepting a connection failed; retrying in 1 s");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
 
 /// An accepted connection that drains before it closes (see the module documentation).
 pub struct LingeringStream {
     tcp: Option<TcpStream>,
     linger: Linger,
+    /// Released when the socket is finally closed, after lingering.
+    slot: Option<ConnectionSlot>,
+    /// Reads are recorded for the connection's header-read and idle timers.
+    pub(super) activity: Arc<Activity>,
 }
 
 impl LingeringStream {
+    pub fn new(tcp: TcpStream, linger: Linger, slot: Option<ConnectionSlot>) -> Self {
+        Self { tcp: Some(tcp), linger, slot, activity: Arc::new(Activity::new()) }
+    }
+
     fn tcp(&mut self) -> Pin<&mut TcpStream> {
         Pin::new(self.tcp.as_mut().expect("the stream is only taken by drop"))
     }
@@ -88,7 +54,12 @@ impl LingeringStream {
 
 impl AsyncRead for LingeringStream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.tcp().poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = self.tcp().poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.on_bytes_read();
+        }
+        read
     }
 }
 
@@ -119,14 +90,14 @@ impl Drop for LingeringStream {
         let Some(tcp) = self.tcp.take() else { return };
         // Outside a runtime (process exit) the socket simply closes.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(drain_then_close(tcp, self.linger));
+            runtime.spawn(drain_then_close(tcp, self.linger, self.slot.take()));
         }
     }
 }
 
 /// Sends FIN, then reads and discards until the client closes, the grace passes or `max_bytes`
 /// were read; dropping the socket then closes it.
-async fn drain_then_close(mut tcp: TcpStream, linger: Linger) {
+async fn drain_then_close(mut tcp: TcpStream, linger: Linger, _slot: Option<ConnectionSlot>) {
     let _ = tcp.shutdown().await;
     let deadline = tokio::time::Instant::now() + linger.grace;
     // Small: thousands of connections may close at once (a shutdown), each draining for a while.
@@ -144,7 +115,13 @@ async fn drain_then_close(mut tcp: TcpStream, linger: Linger) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::serve::Listener;
+    use tokio::net::TcpListener;
+
+    /// Accepts one connection as the gateway does (lingering, uncounted).
+    async fn accept(listener: &TcpListener, linger: Linger) -> LingeringStream {
+        let (tcp, _) = listener.accept().await.unwrap();
+        LingeringStream::new(tcp, linger, None)
+    }
 
     /// A server that closes while the client is still sending: with lingering the client's
     /// whole write goes through and it reads the server's last words; it sees no reset.
@@ -152,9 +129,8 @@ mod tests {
     async fn a_client_still_sending_reads_the_last_answer_instead_of_a_reset() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut listener = LingeringListener::new(listener, Linger { grace: Duration::from_secs(2), max_bytes: 64 << 20 });
         let server = tokio::spawn(async move {
-            let (mut conn, _) = listener.accept().await;
+            let mut conn = accept(&listener, Linger { grace: Duration::from_secs(2), max_bytes: 64 << 20 }).await;
             let mut head = [0u8; 16];
             conn.read_exact(&mut head).await.unwrap();
             conn.write_all(b"too big").await.unwrap();
@@ -173,9 +149,8 @@ mod tests {
     async fn draining_stops_at_the_byte_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut listener = LingeringListener::new(listener, Linger { grace: Duration::from_secs(30), max_bytes: 1 << 20 });
         let server = tokio::spawn(async move {
-            let (conn, _) = listener.accept().await;
+            let conn = accept(&listener, Linger { grace: Duration::from_secs(30), max_bytes: 1 << 20 }).await;
             drop(conn);
         });
         let mut client = TcpStream::connect(addr).await.unwrap();

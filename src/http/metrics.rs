@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
 use super::AppState;
-use crate::core::metrics::{ACK_LATENCY, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
+use crate::core::metrics::{ACK_LATENCY, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
 
 /// Histogram buckets in seconds: 50 us to 10 s.
 const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
@@ -74,6 +74,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::gauge!(SESSIONS).set(sessions.len() as f64);
     let in_flight: usize = sessions.iter().map(|s| s.stats.in_flight.load(Ordering::Relaxed)).sum();
     metrics::gauge!(IN_FLIGHT).set(in_flight as f64);
+    metrics::gauge!(CONNECTIONS).set(app.connections.open() as f64);
     let writes = &d.writer.stats;
     // The offset writer thread keeps its own counters; export them as they stand.
     metrics::counter!("ackgate_offset_writes_total", "result" => "advanced").absolute(writes.advanced.load(Ordering::Relaxed));

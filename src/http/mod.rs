@@ -3,9 +3,11 @@
 //! accepted connection drains before it closes (`lingering`).
 
 pub mod auth;
+pub mod connections;
 pub mod console;
 pub mod dead_letters;
 pub mod error;
+pub mod exposure;
 pub mod health;
 pub mod lingering;
 pub mod metrics;
@@ -39,12 +41,16 @@ pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     pub config: Arc<Config>,
     pub cluster: Arc<Cluster>,
+    /// Open connections, counted by the accept loop (`connections`).
+    pub connections: Arc<connections::ConnectionCounts>,
+    /// The Origin and Host checks, prepared from the configuration.
+    pub exposure: Arc<exposure::Exposure>,
 }
 
 pub fn router(state: AppState) -> Router {
     let admin = middleware::from_fn_with_state(state.clone(), auth::require_admin_token);
+    let publish = middleware::from_fn_with_state(state.clone(), auth::require_publish_right);
     let guarded = Router::new()
-        .route("/topics/{topic}/events", post(topics::publish))
         .route("/admin/offsets", get(offsets::list))
         .route("/admin/offsets/{topic}/{client_id}", get(offsets::client_view).delete(offsets::delete))
         .route("/admin/offsets/{topic}/{client_id}/{partition}", put(offsets::reset))
@@ -54,6 +60,8 @@ pub fn router(state: AppState) -> Router {
         .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))
+        // The admin token, or a JWT whose `publish` claim allows the topic.
+        .route("/topics/{topic}/events", post(topics::publish).layer(publish))
         // Creating and deleting topics change what every client sees: admin, like publishing.
         .route("/topics", get(topics::list).merge(post(topics::create).layer(admin.clone())))
         .route("/topics/{topic}", axum::routing::delete(topics::delete).layer(admin))
@@ -68,6 +76,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::json_error_bodies))
+        // Before auth and before any body is read: a hostile page gets nothing but a 403.
+        .layer(middleware::from_fn_with_state(state.clone(), exposure::guard))
         // Bodies read by extractors (JSON bodies) are bounded like publish bodies.
         .layer(axum::extract::DefaultBodyLimit::max(state.config.limits.max_body_bytes))
         .layer(middleware::from_fn(metrics::count_requests))

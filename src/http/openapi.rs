@@ -1,14 +1,17 @@
 //! The OpenAPI 3 document: every route (`#[utoipa::path]` on its handler), every body and error
 //! (`schemas`), and the WebSocket frames as `ClientFrame` / `ServerFrame` components referenced
-//! by the `/ws` route. Served at `GET /openapi.json`, printed by `ackgate openapi`, and kept in the
-//! repository as `openapi/openapi.json` (a test fails when they differ).
+//! by the `/ws` route. Printed by `ackgate openapi` and kept in the repository as
+//! `openapi/openapi.json` (a test fails when they differ); `GET /openapi.json` serves it for the
+//! running configuration (without security requirements when `auth.admin_token` is empty).
 
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::schemas::*;
+use super::AppState;
 use super::{console, dead_letters, health, metrics, offsets, recommend, sessions, topics, ws};
 
 #[derive(OpenApi)]
@@ -52,7 +55,28 @@ pub fn document() -> String {
     text
 }
 
-#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi_document", tag = "health", summary = "This OpenAPI document", responses((status = 200, description = "OpenAPI 3 JSON")))]
-pub async fn document_route() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
+/// The document for a gateway running without `auth.admin_token`: no route needs a credential,
+/// so none names a security requirement (a client generated from it, or a fuzzer, would
+/// otherwise send a token nobody asked for, or expect 401s that never come).
+pub fn document_without_auth() -> String {
+    let mut doc: serde_json::Value = serde_json::from_str(&document()).expect("the document is JSON");
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for operation in paths.values_mut().filter_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut()) {
+            if let Some(operation) = operation.as_object_mut() {
+                operation.remove("security");
+            }
+        }
+    }
+    if let Some(components) = doc["components"].as_object_mut() {
+        components.remove("securitySchemes");
+    }
+    let mut text = serde_json::to_string_pretty(&doc).expect("the document serializes");
+    text.push('\n');
+    text
+}
+
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi_document", tag = "health", summary = "This OpenAPI document, for the running configuration (no security requirements when auth.admin_token is empty)", responses((status = 200, description = "OpenAPI 3 JSON")))]
+pub async fn document_route(State(app): State<AppState>) -> Response {
+    let document = if app.config.auth.admin_token.is_empty() { document_without_auth() } else { document() };
+    ([(header::CONTENT_TYPE, "application/json")], document).into_response()
 }

@@ -360,6 +360,8 @@ pub enum ServerFrame {
         timestamp: u64,
         key: Option<String>,
         headers: BTreeMap<String, String>,
+        /// Headers whose value is not UTF-8, base64-encoded (absent when there are none).
+        headers_base64: Option<BTreeMap<String, String>>,
         payload: Option<Value>,
         payload_base64: Option<String>,
     },

@@ -2,14 +2,12 @@
 //! speaks only TLS, so clients use `https://` and `wss://` directly. The only module that imports
 //! rustls.
 //!
-//! Handshakes run in their own tasks, each bounded by `server.tls_handshake_timeout_ms`, and only
-//! finished ones are handed to the HTTP server: a client that opens a socket and says nothing
-//! never holds up the accept loop. `Tls::reload` (SIGHUP) reads the files again; new connections
+//! Handshakes run in each connection's own task (`http::connections`), bounded by
+//! `server.tls_handshake_timeout_ms`: a client that opens a socket and says nothing never holds
+//! up the accept loop. `Tls::reload` (SIGHUP) reads the files again; new connections
 //! get the new certificate, live ones (sessions included) keep theirs, and a file that does not
 //! load leaves the old certificate in place.
 
-use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -18,11 +16,11 @@ use anyhow::Context as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConfig;
-use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::lingering::{LingeringListener, LingeringStream, PeerAddr};
+use super::connections::{Activity, HasActivity};
+use super::lingering::LingeringStream;
 
 /// The certificate and key in use, and where they were read from.
 pub struct Tls {
@@ -68,62 +66,27 @@ fn server_config(cert_path: &Path, key_path: &Path) -> anyhow::Result<ServerConf
     Ok(config)
 }
 
-/// A listener that hands out connections whose TLS handshake has finished.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<LingeringStream>, SocketAddr)>,
-    local_addr: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(mut inner: LingeringListener, tls: Arc<Tls>, handshake_timeout: Duration) -> io::Result<Self> {
-        use axum::serve::Listener as _;
-        let local_addr = inner.local_addr()?;
-        // Small: a finished handshake waits here only until the server's accept loop takes it.
-        let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let (tcp, addr) = tokio::select! {
-                    accepted = inner.accept() => accepted,
-                    // The server stopped (shutdown): stop accepting, free the port.
-                    _ = tx.closed() => return,
-                };
-                let acceptor = tls.acceptor();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send((stream, addr)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%addr, ?handshake_timeout, "TLS handshake timed out"),
-                    }
-                });
+impl Tls {
+    /// The TLS handshake of an accepted connection, bounded by `timeout`; `None` when it failed
+    /// or took too long (logged at debug: scanners do this all day).
+    pub async fn handshake(&self, stream: LingeringStream, timeout: Duration) -> Option<TlsStream<LingeringStream>> {
+        match tokio::time::timeout(timeout, self.acceptor().accept(stream)).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                None
             }
-        });
-        Ok(Self { ready, local_addr })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<LingeringStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accept task only ends after this listener is dropped.
-            None => std::future::pending().await,
+            Err(_) => {
+                tracing::debug!(?timeout, "TLS handshake timed out");
+                None
+            }
         }
     }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for PeerAddr {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        Self(*stream.remote_addr())
+impl HasActivity for TlsStream<LingeringStream> {
+    fn activity(&self) -> Arc<Activity> {
+        self.get_ref().0.activity()
     }
 }
 

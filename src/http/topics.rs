@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::{AppState, JsonBody};
 use crate::core::backend::NewEvent;
 use crate::core::names::{TopicName, TopicPartition};
+use crate::core::offsets::StoreError;
 use crate::core::protocol::ErrorCode;
 
 /// One event of a publish body. `payload` is kept as raw JSON text, never parsed into a tree.
@@ -216,15 +217,25 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
     if d.backend.partitions(&topic).await?.is_none() {
         return Err(missing());
     }
-    // The offsets go first: should the log's deletion fail, clients replay (at-least-once)
-    // rather than carry offsets over to a new topic of the same name. Removing them also starts
-    // the topic's next generation, so a write still queued for the old topic is dropped.
-    let offsets_deleted = d.store.remove_topic(&topic)?;
-    let dead_letters_deleted = d.store.remove_dead_letters(&topic)?;
-    deletion.forget();
+    // The log goes first (issue 21): should the backend refuse (a Kafka cluster with
+    // delete.topic.enable=false, a broker away), the topic stays and so must every client's
+    // offsets; deleting them first made `latest` skip the unacknowledged backlog and `earliest`
+    // replay everything. A topic of the same name created later never inherits what is left
+    // should the offset removal below fail: offsets carry the topic's incarnation.
     if !d.backend.delete_topic(&topic).await? {
         return Err(missing());
     }
+    deletion.forget();
+    // Removing them also starts the topic's next generation, so a write still queued for the
+    // old topic is dropped. A prefix scan and a delete per key: on the blocking pool, never on
+    // a worker that inline acks wait for.
+    let store = d.store.clone();
+    let removing = topic.clone();
+    let (offsets_deleted, dead_letters_deleted) = tokio::task::spawn_blocking(move || -> Result<(usize, usize), StoreError> {
+        Ok((store.remove_topic(&removing)?, store.remove_dead_letters(&removing)?))
+    })
+    .await
+    .map_err(|e| StoreError::Io(format!("removing offsets: {e}")))??;
     tracing::info!(%topic, offsets_deleted, dead_letters_deleted, "topic deleted with its offsets and dead letters");
     Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted, "dead_letters_deleted": dead_letters_deleted})))
 }

@@ -54,7 +54,7 @@ pub async fn upgrade(
         Some(Err(e)) => return ApiError::invalid_name(e.0).into_response(),
         None => return ApiError::invalid_name("the client_id query parameter is required").into_response(),
     };
-    let access = match session_access(&app.config.auth.jwt_secret, query.get("token").map(String::as_str), &headers, &client_id) {
+    let access = match session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &client_id) {
         Ok(access) => access,
         Err(e) => return e.into_response(),
     };
@@ -89,7 +89,6 @@ async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
 
 enum Received {
     Frame(Inbound),
-    Skip,
     End,
 }
 
@@ -97,7 +96,8 @@ fn receive(message: Result<Message, axum::Error>) -> Received {
     match message {
         Ok(Message::Text(text)) => Received::Frame(Inbound::Text(text.as_str().to_owned())),
         Ok(Message::Binary(_)) => Received::Frame(Inbound::Binary),
-        Ok(Message::Ping(_) | Message::Pong(_)) => Received::Skip,
+        // tungstenite answers pings itself; both are signs of life for the dead-peer check.
+        Ok(Message::Ping(_) | Message::Pong(_)) => Received::Frame(Inbound::Alive),
         Ok(Message::Close(_)) => Received::End,
         Err(e) if is_too_large(&e) => Received::Frame(Inbound::TooLarge),
         Err(_) => Received::End,
@@ -112,12 +112,13 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
         .take_while(|r| ready(!matches!(r, Received::End)))
         .filter_map(|r| ready(match r {
             Received::Frame(frame) => Some(frame),
-            _ => None,
+            Received::End => None,
         }));
     let outbound = sink.with(|frame: Outbound| {
         ready(Ok::<_, axum::Error>(match frame {
             Outbound::Text(text) => Message::Text(text.into()),
             Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
+            Outbound::Ping => Message::Ping(Default::default()),
         }))
     });
     run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound)).await;

@@ -103,6 +103,18 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(keys.iter().filter(|k| inner.records.remove(k).is_some()).count())
     }
 
+    fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let mut removed = 0;
+        for (key, updated_at) in records {
+            if inner.records.get(key).is_some_and(|r| r.updated_at == *updated_at) {
+                inner.records.remove(key);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
         // One per (key, offset), as in the RocksDB store: a second term of it replaces the first.
         let mut inner = self.lock();

@@ -355,6 +355,25 @@ impl OffsetStore for RocksOffsetStore {
         Ok(removed)
     }
 
+    fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError> {
+        let (offsets_cf, by_client_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?);
+        let mut removed = 0;
+        // In chunks, like `remove`.
+        for chunk in records.chunks(REMOVE_CHUNK) {
+            let _serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for (key, updated_at) in chunk {
+                if self.get_record(key)?.is_some_and(|r| r.updated_at == *updated_at) {
+                    batch.delete_cf(&offsets_cf, key.encode());
+                    batch.delete_cf(&by_client_cf, key.encode_by_client());
+                    removed += 1;
+                }
+            }
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        }
+        Ok(removed)
+    }
+
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
         let id = dead.id();
         let mut value = Vec::with_capacity(13 + dead.reason.len());

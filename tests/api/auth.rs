@@ -164,3 +164,26 @@ async fn stored_offset_with(base: &str, topic: &str, client: &str, admin_token: 
     let body: Value = response.json().await.unwrap();
     body["offsets"][0].clone()
 }
+
+/// Issue 20, item 8: a JWT `publish` claim lets its holder publish to those topics without the
+/// admin token; the admin token stays the only credential for `/admin/*` and topic changes.
+#[tokio::test]
+async fn a_publish_claim_allows_publishing_to_its_topics_only() {
+    let (_dir, gw) = start().await;
+    let post = |topic: &str, bearer: &str| http().post(format!("{}/topics/{topic}/events", gw.base)).bearer_auth(bearer.to_string()).json(&json!({"payload": 1})).send();
+    let publisher = token(json!({"sub": "svc", "publish": ["orders.*"]}));
+    assert_eq!(post("orders.eu", &publisher).await.unwrap().status(), 200);
+    let refused = post("payments", &publisher).await.unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "forbidden");
+    let reader = token(json!({"sub": "svc", "topics": ["orders.*"]}));
+    assert_eq!(post("orders.eu", &reader).await.unwrap().status(), 403, "a topics claim is not a publish right");
+    let forged = encode(&Header::default(), &json!({"sub": "svc", "publish": ["*"]}), &EncodingKey::from_secret(b"other")).unwrap();
+    assert_eq!(post("orders.eu", &forged).await.unwrap().status(), 401);
+    assert_eq!(post("orders.eu", "admin").await.unwrap().status(), 200, "the admin token still publishes");
+    // Nothing else opens with it.
+    let admin = http().get(format!("{}/admin/sessions", gw.base)).bearer_auth(&publisher).send().await.unwrap();
+    assert_eq!(admin.status(), 403);
+    let create = http().post(format!("{}/topics", gw.base)).bearer_auth(&publisher).json(&json!({"name": "orders.new", "partitions": 1})).send().await.unwrap();
+    assert_eq!(create.status(), 403);
+}

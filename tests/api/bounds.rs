@@ -67,3 +67,55 @@ async fn the_window_is_bounded_in_bytes() {
     client.expect_silence(Duration::from_millis(300)).await;
     gw.stop().await;
 }
+
+/// Issue 20: memory per slow reader was bounded in events, not bytes. A feeder held a whole fetch
+/// (256 events) outside the in-flight window, and a client starting from `earliest` got private
+/// copies of them: 12 sessions that never read pinned about 160 MiB each with a 2 MiB window.
+/// Now a feeder reads only what its window has room for, and the reader's ring is bounded in
+/// bytes too. Failed before the fix: the gateway grew by about 50 MiB per session here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_never_read_pin_about_their_window_in_bytes() {
+    const SESSIONS: usize = 10;
+    const EVENT_BYTES: usize = 256 << 10;
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(
+        &data,
+        &[
+            ("ACKGATE_DELIVERY__MAX_IN_FLIGHT_BYTES", "1048576"),
+            ("ACKGATE_DELIVERY__READER_BUFFER_EVENTS", "50"),
+            ("ACKGATE_DELIVERY__READER_BUFFER_BYTES", "4194304"),
+        ],
+    );
+    // 200 events of 256 KiB (50 MiB) on one partition.
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "big", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let text = "x".repeat(EVENT_BYTES);
+    for _ in 0..10 {
+        let events: Vec<_> = (0..20).map(|_| json!({"payload": text})).collect();
+        publish(&gw.base, "big", json!({ "events": events })).await;
+    }
+    let before = gw.rss_kib();
+    let mut stalled = Vec::new();
+    for i in 0..SESSIONS {
+        let mut client = WsClient::connect(gw.addr, &format!("never-reads-{i}")).await;
+        client.subscribe("big", json!({"from": "earliest"})).await;
+        stalled.push(client); // held, never read again
+    }
+    // Until every session's window is full and nothing more moves.
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+        let rows = sessions["sessions"].as_array().unwrap().clone();
+        let delivered: Vec<_> = rows.iter().map(|s| s["delivered"].clone()).collect();
+        if rows.len() == SESSIONS && rows.iter().all(|s| s["window_full"] == true) && serde_json::Value::from(delivered.clone()) == last {
+            break;
+        }
+        last = serde_json::Value::from(delivered);
+    }
+    let grown_mib = gw.rss_kib().saturating_sub(before) / 1024;
+    // Per session: its window (1 MiB of events), their frames, the socket writer's buffer; the
+    // ring: 4 MiB. Before the fix a feeder alone held 200 x 256 KiB = 50 MiB per session.
+    assert!(grown_mib < 150, "the gateway grew by {grown_mib} MiB for {SESSIONS} sessions that never read");
+    drop(stalled);
+}

@@ -16,13 +16,22 @@ pub struct ControlledStore {
     released: Condvar,
     /// While true, `write_offsets` fails.
     failing: AtomicBool,
+    /// While true, `record_dead_letter` waits.
+    dead_letters_held: Mutex<bool>,
+    /// While true, `record_dead_letter` fails.
+    dead_letters_failing: AtomicBool,
+    /// While true, the retention sweep's removal waits (after its scan).
+    removals_held: Mutex<bool>,
+    /// Wakes waiters on `dead_letters_held` and `removals_held` (one condvar per mutex).
+    dead_letters_released: Condvar,
+    removals_released: Condvar,
 }
 
 impl ControlledStore {
     pub fn open(data_dir: &std::path::Path) -> Arc<Self> {
         std::fs::create_dir_all(data_dir).unwrap();
         let inner = RocksOffsetStore::open(data_dir, false).unwrap();
-        Arc::new(Self { inner, held: Mutex::new(false), released: Condvar::new(), failing: AtomicBool::new(false) })
+        Arc::new(Self { inner, held: Mutex::new(false), released: Condvar::new(), failing: AtomicBool::new(false), dead_letters_held: Mutex::new(false), dead_letters_failing: AtomicBool::new(false), removals_held: Mutex::new(false), dead_letters_released: Condvar::new(), removals_released: Condvar::new() })
     }
 
     pub fn hold_writes(&self) {
@@ -41,6 +50,30 @@ impl ControlledStore {
             std::thread::sleep(after);
             store.release_writes();
         });
+    }
+
+    /// Holds (true) or lets go (false) every dead-letter write: a session that `term`s waits.
+    pub fn hold_dead_letters(&self, held: bool) {
+        *self.dead_letters_held.lock().unwrap() = held;
+        self.dead_letters_released.notify_all();
+    }
+
+    /// Holds (true) or lets go (false) the retention sweep's removal, which then waits between
+    /// its scan and its delete.
+    pub fn hold_removals(&self, held: bool) {
+        *self.removals_held.lock().unwrap() = held;
+        self.removals_released.notify_all();
+    }
+
+    fn wait_while_removals_held(&self) {
+        let mut held = self.removals_held.lock().unwrap();
+        while *held {
+            held = self.removals_released.wait(held).unwrap();
+        }
+    }
+
+    pub fn fail_dead_letters(&self, failing: bool) {
+        self.dead_letters_failing.store(failing, Ordering::SeqCst);
     }
 
     pub fn fail_writes(&self, failing: bool) {
@@ -89,10 +122,24 @@ impl OffsetStore for ControlledStore {
     }
 
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+        self.wait_while_removals_held();
         self.inner.remove(keys)
     }
 
+    fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError> {
+        self.wait_while_removals_held();
+        self.inner.remove_unchanged(records)
+    }
+
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
+        let mut held = self.dead_letters_held.lock().unwrap();
+        while *held {
+            held = self.dead_letters_released.wait(held).unwrap();
+        }
+        drop(held);
+        if self.dead_letters_failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("disk full (test)".into()));
+        }
         self.inner.record_dead_letter(dead)
     }
 

@@ -310,3 +310,61 @@ async fn takeover_closes_the_old_session_and_hands_in_flight_events_over() {
     assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
     gw.stop().await;
 }
+
+/// 4003 means "no ack progress", not "busy" (issue 21): a client behind a backlog keeps its
+/// window full the whole time, yet acks steadily, and must never be closed; one that stops
+/// acking is. Failed before the fix: the first client was closed with 4003 after about
+/// `slow_client_timeout_ms` although it never stopped acking.
+#[tokio::test]
+async fn a_client_acking_steadily_behind_a_backlog_is_never_slow() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight = 10;
+    config.delivery.slow_client_timeout_ms = 1000;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 300).await;
+    let mut steady = WsClient::connect(gw.addr(), "steady").await;
+    steady.subscribe("t", json!({})).await;
+    // About 10 ms per ack: 300 events take about 3 s, three times the slow-client limit, with
+    // the window full at every moment (a backlog of hundreds behind it).
+    for expected in 0..300u64 {
+        let e = steady.recv_type("event").await;
+        assert_eq!(e["offset"], expected, "every event in order, no close in between");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if expected < 299 {
+            steady.send(json!({"op": "ack", "delivery_id": id(&e)})).await;
+        } else {
+            let ok = steady.ack_confirmed(&[id(&e)], "last").await;
+            assert_eq!(ok["committed"], json!({"t": {"0": 300}}));
+        }
+    }
+
+    // A client that stops acking with a full window is closed with 4003.
+    let mut stalled = WsClient::connect(gw.addr(), "stalled").await;
+    stalled.subscribe("t", json!({})).await;
+    let first = stalled.recv_events(10).await;
+    stalled.send(json!({"op": "ack", "delivery_ids": ids(&first[..5])})).await;
+    assert_eq!(stalled.close_code().await, 4003);
+    gw.stop().await;
+}
+
+/// Issue 21, item 10: a re-subscribe that fails (here a resume token naming a partition the topic
+/// does not have) must leave the running subscription alone. Failed before the fix: the old
+/// subscription had already been dropped, and the next event never came.
+#[tokio::test]
+async fn a_failed_resubscribe_keeps_the_running_subscription() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let first = client.recv_type("event").await;
+    client.send(json!({"op": "subscribe", "topic": "t", "resume": {"99": 0}, "req": "again"})).await;
+    let refused = client.recv_type("error").await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("bad_frame"), Some("again")));
+    publish(&gw.base, "t", json!({"partition": 0, "payload": {"n": 1}})).await;
+    let next = client.recv_type("event").await;
+    assert_eq!(next["offset"], 1, "the subscription runs on");
+    assert_eq!(client.ack_confirmed(&[id(&first), id(&next)], "both").await["committed"], json!({"t": {"0": 2}}));
+    gw.stop().await;
+}

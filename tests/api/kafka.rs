@@ -168,3 +168,85 @@ async fn only_the_configured_topics_are_served_and_unknown_topics_are_not_create
     assert_eq!(create.status(), 400, "a topic outside kafka.topics cannot be created here");
     gw.stop().await;
 }
+
+/// Issue 20: a record whose header key is not UTF-8 panicked the partition reader inside rdkafka
+/// (`Headers::get` unwraps the key), so the subscribed client received none of the records
+/// around it, at every restart. Failed before the fix: no event arrived. Now the bad key is
+/// dropped (and counted), a value that is not UTF-8 goes in `headers_base64`, and the partition
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_record_headers_never_stop_a_partition() {
+    use rdkafka::message::{BorrowedHeaders, Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "odd-headers", 1, 0, 0).await;
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", broker.bootstrap()).create().unwrap();
+    let send = |headers: OwnedHeaders, n: u32| {
+        let producer = producer.clone();
+        async move {
+            let payload = json!({"n": n}).to_string();
+            let record = FutureRecord::<str, str>::to("odd-headers").partition(0).payload(&payload).headers(headers);
+            producer.send(record, Duration::from_secs(10)).await.expect("produced");
+        }
+    };
+    send(OwnedHeaders::new().insert(Header { key: "trace", value: Some("t1") }), 0).await;
+    // rdkafka's Rust API only takes &str keys: add the bad one through librdkafka itself.
+    let bad = OwnedHeaders::new().insert(Header { key: "good", value: Some("g") });
+    let bad_key = [0xffu8, 0xfe, b'b', b'a', b'd'];
+    // SAFETY: a `&BorrowedHeaders` is librdkafka's header list pointer (rdkafka casts it so); the
+    // list is owned by `bad`, alive here, and librdkafka copies the name and value.
+    let added = unsafe {
+        let native = bad.as_borrowed() as *const BorrowedHeaders as *mut rdkafka::bindings::rd_kafka_headers_t;
+        rdkafka::bindings::rd_kafka_header_add(native, bad_key.as_ptr().cast(), bad_key.len() as isize, b"v".as_ptr().cast(), 1)
+    };
+    assert_eq!(added, rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+    send(bad, 1).await;
+    send(OwnedHeaders::new().insert(Header { key: "blob", value: Some(&[0xffu8, 0x00][..]) }), 2).await;
+    send(OwnedHeaders::new().insert(Header::<&str> { key: "nothing", value: None }), 3).await;
+
+    let mut client = WsClient::connect(gw.addr(), "reader").await;
+    client.subscribe("odd-headers", json!({"from": "earliest"})).await;
+    let events = client.recv_events(4).await;
+    let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![0, 1, 2, 3], "every record, the odd ones included");
+    assert_eq!(events[0]["headers"], json!({"trace": "t1"}));
+    assert_eq!(events[1]["headers"], json!({"good": "g"}), "the key that is not UTF-8 is dropped");
+    assert_eq!(events[2]["headers_base64"], json!({"blob": "/wA="}));
+    assert_eq!(events[3]["headers"], json!({"nothing": ""}));
+    client.ack_confirmed(&ids(&events), "all").await;
+    let metrics = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("ackgate_kafka_headers_dropped_total") && !l.ends_with(" 0")), "{metrics}");
+    gw.stop().await;
+}
+
+/// Issue 21, item 4: `DELETE /topics/{topic}` deleted every client's offsets before it asked the
+/// backend to delete the log; when the backend refused (a broker away, a cluster with
+/// delete.topic.enable=false), the topic stayed and its offsets were gone. Failed before the fix:
+/// the stored offset was missing after the refused delete. Now the log goes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_topic_delete_keeps_every_offset() {
+    let mut broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "kept", 1, 0, 5).await;
+    consume_and_ack(gw.addr(), "holder", "kept", 5).await.close().await;
+    wait_for("the session ended", async || get_json(&format!("{}/admin/sessions", gw.base)).await.1["sessions"] == json!([])).await;
+    assert_eq!(stored_offset(&gw.base, "kept", "holder", 0).await.unwrap()["committed"], 5);
+
+    broker.stop();
+    wait_for("readyz reports the outage", async || !ready(&gw.base).await).await;
+    let refused = http().delete(format!("{}/topics/kept", gw.base)).send().await.unwrap();
+    assert_eq!(refused.status(), 503, "the backend could not delete the log");
+    assert_eq!(stored_offset(&gw.base, "kept", "holder", 0).await.map(|r| r["committed"].clone()), Some(json!(5)), "the offsets stay with the topic");
+
+    broker.resume();
+    wait_for("readyz recovers", async || ready(&gw.base).await).await;
+    assert_eq!(stored_offset(&gw.base, "kept", "holder", 0).await.unwrap()["committed"], 5);
+    let deleted = http().delete(format!("{}/topics/kept", gw.base)).send().await.unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(stored_offset(&gw.base, "kept", "holder", 0).await, None, "a delete that went through takes the offsets with it");
+    gw.stop().await;
+}

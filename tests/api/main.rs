@@ -11,6 +11,7 @@ mod crash;
 mod dead_letters;
 mod delivery;
 mod errors;
+mod exposure;
 mod kafka;
 mod kafka_broker;
 mod loadtest_smoke;

@@ -181,31 +181,37 @@ async fn a_reset_above_the_log_end_is_refused() {
     gw.stop().await;
 }
 
+/// An embedded log whose topic `t` holds 10 events on its one partition, and the partition
+/// readers over it (stopped by cancelling the token).
+async fn ten_events_and_their_readers() -> (tempfile::TempDir, Arc<EmbeddedLog>, Readers, CancellationToken) {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
+    let log = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(ManualClock::new(1))).unwrap());
+    let events = (0..10)
+        .map(|n| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'0' + n], payload_is_json: true })
+        .collect();
+    log.publish(&TopicName::parse("t").unwrap(), events).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let readers = Readers::new(log.clone(), 100, 64 << 20, 10, shutdown.clone(), TaskTracker::new(), metrics::Counter::noop());
+    (dir, log, readers, shutdown)
+}
+
 /// Fault 3 in the reader: a read from an offset at or above 2^63 is a catch-up read like any
 /// other; it never becomes a read at the shared pull cursor (which handed this reader the events
 /// at the cursor, moved it, and left a gap in the buffer every other subscriber reads).
 #[tokio::test]
 async fn a_read_from_a_huge_offset_never_moves_the_pull_cursor() {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
-    let log = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(ManualClock::new(1))).unwrap());
-    let topic = TopicName::parse("t").unwrap();
-    let events = (0..10)
-        .map(|n| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'0' + n], payload_is_json: true })
-        .collect();
-    log.publish(&topic, events).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let readers = Readers::new(log.clone(), 100, 10, shutdown.clone(), TaskTracker::new(), metrics::Counter::noop());
-    let tp = TopicPartition::new(topic, 0);
+    let (_dir, _log, readers, shutdown) = ten_events_and_their_readers().await;
+    let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
     let reader = readers.get(&tp, 0);
     for from in [1u64 << 63, u64::MAX - 1] {
-        let read = tokio::time::timeout(Duration::from_millis(300), reader.fetch(from, 10)).await;
+        let read = tokio::time::timeout(Duration::from_millis(300), reader.fetch(from, 10, usize::MAX)).await;
         if let Ok(events) = read {
             assert!(events.unwrap().is_empty(), "a read from {from} returned events below it");
         }
     }
     // Whatever the reader pulled meanwhile is in its buffer, in order, for a subscriber at 0.
-    let offsets: Vec<u64> = reader.fetch(0, 10).await.unwrap().iter().map(|e| e.offset).collect();
+    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(offsets, (0..10).collect::<Vec<_>>());
     shutdown.cancel();
 }
@@ -280,5 +286,152 @@ async fn ack_ok_only_reports_what_is_durable_after_a_failed_write() {
     assert_eq!(ok["committed"], json!({"t": {"0": 1}}));
     let row = stored_offset(&gw.base, "t", "c", 0).await.unwrap();
     assert_eq!(row["committed"], 1, "ack_ok said committed 1; the store says {row}");
+    gw.stop().await;
+}
+
+/// Issue 21, item 2: a session taken over keeps running until it has closed (here it waits for
+/// a dead-letter write). Before the fix, the client counted as offline as soon as its newer
+/// session ended, so an operator's reset was accepted while the old session could still write
+/// over it, and `limits.max_sessions` did not count the old session. Failed before the fix: the
+/// reset answered 200 and the other client's session was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_session_keeps_its_client_live_until_it_has_finished() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let mut config = test_config(&data);
+    config.limits.max_sessions = 1;
+    let gw = start_with(config, store.clone()).await;
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    let mut old = WsClient::connect(gw.addr(), "c").await;
+    old.subscribe("t", json!({})).await;
+    let first = old.recv_type("event").await;
+    store.hold_dead_letters(true);
+    old.send(json!({"op": "term", "delivery_id": id(&first), "reason": "held"})).await;
+    // Let the old session take the term and wait in its dead-letter write.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The newer session takes over (the client had one running session: allowed at the limit),
+    // then ends while the old one is still running.
+    let newer = WsClient::connect(gw.addr(), "c").await;
+    newer.close().await;
+    let started = std::time::Instant::now();
+    while get_json(&format!("{}/admin/sessions", gw.base)).await.1["sessions"] != json!([]) {
+        assert!(started.elapsed() < WAIT, "the newer session never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(put_offset(&gw.base, "t", "c", 0, json!(0)).await, 409, "the old session still runs: the client is live");
+    let refused = tokio_tungstenite::connect_async(format!("ws://{}/ws?client_id=other", gw.addr())).await;
+    if let Ok((mut ws, _)) = refused {
+        use futures_util::StreamExt;
+        let mut limit_exceeded = false;
+        while let Some(Ok(message)) = tokio::time::timeout(WAIT, ws.next()).await.expect("answered") {
+            limit_exceeded |= message.to_text().is_ok_and(|t| t.contains("limit_exceeded"));
+            if message.is_close() {
+                break;
+            }
+        }
+        assert!(limit_exceeded, "the still-running old session counts against limits.max_sessions");
+    }
+    store.hold_dead_letters(false);
+    assert_eq!(until_not_conflict(async || put_offset(&gw.base, "t", "c", 0, json!(0)).await).await, 200);
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 0);
+    drop(old);
+    gw.stop().await;
+}
+
+/// Issue 21, item 1: a partition reader seeded from a pull cursor that another reader (the
+/// previous generation, cancelled while its poll was in flight) then moved ahead. The new reader's
+/// ring started at the old cursor and its first pull came from the moved one; before the fix it
+/// claimed the offsets in between, so a subscriber starting there was fed from the moved cursor
+/// and the ack floor committed past events it never saw. Failed before the fix: the read from 0
+/// returned 5..9.
+#[tokio::test]
+async fn a_reader_never_claims_offsets_its_cursor_skipped() {
+    let (_dir, log, readers, shutdown) = ten_events_and_their_readers().await;
+    let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
+    let reader = readers.get(&tp, 0);
+    // The previous generation's poll lands now: the shared cursor moves from 0 to 5 under the
+    // new reader, whose ring starts at 0.
+    log.seek(&tp, 5);
+    // A subscriber starting at 0 waits for the reader, which pulls from the moved cursor (5..9);
+    // it gets 0..9 all the same (read from the log), never 5..9 as if 0..4 were held.
+    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, (0..10).collect::<Vec<_>>());
+    shutdown.cancel();
+}
+
+/// Issue 21, item 5: the retention sweep read a client's records as expired, checked that the
+/// client was not live, and removed them later without looking again; a client that connected
+/// in between lost its stored offset while live (its subscription, served from memory, never
+/// wrote it back). Failed before the fix: the row was gone after the sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_during_a_sweep_keeps_its_offsets() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let mut config = test_config(&data);
+    config.offsets.retention_secs = 10;
+    config.offsets.sweep_interval_ms = 3_600_000;
+    let gateway = Gateway::build_with_store(config, clock.clone(), Some(store.clone())).await.expect("gateway builds");
+    let gw = InProcess::from_gateway(gateway);
+    publish_numbered(&gw.base, "t", 1, 0, 3).await;
+    let mut first = WsClient::connect(gw.addr(), "c").await;
+    first.subscribe("t", json!({})).await;
+    let events = first.recv_events(3).await;
+    first.ack_confirmed(&ids(&events[..2]), "two").await;
+    first.close().await;
+    until_not_conflict(async || put_offset(&gw.base, "t", "c", 0, json!(2)).await).await;
+    // Away for longer than the retention: its record is expired.
+    clock.advance(20_000);
+    store.hold_removals(true);
+    let handle = gw.handle.clone();
+    let sweep = std::thread::spawn(move || handle.sweep_offsets_now());
+    // Let the sweep scan and check liveness; it then waits to remove.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut back = WsClient::connect(gw.addr(), "c").await;
+    assert_eq!(back.subscribe("t", json!({})).await["partitions"][0]["from"], 2);
+    store.hold_removals(false);
+    let swept = tokio::task::spawn_blocking(move || sweep.join().unwrap()).await.unwrap().unwrap();
+    assert_eq!(swept, 0, "the record changed (the client came back) after the sweep read it");
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.map(|r| r["committed"].clone()), Some(json!(2)), "a live client keeps its stored offset");
+    let third = back.recv_type("event").await;
+    assert_eq!(back.ack_confirmed(&[id(&third)], "last").await["committed"], json!({"t": {"0": 3}}));
+    gw.stop().await;
+}
+
+/// Issue 21, item 10: a dead letter whose write failed left its delivery in flight without a
+/// deadline (the timer that found it due had consumed it): never tried again, never dead-lettered,
+/// its slot held until the session ended. Failed before the fix: no dead letter after the store
+/// recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_write_failed_is_tried_again() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 200;
+    config.delivery.max_attempts = 1;
+    let gw = start_with(config, store.clone()).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    store.fail_dead_letters(true);
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    client.recv_type("event").await;
+    // Not acked: after 200 ms it is due for a dead letter, whose write fails.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.fail_dead_letters(false);
+    let started = std::time::Instant::now();
+    loop {
+        let (_, page) = get_json(&format!("{}/admin/dead-letters?topic=t", gw.base)).await;
+        if page["dead_letters"].as_array().is_some_and(|d| d.len() == 1) {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the dead letter was never written after the store recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It counts as acknowledged once recorded.
+    let started = std::time::Instant::now();
+    while stored_offset(&gw.base, "t", "c", 0).await.map(|r| r["committed"].clone()) != Some(json!(1)) {
+        assert!(started.elapsed() < WAIT, "the dead letter did not move the committed offset");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     gw.stop().await;
 }

@@ -7,16 +7,34 @@ use crate::support::*;
 
 const REGENERATE: &str = "regenerate it with: scripts/run openapi > openapi/openapi.json";
 
+/// With `auth.admin_token` set the gateway serves the repository's document; without it, the same
+/// document without security requirements (PROTOCOL.md, `/openapi.json`: it follows the
+/// configuration).
 #[tokio::test]
-async fn the_served_document_equals_the_repository_copy_and_the_cli_output() {
+async fn the_served_document_follows_the_configuration_and_equals_the_repository_copy() {
     let (_dir, data) = temp_dir();
-    let gw = InProcess::start(test_config(&data)).await;
+    let mut config = test_config(&data);
+    config.auth.admin_token = "admin".into();
+    let gw = InProcess::start(config).await;
     let served = http().get(format!("{}/openapi.json", gw.base)).send().await.unwrap().text().await.unwrap();
     let stored = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json")).unwrap_or_default();
     assert!(served == stored, "openapi/openapi.json is not what the gateway serves; {REGENERATE}");
     let printed = std::process::Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("openapi").output().unwrap();
     assert!(printed.status.success());
     assert_eq!(String::from_utf8(printed.stdout).unwrap(), served, "`ackgate openapi` prints the served document");
+    gw.stop().await;
+
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let open: Value = http().get(format!("{}/openapi.json", gw.base)).send().await.unwrap().json().await.unwrap();
+    let mut expected: Value = serde_json::from_str(&stored).unwrap();
+    for item in expected["paths"].as_object_mut().unwrap().values_mut() {
+        for op in item.as_object_mut().unwrap().values_mut() {
+            op.as_object_mut().unwrap().remove("security");
+        }
+    }
+    expected["components"].as_object_mut().unwrap().remove("securitySchemes");
+    assert_eq!(open, expected, "without auth.admin_token: the same document, no security requirements");
     gw.stop().await;
 }
 

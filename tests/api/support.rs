@@ -111,6 +111,13 @@ impl Process {
         Self { child, base: format!("http://{addr}"), addr, logs }
     }
 
+    /// The process's resident memory in KiB (`VmRSS` of /proc/PID/status).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
     pub fn kill9(mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();

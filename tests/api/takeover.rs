@@ -66,13 +66,19 @@ async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>
         if ws.send(Message::text(subscribe.to_string())).await.is_err() {
             continue;
         }
+        // Silence means 30 s without a frame of the protocol: the gateway's keepalive pings
+        // (every server.ws_ping_interval_ms) do not count.
+        let mut quiet_until = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let message = match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            let message = match tokio::time::timeout_at(quiet_until, ws.next()).await {
                 Ok(Some(Ok(message))) => message,
                 _ => break,
             };
             let text = match message {
-                Message::Text(text) => text,
+                Message::Text(text) => {
+                    quiet_until = tokio::time::Instant::now() + Duration::from_secs(30);
+                    text
+                }
                 Message::Close(frame) => {
                     let code = frame.map_or(1005, |f| u16::from(f.code));
                     assert!(code != 4001 && code != 1008, "{client_id}: unexpected final close {code}");

@@ -69,6 +69,7 @@ impl StoredEvent {
             timestamp: self.timestamp,
             key: self.key,
             headers: self.headers,
+            headers_base64: Vec::new(),
             payload: self.payload,
             payload_is_json: self.payload_is_json,
         }

@@ -293,6 +293,9 @@ impl LogBackend for KafkaLog {
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
+        // An admin request to a cluster known to be away would wait for librdkafka's own
+        // timeout (a minute) before failing.
+        self.ensure_reachable()?;
         if self.partitions(topic).await?.is_none() {
             return Ok(false);
         }
@@ -342,7 +345,7 @@ impl LogBackend for KafkaLog {
         let (metadata, timeout) = (self.metadata.clone(), self.settings.request_timeout);
         let (topic, partition) = (tp.topic.to_string(), tp.partition as i32);
         let (low, high) = blocking(move || metadata.fetch_watermarks(&topic, partition, timeout).map_err(kafka_err)).await?;
-        Ok(PartitionBounds { log_start: low.max(0) as u64, log_end: high.max(0) as u64 })
+        Ok(PartitionBounds::from_broker(low, high))
     }
 
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {

@@ -14,7 +14,7 @@ use futures_util::{FutureExt, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -239,17 +239,87 @@ where
 
 fn to_event(message: &BorrowedMessage<'_>) -> Event {
     let payload = message.payload().unwrap_or_default().to_vec();
-    let headers = message
-        .headers()
-        .map(|h| h.iter().map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())).collect())
-        .unwrap_or_default();
+    let headers = read_headers(message);
+    if headers.dropped > 0 {
+        crate::core::metrics::kafka_headers_dropped().increment(headers.dropped);
+        tracing::warn!(topic = message.topic(), partition = message.partition(), offset = message.offset(), dropped = headers.dropped, "Kafka record headers whose key is not UTF-8 dropped");
+    }
     Event {
         partition: message.partition() as u32,
         offset: message.offset() as u64,
         timestamp: message.timestamp().to_millis().unwrap_or(0).max(0) as u64,
         key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-        headers,
+        headers: headers.text,
+        headers_base64: headers.binary,
         payload_is_json: serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok(),
         payload,
+    }
+}
+
+/// A record's headers as the event frame carries them.
+#[derive(Debug, Default)]
+struct RecordHeaders {
+    /// UTF-8 values (a null value is an empty string).
+    text: Vec<(String, String)>,
+    /// Values that are not UTF-8 (the frame's `headers_base64`).
+    binary: Vec<(String, Vec<u8>)>,
+    /// Headers whose key is not UTF-8.
+    dropped: u64,
+}
+
+impl RecordHeaders {
+    fn add(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let Ok(key) = std::str::from_utf8(key) else {
+            self.dropped += 1;
+            return;
+        };
+        match std::str::from_utf8(value.unwrap_or_default()) {
+            Ok(text) => self.text.push((key.to_string(), text.to_string())),
+            Err(_) => self.binary.push((key.to_string(), value.unwrap_or_default().to_vec())),
+        }
+    }
+}
+
+/// Reads a record's headers through librdkafka's C API. rdkafka's own `Headers::get` and
+/// `try_get` unwrap the key as UTF-8: any producer could stop a partition for every client, at
+/// every restart, with one header key that is not (issue 20).
+fn read_headers(message: &BorrowedMessage<'_>) -> RecordHeaders {
+    use rdkafka::bindings as rd;
+    let mut headers = RecordHeaders::default();
+    let mut native: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
+    // SAFETY: `message.ptr()` is the live message this borrow keeps alive; the header list and
+    // every name and value pointer it hands out belong to that message and are only read here,
+    // before the borrow ends. librdkafka returns names NUL-terminated.
+    unsafe {
+        if rd::rd_kafka_message_headers(message.ptr(), &mut native) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || native.is_null() {
+            return headers;
+        }
+        for index in 0..rd::rd_kafka_header_cnt(native) {
+            let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0usize);
+            if rd::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+                continue;
+            }
+            let key = std::ffi::CStr::from_ptr(name).to_bytes();
+            let value = (!value.is_null()).then(|| std::slice::from_raw_parts(value as *const u8, size));
+            headers.add(key, value);
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordHeaders;
+
+    #[test]
+    fn keys_that_are_not_utf8_are_dropped_and_binary_values_kept_apart() {
+        let mut h = RecordHeaders::default();
+        h.add(b"trace", Some(b"abc"));
+        h.add(b"\xff\xfebad", Some(b"x"));
+        h.add(b"blob", Some(&[0xff, 0x00, 0x80]));
+        h.add(b"empty", None);
+        assert_eq!(h.text, vec![("trace".to_string(), "abc".to_string()), ("empty".to_string(), String::new())]);
+        assert_eq!(h.binary, vec![("blob".to_string(), vec![0xff, 0x00, 0x80])]);
+        assert_eq!(h.dropped, 1);
     }
 }

@@ -61,6 +61,7 @@ impl StoredMessage {
             timestamp: self.store_timestamp,
             key: self.properties.get(KEYS).cloned(),
             headers,
+            headers_base64: Vec::new(),
             payload: self.body,
             payload_is_json,
         }

@@ -192,6 +192,7 @@ impl Session {
             Some(current) => (current.topic.clone(), current.attempt),
             None => return Ok(()),
         };
+        self.termed += 1;
         Box::pin(self.dead_letter(&topic, event, attempt, reason.unwrap_or_else(|| "term".into()))).await;
         Ok(())
     }
@@ -243,11 +244,13 @@ impl Session {
         let (store, record) = (self.d.store.clone(), dead.clone());
         let recorded = tokio::task::spawn_blocking(move || store.record_dead_letter(&record)).await;
         if let Ok(Err(e)) | Err(e) = recorded.map_err(|e| StoreError::Io(e.to_string())) {
-            // Keep the event pending: it will be delivered again rather than lost.
-            tracing::error!(error = %e, "recording a dead letter failed");
+            // Keep the event pending, with a deadline again (the timer that led here consumed
+            // its last one): it is tried again after the ack timeout rather than stranded.
+            tracing::error!(error = %e, "recording a dead letter failed; trying again after the ack timeout");
+            self.in_flight.reschedule(event, self.d.settings.ack_timeout, now_ms);
             return;
         }
-        tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason, "dead letter");
+        tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason.escape_debug(), "dead letter");
         self.in_flight.remove(&event);
         self.nacked.remove(&event);
         self.d.metrics.dead_letters.increment(1);

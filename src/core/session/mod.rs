@@ -38,6 +38,8 @@ pub enum Inbound {
     Binary,
     /// A frame over `limits.max_frame_bytes`.
     TooLarge,
+    /// A sign of life that is not a frame of the protocol (a WebSocket pong or ping).
+    Alive,
 }
 
 /// What the session hands the transport.
@@ -45,6 +47,8 @@ pub enum Inbound {
 pub enum Outbound {
     Text(String),
     Close(u16, String),
+    /// A keepalive probe (a WebSocket ping); the peer's answer comes back as `Inbound::Alive`.
+    Ping,
 }
 
 /// Batches of events (one partition's fetch each) a session's feeders may queue for it.
@@ -53,7 +57,10 @@ const FEED_BATCHES_QUEUED: usize = 16;
 const FEED_DRAIN_FRAMES: usize = 256;
 /// Client frames already received that are handled in one step (their acks: one write request).
 const INBOUND_DRAIN: usize = 256;
-/// How often the session checks for a window that stays full.
+/// How long a taken-over session tries to write its close frame.
+const TAKEN_OVER_CLOSE_WAIT: Duration = Duration::from_secs(1);
+/// How often the session checks for a window that stays full, and whether to ping or give up
+/// on a silent peer (one timer for all three, so keepalive adds none to a session).
 const SLOW_CHECK: Duration = Duration::from_millis(500);
 
 struct Subscription {
@@ -65,7 +72,10 @@ struct Subscription {
 enum Step {
     Continue,
     Close(u16, &'static str),
+    /// The client left (its stream ended).
     End,
+    /// The peer is gone without a word: end without a close frame, with this reason logged.
+    Gone(&'static str),
 }
 
 struct Session {
@@ -77,7 +87,16 @@ struct Session {
     in_flight: InFlightWindow,
     feed_tx: mpsc::Sender<FedBatch>,
     next_subscription: u64,
-    window_full_since: Option<Instant>,
+    /// Since when the window has been full with no ack arriving (4003 counts from here).
+    stalled_since: Option<Instant>,
+    /// Events the client gave up on with `term`: progress, like acks.
+    termed: u64,
+    /// Acks and terms at the previous window check: a change means the client made progress.
+    settled_at_last_check: u64,
+    /// When the peer was last heard from (a frame, a pong): the dead-peer check counts from here.
+    last_heard: Instant,
+    /// When the last keepalive ping went out.
+    last_ping: Instant,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
     nacked: FastSet<EventRef>,
     /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
@@ -104,7 +123,11 @@ where
         in_flight: InFlightWindow::default(),
         feed_tx,
         next_subscription: 1,
-        window_full_since: None,
+        stalled_since: None,
+        termed: 0,
+        settled_at_last_check: 0,
+        last_heard: Instant::now(),
+        last_ping: Instant::now(),
         nacked: Default::default(),
         acked: WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None },
         access,
@@ -167,6 +190,7 @@ where
             _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
             message = control.recv() => s.on_control(message),
             frame = inbound.next() => {
+                s.last_heard = Instant::now();
                 let mut step = s.on_inbound(frame).await;
                 // Frames already read are handled together: their acks become one write request.
                 for _ in 0..INBOUND_DRAIN {
@@ -198,15 +222,29 @@ where
                 }
                 Step::Continue
             }
-            _ = slow_check.tick() => s.check_window(),
+            _ = slow_check.tick() => match s.check_peer() {
+                Step::Continue => s.check_window(),
+                gone => gone,
+            },
         };
         match step {
             Step::Continue => {}
             Step::End => break,
+            Step::Gone(why) => {
+                reason = why;
+                break;
+            }
             Step::Close(code, why) => {
+                let mut limit = write_limit;
+                if code == close_code::TAKEN_OVER {
+                    // Its successor has the client now: events still queued here would only be
+                    // duplicates, and a replaced session must not linger on a slow socket.
+                    s.out.clear();
+                    limit = limit.min(TAKEN_OVER_CLOSE_WAIT);
+                }
                 s.out.push(Outbound::Close(code, why.to_string()));
                 // A peer that stopped reading must not keep the session (and its topics) alive.
-                let _ = tokio::time::timeout(write_limit, flush(&mut outbound, &mut s.out)).await;
+                let _ = tokio::time::timeout(limit, flush(&mut outbound, &mut s.out)).await;
                 reason = why;
                 break;
             }
@@ -285,6 +323,7 @@ impl Session {
                 Step::Continue
             }
             Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
+            Some(Inbound::Alive) => Step::Continue,
             None => Step::End,
         }
     }
@@ -310,17 +349,43 @@ impl Session {
         }
     }
 
+    /// Keepalive: pings the peer every `ping_interval`; a peer not heard from (no frame, no pong)
+    /// for `pong_timeout` is dead (a half-open socket: a laptop closed, a NAT that forgot the
+    /// flow) and its session ends at once, releasing its deliveries, with no close frame since
+    /// nobody would read it.
+    fn check_peer(&mut self) -> Step {
+        let settings = &self.d.settings;
+        if settings.ping_interval.is_zero() {
+            return Step::Continue;
+        }
+        if self.last_heard.elapsed() > settings.pong_timeout {
+            return Step::Gone("dead peer: nothing received within server.ws_pong_timeout_ms");
+        }
+        if self.last_ping.elapsed() >= settings.ping_interval {
+            self.last_ping = Instant::now();
+            self.out.push(Outbound::Ping);
+        }
+        Step::Continue
+    }
+
+    /// 4003 means "no ack progress", not "busy": a client behind a backlog keeps its window full
+    /// all the time while acking steadily, and must never be closed for it. Only a window that
+    /// stays full with no ack at all for `slow_client_timeout` is slow. Sampled every
+    /// `SLOW_CHECK`, so the ack path itself pays nothing for it.
     fn check_window(&mut self) -> Step {
         let full = self.window.is_full();
         self.info.stats.window_full.store(full, Ordering::Relaxed);
-        if !full {
-            self.window_full_since = None;
+        let settled = self.info.stats.acked.load(Ordering::Relaxed) + self.termed;
+        let progressed = settled != self.settled_at_last_check;
+        self.settled_at_last_check = settled;
+        if !full || progressed {
+            self.stalled_since = None;
             return Step::Continue;
         }
-        let since = *self.window_full_since.get_or_insert_with(Instant::now);
+        let since = *self.stalled_since.get_or_insert_with(Instant::now);
         let limit = self.d.settings.slow_client_timeout;
         if !limit.is_zero() && since.elapsed() > limit {
-            return Step::Close(close_code::SLOW_CLIENT, "slow client: in-flight window full too long");
+            return Step::Close(close_code::SLOW_CLIENT, "slow client: no ack while the in-flight window was full");
         }
         Step::Continue
     }

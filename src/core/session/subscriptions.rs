@@ -30,16 +30,28 @@ impl Session {
                 format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)"),
             ));
         }
-        // Subscribing again restarts the subscription from the committed offsets.
-        self.release_topic(&topic);
-        self.d.add_subscriber(&topic)?;
+        // Subscribing again restarts the subscription from the committed offsets, but only once
+        // the new one is planned: a re-subscribe that fails (backend down, a bad resume token,
+        // the topic being deleted) leaves the running subscription as it was.
+        let resubscribing = self.subscriptions.contains_key(&topic);
+        if !resubscribing {
+            self.d.add_subscriber(&topic)?;
+        }
         let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await {
             Ok(starts) => starts,
             Err(e) => {
-                self.d.remove_subscriber(&topic);
+                if !resubscribing {
+                    self.d.remove_subscriber(&topic);
+                }
                 return Err(e);
             }
         };
+        if resubscribing {
+            // Released with its subscriber count, counted again at once: a deletion can only
+            // claim a topic nobody subscribes to, and this session still does.
+            self.release_topic(&topic);
+            self.d.add_subscriber(&topic)?;
+        }
         let slot = self.client.lock().unwrap().slot(&topic);
         let id = self.next_subscription;
         self.next_subscription += 1;

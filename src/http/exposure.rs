@@ -1,0 +1,244 @@
+//! Who may reach the gateway from a browser (PROTOCOL.md, "Exposure"). Any page a user opens can
+//! open a WebSocket or send a simple POST to any address, loopback included, and the browser
+//! attaches no credential ackgate could tell apart. Two checks, before auth and before any body
+//! is read:
+//! - **Origin**: a request that carries an `Origin` (every browser request that could change
+//!   something does) must come from the gateway's own origin, a `cluster.peers` instance's or
+//!   one in `server.allowed_origins`. Applies to the WebSocket and SSE handshakes and to every POST, PUT
+//!   and DELETE; requests without `Origin` (curl, servers, native clients) pass.
+//! - **Host**: on a loopback listener the `Host` must be a loopback name, the `public_url` host
+//!   or one in `server.allowed_hosts`; a page that rebinds its own DNS name to 127.0.0.1 sends
+//!   its own name and is refused. Elsewhere only when `server.allowed_hosts` is set.
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::config::Config;
+use crate::core::protocol::ErrorCode;
+
+/// An origin as browsers send it, normalized: lower case, the default port filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" | "ws" => Some(80),
+        "https" | "wss" => Some(443),
+        _ => None,
+    }
+}
+
+/// Splits `host[:port]` (IPv6 in brackets); the host is lower-cased. `None` when malformed.
+fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
+    let authority = authority.trim();
+    if authority.is_empty() || authority.contains(['/', '@', ' ', '?', '#']) {
+        return None;
+    }
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':')?.parse().ok()?),
+        };
+        (format!("[{}]", inside.to_ascii_lowercase()), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host.to_ascii_lowercase(), Some(port.parse().ok()?)),
+            None => (authority.to_ascii_lowercase(), None),
+        }
+    };
+    (!host.is_empty()).then_some((host, port))
+}
+
+/// Parses `scheme://host[:port]` (no path). `None` for anything else, `null` included.
+pub fn parse_origin(text: &str) -> Option<Origin> {
+    let (scheme, authority) = text.trim().split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let (host, port) = split_host_port(authority.strip_suffix('/').unwrap_or(authority))?;
+    let port = port.or_else(|| default_port(&scheme))?;
+    Some(Origin { scheme, host, port })
+}
+
+/// A host the `Host` check accepts: any port, or only the one named.
+#[derive(Debug, Clone)]
+struct HostRule {
+    host: String,
+    port: Option<u16>,
+}
+
+/// The two checks, prepared from the configuration once.
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// The listener's scheme: the request's own origin is this plus its `Host`.
+    scheme: &'static str,
+    any_origin: bool,
+    origins: Vec<Origin>,
+    /// `None`: no Host check on this listener.
+    hosts: Option<Vec<HostRule>>,
+}
+
+impl Exposure {
+    pub fn from_config(config: &Config) -> Self {
+        let server = &config.server;
+        let scheme = if server.tls_cert.is_empty() { "http" } else { "https" };
+        let any_origin = server.allowed_origins.iter().any(|o| o == "*");
+        // The instances of the cluster serve the same console: a page of one follows a takeover
+        // to another (its /session/recommend names it), so their origins are this one's too.
+        let origins = server.allowed_origins.iter().chain(&config.cluster.peers).chain([&server.public_url]).filter_map(|o| parse_origin(o)).collect();
+        let hosts = (server.listens_on_loopback() || !server.allowed_hosts.is_empty()).then(|| {
+            let mut rules: Vec<HostRule> = ["localhost", "127.0.0.1", "[::1]"].iter().map(|h| HostRule { host: h.to_string(), port: None }).collect();
+            if let Some(public) = parse_origin(&server.public_url) {
+                rules.push(HostRule { host: public.host, port: None });
+            }
+            rules.extend(server.allowed_hosts.iter().filter_map(|h| split_host_port(h)).map(|(host, port)| HostRule { host, port }));
+            rules
+        });
+        Self { scheme, any_origin, origins, hosts }
+    }
+
+    /// The Host check: `Err` with the reason when the request is addressed to a host that is
+    /// not allowed. A request without any host (HTTP/1.0) cannot come from a browser and passes.
+    fn check_host(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), String> {
+        let Some(rules) = &self.hosts else { return Ok(()) };
+        let given = headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}").to_string()).or_else(|| uri.authority().map(|a| a.to_string()));
+        let Some(given) = given else { return Ok(()) };
+        let Some((host, port)) = split_host_port(&given) else {
+            return Err(format!("the Host header {given:?} is malformed"));
+        };
+        if rules.iter().any(|r| r.host == host && (r.port.is_none() || r.port == port)) {
+            return Ok(());
+        }
+        Err(format!("requests addressed to host {host:?} are not served here; add it to server.allowed_hosts"))
+    }
+
+    /// The Origin check, for requests that can act (see the module documentation).
+    fn check_origin(&self, headers: &HeaderMap) -> Result<(), String> {
+        let Some(given) = headers.get(header::ORIGIN) else { return Ok(()) };
+        if self.any_origin {
+            return Ok(());
+        }
+        let text = given.to_str().unwrap_or("");
+        let Some(origin) = parse_origin(text) else {
+            return Err(format!("requests from origin {text:?} are not allowed; add it to server.allowed_origins"));
+        };
+        let own = headers.get(header::HOST).and_then(|h| h.to_str().ok()).and_then(|h| parse_origin(&format!("{}://{h}", self.scheme)));
+        if own.as_ref() == Some(&origin) || self.origins.contains(&origin) {
+            return Ok(());
+        }
+        Err(format!("requests from origin {text:?} are not allowed; add it to server.allowed_origins"))
+    }
+}
+
+/// Whether a request can change something or open a session: the Origin check applies to it.
+fn can_act(method: &Method, path: &str) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || path == "/ws" || path == "/sse"
+}
+
+/// Middleware: refuses with 403 `forbidden` what the checks refuse, before auth and routing.
+pub async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let exposure = &app.exposure;
+    let mut verdict = exposure.check_host(request.headers(), request.uri());
+    if verdict.is_ok() && can_act(request.method(), request.uri().path()) {
+        verdict = exposure.check_origin(request.headers());
+    }
+    match verdict {
+        Ok(()) => next.run(request).await,
+        Err(message) => {
+            tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), "refused by the Origin or Host check");
+            ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposure(listen: &str, tls: bool, origins: &[&str], hosts: &[&str]) -> Exposure {
+        let mut config = Config::default();
+        config.server.listen = listen.into();
+        if tls {
+            config.server.tls_cert = "cert.pem".into();
+        }
+        config.server.allowed_origins = origins.iter().map(|s| s.to_string()).collect();
+        config.server.allowed_hosts = hosts.iter().map(|s| s.to_string()).collect();
+        config.server.public_url = "https://gw.example.com".into();
+        config.cluster.peers = vec!["http://10.0.0.8:8080".into()];
+        Exposure::from_config(&config)
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap())).collect()
+    }
+
+    #[test]
+    fn origins_are_normalized() {
+        assert_eq!(parse_origin("HTTP://LocalHost"), parse_origin("http://localhost:80"));
+        assert_eq!(parse_origin("https://a.example/"), parse_origin("https://a.example:443"));
+        assert_ne!(parse_origin("http://a.example"), parse_origin("https://a.example"));
+        assert_eq!(parse_origin("http://[::1]:8080").unwrap().host, "[::1]");
+        for bad in ["null", "", "a.example", "http://", "http://a:b", "http://a.example/path", "http://u@a.example", "ftp://a.example"] {
+            assert_eq!(parse_origin(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn same_origin_and_listed_origins_pass_others_do_not() {
+        let e = exposure("127.0.0.1:8080", false, &["https://app.example"], &[]);
+        let own = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")]);
+        assert!(e.check_origin(&own).is_ok());
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080")])).is_ok(), "no Origin: not a browser");
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://app.example")])).is_ok());
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://10.0.0.8:8080")])).is_ok(), "a peer instance's page");
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://gw.example.com")])).is_ok(), "the public_url's page");
+        for evil in ["https://evil.example", "http://127.0.0.1:9999", "https://127.0.0.1:8080", "null", "https://app.example.evil.example"] {
+            assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", evil)])).is_err(), "{evil}");
+        }
+        let tls = exposure("127.0.0.1:8443", true, &[], &[]);
+        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "https://localhost:8443")])).is_ok());
+        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "http://localhost:8443")])).is_err());
+        let any = exposure("127.0.0.1:8080", false, &["*"], &[]);
+        assert!(any.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example")])).is_ok());
+    }
+
+    #[test]
+    fn a_loopback_listener_serves_only_loopback_names_and_the_listed_hosts() {
+        let e = exposure("127.0.0.1:8080", false, &[], &["gw.internal", "other.internal:9000"]);
+        let uri = Uri::from_static("/topics");
+        for ok in ["localhost:8080", "127.0.0.1", "[::1]:8080", "LOCALHOST", "gw.example.com", "gw.internal:1234", "other.internal:9000"] {
+            assert!(e.check_host(&headers(&[("host", ok)]), &uri).is_ok(), "{ok}");
+        }
+        for refused in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "other.internal:9001", "localhost.evil.example"] {
+            assert!(e.check_host(&headers(&[("host", refused)]), &uri).is_err(), "{refused}");
+        }
+        assert!(e.check_host(&HeaderMap::new(), &uri).is_ok(), "no Host at all: HTTP/1.0, not a browser");
+    }
+
+    #[test]
+    fn elsewhere_the_host_check_applies_only_when_hosts_are_listed() {
+        let open = exposure("0.0.0.0:8080", false, &[], &[]);
+        let uri = Uri::from_static("/");
+        assert!(open.check_host(&headers(&[("host", "anything.example")]), &uri).is_ok());
+        let listed = exposure("0.0.0.0:8080", false, &[], &["gw.internal"]);
+        assert!(listed.check_host(&headers(&[("host", "gw.internal:8080")]), &uri).is_ok());
+        assert!(listed.check_host(&headers(&[("host", "evil.example")]), &uri).is_err());
+    }
+
+    #[test]
+    fn only_requests_that_can_act_are_origin_checked() {
+        assert!(can_act(&Method::POST, "/topics/t/events"));
+        assert!(can_act(&Method::DELETE, "/topics/t"));
+        assert!(can_act(&Method::PUT, "/admin/offsets/t/c/0"));
+        assert!(can_act(&Method::GET, "/ws"));
+        assert!(!can_act(&Method::GET, "/topics"));
+        assert!(!can_act(&Method::GET, "/metrics"));
+    }
+}

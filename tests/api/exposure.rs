@@ -1,0 +1,274 @@
+//! Safe to put in front of browsers (issue 20, PROTOCOL.md "Exposure"): the Origin and Host
+//! checks, no anonymous start off loopback, limits before any request is read, and WebSocket
+//! keepalive. Every test here failed on the code before its fix (the issue note lists them).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::support::*;
+
+/// A WebSocket handshake with extra headers: the HTTP status (101 when upgraded) and, when
+/// refused, the error code of the body.
+async fn handshake(addr: std::net::SocketAddr, client_id: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut request = format!("ws://{addr}/ws?client_id={client_id}").into_client_request().unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(name.parse::<tokio_tungstenite::tungstenite::http::HeaderName>().unwrap(), value.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((_ws, response)) => (response.status().as_u16(), String::new()),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let body: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
+            (response.status().as_u16(), body["error"]["code"].as_str().unwrap_or_default().to_string())
+        }
+        Err(e) => panic!("handshake failed without an HTTP answer: {e}"),
+    }
+}
+
+/// The status and error code of a raw request (method, path, headers, body) sent as written.
+async fn raw(addr: std::net::SocketAddr, head: &str, body: &str) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let request = format!("{head}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, tcp.read_to_end(&mut answer)).await.expect("answered in time").unwrap();
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body: Value = text.split_once("\r\n\r\n").and_then(|(_, b)| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+    (status, body["error"]["code"].as_str().unwrap_or_default().to_string())
+}
+
+/// The issue's scenario: with the defaults, a page on another site opened a session as alice and
+/// moved her committed offsets to the log end with `from: latest`, and her own client was taken
+/// over (4001, final). Now the handshake is refused before any session exists.
+#[tokio::test]
+async fn a_cross_site_page_cannot_open_a_session_or_skip_a_backlog() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "orders", 1, 0, 5).await;
+    let mut alice = WsClient::connect(gw.addr(), "alice").await;
+    alice.subscribe("orders", json!({})).await;
+    let first = alice.recv_type("event").await;
+    alice.ack_confirmed(&[id(&first)], "a").await;
+
+    let evil = [("origin", "https://evil.example")];
+    assert_eq!(handshake(gw.addr(), "alice", &evil).await, (403, "forbidden".into()));
+    let null = [("origin", "null")];
+    assert_eq!(handshake(gw.addr(), "alice", &null).await, (403, "forbidden".into()), "sandboxed frames and file:// pages send null");
+    // Alice's session is untouched: no takeover, her offset where she left it.
+    alice.send(json!({"op": "ping", "req": "still"})).await;
+    assert_eq!(alice.recv_type("pong").await["req"], "still");
+    assert_eq!(stored_offset(&gw.base, "orders", "alice", 0).await.unwrap()["committed"], 1);
+
+    // The gateway's own pages (the console) and clients without Origin keep working.
+    let own = format!("http://{}", gw.addr());
+    assert_eq!(handshake(gw.addr(), "console", &[("origin", &own)]).await.0, 101);
+    assert_eq!(handshake(gw.addr(), "native", &[]).await.0, 101);
+    alice.close().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn cross_site_posts_are_refused_and_listed_origins_allowed() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec!["https://app.example".into()];
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    let host = format!("Host: {addr}");
+    // A "simple" cross-site POST: text/plain needs no CORS preflight, so the browser sends it.
+    let create = format!("POST /topics HTTP/1.1\r\n{host}\r\nOrigin: https://evil.example\r\nContent-Type: text/plain");
+    assert_eq!(raw(addr, &create, r#"{"name":"huge","partitions":10000}"#).await, (403, "forbidden".into()));
+    let publish = format!("POST /topics/t/events HTTP/1.1\r\n{host}\r\nOrigin: https://evil.example\r\nContent-Type: text/plain");
+    assert_eq!(raw(addr, &publish, r#"{"payload":1}"#).await, (403, "forbidden".into()));
+    let reset = format!("DELETE /admin/offsets/t/alice HTTP/1.1\r\n{host}\r\nOrigin: https://evil.example");
+    assert_eq!(raw(addr, &reset, "").await, (403, "forbidden".into()));
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"], json!([]), "nothing was created");
+    // A listed origin and the gateway's own origin may.
+    let allowed = format!("POST /topics/t/events HTTP/1.1\r\n{host}\r\nOrigin: https://app.example\r\nContent-Type: application/json");
+    assert_eq!(raw(addr, &allowed, r#"{"payload":1}"#).await.0, 200);
+    let own = format!("POST /topics/t/events HTTP/1.1\r\n{host}\r\nOrigin: http://{addr}");
+    assert_eq!(raw(addr, &own, r#"{"payload":2}"#).await.0, 200);
+    // Reads are not Origin-checked (the browser keeps their answers from the page anyway).
+    let read = format!("GET /topics HTTP/1.1\r\n{host}\r\nOrigin: https://evil.example");
+    assert_eq!(raw(addr, &read, "").await.0, 200);
+    gw.stop().await;
+}
+
+/// DNS rebinding: a page whose own name now resolves to 127.0.0.1 sends its own name as Host.
+#[tokio::test]
+async fn a_loopback_listener_refuses_foreign_host_names() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.allowed_hosts = vec!["gw.internal".into()];
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    for path in ["/admin/offsets", "/topics", "/admin/sessions"] {
+        let rebound = format!("GET {path} HTTP/1.1\r\nHost: rebind.evil.example:{}", addr.port());
+        assert_eq!(raw(addr, &rebound, "").await, (403, "forbidden".into()), "{path}");
+    }
+    assert_eq!(handshake(addr, "alice", &[("host", "rebind.evil.example")]).await, (403, "forbidden".into()));
+    for host in [format!("localhost:{}", addr.port()), format!("127.0.0.1:{}", addr.port()), "gw.internal".to_string()] {
+        assert_eq!(raw(addr, &format!("GET /topics HTTP/1.1\r\nHost: {host}"), "").await.0, 200, "{host}");
+    }
+    gw.stop().await;
+}
+
+/// Off loopback without full auth, the gateway refuses to start (exit 2, naming the keys) unless
+/// `auth.allow_anonymous = true`, which starts with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_loopback_without_auth_refuses_to_start() {
+    let (_dir, data) = temp_dir();
+    let config = data.with_extension("toml");
+    std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = \"0.0.0.0:0\"\n", data.display().to_string())).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for key in ["auth.admin_token", "auth.jwt_secret", "auth.allow_anonymous"] {
+        assert!(stderr.contains(key), "{key} named: {stderr}");
+    }
+    let short = Command::new(env!("CARGO_BIN_EXE_ackgate"))
+        .arg("--config")
+        .arg(&config)
+        .env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken")
+        .env("ACKGATE_AUTH__JWT_SECRET", "short")
+        .output()
+        .unwrap();
+    assert_eq!(short.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&short.stderr).contains("at least 32 bytes"));
+
+    let gw = Process::start_at(&data, "0.0.0.0:0", &[("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true")]);
+    gw.wait_for_log("auth.allow_anonymous").await;
+    let (status, _) = get_json(&format!("http://127.0.0.1:{}/healthz", gw.addr.port())).await;
+    assert_eq!(status, 200);
+}
+
+/// Reads a raw connection until the server closes it; the bytes it sent first.
+async fn until_closed(tcp: &mut TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, tcp.read_to_end(&mut got)).await.expect("the server closed the connection in time").ok();
+    got
+}
+
+/// Slowloris: a connection that never finishes its request head, or sits idle between requests,
+/// is closed; before, `axum::serve` had no header-read timer and both stayed open forever.
+#[tokio::test]
+async fn slow_and_idle_connections_are_closed_before_auth() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.header_read_timeout_ms = 300;
+    config.server.idle_timeout_ms = 600;
+    config.auth.admin_token = "admin".into();
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    // Nothing at all.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    // Half a request head, then a byte now and then (each within any per-read timeout).
+    let mut dribbling = TcpStream::connect(addr).await.unwrap();
+    dribbling.write_all(b"GET /topics HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.unwrap();
+    let dribble = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if dribbling.write_all(b"X-A: b\r\n").await.is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(until_closed(&mut silent).await.is_empty());
+    assert!(dribble.await.unwrap(), "a head that never ends is cut off");
+    // A keep-alive connection after its answer: idle, then closed.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let started = Instant::now();
+    let answer = until_closed(&mut idle).await;
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"), "answered first");
+    assert!(started.elapsed() >= Duration::from_millis(300), "kept for the idle timeout, not only the header-read one");
+    // A real session outlives both: its own keepalive governs it.
+    let mut session = WsClient::connect(addr, "kept").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    session.send(json!({"op": "ping", "req": 1})).await;
+    assert_eq!(session.recv_type("pong").await["req"], 1);
+    gw.stop().await;
+}
+
+/// `limits.max_connections` and `limits.max_connections_per_ip`: beyond them a new connection is
+/// answered 503 `unavailable` or 429 `limit_exceeded` at once and closed, and counted.
+#[tokio::test]
+async fn connections_beyond_the_caps_are_refused_at_once() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_connections = 4;
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // The accept loop counts a connection when it takes it; give it the four first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut over = TcpStream::connect(addr).await.unwrap();
+    let answer = String::from_utf8_lossy(&until_closed(&mut over).await).to_string();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains(r#""code":"unavailable""#), "{answer}");
+    drop(held);
+    // Their slots come back once the sockets are closed (after lingering).
+    let started = Instant::now();
+    while raw(addr, &format!("GET /healthz HTTP/1.1\r\nHost: {addr}"), "").await.0 != 200 {
+        assert!(started.elapsed() < WAIT, "the closed connections' slots never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"ackgate_connections_refused_total{reason="capacity"}"#), "{metrics}");
+    gw.stop().await;
+
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_connections_per_ip = 2;
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    let _a = WsClient::connect(addr, "a").await;
+    let _b = WsClient::connect(addr, "b").await;
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let answer = String::from_utf8_lossy(&until_closed(&mut third).await).to_string();
+    assert!(answer.starts_with("HTTP/1.1 429") && answer.contains("limit_exceeded"), "{answer}");
+    drop(_a);
+    drop(_b);
+    gw.stop().await;
+}
+
+/// A WebSocket peer that vanished without a FIN (half-open) kept its session, its deliveries and
+/// its descriptor forever. Now it is pinged, and a session that hears nothing for
+/// `ws_pong_timeout_ms` ends, releasing its in-flight deliveries at once.
+#[tokio::test]
+async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.ws_ping_interval_ms = 100;
+    config.server.ws_pong_timeout_ms = 800;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    // A peer that keeps reading answers the pings (tungstenite does) and stays, idle or not.
+    let mut alive = WsClient::connect(gw.addr(), "alive").await;
+    let mut gone = WsClient::connect(gw.addr(), "gone").await;
+    gone.subscribe("t", json!({})).await;
+    let first = gone.recv_type("event").await;
+    assert_eq!(first["attempt"], 1);
+    // From here `gone` reads nothing: no pong goes back, as from a peer that vanished.
+    assert!(tokio::time::timeout(Duration::from_millis(2000), alive.recv()).await.is_err(), "pings only, no frame");
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    let clients: Vec<&str> = sessions["sessions"].as_array().unwrap().iter().map(|s| s["client_id"].as_str().unwrap()).collect();
+    assert_eq!(clients, vec!["alive"], "the silent peer's session ended, the reading one stays");
+    // Its delivery was released, not held for the ack timeout (30 s): it comes again at once.
+    let mut back = WsClient::connect(gw.addr(), "gone").await;
+    back.subscribe("t", json!({})).await;
+    let again = back.recv_type("event").await;
+    assert_eq!((again["offset"].as_u64(), again["attempt"].as_u64()), (Some(0), Some(2)));
+    drop(gone);
+    gw.stop().await;
+}
