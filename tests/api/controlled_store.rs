@@ -88,6 +88,17 @@ impl ControlledStore {
     }
 }
 
+/// Lets go of held dead-letter writes and removals when dropped: a test that fails while holding
+/// them must not leave a blocking thread waiting forever (the runtime would wait for it).
+pub struct LetGo(pub Arc<ControlledStore>);
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        self.0.hold_dead_letters(false);
+        self.0.hold_removals(false);
+    }
+}
+
 impl OffsetStore for ControlledStore {
     fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
         self.inner.read(key)

@@ -119,6 +119,23 @@ async fn a_loopback_listener_refuses_foreign_host_names() {
     gw.stop().await;
 }
 
+/// Runs the binary until it exits (at most `WAIT`: one that starts serving instead of refusing is
+/// killed and reported); its exit code and stderr.
+fn exit_of(command: &mut Command) -> (Option<i32>, String) {
+    let mut child = command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("the gateway started instead of refusing: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).to_string())
+}
+
 /// Off loopback without full auth, the gateway refuses to start (exit 2, naming the keys) unless
 /// `auth.allow_anonymous = true`, which starts with a warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,21 +143,14 @@ async fn off_loopback_without_auth_refuses_to_start() {
     let (_dir, data) = temp_dir();
     let config = data.with_extension("toml");
     std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = \"0.0.0.0:0\"\n", data.display().to_string())).unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken").output().unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken"));
+    assert_eq!(code, Some(2));
     for key in ["auth.admin_token", "auth.jwt_secret", "auth.allow_anonymous"] {
         assert!(stderr.contains(key), "{key} named: {stderr}");
     }
-    let short = Command::new(env!("CARGO_BIN_EXE_ackgate"))
-        .arg("--config")
-        .arg(&config)
-        .env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken")
-        .env("ACKGATE_AUTH__JWT_SECRET", "short")
-        .output()
-        .unwrap();
-    assert_eq!(short.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&short.stderr).contains("at least 32 bytes"));
+    let (code, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken").env("ACKGATE_AUTH__JWT_SECRET", "short"));
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("at least 32 bytes"), "{stderr}");
 
     let gw = Process::start_at(&data, "0.0.0.0:0", &[("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true")]);
     gw.wait_for_log("auth.allow_anonymous").await;

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::controlled_store::ControlledStore;
+use crate::controlled_store::{ControlledStore, LetGo};
 use crate::support::*;
 
 async fn start_with(config: ackgate::config::Config, store: Arc<dyn OffsetStore>) -> InProcess {
@@ -305,6 +305,7 @@ async fn a_taken_over_session_keeps_its_client_live_until_it_has_finished() {
     let mut old = WsClient::connect(gw.addr(), "c").await;
     old.subscribe("t", json!({})).await;
     let first = old.recv_type("event").await;
+    let _let_go = LetGo(store.clone());
     store.hold_dead_letters(true);
     old.send(json!({"op": "term", "delivery_id": id(&first), "reason": "held"})).await;
     // Let the old session take the term and wait in its dead-letter write.
@@ -382,6 +383,7 @@ async fn a_client_that_connects_during_a_sweep_keeps_its_offsets() {
     until_not_conflict(async || put_offset(&gw.base, "t", "c", 0, json!(2)).await).await;
     // Away for longer than the retention: its record is expired.
     clock.advance(20_000);
+    let _let_go = LetGo(store.clone());
     store.hold_removals(true);
     let handle = gw.handle.clone();
     let sweep = std::thread::spawn(move || handle.sweep_offsets_now());
