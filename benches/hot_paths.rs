@@ -32,6 +32,7 @@ fn frames(c: &mut Criterion) {
         headers_base64: Vec::new(),
         payload: format!(r#"{{"p":"{}"}}"#, "x".repeat(92)).into_bytes(),
         payload_is_json: true,
+        undecodable: false,
     };
     let mut out = String::with_capacity(512);
     group.bench_function("write event frame (100-byte JSON payload)", |b| {

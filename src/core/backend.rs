@@ -26,9 +26,17 @@ pub struct Event {
     pub payload: Vec<u8>,
     /// True when `payload` holds valid JSON text (checked once, at publish or at pull).
     pub payload_is_json: bool,
+    /// The log holds a record at this offset that could not be decoded: it is never delivered,
+    /// but dead-lettered (`undecodable`) for every subscribed client, so the partition goes on.
+    pub undecodable: bool,
 }
 
 impl Event {
+    /// The stand-in for a record at `offset` that could not be decoded.
+    pub fn undecodable(partition: u32, offset: u64) -> Self {
+        Self { partition, offset, timestamp: 0, key: None, headers: Vec::new(), headers_base64: Vec::new(), payload: Vec::new(), payload_is_json: false, undecodable: true }
+    }
+
     /// The payload as JSON text, when it is JSON.
     pub fn json_payload(&self) -> Option<&str> {
         if self.payload_is_json {

@@ -50,6 +50,13 @@ pub const OFFSETS_ABOVE_LOG_END: &str = "ackgate_offsets_above_log_end_total";
 pub const CONNECTIONS: &str = "ackgate_connections";
 pub const CONNECTIONS_REFUSED: &str = "ackgate_connections_refused_total";
 pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
+pub const UNDECODABLE_RECORDS: &str = "ackgate_undecodable_records_total";
+
+/// `ackgate_undecodable_records_total`: records read from the log that could not be decoded
+/// (each read counts; every subscriber dead-letters them with reason `undecodable`).
+pub fn undecodable_records() -> Counter {
+    metrics::counter!(UNDECODABLE_RECORDS)
+}
 
 /// `ackgate_connections_refused_total{reason}`: connections refused at accept, before any request
 /// was read (`capacity`: `limits.max_connections`; `per_ip`: `limits.max_connections_per_ip`).
@@ -86,6 +93,7 @@ impl Metrics {
         describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
         describe_counter!(CONNECTIONS_REFUSED, "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)");
+        describe_counter!(UNDECODABLE_RECORDS, "Records read from the log that could not be decoded (dead-lettered as undecodable for every subscriber)");
         describe_counter!(KAFKA_HEADERS_DROPPED, "Kafka record headers dropped because their key is not UTF-8");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");

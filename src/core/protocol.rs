@@ -562,6 +562,7 @@ mod tests {
             headers_base64: vec![("bin".into(), vec![0xff, 0x00])],
             payload: br#"{"n":1}"#.to_vec(),
             payload_is_json: true,
+            undecodable: false,
         };
         let mut out = String::new();
         write_event_frame(&mut out, DeliveryRef { seq: 0x1f, slot: 0, partition: 1, offset: 42 }, "t", 2, &event);

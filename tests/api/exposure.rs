@@ -282,3 +282,40 @@ async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
     drop(gone);
     gw.stop().await;
 }
+
+/// Nothing read from a log may stop a partition (PROTOCOL.md "Exposure", Producers): an event of
+/// the embedded log that cannot be decoded is dead-lettered (`undecodable`) for the subscriber and
+/// the partition goes on. Failed before the fix: every read that reached it failed and was
+/// retried forever, so the client received nothing past offset 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_event_is_dead_lettered_and_the_partition_goes_on() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 3).await;
+    gw.stop().await;
+    // Bits flipped on disk: the event at offset 1 no longer decodes.
+    {
+        let names = ["topics", "events", "partition_ends"];
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), data.join("log"), names).unwrap();
+        let events = db.cf_handle("events").unwrap();
+        let key = db
+            .iterator_cf(events, rocksdb::IteratorMode::Start)
+            .map(|item| item.unwrap().0)
+            .find(|key| key.ends_with(&1u64.to_be_bytes()))
+            .expect("the event at offset 1");
+        db.put_cf(events, &key, [0xffu8]).unwrap();
+    }
+    let gw = InProcess::start(test_config(&data)).await;
+    let mut client = WsClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let events = client.recv_events(2).await;
+    let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![0, 2], "the events around it arrive");
+    assert_eq!(client.ack_confirmed(&ids(&events), "both").await["committed"], json!({"t": {"0": 3}}), "it counts as settled");
+    let (_, page) = get_json(&format!("{}/admin/dead-letters?topic=t", gw.base)).await;
+    let dead = &page["dead_letters"][0];
+    assert_eq!((dead["offset"].as_u64(), dead["reason"].as_str(), dead["client_id"].as_str()), (Some(1), Some("undecodable"), Some("c")));
+    let metrics = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("ackgate_undecodable_records_total") && !l.ends_with(" 0")), "{metrics}");
+    gw.stop().await;
+}

@@ -72,6 +72,7 @@ impl StoredEvent {
             headers_base64: Vec::new(),
             payload: self.payload,
             payload_is_json: self.payload_is_json,
+            undecodable: false,
         }
     }
 }

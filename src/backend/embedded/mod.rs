@@ -225,8 +225,17 @@ impl EmbeddedLog {
             if offset >= end {
                 break;
             }
-            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err(format!("corrupt event at {tp}@{offset}")))?;
-            events.push(stored.into_event(tp.partition, offset));
+            // A record that does not decode (a disk that flipped bits, a log written by a newer
+            // build) must not stop the partition: it goes out as a stand-in that every
+            // subscriber dead-letters, and the partition goes on.
+            match StoredEvent::decode(&value) {
+                Some(stored) => events.push(stored.into_event(tp.partition, offset)),
+                None => {
+                    crate::core::metrics::undecodable_records().increment(1);
+                    tracing::error!(%tp, offset, bytes = value.len(), "an event in the log cannot be decoded; it is dead-lettered for every subscriber");
+                    events.push(Event::undecodable(tp.partition, offset));
+                }
+            }
             if events.len() == max {
                 break;
             }

@@ -253,6 +253,7 @@ fn to_event(message: &BorrowedMessage<'_>) -> Event {
         headers_base64: headers.binary,
         payload_is_json: serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok(),
         payload,
+        undecodable: false,
     }
 }
 

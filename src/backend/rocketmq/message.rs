@@ -64,6 +64,7 @@ impl StoredMessage {
             headers_base64: Vec::new(),
             payload: self.body,
             payload_is_json,
+            undecodable: false,
         }
     }
 }

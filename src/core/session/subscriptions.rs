@@ -123,6 +123,12 @@ impl Session {
                 Box::pin(self.dead_letter(&fed.topic, at, attempt - 1, "max_attempts".into())).await;
                 continue;
             }
+            if event.undecodable {
+                // Nothing to deliver: recorded as a dead letter and counted as acknowledged.
+                drop(permit);
+                Box::pin(self.dead_letter(&fed.topic, at, attempt, "undecodable".into())).await;
+                continue;
+            }
             self.push_event(&fed.topic, seq, attempt, &event, at);
             pushed += 1;
             if attempt > 1 {
