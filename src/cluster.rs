@@ -1,7 +1,8 @@
 //! The other instances of a cluster (`cluster.peers`) and which of them are healthy, for
-//! `GET /session/recommend`. Each peer's `/healthz` is probed every `cluster.probe_interval_ms`
+//! `GET /session/recommend`. Each peer's `/readyz` is probed every `cluster.probe_interval_ms`
 //! with a plain HTTP/1.1 GET (no client library: one request, `Connection: close`); its answer
-//! also names the peer's instance id.
+//! also names the peer's instance id. Readiness, not liveness: a peer whose offset store or backend
+//! fails, or that is shutting down, still answers `/healthz` but must get no clients.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -90,13 +91,13 @@ impl Cluster {
     }
 }
 
-/// `GET <url>/healthz`; the peer's instance id when it answers 200 with one.
+/// `GET <url>/readyz`; the peer's instance id when it answers 200 (ready) with one.
 async fn probe(url: &str, timeout: Duration) -> Option<String> {
     // Only plain HTTP: peers reach each other inside the cluster network.
     let authority = url.strip_prefix("http://")?.split('/').next()?;
     let exchange = async {
         let mut stream = TcpStream::connect(authority).await.ok()?;
-        let request = format!("GET /healthz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+        let request = format!("GET /readyz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.take(64 * 1024).read_to_end(&mut response).await.ok()?;
@@ -108,6 +109,6 @@ async fn probe(url: &str, timeout: Duration) -> Option<String> {
     if !head.starts_with("HTTP/1.1 200") {
         return None;
     }
-    let health: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-    health["instance"].as_str().map(str::to_string)
+    let readiness: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    readiness["instance"].as_str().map(str::to_string)
 }

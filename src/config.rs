@@ -358,7 +358,7 @@ impl ServerConfig {
 pub struct ClusterConfig {
     /// `public_url`s of the other instances.
     pub peers: Vec<String>,
-    /// How often each peer's `/healthz` is probed (also the probe's timeout).
+    /// How often each peer's `/readyz` is probed (also the probe's timeout).
     pub probe_interval_ms: u64,
 }
 

@@ -1,4 +1,5 @@
-//! `GET /healthz` (the process answers) and `GET /readyz` (offset store open, backend reachable).
+//! `GET /healthz` (the process answers) and `GET /readyz` (offset store open, backend reachable,
+//! not shutting down: what peers probe before they send clients here).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,7 +10,7 @@ use serde_json::json;
 use super::AppState;
 use crate::core::names::{ClientId, OffsetKey, TopicName};
 
-/// Also names the instance: peers read it when they probe (`cluster`).
+/// Also names the instance.
 #[utoipa::path(
     get,
     path = "/healthz",
@@ -45,6 +46,8 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     let ready = store_ok && backend_ok && !shutting_down;
     let body = json!({
         "ready": ready,
+        // Peers read it when they probe (`cluster`).
+        "instance": d.instance,
         "offset_store": if store_ok { "ok" } else { "failing" },
         "backend": if backend_ok { "ok" } else { "unreachable" },
         "shutting_down": shutting_down,

@@ -286,6 +286,8 @@ pub struct Health {
 #[derive(serde::Serialize, ToSchema)]
 pub struct Readiness {
     pub ready: bool,
+    /// This instance's id (peers read it when they probe).
+    pub instance: String,
     /// `ok` or `failing`.
     pub offset_store: String,
     /// `ok` or `unreachable`.

@@ -72,3 +72,59 @@ async fn instances_agree_spread_clients_and_skip_a_dead_peer() {
     assert!(alone.is_some(), "a stopped peer is no longer recommended");
     gateways.pop().unwrap().stop().await;
 }
+
+/// Issue 21, item 10: peers probed `/healthz`, which answers 200 while an instance's offset store
+/// fails (or while it shuts down), so clients were still sent to it. Peers probe `/readyz` now.
+/// Failed before the fix: gw-0 kept recommending the not-ready gw-1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_is_not_ready_gets_no_clients() {
+    use ackgate::core::offsets::SystemClock;
+    use std::sync::Arc;
+
+    let ports = [free_port(), free_port()];
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    let mut stores = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let (dir, data) = temp_dir();
+        let mut config = test_config(&data);
+        config.server.listen = format!("127.0.0.1:{port}");
+        config.server.instance_id = format!("gw-{i}");
+        config.cluster.peers = urls.clone();
+        config.cluster.probe_interval_ms = 100;
+        let store = crate::controlled_store::ControlledStore::open(&data);
+        let gateway = ackgate::Gateway::build_with_store(config, Arc::new(SystemClock), Some(store.clone())).await.unwrap();
+        gateways.push(InProcess::from_gateway(gateway));
+        dirs.push(dir);
+        stores.push(store);
+    }
+    let mut spread = false;
+    for _ in 0..100 {
+        let chosen = recommendations(&gateways[0].base, 40).await;
+        if chosen.values().any(|i| i == "gw-1") {
+            spread = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(spread, "gw-1 gets clients while it is ready");
+    // gw-1's store stops answering: alive (/healthz 200) but not ready.
+    stores[1].fail_reads(true);
+    let (live, _) = get_json(&format!("{}/healthz", gateways[1].base)).await;
+    let (ready, _) = get_json(&format!("{}/readyz", gateways[1].base)).await;
+    assert_eq!((live, ready), (200, 503));
+    let mut moved = false;
+    for _ in 0..100 {
+        if recommendations(&gateways[0].base, 40).await.values().all(|i| i == "gw-0") {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(moved, "a peer that is not ready is never recommended");
+    stores[1].fail_reads(false);
+    for gateway in gateways {
+        gateway.stop().await;
+    }
+}

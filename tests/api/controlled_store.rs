@@ -16,6 +16,8 @@ pub struct ControlledStore {
     released: Condvar,
     /// While true, `write_offsets` fails.
     failing: AtomicBool,
+    /// While true, `read` fails (a store that stopped answering).
+    reads_failing: AtomicBool,
     /// While true, `record_dead_letter` waits.
     dead_letters_held: Mutex<bool>,
     /// While true, `record_dead_letter` fails.
@@ -31,7 +33,7 @@ impl ControlledStore {
     pub fn open(data_dir: &std::path::Path) -> Arc<Self> {
         std::fs::create_dir_all(data_dir).unwrap();
         let inner = RocksOffsetStore::open(data_dir, false).unwrap();
-        Arc::new(Self { inner, held: Mutex::new(false), released: Condvar::new(), failing: AtomicBool::new(false), dead_letters_held: Mutex::new(false), dead_letters_failing: AtomicBool::new(false), removals_held: Mutex::new(false), dead_letters_released: Condvar::new(), removals_released: Condvar::new() })
+        Arc::new(Self { inner, held: Mutex::new(false), released: Condvar::new(), failing: AtomicBool::new(false), reads_failing: AtomicBool::new(false), dead_letters_held: Mutex::new(false), dead_letters_failing: AtomicBool::new(false), removals_held: Mutex::new(false), dead_letters_released: Condvar::new(), removals_released: Condvar::new() })
     }
 
     pub fn hold_writes(&self) {
@@ -72,6 +74,10 @@ impl ControlledStore {
         }
     }
 
+    pub fn fail_reads(&self, failing: bool) {
+        self.reads_failing.store(failing, Ordering::SeqCst);
+    }
+
     pub fn fail_dead_letters(&self, failing: bool) {
         self.dead_letters_failing.store(failing, Ordering::SeqCst);
     }
@@ -101,6 +107,9 @@ impl Drop for LetGo {
 
 impl OffsetStore for ControlledStore {
     fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
+        if self.reads_failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("the store stopped answering (test)".into()));
+        }
         self.inner.read(key)
     }
 
