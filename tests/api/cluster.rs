@@ -12,6 +12,16 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Instance `gw-{i}` of a cluster of `urls`, on `port`, probing its peers every 100 ms.
+fn peer_config(data: &std::path::Path, i: usize, port: u16, urls: &[String]) -> ackgate::config::Config {
+    let mut config = test_config(data);
+    config.server.listen = format!("127.0.0.1:{port}");
+    config.server.instance_id = format!("gw-{i}");
+    config.cluster.peers = urls.to_vec();
+    config.cluster.probe_interval_ms = 100;
+    config
+}
+
 async fn recommendations(base: &str, clients: usize) -> BTreeMap<String, String> {
     let mut chosen = BTreeMap::new();
     for c in 0..clients {
@@ -33,12 +43,7 @@ async fn instances_agree_spread_clients_and_skip_a_dead_peer() {
     let mut dirs = Vec::new();
     for (i, port) in ports[..2].iter().enumerate() {
         let (dir, data) = temp_dir();
-        let mut config = test_config(&data);
-        config.server.listen = format!("127.0.0.1:{port}");
-        config.server.instance_id = format!("gw-{i}");
-        config.cluster.peers = urls.clone();
-        config.cluster.probe_interval_ms = 100;
-        gateways.push(InProcess::start(config).await);
+        gateways.push(InProcess::start(peer_config(&data, i, *port, &urls)).await);
         dirs.push(dir);
     }
     let mut agreed = None;
@@ -88,11 +93,7 @@ async fn a_peer_that_is_not_ready_gets_no_clients() {
     let mut stores = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let (dir, data) = temp_dir();
-        let mut config = test_config(&data);
-        config.server.listen = format!("127.0.0.1:{port}");
-        config.server.instance_id = format!("gw-{i}");
-        config.cluster.peers = urls.clone();
-        config.cluster.probe_interval_ms = 100;
+        let config = peer_config(&data, i, *port, &urls);
         let store = crate::controlled_store::ControlledStore::open(&data);
         let gateway = ackgate::Gateway::build_with_store(config, Arc::new(SystemClock), Some(store.clone())).await.unwrap();
         gateways.push(InProcess::from_gateway(gateway));

@@ -9,40 +9,64 @@ use ackgate::core::names::{OffsetKey, TopicName};
 use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
-pub struct ControlledStore {
-    inner: RocksOffsetStore,
-    /// While true, `write_offsets` waits.
+/// A switch that makes callers wait while it is held.
+#[derive(Default)]
+struct Gate {
     held: Mutex<bool>,
     released: Condvar,
+}
+
+impl Gate {
+    fn set(&self, held: bool) {
+        *self.held.lock().unwrap() = held;
+        self.released.notify_all();
+    }
+
+    fn wait_while_held(&self) {
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.released.wait(held).unwrap();
+        }
+    }
+}
+
+pub struct ControlledStore {
+    inner: RocksOffsetStore,
+    /// While held, `write_offsets` waits.
+    writes: Gate,
     /// While true, `write_offsets` fails.
     failing: AtomicBool,
     /// While true, `read` fails (a store that stopped answering).
     reads_failing: AtomicBool,
-    /// While true, `record_dead_letter` waits.
-    dead_letters_held: Mutex<bool>,
+    /// While held, `record_dead_letter` waits.
+    dead_letters: Gate,
     /// While true, `record_dead_letter` fails.
     dead_letters_failing: AtomicBool,
-    /// While true, the retention sweep's removal waits (after its scan).
-    removals_held: Mutex<bool>,
-    /// Wakes waiters on `dead_letters_held` and `removals_held` (one condvar per mutex).
-    dead_letters_released: Condvar,
-    removals_released: Condvar,
+    /// While held, removals wait (the retention sweep's, between its scan and its delete).
+    removals: Gate,
 }
 
 impl ControlledStore {
     pub fn open(data_dir: &std::path::Path) -> Arc<Self> {
         std::fs::create_dir_all(data_dir).unwrap();
         let inner = RocksOffsetStore::open(data_dir, false).unwrap();
-        Arc::new(Self { inner, held: Mutex::new(false), released: Condvar::new(), failing: AtomicBool::new(false), reads_failing: AtomicBool::new(false), dead_letters_held: Mutex::new(false), dead_letters_failing: AtomicBool::new(false), removals_held: Mutex::new(false), dead_letters_released: Condvar::new(), removals_released: Condvar::new() })
+        Arc::new(Self {
+            inner,
+            writes: Gate::default(),
+            failing: AtomicBool::new(false),
+            reads_failing: AtomicBool::new(false),
+            dead_letters: Gate::default(),
+            dead_letters_failing: AtomicBool::new(false),
+            removals: Gate::default(),
+        })
     }
 
     pub fn hold_writes(&self) {
-        *self.held.lock().unwrap() = true;
+        self.writes.set(true);
     }
 
     pub fn release_writes(&self) {
-        *self.held.lock().unwrap() = false;
-        self.released.notify_all();
+        self.writes.set(false);
     }
 
     /// Releases held writes after `after`, from another thread.
@@ -56,22 +80,13 @@ impl ControlledStore {
 
     /// Holds (true) or lets go (false) every dead-letter write: a session that `term`s waits.
     pub fn hold_dead_letters(&self, held: bool) {
-        *self.dead_letters_held.lock().unwrap() = held;
-        self.dead_letters_released.notify_all();
+        self.dead_letters.set(held);
     }
 
     /// Holds (true) or lets go (false) the retention sweep's removal, which then waits between
     /// its scan and its delete.
     pub fn hold_removals(&self, held: bool) {
-        *self.removals_held.lock().unwrap() = held;
-        self.removals_released.notify_all();
-    }
-
-    fn wait_while_removals_held(&self) {
-        let mut held = self.removals_held.lock().unwrap();
-        while *held {
-            held = self.removals_released.wait(held).unwrap();
-        }
+        self.removals.set(held);
     }
 
     pub fn fail_reads(&self, failing: bool) {
@@ -86,12 +101,6 @@ impl ControlledStore {
         self.failing.store(failing, Ordering::SeqCst);
     }
 
-    fn wait_while_held(&self) {
-        let mut held = self.held.lock().unwrap();
-        while *held {
-            held = self.released.wait(held).unwrap();
-        }
-    }
 }
 
 /// Lets go of held dead-letter writes and removals when dropped: a test that fails while holding
@@ -114,7 +123,7 @@ impl OffsetStore for ControlledStore {
     }
 
     fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
-        self.wait_while_held();
+        self.writes.wait_while_held();
         if self.failing.load(Ordering::SeqCst) {
             return Err(StoreError::Io("disk full (test)".into()));
         }
@@ -142,21 +151,17 @@ impl OffsetStore for ControlledStore {
     }
 
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
-        self.wait_while_removals_held();
+        self.removals.wait_while_held();
         self.inner.remove(keys)
     }
 
     fn remove_unchanged(&self, records: &[(OffsetKey, u64)]) -> Result<usize, StoreError> {
-        self.wait_while_removals_held();
+        self.removals.wait_while_held();
         self.inner.remove_unchanged(records)
     }
 
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
-        let mut held = self.dead_letters_held.lock().unwrap();
-        while *held {
-            held = self.dead_letters_released.wait(held).unwrap();
-        }
-        drop(held);
+        self.dead_letters.wait_while_held();
         if self.dead_letters_failing.load(Ordering::SeqCst) {
             return Err(StoreError::Io("disk full (test)".into()));
         }

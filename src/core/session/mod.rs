@@ -93,8 +93,11 @@ struct Session {
     termed: u64,
     /// Acks and terms at the previous window check: a change means the client made progress.
     settled_at_last_check: u64,
-    /// When the peer was last heard from (a frame, a pong): the dead-peer check counts from here.
+    /// When the peer was last known to be heard from: the dead-peer check counts from here.
     last_heard: Instant,
+    /// Something (a frame, a pong) arrived since the last tick: a flag, not a clock read per
+    /// batch of frames on the hot path; the tick turns it into `last_heard`.
+    heard: bool,
     /// When the last keepalive ping went out.
     last_ping: Instant,
     /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
@@ -127,6 +130,7 @@ where
         termed: 0,
         settled_at_last_check: 0,
         last_heard: Instant::now(),
+        heard: false,
         last_ping: Instant::now(),
         nacked: Default::default(),
         acked: WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None },
@@ -190,7 +194,7 @@ where
             _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
             message = control.recv() => s.on_control(message),
             frame = inbound.next() => {
-                s.last_heard = Instant::now();
+                s.heard = true;
                 let mut step = s.on_inbound(frame).await;
                 // Frames already read are handled together: their acks become one write request.
                 for _ in 0..INBOUND_DRAIN {
@@ -357,6 +361,9 @@ impl Session {
         let settings = &self.d.settings;
         if settings.ping_interval.is_zero() {
             return Step::Continue;
+        }
+        if std::mem::take(&mut self.heard) {
+            self.last_heard = Instant::now();
         }
         if self.last_heard.elapsed() > settings.pong_timeout {
             return Step::Gone("dead peer: nothing received within server.ws_pong_timeout_ms");
