@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use super::offset_writer::OffsetWriter;
 use super::offsets::{lower_to_log_end, Clock, OffsetStore, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 use super::reader::Readers;
+use super::window::Window;
 
 /// Partitions whose log bounds a subscribe asks the backend for at once.
 const BOUNDS_IN_PARALLEL: usize = 16;
@@ -86,7 +87,6 @@ pub struct SessionStats {
     pub redelivered: AtomicU64,
     /// Epoch ms of the last ack, 0 before the first.
     pub last_ack_at: AtomicU64,
-    pub window_full: AtomicBool,
 }
 
 /// What the registry knows of one live session.
@@ -98,6 +98,9 @@ pub struct SessionInfo {
     pub connected_at: u64,
     pub stats: SessionStats,
     pub subscriptions: Mutex<Vec<TopicName>>,
+    /// Its in-flight window, shared with its feeders: the admin view reads whether it is full
+    /// as it is now (a feeder may start waiting for room without the session doing anything).
+    pub window: Arc<Window>,
 }
 
 struct SessionEntry {
@@ -271,6 +274,7 @@ impl Dispatcher {
             connected_at: self.clock.now_ms(),
             stats: SessionStats::default(),
             subscriptions: Mutex::new(Vec::new()),
+            window: Arc::new(Window::new(self.settings.max_in_flight, self.settings.max_in_flight_bytes)),
         });
         let control = Arc::new(ControlInbox::new());
         registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: control.clone() });

@@ -28,7 +28,7 @@ fn session_json(info: &SessionInfo) -> Value {
         "acked": stats.acked.load(Ordering::Relaxed),
         "redelivered": stats.redelivered.load(Ordering::Relaxed),
         "last_ack_at": (last_ack > 0).then_some(last_ack),
-        "window_full": stats.window_full.load(Ordering::Relaxed),
+        "window_full": info.window.is_full(),
     })
 }
 

@@ -118,7 +118,7 @@ where
     let Registration { info, control, client } = registration;
     let (feed_tx, mut feed_rx) = mpsc::channel(FEED_BATCHES_QUEUED);
     let mut s = Session {
-        window: Arc::new(Window::new(d.settings.max_in_flight, d.settings.max_in_flight_bytes)),
+        window: info.window.clone(),
         d: d.clone(),
         info: info.clone(),
         client,
@@ -162,7 +162,6 @@ where
     let redelivery_timer = tokio::time::sleep_until(timer_at);
     tokio::pin!(redelivery_timer);
     loop {
-        s.info.stats.window_full.store(s.window.is_full(), Ordering::Relaxed);
         let flushed = {
             let flushing = flush(&mut outbound, &mut s.out);
             tokio::pin!(flushing);
@@ -381,7 +380,6 @@ impl Session {
     /// `SLOW_CHECK`, so the ack path itself pays nothing for it.
     fn check_window(&mut self) -> Step {
         let full = self.window.is_full();
-        self.info.stats.window_full.store(full, Ordering::Relaxed);
         let settled = self.info.stats.acked.load(Ordering::Relaxed) + self.termed;
         let progressed = settled != self.settled_at_last_check;
         self.settled_at_last_check = settled;
