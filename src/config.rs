@@ -138,6 +138,9 @@ pub struct KafkaConfig {
     pub request_timeout_ms: u64,
     /// A publish the brokers have not confirmed within this fails with `unavailable`.
     pub publish_timeout_ms: u64,
+    /// How often partition counts are read from the cluster: partitions added to a topic reach
+    /// its live subscriptions (from their log start) within this.
+    pub metadata_refresh_ms: u64,
     /// librdkafka properties passed to every client, e.g. `"security.protocol" = "SASL_SSL"`.
     /// `group.id`, `enable.auto.commit` and the producer's `acks`/`enable.idempotence` are set by
     /// ackgate and cannot be overridden.
@@ -152,6 +155,7 @@ impl Default for KafkaConfig {
             replication_factor: 1,
             request_timeout_ms: 5000,
             publish_timeout_ms: 10_000,
+            metadata_refresh_ms: 30_000,
             properties: Default::default(),
         }
     }
@@ -472,6 +476,7 @@ impl Config {
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("cluster.probe_interval_ms", self.cluster.probe_interval_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
+            ("kafka.metadata_refresh_ms", self.kafka.metadata_refresh_ms),
             ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
             ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
@@ -507,6 +512,7 @@ impl Config {
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),
+            ("kafka.metadata_refresh_ms", self.kafka.metadata_refresh_ms),
             ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
             ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),

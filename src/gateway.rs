@@ -330,6 +330,18 @@ fn spawn_background(app: &AppState, backend: &Backend) {
         interval
     };
 
+    // Partitions added to a topic reach its live subscriptions: on Kafka at each metadata
+    // refresh, on the embedded log (counts in memory) every second. RocketMQ: not yet (issue 22).
+    let watch_every = match backend {
+        Backend::Kafka(_) => Some(config.kafka.metadata_refresh_ms),
+        Backend::Embedded(_) => Some(1000),
+        Backend::RocketMq(_) => None,
+    };
+    if let Some(ms) = watch_every {
+        let watching = crate::core::partition_watch::watch_partition_counts(app.dispatcher.clone(), Duration::from_millis(ms), cancel.clone());
+        app.dispatcher.tasks.spawn(watching);
+    }
+
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.checkpoint_interval_ms));
     app.dispatcher.tasks.spawn(async move {
         loop {

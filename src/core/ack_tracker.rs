@@ -35,12 +35,28 @@ pub struct AckTracker {
     delivered_end: u64,
     pending: BTreeMap<u64, PendingEvent>,
     last_acked: Option<u64>,
+    /// The subscription that owns this tracker: a session whose subscription has another epoch
+    /// must not record deliveries here, or its offsets would raise `delivered_end` past events
+    /// the owner has not fed yet (issue 21).
+    pub epoch: Epoch,
+}
+
+/// A subscription of a client, ordered by age: a later session's subscriptions come after an
+/// earlier session's, and within a session later ones after earlier ones. A plan never takes a
+/// tracker from a later epoch than its own (a taken-over session that re-subscribes late must not
+/// take the client's trackers back from its successor).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Epoch {
+    /// The session's number on this instance (registration order).
+    pub session: u64,
+    /// The subscription's id within the session.
+    pub subscription: u64,
 }
 
 impl AckTracker {
     /// A tracker whose every offset below `committed` counts as acknowledged.
     pub fn new(committed: u64, last_acked: Option<u64>) -> Self {
-        Self { delivered_end: committed, pending: BTreeMap::new(), last_acked }
+        Self { delivered_end: committed, pending: BTreeMap::new(), last_acked, epoch: Epoch::default() }
     }
 
     /// The committed offset: next offset not acknowledged.

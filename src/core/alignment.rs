@@ -2,13 +2,15 @@
 //! to the smallest committed offset among the clients known for it, so nothing pulled but not yet
 //! acknowledged before a crash is skipped. Partitions without known clients keep their
 //! checkpointed cursor, or start where the reset policy says. Committed offsets above the log end
-//! are lowered to it on the way (`offsets::lower_to_log_end`).
+//! are lowered to it on the way (`offsets::lower_to_log_end`), once a second read confirms the
+//! low end (`core::log_end`).
 
 use std::collections::HashMap;
 
-use super::backend::{BackendError, LogBackend};
+use super::backend::{BackendError, LogBackend, PartitionBounds};
 use super::dispatcher::ResetPolicy;
-use super::names::TopicPartition;
+use super::log_end;
+use super::names::{OffsetKey, TopicName, TopicPartition};
 use super::offsets::{lower_to_log_end, OffsetFilter, OffsetStore};
 
 /// Offsets above the log end named one by one per topic before a summary line.
@@ -26,6 +28,33 @@ pub struct AlignmentReport {
     pub lowered: usize,
 }
 
+/// Committed offsets of one topic as alignment sees them against the partitions' bounds.
+#[derive(Default)]
+struct TopicScan {
+    /// The smallest committed offset per partition (each taken at most at the log end).
+    smallest: HashMap<u32, u64>,
+    /// `(key, committed, log_end)` of every offset above its partition's log end.
+    above_log_end: Vec<(OffsetKey, u64, u64)>,
+}
+
+fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBounds]) -> Result<TopicScan, String> {
+    let mut scan = TopicScan::default();
+    let filter = OffsetFilter { topic: Some(topic.clone()), ..Default::default() };
+    store
+        .scan_each(&filter, &mut |key, record| {
+            // A partition the topic no longer has (recreated with fewer) is nobody's cursor.
+            let Some(log_end) = bounds.get(key.partition as usize).map(|b| b.log_end) else { return };
+            let committed = record.committed.min(log_end);
+            if record.committed > log_end {
+                scan.above_log_end.push((key.clone(), record.committed, log_end));
+            }
+            let entry = scan.smallest.entry(key.partition).or_insert(committed);
+            *entry = (*entry).min(committed);
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(scan)
+}
+
 pub async fn align_pull_offsets_to_ack(
     backend: &dyn LogBackend,
     store: &dyn OffsetStore,
@@ -40,21 +69,24 @@ pub async fn align_pull_offsets_to_ack(
             let tp = TopicPartition::new(topic.clone(), partition);
             bounds.push(backend.log_bounds(&tp).await.map_err(|e| e.to_string())?);
         }
-        let mut smallest: HashMap<u32, u64> = HashMap::new();
-        let mut above_log_end = Vec::new();
-        let filter = OffsetFilter { topic: Some(topic.clone()), ..Default::default() };
-        store
-            .scan_each(&filter, &mut |key, record| {
-                // A partition the topic no longer has (recreated with fewer) is nobody's cursor.
-                let Some(log_end) = bounds.get(key.partition as usize).map(|b| b.log_end) else { return };
-                let committed = record.committed.min(log_end);
-                if record.committed > log_end {
-                    above_log_end.push((key.clone(), record.committed, log_end));
+        let mut scan = scan_topic(store, &topic, &bounds)?;
+        if !scan.above_log_end.is_empty() {
+            // Lowered only when a second read confirms the low end (`core::log_end`).
+            let mut low: Vec<u32> = scan.above_log_end.iter().map(|(key, _, _)| key.partition).collect();
+            low.sort_unstable();
+            low.dedup();
+            let tps: Vec<TopicPartition> = low.iter().map(|p| TopicPartition::new(topic.clone(), *p)).collect();
+            let again = log_end::read_again(backend, &tps).await.map_err(|e| e.to_string())?;
+            for (tp, second) in tps.iter().zip(again) {
+                let first = bounds[tp.partition as usize];
+                if second.log_end > first.log_end {
+                    log_end::transient(tp, first.log_end, second.log_end);
                 }
-                let entry = smallest.entry(key.partition).or_insert(committed);
-                *entry = (*entry).min(committed);
-            })
-            .map_err(|e| e.to_string())?;
+                bounds[tp.partition as usize] = second;
+            }
+            scan = scan_topic(store, &topic, &bounds)?;
+        }
+        let TopicScan { smallest, above_log_end } = scan;
         let count = above_log_end.len();
         for (i, (key, committed, log_end)) in above_log_end.into_iter().enumerate() {
             // Each key is named, up to a point: a log that lost its tail can strand millions.
@@ -89,4 +121,90 @@ pub async fn align_pull_offsets_to_ack(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::core::backend::{Event, NewEvent, ReadFrom};
+    use crate::core::names::ClientId;
+    use crate::core::offsets::OffsetWrite;
+    use crate::store::memory::MemoryOffsetStore;
+
+    /// One topic `t` with one partition whose log end is answered from a script, then 10; it
+    /// records where the cursor was put.
+    struct ScriptedEnds {
+        ends: Mutex<Vec<u64>>,
+        cursor: Mutex<Option<u64>>,
+    }
+
+    #[async_trait]
+    impl LogBackend for ScriptedEnds {
+        async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+            Ok(vec![(TopicName::parse("t").unwrap(), 1)])
+        }
+        async fn partitions(&self, _: &TopicName) -> Result<Option<u32>, BackendError> {
+            Ok(Some(1))
+        }
+        async fn create_topic(&self, _: &TopicName, _: u32) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn delete_topic(&self, _: &TopicName) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn publish(&self, _: &TopicName, _: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn log_bounds(&self, _: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+            let mut ends = self.ends.lock().unwrap();
+            let log_end = if ends.is_empty() { 10 } else { ends.remove(0) };
+            Ok(PartitionBounds { log_start: 0, log_end })
+        }
+        async fn poll(&self, _: &TopicPartition, _: ReadFrom, _: usize, _: Duration) -> Result<Vec<Event>, BackendError> {
+            Ok(Vec::new())
+        }
+        fn seek(&self, _: &TopicPartition, offset: u64) {
+            *self.cursor.lock().unwrap() = Some(offset);
+        }
+        fn pull_offset(&self, _: &TopicPartition) -> Option<u64> {
+            *self.cursor.lock().unwrap()
+        }
+        fn ack_pulled_message(&self, _: &TopicPartition, _: u64) {}
+        fn checkpoint(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    async fn align_with_ends(ends: Vec<u64>) -> (u64, u64, AlignmentReport) {
+        let backend = ScriptedEnds { ends: Mutex::new(ends), cursor: Mutex::new(None) };
+        let store = MemoryOffsetStore::new();
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("c").unwrap(), 0);
+        store.write_offset(OffsetWrite { key: key.clone(), committed: 8, last_acked: Some(7), updated_at: 1, generation: 0 }).unwrap();
+        let report = align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
+        let cursor = backend.cursor.lock().unwrap().unwrap();
+        (store.read(&key).unwrap().unwrap().committed, cursor, report)
+    }
+
+    /// Issue 21, item 6: a log end answered low once (Kafka's high watermark right after a leader
+    /// change) must not lower a committed offset for good. Failed before the fix: committed 3.
+    #[tokio::test(start_paused = true)]
+    async fn a_log_end_low_for_a_moment_lowers_nothing() {
+        let (committed, cursor, report) = align_with_ends(vec![3]).await;
+        assert_eq!((committed, cursor, report.lowered), (8, 8, 0));
+    }
+
+    /// A log that really lost its tail (low on both reads) still has its offsets lowered.
+    #[tokio::test(start_paused = true)]
+    async fn a_log_end_low_on_both_reads_lowers_the_offset() {
+        let (committed, cursor, report) = align_with_ends(vec![3, 4]).await;
+        assert_eq!((committed, cursor, report.lowered), (4, 4, 1));
+    }
 }

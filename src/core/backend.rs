@@ -137,6 +137,12 @@ pub trait LogBackend: Send + Sync + 'static {
     /// yet; reads below `log_start` begin at it.
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>;
 
+    /// Grows `topic` to `partitions`; `Ok(false)` when it has that many already. A topic never
+    /// shrinks. Live subscriptions learn of the new partitions from `core::partition_watch`.
+    async fn add_partitions(&self, topic: &TopicName, _partitions: u32) -> Result<bool, BackendError> {
+        Err(BackendError::InvalidInput(format!("this backend cannot add partitions to {topic}")))
+    }
+
     /// Moves the pull cursor (boot alignment, rewinds).
     fn seek(&self, tp: &TopicPartition, offset: u64);
 

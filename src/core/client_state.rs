@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use super::FastMap;
 
-use super::ack_tracker::AckTracker;
+use super::ack_tracker::{AckTracker, Epoch};
 use super::names::{TopicName, TopicPartition};
 
 /// The parts of a delivery id.
@@ -79,11 +79,16 @@ pub struct EventRef {
     pub offset: u64,
 }
 
+/// Trackers a client keeps before the idle ones of topics it no longer uses go
+/// (`ClientState::forget_unused`).
+pub const TRACKERS_KEPT: usize = 1024;
+
 /// Per-client acknowledgement state, shared by the client's sessions on this instance.
 #[derive(Debug, Default)]
 pub struct ClientState {
     pub trackers: FastMap<TopicPartition, AckTracker>,
-    topic_slots: Vec<TopicName>,
+    /// The topic of each slot of this client's delivery ids; `None` for a freed slot.
+    topic_slots: Vec<Option<TopicName>>,
     /// The store's generation of each topic the trackers belong to, read when the subscription
     /// started: every offset write carries it, so none lands on a later topic of the same name.
     generations: HashMap<TopicName, u64>,
@@ -92,17 +97,49 @@ pub struct ClientState {
 impl ClientState {
     /// The slot of `topic` in this client's delivery ids, assigning one on first use.
     pub fn slot(&mut self, topic: &TopicName) -> u32 {
-        match self.topic_slots.iter().position(|t| t == topic) {
-            Some(i) => i as u32,
+        if let Some(i) = self.topic_slots.iter().position(|t| t.as_ref() == Some(topic)) {
+            return i as u32;
+        }
+        // A freed slot is taken again: an old delivery id naming it carries a sequence number
+        // the new topic's trackers never issued, so it cannot ack anything there.
+        match self.topic_slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.topic_slots[i] = Some(topic.clone());
+                i as u32
+            }
             None => {
-                self.topic_slots.push(topic.clone());
+                self.topic_slots.push(Some(topic.clone()));
                 (self.topic_slots.len() - 1) as u32
             }
         }
     }
 
     pub fn topic_of(&self, slot: u32) -> Option<&TopicName> {
-        self.topic_slots.get(slot as usize)
+        self.topic_slots.get(slot as usize)?.as_ref()
+    }
+
+    /// Bounds what a long-lived client leaves behind (one topic per room, subscribed and left):
+    /// beyond `TRACKERS_KEPT` trackers, those of topics not `in_use` with nothing pending go, and
+    /// with them their slots. A later subscribe reads the topic's offsets from the store again.
+    pub fn forget_unused(&mut self, in_use: impl Fn(&TopicName) -> bool) {
+        if self.trackers.len() <= TRACKERS_KEPT {
+            return;
+        }
+        let busy: std::collections::HashSet<TopicName> =
+            self.trackers.iter().filter(|(tp, t)| in_use(&tp.topic) || t.pending_count() > 0).map(|(tp, _)| tp.topic.clone()).collect();
+        self.trackers.retain(|tp, _| busy.contains(&tp.topic));
+        self.generations.retain(|topic, _| busy.contains(topic) || in_use(topic));
+        for slot in &mut self.topic_slots {
+            if slot.as_ref().is_some_and(|topic| !busy.contains(topic) && !in_use(topic)) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// The tracker of `tp` when it belongs to `epoch`: `None` for a subscription that a later
+    /// plan (another session of the client, or a re-subscribe) has replaced.
+    pub fn tracker_of_epoch(&mut self, tp: &TopicPartition, epoch: Epoch) -> Option<&mut AckTracker> {
+        self.trackers.get_mut(tp).filter(|t| t.epoch == epoch)
     }
 
     /// The tracker of the partition an event belongs to.
@@ -146,6 +183,29 @@ mod tests {
         assert_eq!(DeliveryRef { seq: 0, slot: 0, partition: u32::MAX, offset: 0xabc }.to_id(), "0.0.ffffffff.abc");
         for bad in ["", "1.2.3", "1.2.3.4.5", "x.1.2.3", "1.1.1ffffffff.1", "1..2.3"] {
             assert_eq!(DeliveryRef::parse(bad), None, "{bad}");
+        }
+    }
+
+    /// Issue 21, item 10: a client that subscribes to one topic after another (a room each) and
+    /// leaves them keeps a bounded number of trackers and slots; pending ones and those in use stay.
+    #[test]
+    fn trackers_of_topics_a_client_left_are_bounded() {
+        let mut state = ClientState::default();
+        let topic = |i: usize| TopicName::parse(&format!("room-{i}")).unwrap();
+        for i in 0..10_000 {
+            let slot = state.slot(&topic(i));
+            let mut tracker = AckTracker::new(0, None);
+            if i == 3 {
+                tracker.on_delivery(0, 1); // pending: kept whatever happens
+            }
+            state.trackers.insert(TopicPartition::new(topic(i), 0), tracker);
+            state.forget_unused(|t| *t == topic(i) || *t == topic(5));
+            assert!(state.trackers.len() <= TRACKERS_KEPT + 1, "{i}: {}", state.trackers.len());
+            assert!(state.topic_slots.len() <= TRACKERS_KEPT + 1, "{i}: {}", state.topic_slots.len());
+            assert_eq!(state.topic_of(slot), Some(&topic(i)));
+        }
+        for kept in [3, 5, 9_999] {
+            assert!(state.trackers.contains_key(&TopicPartition::new(topic(kept), 0)), "room-{kept}");
         }
     }
 }

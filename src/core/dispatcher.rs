@@ -15,8 +15,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::log_end;
 use super::metrics::Metrics;
-use super::ack_tracker::AckTracker;
+use super::ack_tracker::{AckTracker, Epoch};
 use super::backend::{BackendError, LogBackend, PartitionBounds};
 use super::client_state::ClientState;
 use super::session_control::{ControlInbox, SessionControl};
@@ -94,6 +95,8 @@ pub struct SessionInfo {
     pub session_id: String,
     pub client_id: ClientId,
     pub remote_addr: Option<SocketAddr>,
+    /// Registration order on this instance (the newer of two sessions has the larger number).
+    pub number: u64,
     /// Epoch ms.
     pub connected_at: u64,
     pub stats: SessionStats,
@@ -136,6 +139,12 @@ struct Registry {
     running: HashMap<ClientId, usize>,
     /// All running session tasks: what `limits.max_sessions` bounds.
     running_total: usize,
+    /// Clients whose stored offsets an operator is changing (`change_offline_client`): none of
+    /// their sessions may start meanwhile.
+    changing: HashSet<ClientId>,
+    /// Partition counts as `core::partition_watch` last read them (`partitions_grown`): a
+    /// subscription planned from an older count catches up with it.
+    grown: HashMap<TopicName, u32>,
 }
 
 impl Registry {
@@ -167,6 +176,18 @@ impl TopicDeletion<'_> {
 impl Drop for TopicDeletion<'_> {
     fn drop(&mut self) {
         self.d.registry().deleting.remove(&self.topic);
+    }
+}
+
+/// A client marked as being changed by an operator (`Dispatcher::change_offline_client`).
+struct ClientChange<'a> {
+    d: &'a Dispatcher,
+    client_id: ClientId,
+}
+
+impl Drop for ClientChange<'_> {
+    fn drop(&mut self) {
+        self.d.registry().changing.remove(&self.client_id);
     }
 }
 
@@ -249,6 +270,9 @@ impl Dispatcher {
     /// with 4001; the new one shares its ack state, so in-flight events go to the new session.
     pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {
         let mut registry = self.registry();
+        if registry.changing.contains(&client_id) {
+            return Err(FrameError::new(ErrorCode::Unavailable, "an operator is changing this client's offsets; retry in a moment"));
+        }
         let replaces = registry.by_client.get(&client_id).cloned();
         // A takeover may go past the limit only while the client runs just the session it
         // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
@@ -271,6 +295,7 @@ impl Dispatcher {
             session_id: session_id.clone(),
             client_id: client_id.clone(),
             remote_addr,
+            number: n,
             connected_at: self.clock.now_ms(),
             stats: SessionStats::default(),
             subscriptions: Mutex::new(Vec::new()),
@@ -380,19 +405,54 @@ impl Dispatcher {
 
     /// Runs `change` (an operator's reset or delete of `client_id`'s stored offsets on `topic`)
     /// only while the client has no session here, then forgets what this instance remembers of
-    /// its progress on the topic. The registry stays locked throughout, so no session of the
-    /// client can start in between; an ended session's writes are durable before it unregisters.
-    /// `None` while the client is live.
-    pub fn change_offline_client<T>(&self, client_id: &ClientId, topic: &TopicName, change: impl FnOnce() -> T) -> Option<T> {
-        let registry = self.registry();
-        if registry.running.contains_key(client_id) {
-            return None;
+    /// its progress on the topic. The client is marked as being changed meanwhile, so no session
+    /// of it can start in between (`register` answers `unavailable`), and the store write runs
+    /// on the blocking pool, not under the registry's lock (with `offsets.sync_writes` it
+    /// fsyncs, and every session start and end waits on that lock). An ended session's writes
+    /// are durable before it unregisters. `None` while the client is live or another change of
+    /// it runs.
+    pub async fn change_offline_client<T: Send + 'static>(
+        self: &Arc<Self>,
+        client_id: &ClientId,
+        topic: &TopicName,
+        change: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+    ) -> Option<Result<T, StoreError>> {
+        {
+            let mut registry = self.registry();
+            if registry.running.contains_key(client_id) || !registry.changing.insert(client_id.clone()) {
+                return None;
+            }
         }
-        let result = change();
-        if let Some(client) = registry.clients.get(client_id) {
-            client.lock().unwrap().forget_topic(topic);
+        // A task of its own: a caller that stops waiting (an HTTP client gone) must not unmark
+        // the client while the write still runs.
+        let (d, client_id, topic) = (self.clone(), client_id.clone(), topic.clone());
+        let task = tokio::spawn(async move {
+            let _changing = ClientChange { d: &d, client_id: client_id.clone() };
+            let result = tokio::task::spawn_blocking(change).await.unwrap_or_else(|e| Err(StoreError::Io(format!("offset change failed: {e}"))));
+            if let Some(client) = d.registry().clients.get(&client_id) {
+                client.lock().unwrap().forget_topic(&topic);
+            }
+            result
+        });
+        Some(task.await.unwrap_or_else(|e| Err(StoreError::Io(format!("offset change failed: {e}")))))
+    }
+
+    /// `topic` has `partitions` now (first seen, or more than before): every session subscribed
+    /// to it with fewer feeds the new partitions too, from their log start (a partition added
+    /// after a client subscribed is never skipped by `latest`).
+    pub fn partitions_grown(&self, topic: &TopicName, partitions: u32) {
+        let mut registry = self.registry();
+        registry.grown.insert(topic.clone(), partitions);
+        for entry in registry.sessions.values() {
+            if entry.info.subscriptions.lock().unwrap().contains(topic) {
+                entry.control.send(SessionControl::PartitionsAdded { topic: topic.clone(), partitions });
+            }
         }
-        Some(result)
+    }
+
+    /// The partition count of `topic` as the watch last read it.
+    pub fn grown_partitions(&self, topic: &TopicName) -> Option<u32> {
+        self.registry().grown.get(topic).copied()
     }
 
     /// Claims `topic` for deletion: `None` while a session subscribes to it; otherwise no session
@@ -407,9 +467,12 @@ impl Dispatcher {
 
     /// Forgets every client's state and the readers of a deleted topic.
     fn forget_topic(&self, topic: &TopicName) {
-        for client in self.registry().clients.values() {
+        let mut registry = self.registry();
+        registry.grown.remove(topic);
+        for client in registry.clients.values() {
             client.lock().unwrap().forget_topic(topic);
         }
+        drop(registry);
         self.readers.remove_topic(topic);
     }
 
@@ -426,6 +489,8 @@ impl Dispatcher {
         topic: &TopicName,
         from: StartFrom,
         resume: &std::collections::BTreeMap<u32, u64>,
+        epoch: Epoch,
+        first: u32,
     ) -> Result<Vec<StartPoint>, FrameError> {
         let partitions = self
             .backend
@@ -436,11 +501,15 @@ impl Dispatcher {
         if let Some(bad) = resume.keys().find(|p| **p >= partitions) {
             return Err(FrameError::new(ErrorCode::BadFrame, format!("resume names partition {bad}; {topic} has {partitions}")));
         }
+        // Partitions `first..` (all of them for a subscribe; those added since for a grown
+        // subscription): the others are not touched.
+        let range = first.min(partitions)..partitions;
+        let index = |partition: u32| (partition - range.start) as usize;
         let generation = self.store.topic_generation(topic).map_err(store_frame_error)?;
         client.lock().unwrap().set_generation(topic, generation);
         // The bounds of every partition, asked a few at a time: on Kafka each is a broker round
         // trip, and one after the other they made a subscribe (and so a takeover) wait for the sum.
-        let bounds: Vec<PartitionBounds> = futures_util::stream::iter(0..partitions)
+        let mut bounds: Vec<PartitionBounds> = futures_util::stream::iter(range.clone())
             .map(|partition| {
                 let tp = TopicPartition::new(topic.clone(), partition);
                 async move { self.backend.log_bounds(&tp).await }
@@ -449,24 +518,48 @@ impl Dispatcher {
             .try_collect()
             .await
             .map_err(backend_frame_error)?;
-        let mut starts = Vec::with_capacity(partitions as usize);
+        // What this instance remembers of the client's progress, else what the store holds.
+        let mut known = Vec::with_capacity(range.len());
+        for partition in range.clone() {
+            let tp = TopicPartition::new(topic.clone(), partition);
+            let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
+            let stored = match remembered {
+                Some(known) => Some(known),
+                None => self.store.read(&OffsetKey::new(topic.clone(), client_id.clone(), partition)).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
+            };
+            known.push(stored);
+        }
+        // A log end below the committed offset is read again before anything is lowered: it
+        // may be a broker's answer of a moment (`core::log_end`).
+        let low: Vec<TopicPartition> = range
+            .clone()
+            .filter(|p| known[index(*p)].is_some_and(|(committed, _)| committed > bounds[index(*p)].log_end))
+            .map(|p| TopicPartition::new(topic.clone(), p))
+            .collect();
+        for (tp, second) in low.iter().zip(log_end::read_again(self.backend.as_ref(), &low).await.map_err(backend_frame_error)?) {
+            let read_first = &mut bounds[index(tp.partition)];
+            if second.log_end > read_first.log_end {
+                log_end::transient(tp, read_first.log_end, second.log_end);
+            }
+            *read_first = second;
+        }
+        // A client with a stored offset on some partition of the topic subscribed to it before:
+        // a partition it has none for was added since (a subscribe stores one for every
+        // partition), and `reset_policy = latest` must not skip what was published to it.
+        let subscribed_before = known.iter().any(Option::is_some);
+        let mut starts = Vec::with_capacity(range.len());
         let mut writes = Vec::new();
-        for (partition, bounds) in (0..partitions).zip(bounds) {
+        for ((partition, bounds), mut stored) in range.clone().zip(bounds).zip(known) {
             let tp = TopicPartition::new(topic.clone(), partition);
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
-            let mut remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
-            let mut stored = match remembered {
-                Some(known) => Some(known),
-                None => self.store.read(&key).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
-            };
             if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
                 tracing::warn!(%key, committed, log_end = bounds.log_end, "committed offset above the log end: lowered to the log end");
                 let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
                 stored = Some((lowered.committed, lowered.last_acked));
-                remembered = None;
             }
             let policy = match (from, self.settings.reset_policy) {
-                (StartFrom::Latest, _) | (StartFrom::Committed, ResetPolicy::Latest) => bounds.log_end,
+                (StartFrom::Latest, _) => bounds.log_end,
+                (StartFrom::Committed, ResetPolicy::Latest) if !subscribed_before => bounds.log_end,
                 _ => bounds.log_start,
             };
             let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
@@ -478,11 +571,18 @@ impl Dispatcher {
                 (None, None) => policy,
             }
             .max(bounds.log_start);
+            // The tracker becomes this subscription's (`Epoch`): kept when it is where the plan
+            // starts (its pending deliveries stay pending), replaced otherwise, and left alone
+            // when a later session of the client planned it meanwhile.
             let mut state = client.lock().unwrap();
-            let keep = remembered.is_some_and(|(floor, _)| floor == start);
-            if !keep {
-                let last_acked = stored.and_then(|(_, l)| l);
-                state.trackers.insert(tp.clone(), AckTracker::new(start, last_acked));
+            match state.trackers.get_mut(&tp) {
+                Some(tracker) if tracker.epoch > epoch => {}
+                Some(tracker) if tracker.floor() == start => tracker.epoch = epoch,
+                _ => {
+                    let mut tracker = AckTracker::new(start, stored.and_then(|(_, l)| l));
+                    tracker.epoch = epoch;
+                    state.trackers.insert(tp.clone(), tracker);
+                }
             }
             if stored.is_none_or(|(committed, _)| committed < start) {
                 let last_acked = stored.and_then(|(_, l)| l);
@@ -509,7 +609,7 @@ impl Dispatcher {
             Ok(missing)
         })
         .await
-        .map_err(|e| FrameError::new(ErrorCode::Unavailable, format!("reading stored offsets: {e}")))?
+        .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
         .map_err(store_frame_error)?;
         for key in missing {
             let tracker = client.lock().unwrap().trackers.get(&TopicPartition::new(topic.clone(), key.partition)).map(|t| (t.floor(), t.last_acked()));
@@ -518,7 +618,7 @@ impl Dispatcher {
             }
         }
         if !writes.is_empty() {
-            self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+            self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         }
         Ok(starts)
     }
@@ -529,16 +629,12 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
         BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
         BackendError::InvalidInput(m) | BackendError::UnknownPartition(m) => FrameError::new(ErrorCode::BadFrame, m),
         BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
-        BackendError::Unavailable(m) | BackendError::Io(m) => {
-            // The detail (broker addresses, file paths) goes to the log, not to the client.
-            tracing::warn!(error = %m, "backend error answered with an unavailable frame");
-            FrameError::new(ErrorCode::Unavailable, "the log backend is unavailable; retry later")
-        }
+        // The detail (broker addresses, file paths) goes to the log, not to the client.
+        BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m),
     }
 }
 
 pub fn store_frame_error(e: StoreError) -> FrameError {
-    tracing::error!(error = %e, "offset store error answered with an unavailable frame");
-    FrameError::new(ErrorCode::Unavailable, "the offset store is unavailable; retry later")
+    FrameError::unavailable("the offset store", e)
 }
 

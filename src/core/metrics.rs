@@ -51,6 +51,14 @@ pub const CONNECTIONS: &str = "ackgate_connections";
 pub const CONNECTIONS_REFUSED: &str = "ackgate_connections_refused_total";
 pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
 pub const UNDECODABLE_RECORDS: &str = "ackgate_undecodable_records_total";
+pub const TRANSIENT_LOG_ENDS: &str = "ackgate_transient_log_ends_total";
+
+/// `ackgate_transient_log_ends_total`: log ends read below a committed offset that were back above
+/// it when read again (`core::log_end`): the offsets stayed. A free function, like
+/// `offsets_above_log_end`.
+pub fn transient_log_ends() -> Counter {
+    metrics::counter!(TRANSIENT_LOG_ENDS)
+}
 
 /// `ackgate_undecodable_records_total`: records read from the log that could not be decoded
 /// (each read counts; every subscriber dead-letters them with reason `undecodable`).
@@ -90,7 +98,8 @@ impl Metrics {
         describe_counter!("ackgate_offset_writes_total", "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)");
         describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
         describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
-        describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
+        describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end on two reads a second apart (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
+        describe_counter!(TRANSIENT_LOG_ENDS, "Partitions whose log end was read below a committed offset and back above it a second later (a broker's transient answer): nothing lowered");
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
         describe_counter!(CONNECTIONS_REFUSED, "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)");
         describe_counter!(UNDECODABLE_RECORDS, "Records read from the log that could not be decoded (dead-lettered as undecodable for every subscriber)");

@@ -142,6 +142,16 @@ impl OffsetKey {
         Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition))
     }
 
+    /// Inverse of the display form `topic#client_id#partition` (neither name may hold `#`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split('#');
+        let (topic, client, partition) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?))
+    }
+
     pub fn topic_partition(&self) -> TopicPartition {
         TopicPartition::new(self.topic.clone(), self.partition)
     }

@@ -206,6 +206,9 @@ mod tests {
         fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
             self.inner.scan_each(filter, visit)
         }
+        fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
+            self.inner.scan_page(filter, after, limit)
+        }
         fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
             self.inner.reset(key, committed, now)
         }

@@ -229,6 +229,10 @@ pub trait OffsetStore: Send + Sync + 'static {
         Ok(rows)
     }
 
+    /// At most `limit` records matching `filter` that come after `after` in the store's order
+    /// (the order of `scan`): one page of the admin listing, never a whole scan collected.
+    fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
+
     /// Sets `key` to `committed`, backwards allowed (the admin reset route, and an offset found
     /// above the log end). A `last_acked` at or above the new offset is cleared.
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;

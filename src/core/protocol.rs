@@ -96,6 +96,27 @@ impl FrameError {
         self.req = req;
         self
     }
+
+    /// `unavailable` for a failure of `what` ("the log backend", "the offset store"): the caller
+    /// gets a short message and an incident id, the log gets the detail (broker addresses, file
+    /// paths) under the same id, so an operator can find one from the other.
+    pub fn unavailable(what: &str, detail: impl std::fmt::Display) -> Self {
+        let incident = incident_id();
+        tracing::warn!(%incident, error = %detail, "{what} is unavailable");
+        Self::new(ErrorCode::Unavailable, format!("{what} is unavailable; retry later (incident {incident})"))
+    }
+}
+
+/// A short id naming one error answer in the log: unique per process (a counter), and unlikely
+/// to repeat across restarts (mixed with the start time).
+pub fn incident_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static STARTED: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let started = *STARTED.get_or_init(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:012x}", (started.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n) & 0xffff_ffff_ffff)
 }
 
 /// Where a subscription starts when the client names no resume token for a partition.

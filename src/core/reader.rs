@@ -8,7 +8,7 @@
 //! ring by `delivery.reader_buffer_events` and `delivery.reader_buffer_bytes`, a catch-up read by
 //! what its subscriber's window has room for.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,6 +83,11 @@ pub struct PartitionReader {
     /// Woken when a subscriber waits at the end.
     demand: Notify,
     waiting: AtomicUsize,
+    /// Of the `waiting`, those that wait at the log end ahead of the ring, by the offset they
+    /// wait for. When every waiter is ahead (the pull cursor was left behind them by boot
+    /// alignment, at an absent client's offset), the reader jumps to the lowest of them instead
+    /// of pulling its way up to them with a wake-up of every one of them per pull (issue 21).
+    ahead: Mutex<BTreeMap<u64, usize>>,
     pulled_events: metrics::Counter,
     /// Average payload size of the events read last (0: none yet): sizes the first read of a
     /// catch-up read to its byte budget.
@@ -103,7 +108,7 @@ impl PartitionReader {
             let pulled = self.pulled.notified();
             tokio::pin!(pulled);
             pulled.as_mut().enable();
-            let direct = {
+            let (direct, covered_to) = {
                 let buffer = self.buffer.lock().unwrap();
                 if from >= buffer.covered_from && from < buffer.covered_to {
                     let first = buffer.events.partition_point(|e| e.offset < from);
@@ -111,18 +116,24 @@ impl PartitionReader {
                     if !events.is_empty() {
                         return Ok(events);
                     }
-                    false
+                    (false, buffer.covered_to)
                 } else {
-                    from != buffer.covered_to
+                    (from != buffer.covered_to, buffer.covered_to)
                 }
             };
-            if direct {
+            // Ahead of the ring: a subscriber at the log end waits there (no catch-up read:
+            // on Kafka one holds a catch-up consumer for a second); one below it reads by offset.
+            let mut ahead = false;
+            if direct && from > covered_to && self.backend.log_bounds(&self.tp).await?.log_end <= from {
+                ahead = true;
+            } else if direct {
                 let events = self.read_by_offset(from, max, max_bytes).await?;
                 if !events.is_empty() {
                     return Ok(events);
                 }
             }
             let _waiting = WaitingGuard::new(&self.waiting);
+            let _ahead = ahead.then(|| AheadGuard::new(&self.ahead, from));
             self.demand.notify_one();
             let _ = tokio::time::timeout(FETCH_RECHECK, pulled).await;
         }
@@ -179,6 +190,7 @@ impl PartitionReader {
                 _ = self.demand.notified() => {}
             }
             while self.waiting.load(Ordering::SeqCst) > 0 && !cancel.is_cancelled() {
+                self.jump_to_waiters_ahead();
                 // Sized so that one pull of large events stays within a quarter of the ring's bytes.
                 let (batch, covered_to) = {
                     let buffer = self.buffer.lock().unwrap();
@@ -206,6 +218,33 @@ impl PartitionReader {
                 }
             }
         }
+    }
+
+    /// When every waiting subscriber waits ahead of the ring, at the log end (boot alignment
+    /// left the pull cursor at an absent client's offset), the cursor and the ring move to the
+    /// lowest of them: the shared reader serves the head at once, and a subscriber that later
+    /// wants the range below reads it by offset, as any subscriber behind the ring does.
+    fn jump_to_waiters_ahead(&self) {
+        let lowest = {
+            let ahead = self.ahead.lock().unwrap();
+            let count: usize = ahead.values().sum();
+            match ahead.first_key_value() {
+                Some((lowest, _)) if count == self.waiting.load(Ordering::SeqCst) => *lowest,
+                _ => return,
+            }
+        };
+        let mut buffer = self.buffer.lock().unwrap();
+        if lowest <= buffer.covered_to {
+            return;
+        }
+        tracing::debug!(tp = %self.tp, from = buffer.covered_to, to = lowest, "every subscriber waits ahead of the pull cursor: it moves to them");
+        self.backend.seek(&self.tp, lowest);
+        buffer.events.clear();
+        buffer.bytes = 0;
+        buffer.covered_from = lowest;
+        buffer.covered_to = lowest;
+        drop(buffer);
+        self.pulled.notify_waiters();
     }
 
     /// Moves an empty ring to where the pull cursor is now (a subscriber below it reads by
@@ -246,6 +285,31 @@ impl PartitionReader {
         self.average_bytes.store(buffer.average_event_bytes(), Ordering::Relaxed);
         drop(buffer);
         self.pulled.notify_waiters();
+    }
+}
+
+/// Counts its holder among the subscribers waiting ahead of the ring, at `from`.
+struct AheadGuard<'a> {
+    ahead: &'a Mutex<BTreeMap<u64, usize>>,
+    from: u64,
+}
+
+impl<'a> AheadGuard<'a> {
+    fn new(ahead: &'a Mutex<BTreeMap<u64, usize>>, from: u64) -> Self {
+        *ahead.lock().unwrap().entry(from).or_insert(0) += 1;
+        Self { ahead, from }
+    }
+}
+
+impl Drop for AheadGuard<'_> {
+    fn drop(&mut self) {
+        let mut ahead = self.ahead.lock().unwrap();
+        if let Some(n) = ahead.get_mut(&self.from) {
+            *n -= 1;
+            if *n == 0 {
+                ahead.remove(&self.from);
+            }
+        }
     }
 }
 
@@ -346,6 +410,7 @@ impl Readers {
             pulled: Notify::new(),
             demand: Notify::new(),
             waiting: AtomicUsize::new(0),
+            ahead: Mutex::new(BTreeMap::new()),
             pulled_events: self.pulled_events.clone(),
             average_bytes: AtomicUsize::new(0),
         });

@@ -7,6 +7,10 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 
 use super::dispatcher::InFlightView;
+use super::names::TopicName;
+
+/// `Describe` requests a session may have waiting (more are answered "no answer" at once).
+pub const DESCRIBES_QUEUED: usize = 16;
 
 /// Messages to a running session from outside its task.
 #[derive(Debug)]
@@ -17,6 +21,8 @@ pub enum SessionControl {
     Disconnect,
     /// Describe the in-flight deliveries.
     Describe(tokio::sync::oneshot::Sender<Vec<InFlightView>>),
+    /// `topic` has `partitions` now (more than when the session subscribed): feed the new ones.
+    PartitionsAdded { topic: TopicName, partitions: u32 },
 }
 
 /// A session's queue of `SessionControl` messages and its wake-up. Not a tokio channel: one of
@@ -33,10 +39,29 @@ impl ControlInbox {
         Self { queue: Mutex::new(Some(VecDeque::new())), wake: Notify::new() }
     }
 
-    /// False when the session no longer reads its messages.
+    /// False when the session no longer reads its messages. Bounded, for a session stuck in an
+    /// await while requests keep coming: a second close (`TakenOver`, `Disconnect`) is dropped
+    /// (the first one ends the session), a `Describe` beyond `DESCRIBES_QUEUED` is dropped, so
+    /// its asker hears at once that no answer comes, and a `PartitionsAdded` replaces the one of
+    /// its topic still waiting.
     pub fn send(&self, message: SessionControl) -> bool {
         match self.queue.lock().unwrap().as_mut() {
-            Some(queue) => queue.push_back(message),
+            Some(queue) => {
+                let describes = queue.iter().filter(|m| matches!(m, SessionControl::Describe(_))).count();
+                let closes = queue.iter().filter(|m| matches!(m, SessionControl::TakenOver | SessionControl::Disconnect)).count();
+                let keep = match &message {
+                    SessionControl::Describe(_) => describes < DESCRIBES_QUEUED,
+                    // At most one per topic waiting (a later count includes the earlier ones).
+                    SessionControl::PartitionsAdded { topic, .. } => {
+                        queue.retain(|m| !matches!(m, SessionControl::PartitionsAdded { topic: t, .. } if t == topic));
+                        true
+                    }
+                    _ => closes == 0,
+                };
+                if keep {
+                    queue.push_back(message);
+                }
+            }
             None => return false,
         }
         self.wake.notify_one();
@@ -71,10 +96,11 @@ mod tests {
     async fn control_inbox_delivers_in_order_and_drops_what_a_closed_session_leaves() {
         let inbox = Arc::new(ControlInbox::new());
         // Sent before anyone waits: kept, in order.
+        let (first, _asked) = tokio::sync::oneshot::channel();
+        assert!(inbox.send(SessionControl::Describe(first)));
         assert!(inbox.send(SessionControl::Disconnect));
-        assert!(inbox.send(SessionControl::TakenOver));
+        assert!(matches!(inbox.recv().await, SessionControl::Describe(_)));
         assert!(matches!(inbox.recv().await, SessionControl::Disconnect));
-        assert!(matches!(inbox.recv().await, SessionControl::TakenOver));
         // Sent while the session waits: wakes it.
         let waiting = tokio::spawn({
             let inbox = inbox.clone();
@@ -89,5 +115,22 @@ mod tests {
         inbox.close();
         assert!(answer.await.is_err());
         assert!(!inbox.send(SessionControl::Disconnect));
+    }
+
+    /// Issue 21, item 10: a session stuck in an await does not collect control messages without
+    /// bound. Failed before the fix: 10,000 queued.
+    #[tokio::test]
+    async fn control_inbox_is_bounded_while_its_session_is_stuck() {
+        let inbox = ControlInbox::new();
+        let mut answers = Vec::new();
+        for _ in 0..10_000 {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            assert!(inbox.send(SessionControl::Describe(reply)));
+            assert!(inbox.send(SessionControl::Disconnect));
+            answers.push(answer);
+        }
+        assert_eq!(inbox.queue.lock().unwrap().as_ref().unwrap().len(), DESCRIBES_QUEUED + 1);
+        // The ones beyond the bound hear at once that no answer comes.
+        assert!(answers.pop().unwrap().await.is_err());
     }
 }

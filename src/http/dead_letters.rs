@@ -41,14 +41,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "limit" | "after")) {
         return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, limit or after")));
     }
-    let limit = match query.get("limit") {
-        None => DEFAULT_PAGE,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {text:?}")))?,
-    };
+    let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
     let after = query
         .get("after")
         .map(|text| DeadLetterId::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}"))))

@@ -67,19 +67,15 @@ impl From<BackendError> for ApiError {
             BackendError::Conflict(m) => Self::conflict(m),
             BackendError::InvalidInput(m) => Self::bad_request(m),
             BackendError::UnknownPartition(m) => Self::not_found(m),
-            BackendError::Unavailable(m) | BackendError::Io(m) => {
-                // The detail (broker addresses, file paths) goes to the log, not to the caller.
-                tracing::warn!(error = %m, "backend error answered with 503");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "the log backend is unavailable; retry later")
-            }
+            // The detail (broker addresses, file paths) goes to the log, not to the caller.
+            BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m).into(),
         }
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "offset store error answered with 503");
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "the offset store is unavailable; retry later")
+        FrameError::unavailable("the offset store", e).into()
     }
 }
 

@@ -110,3 +110,16 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("body is not of this route's shape: {e}")))
     }
 }
+
+/// The `limit` of a paged listing (`GET /admin/offsets`, `GET /admin/dead-letters`): `default`
+/// when absent, else a whole number from 1 to `max`.
+pub fn page_limit(query: &std::collections::HashMap<String, String>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match query.get("limit") {
+        None => Ok(default),
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be an integer from 1 to {max}, got {text:?}"))),
+    }
+}

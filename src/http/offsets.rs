@@ -31,14 +31,25 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
     })
 }
 
-/// `GET /admin/offsets?topic=&client_id=&partition=`
+/// Offsets per page of `GET /admin/offsets` unless `limit` says otherwise, and the most one page
+/// holds.
+pub const DEFAULT_PAGE: usize = 1000;
+pub const MAX_PAGE: usize = 10_000;
+
+/// `GET /admin/offsets?topic=&client_id=&partition=&limit=&after=`
 #[utoipa::path(
     get,
     path = "/admin/offsets",
     operation_id = "list_offsets",
     tag = "offsets",
-    summary = "Stored ack offsets, filtered by key-prefix scans",
-    params(("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0)),
+    summary = "Stored ack offsets, filtered by key-prefix scans, one page at a time",
+    params(
+        ("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0),
+        ("limit" = Option<u32>, Query, description = "offsets per page, 1 to 10000 (default 1000)", minimum = 1, maximum = 10000),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition`)", pattern = r"^[A-Za-z0-9._-]{1,249}#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}$"),
+    ),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::OffsetList, links(
@@ -53,9 +64,14 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "partition")) {
-        return Err(ApiError::bad_request(format!("unknown filter {unknown:?}; use topic, client_id or partition")));
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "partition" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, partition, limit or after")));
     }
+    let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
+    let after = query
+        .get("after")
+        .map(|text| OffsetKey::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition), got {text:?}"))))
+        .transpose()?;
     let filter = OffsetFilter {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
         client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
@@ -65,8 +81,17 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
             .transpose()
             .map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?,
     };
-    let rows: Vec<Value> = app.dispatcher.store.scan(&filter)?.iter().map(|(k, r)| row(k, r)).collect();
-    Ok(Json(json!({ "offsets": rows })))
+    // One page, on the blocking pool: an unfiltered listing walks the whole store.
+    let store = app.dispatcher.store.clone();
+    let page = tokio::task::spawn_blocking(move || store.scan_page(&filter, after.as_ref(), limit))
+        .await
+        .map_err(|e| crate::core::offsets::StoreError::Io(e.to_string()))??;
+    let rows: Vec<Value> = page.iter().map(|(k, r)| row(k, r)).collect();
+    let mut body = json!({ "offsets": rows });
+    if page.len() == limit {
+        body["next"] = json!(page[limit - 1].0.to_string());
+    }
+    Ok(Json(body))
 }
 
 /// `GET /admin/offsets/{topic}/{client_id}`: every partition of the topic with the lag to log end.
@@ -156,13 +181,14 @@ pub async fn reset(
         )));
     }
     let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
-    let record = d.change_offline_client(&client_id, &topic, || d.store.reset(&key, body.offset, d.clock.now_ms())).ok_or_else(|| live(&client_id))??;
+    let (store, reset_key, now_ms) = (d.store.clone(), key.clone(), d.clock.now_ms());
+    let record = d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, body.offset, now_ms)).await.ok_or_else(|| live(&client_id))??;
     tracing::info!(%key, offset = body.offset, "offset reset by an operator");
     Ok(Json(row(&key, &record)))
 }
 
 fn live(client_id: &ClientId) -> ApiError {
-    ApiError::conflict(format!("client {client_id} has a live session; disconnect it first"))
+    ApiError::conflict(format!("client {client_id} has a live session (disconnect it first), or another change of its offsets is running"))
 }
 
 /// `DELETE /admin/offsets/{topic}/{client_id}`: forget the client's offsets on the topic.
@@ -186,11 +212,12 @@ pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<
     let (topic, client_id) = parse_names(&topic, &client_id)?;
     let d = &app.dispatcher;
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
-    let remove = || -> Result<usize, crate::core::offsets::StoreError> {
-        let keys: Vec<OffsetKey> = d.store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
-        d.store.remove(&keys)
+    let store = d.store.clone();
+    let remove = move || -> Result<usize, crate::core::offsets::StoreError> {
+        let keys: Vec<OffsetKey> = store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
+        store.remove(&keys)
     };
-    let deleted = d.change_offline_client(&client_id, &topic, remove).ok_or_else(|| live(&client_id))??;
+    let deleted = d.change_offline_client(&client_id, &topic, remove).await.ok_or_else(|| live(&client_id))??;
     tracing::info!(%topic, %client_id, deleted, "offsets deleted by an operator");
     Ok(Json(json!({ "deleted": deleted })))
 }

@@ -167,6 +167,9 @@ pub struct OffsetRow {
 #[derive(serde::Serialize, ToSchema)]
 pub struct OffsetList {
     pub offsets: Vec<OffsetRow>,
+    /// Present when the page is full (more may follow): pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

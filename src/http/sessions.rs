@@ -82,18 +82,23 @@ pub async fn detail(State(app): State<AppState>, Path(session_id): Path<String>)
     // A session blocked on a client that stopped reading must not hang the operator's request.
     let deliveries = match tokio::time::timeout(DESCRIBE_TIMEOUT, answer).await {
         Ok(Ok(deliveries)) => deliveries,
-        Ok(Err(_)) => return Err(missing(&session_id)),
-        Err(_) => {
-            return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                crate::core::protocol::ErrorCode::Unavailable,
-                format!("session {session_id} did not answer within {DESCRIBE_TIMEOUT:?} (blocked on a slow client?)"),
-            ))
-        }
+        // Dropped unanswered: the session ended, or it has too many requests waiting already.
+        Ok(Err(_)) if app.dispatcher.session(&session_id).is_none() => return Err(missing(&session_id)),
+        Ok(Err(_)) => return Err(busy(&session_id)),
+        Err(_) => return Err(busy(&session_id)),
     };
     let mut body = session_json(&info);
     body["deliveries"] = json!(deliveries);
     Ok(Json(body))
+}
+
+/// 503 for a session that cannot answer now (blocked on a slow client or a slow store).
+fn busy(session_id: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        crate::core::protocol::ErrorCode::Unavailable,
+        format!("session {session_id} did not answer within {DESCRIBE_TIMEOUT:?} (blocked on a slow client or store?)"),
+    )
 }
 
 #[utoipa::path(

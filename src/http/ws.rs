@@ -83,7 +83,9 @@ pub async fn upgrade(
 async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
     let frame = ServerFrame::Error { code, message, req: None }.to_json();
     let _ = socket.send(Message::Text(frame.into())).await;
-    let close = CloseFrame { code: TRY_AGAIN_LATER, reason: "session limit reached".into() };
+    // 1013 "try again later" either way: the error frame before it says why.
+    let reason = if code == ErrorCode::LimitExceeded { "session limit reached" } else { "try again later" };
+    let close = CloseFrame { code: TRY_AGAIN_LATER, reason: reason.into() };
     let _ = socket.send(Message::Close(Some(close))).await;
 }
 

@@ -66,6 +66,13 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(())
     }
 
+    fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let inner = self.lock();
+        Ok(inner.records.range((from, Bound::Unbounded)).filter(|(k, _)| filter.matches(k)).take(limit).map(|(k, r)| (k.clone(), *r)).collect())
+    }
+
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut inner = self.lock();
         let last_acked = inner.records.get(key).and_then(|r| r.last_acked).filter(|l| *l < committed);

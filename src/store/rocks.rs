@@ -281,6 +281,45 @@ impl OffsetStore for RocksOffsetStore {
         })
     }
 
+    fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
+        // The same order as `scan_each`: the client index when only the client filters.
+        let by_client = filter.topic.is_none() && filter.client_id.is_some();
+        let prefix = match (&filter.topic, &filter.client_id) {
+            (None, Some(client)) => client_prefix(client),
+            (Some(topic), Some(client)) => topic_client_prefix(topic, client),
+            (Some(topic), None) => topic_prefix(topic),
+            (None, None) => Vec::new(),
+        };
+        let encoded_after = after.map(|k| if by_client { k.encode_by_client() } else { k.encode() });
+        let start = encoded_after.clone().map_or_else(|| prefix.clone(), |a| a.max(prefix.clone()));
+        let (cf, offsets_cf) = (self.cf(if by_client { CF_BY_CLIENT } else { CF_OFFSETS })?, self.cf(CF_OFFSETS)?);
+        let mut rows = Vec::new();
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(&start, Direction::Forward)) {
+            if rows.len() >= limit {
+                break;
+            }
+            let (raw, value) = item.map_err(io_err)?;
+            if !raw.starts_with(&prefix) {
+                break;
+            }
+            if encoded_after.as_deref() == Some(&*raw) {
+                continue;
+            }
+            let key = if by_client { OffsetKey::decode_by_client(&raw) } else { OffsetKey::decode(&raw) };
+            let Some(key) = key.filter(|k| filter.matches(k)) else { continue };
+            let record = if by_client {
+                match self.db.get_pinned_cf(&offsets_cf, key.encode()).map_err(io_err)? {
+                    Some(value) => decode_record(&key, &value)?,
+                    None => continue,
+                }
+            } else {
+                decode_record(&key, &value)?
+            };
+            rows.push((key, record));
+        }
+        Ok(rows)
+    }
+
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         let _serialized = self.lock_writes();
         let last_acked = self.get_record(key)?.and_then(|r| r.last_acked).filter(|l| *l < committed);

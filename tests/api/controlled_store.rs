@@ -103,7 +103,7 @@ impl ControlledStore {
 
 }
 
-/// Lets go of held dead-letter writes and removals when dropped: a test that fails while holding
+/// Lets go of held offset writes, dead-letter writes and removals when dropped: a test that fails while holding
 /// them must not leave a blocking thread waiting forever (the runtime would wait for it).
 pub struct LetGo(pub Arc<ControlledStore>);
 
@@ -111,6 +111,7 @@ impl Drop for LetGo {
     fn drop(&mut self) {
         self.0.hold_dead_letters(false);
         self.0.hold_removals(false);
+        self.0.release_writes();
     }
 }
 
@@ -132,6 +133,10 @@ impl OffsetStore for ControlledStore {
 
     fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
         self.inner.scan_each(filter, visit)
+    }
+
+    fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
+        self.inner.scan_page(filter, after, limit)
     }
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {

@@ -368,3 +368,35 @@ async fn a_failed_resubscribe_keeps_the_running_subscription() {
     assert_eq!(client.ack_confirmed(&[id(&first), id(&next)], "both").await["committed"], json!({"t": {"0": 2}}));
     gw.stop().await;
 }
+
+/// Issue 21, item 8: partitions added to a topic reach its live subscriptions, from their log
+/// start, and a client that subscribed before they were added is not skipped past them by
+/// `reset_policy = latest` when it comes back. Failed before the fix (the watch disabled): the
+/// event on the new partition never reached the live session, and the returning client started
+/// the new partition at its log end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_added_to_a_topic_reach_its_subscribers() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.reset_policy = "latest".into();
+    let gw = InProcess::start(config).await;
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let mut live = WsClient::connect(gw.addr(), "live").await;
+    live.subscribe("grows", json!({})).await;
+    let mut away = WsClient::connect(gw.addr(), "away").await;
+    away.subscribe("grows", json!({})).await;
+    away.close().await;
+    let topic = ackgate::core::names::TopicName::parse("grows").unwrap();
+    assert!(gw.handle.dispatcher.backend.add_partitions(&topic, 4).await.unwrap());
+    // Published at once, before any session can know of partition 3.
+    publish(&gw.base, "grows", json!({"partition": 3, "payload": "on the new partition"})).await;
+    let event = live.recv_type("event").await;
+    assert_eq!((event["partition"].as_u64(), event["offset"].as_u64()), (Some(3), Some(0)), "{event}");
+    live.ack_confirmed(&[id(&event)], "a").await;
+    let mut back = WsClient::connect(gw.addr(), "away").await;
+    let sub = back.subscribe("grows", json!({})).await;
+    assert_eq!(sub["partitions"][3]["from"], 0, "not skipped to the log end: {sub}");
+    assert_eq!(back.recv_type("event").await["partition"], 3);
+    gw.stop().await;
+}

@@ -103,7 +103,9 @@ async fn a_ten_second_broker_outage_keeps_sessions_open_and_loses_nothing() {
     wait_for("readyz reports the outage", async || !ready(&gw.base).await).await;
     let refused = http().post(format!("{}/topics/outage/events", gw.base)).json(&json!({"payload": {"n": 999}})).send().await.unwrap();
     assert_eq!(refused.status(), 503);
-    assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "unavailable");
+    let body = refused.json::<Value>().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable");
+    assert!(body["error"]["message"].as_str().unwrap().contains("(incident "), "{body}");
     // The session stays open and answers while the broker is away; what was pulled before the
     // outage keeps flowing.
     consume_into(&mut client, &mut seen, 20).await;
@@ -133,6 +135,14 @@ async fn sigkill_mid_stream_on_kafka_loses_nothing_and_never_moves_offsets_back(
     let broker = TestBroker::start();
     let bootstrap = broker.bootstrap();
     crate::crash::sigkill_mid_stream(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)]).await;
+}
+
+/// Issue 21: what `ack_ok` confirmed survives SIGKILL on Kafka too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_ack_survives_sigkill_on_kafka() {
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    crate::crash::confirmed_ack_survives_sigkill(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

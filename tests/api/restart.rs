@@ -155,3 +155,54 @@ async fn an_admin_reset_moves_an_offline_clients_offset_back_and_it_replays() {
     assert!(stored_offset(&gw.base, "t", "replayer", 0).await.is_none());
     gw.stop().await;
 }
+
+/// `ackgate_pull_events_total`, 0 when absent.
+async fn pulled_events(base: &str) -> f64 {
+    let text = http().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix("ackgate_pull_events_total ")).map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Issue 21, item 7: boot alignment leaves the pull cursor at an absent client's offset (here
+/// 0, with 200 events above it); subscribers at the head must not pay for it. The shared reader
+/// moves to them instead of pulling its way up through the 200 (each pull woke every head
+/// subscriber, and on Kafka sent each to a catch-up consumer for a second). The real binary:
+/// the pull counter is the process's own. Failed before the fix: 201 events pulled to deliver
+/// the one new event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_subscribers_do_not_pay_for_a_client_left_behind() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "t", 1, 0, 200).await;
+    let mut absent = WsClient::connect(gw.addr, "absent").await;
+    absent.subscribe("t", json!({})).await;
+    absent.close().await;
+    consume_and_ack(gw.addr, "head", "t", 200).await.close().await;
+    assert!(gw.terminate().success());
+
+    let gw = Process::start(&data, &[]);
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 0, "aligned to the absent client: {topics}");
+    let before = pulled_events(&gw.base).await;
+    let mut heads = Vec::new();
+    for i in 0..5 {
+        let mut client = WsClient::connect(gw.addr, &format!("head-{i}")).await;
+        client.subscribe("t", json!({"from": "latest"})).await;
+        heads.push(client);
+    }
+    let mut head = WsClient::connect(gw.addr, "head").await;
+    assert_eq!(head.subscribe("t", json!({})).await["partitions"][0]["from"], 200);
+    heads.push(head);
+    publish(&gw.base, "t", json!({"partition": 0, "payload": "new"})).await;
+    for client in &mut heads {
+        assert_eq!(client.recv_type("event").await["offset"], 200);
+    }
+    let pulled = pulled_events(&gw.base).await - before;
+    assert!(pulled <= 1.0, "{pulled} events pulled to deliver one new event");
+    // The absent client still gets everything from its offset, read by offset.
+    let mut absent = WsClient::connect(gw.addr, "absent").await;
+    assert_eq!(absent.subscribe("t", json!({})).await["partitions"][0]["from"], 0);
+    let offsets: Vec<u64> = absent.recv_events(201).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, (0..201).collect::<Vec<u64>>());
+    drop(heads);
+    assert!(gw.terminate().success());
+}

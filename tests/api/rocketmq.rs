@@ -67,7 +67,7 @@ async fn pop_from_outside(broker: &TestRocketMq, topic: &str, within: Duration, 
     while started.elapsed() < within && seen.len() < stop_when {
         let (_, messages) = client.pop(&addr, GROUP, topic, 0, 32, Duration::from_secs(60), Duration::from_millis(500)).await.expect("pop");
         for m in messages {
-            let payload: Value = serde_json::from_slice(&m.body).unwrap();
+            let payload: Value = serde_json::from_slice(&m.expect("a message that decodes").body).unwrap();
             seen.insert(payload["n"].as_u64().unwrap());
         }
     }

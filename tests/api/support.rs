@@ -81,9 +81,25 @@ impl Process {
     }
 
     pub fn start_at(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_limited(data_dir, listen, None, env)
+    }
+
+    /// `start` under an open-files limit (soft and hard), as `ulimit -n` sets it.
+    pub fn start_with_open_files(data_dir: &Path, open_files: u32, env: &[(&str, &str)]) -> Self {
+        Self::start_limited(data_dir, "127.0.0.1:0", Some(open_files), env)
+    }
+
+    fn start_limited(data_dir: &Path, listen: &str, open_files: Option<u32>, env: &[(&str, &str)]) -> Self {
         let config = data_dir.with_extension("toml");
         std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = {listen:?}\n", data_dir.display().to_string())).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ackgate"));
+        let mut command = match open_files {
+            None => Command::new(env!("CARGO_BIN_EXE_ackgate")),
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c").arg(format!("ulimit -n {n} && exec \"$0\" \"$@\"")).arg(env!("CARGO_BIN_EXE_ackgate"));
+                sh
+            }
+        };
         command.arg("--config").arg(&config).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
         for (k, v) in env {
             command.env(k, v);
@@ -211,6 +227,15 @@ impl WsClient {
         Self::welcomed(ws).await
     }
 
+    /// `connect` that answers `None` instead of failing (a gateway that may be gone).
+    pub async fn try_connect(addr: SocketAddr, client_id: &str) -> Option<Self> {
+        let url = format!("ws://{addr}/ws?client_id={client_id}");
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url)).await.ok()?.ok()?;
+        let mut client = Self { ws, welcome: Value::Null };
+        client.welcome = client.try_recv(WAIT).await.filter(|w| w["type"] == "welcome")?;
+        Some(client)
+    }
+
     /// Connects with `Authorization: Bearer <token>` on the handshake.
     pub async fn connect_with_bearer(addr: SocketAddr, client_id: &str, token: &str) -> Self {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -245,6 +270,23 @@ impl WsClient {
                 other => panic!("expected a text frame, got {other:?}"),
             }
         }
+    }
+
+    /// Next JSON frame within `within`; `None` on close, error or silence (a client that keeps
+    /// going while the gateway is killed under it).
+    pub async fn try_recv(&mut self, within: Duration) -> Option<Value> {
+        loop {
+            match tokio::time::timeout(within, self.ws.next()).await.ok()?? {
+                Ok(Message::Text(text)) => return serde_json::from_str(text.as_str()).ok(),
+                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// `send` that answers false instead of failing when the connection is gone.
+    pub async fn try_send(&mut self, frame: Value) -> bool {
+        self.ws.send(Message::Text(frame.to_string().into())).await.is_ok()
     }
 
     /// Next frame of `kind`, skipping others (e.g. events while waiting for an ack_ok).

@@ -61,7 +61,21 @@ struct PartitionLog {
     appended: Arc<Notify>,
 }
 
+/// The embedded log: a handle on its state, which blocking work (a publish that fsyncs, a
+/// catch-up read from disk) takes to the blocking pool instead of an async worker.
 pub struct EmbeddedLog {
+    state: Arc<LogState>,
+}
+
+impl std::ops::Deref for EmbeddedLog {
+    type Target = LogState;
+
+    fn deref(&self) -> &LogState {
+        &self.state
+    }
+}
+
+pub struct LogState {
     db: Db,
     settings: EmbeddedLogSettings,
     topics: RwLock<HashMap<TopicName, Vec<PartitionLog>>>,
@@ -98,7 +112,7 @@ impl EmbeddedLog {
         let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("log"), cfs).map_err(io_err)?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
-        let log = Self {
+        let log = LogState {
             db,
             settings,
             topics: RwLock::new(HashMap::new()),
@@ -108,8 +122,11 @@ impl EmbeddedLog {
             clock,
         };
         log.recover_topics()?;
-        Ok(log)
+        Ok(Self { state: Arc::new(log) })
     }
+}
+
+impl LogState {
 
     fn recover_topics(&self) -> Result<(), BackendError> {
         let cf = self.cf(CF_TOPICS)?;
@@ -131,25 +148,46 @@ impl EmbeddedLog {
     fn recover_partition(&self, topic: &TopicName, partition: u32) -> Result<PartitionLog, BackendError> {
         let cf = self.cf(CF_EVENTS)?;
         let prefix = partition_prefix(topic, partition);
-        let first = self.db.iterator_cf(&cf, IteratorMode::From(&prefix, Direction::Forward)).next();
-        let last_key = event_key(topic, partition, u64::MAX);
-        let last = self.db.iterator_cf(&cf, IteratorMode::From(&last_key, Direction::Reverse)).next();
-        let in_partition = |item: Option<RawEntry>| -> Result<Option<(u64, StoredEvent)>, BackendError> {
-            match item {
-                Some(Ok((key, value))) if key.starts_with(&prefix) && key.len() == prefix.len() + 8 => {
-                    let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
-                    Ok(Some((offset, StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?)))
+        // Events of this partition from one end: `(offset, stored bytes)`.
+        let events_from = |mode: IteratorMode| {
+            let prefix = prefix.clone();
+            self.db.iterator_cf(&cf, mode).map_while(move |item: RawEntry| match item {
+                Ok((key, value)) if key.starts_with(&prefix) && key.len() == prefix.len() + 8 => {
+                    Some(Ok((u64::from_be_bytes(key[prefix.len()..].try_into().unwrap()), value)))
                 }
-                Some(Err(e)) => Err(io_err(e)),
-                _ => Ok(None),
-            }
+                Ok(_) => None,
+                Err(e) => Some(Err(io_err(e))),
+            })
         };
         let mut log = PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) };
-        if let (Some((start, first)), Some((last_offset, last))) = (in_partition(first)?, in_partition(last)?) {
+        let last_key = event_key(topic, partition, u64::MAX);
+        let first = events_from(IteratorMode::From(&prefix, Direction::Forward)).next().transpose()?;
+        let last = events_from(IteratorMode::From(&last_key, Direction::Reverse)).next().transpose()?;
+        if let (Some((start, _)), Some((last_offset, _))) = (first, last) {
             log.start = start;
             log.end = last_offset + 1;
-            log.bytes_before_start = first.bytes_before;
-            log.bytes_before_end = last.bytes_before + last.encoded_len;
+            // The byte counts come from the first event that decodes, counted from each end:
+            // an end event that no longer decodes (bits flipped on disk) is counted by its stored
+            // size instead of failing the start (it is dead-lettered when read).
+            let mut skipped = 0u64;
+            for item in events_from(IteratorMode::From(&prefix, Direction::Forward)) {
+                let (_, value) = item?;
+                if let Some(event) = StoredEvent::decode(&value) {
+                    log.bytes_before_start = event.bytes_before.saturating_sub(skipped);
+                    break;
+                }
+                skipped += value.len() as u64;
+            }
+            let mut after = 0u64;
+            for item in events_from(IteratorMode::From(&last_key, Direction::Reverse)) {
+                let (_, value) = item?;
+                if let Some(event) = StoredEvent::decode(&value) {
+                    after += event.bytes_before + event.encoded_len;
+                    break;
+                }
+                after += value.len() as u64;
+            }
+            log.bytes_before_end = after.max(log.bytes_before_start);
         } else if let Some(end) = self.stored_partition_end(topic, partition)? {
             // Every event was deleted by retention: offsets continue where they were.
             log.start = end;
@@ -196,6 +234,25 @@ impl EmbeddedLog {
         Ok(true)
     }
 
+    /// Grows `topic` to `partitions` (Kafka's `CreatePartitions`): the new ones start empty at
+    /// offset 0. `Ok(false)` when it has that many already; never shrinks.
+    pub fn add_partitions(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        let _guard = self.append_lock.lock().unwrap();
+        let count = self.topics.read().unwrap().get(topic).map(|ps| ps.len() as u32).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        if partitions <= count {
+            return if partitions == count { Ok(false) } else { Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks"))) };
+        }
+        if partitions > 10_000 {
+            return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
+        }
+        let cf = self.cf(CF_TOPICS)?;
+        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        let added: Vec<PartitionLog> = (count..partitions).map(|p| self.recover_partition(topic, p)).collect::<Result<_, _>>()?;
+        self.topics.write().unwrap().get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?.extend(added);
+        tracing::info!(%topic, before = count, partitions, "partitions added");
+        Ok(true)
+    }
+
     fn pick_partition(&self, event: &NewEvent, count: u32) -> Result<u32, BackendError> {
         match (event.partition, &event.key) {
             (Some(p), _) if p < count => Ok(p),
@@ -203,6 +260,47 @@ impl EmbeddedLog {
             (None, Some(key)) => Ok(super::key_partition(key, count)),
             (None, None) => Ok(self.round_robin.fetch_add(1, Ordering::Relaxed) % count),
         }
+    }
+
+    /// Appends `events` as one atomic batch (under the append lock, with an fsync when
+    /// `sync_writes`); answers `(partition, offset)` per event.
+    fn append(&self, topic: &TopicName, events: Vec<NewEvent>, now: u64) -> Result<Vec<(u32, u64)>, BackendError> {
+        let _guard = self.append_lock.lock().unwrap();
+        let count = match self.topics.read().unwrap().get(topic) {
+            Some(ps) => ps.len() as u32,
+            None => 0,
+        };
+        let count = if count == 0 {
+            self.create_topic_locked(topic, self.settings.default_partitions)?;
+            self.settings.default_partitions
+        } else {
+            count
+        };
+        let targets = events.iter().map(|e| self.pick_partition(e, count)).collect::<Result<Vec<_>, _>>()?;
+        // Assign offsets from a copy of the ends, so a failed write changes nothing.
+        let mut ends: Vec<(u64, u64)> = self.topics.read().unwrap()[topic].iter().map(|p| (p.end, p.bytes_before_end)).collect();
+        let cf = self.cf(CF_EVENTS)?;
+        let mut batch = WriteBatch::default();
+        let mut assigned = Vec::with_capacity(events.len());
+        for (event, partition) in events.into_iter().zip(targets) {
+            let (end, bytes) = &mut ends[partition as usize];
+            let value = StoredEvent::encode(&event, now, *bytes);
+            batch.put_cf(&cf, event_key(topic, partition, *end), &value);
+            assigned.push((partition, *end));
+            *end += 1;
+            *bytes += value.len() as u64;
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        let mut topics = self.topics.write().unwrap();
+        let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        for (p, (end, bytes)) in partitions.iter_mut().zip(ends) {
+            if p.end != end {
+                p.end = end;
+                p.bytes_before_end = bytes;
+                p.appended.notify_waiters();
+            }
+        }
+        Ok(assigned)
     }
 
     /// Reads up to `max` events from `from` (clamped to the partition's start), never past `end`.
@@ -310,42 +408,12 @@ impl LogBackend for EmbeddedLog {
 
     async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
         let now = self.clock.now_ms();
-        let _guard = self.append_lock.lock().unwrap();
-        let count = match self.topics.read().unwrap().get(topic) {
-            Some(ps) => ps.len() as u32,
-            None => 0,
-        };
-        let count = if count == 0 {
-            self.create_topic_locked(topic, self.settings.default_partitions)?;
-            self.settings.default_partitions
-        } else {
-            count
-        };
-        let targets = events.iter().map(|e| self.pick_partition(e, count)).collect::<Result<Vec<_>, _>>()?;
-        // Assign offsets from a copy of the ends, so a failed write changes nothing.
-        let mut ends: Vec<(u64, u64)> = self.topics.read().unwrap()[topic].iter().map(|p| (p.end, p.bytes_before_end)).collect();
-        let cf = self.cf(CF_EVENTS)?;
-        let mut batch = WriteBatch::default();
-        let mut assigned = Vec::with_capacity(events.len());
-        for (event, partition) in events.into_iter().zip(targets) {
-            let (end, bytes) = &mut ends[partition as usize];
-            let value = StoredEvent::encode(&event, now, *bytes);
-            batch.put_cf(&cf, event_key(topic, partition, *end), &value);
-            assigned.push((partition, *end));
-            *end += 1;
-            *bytes += value.len() as u64;
+        if !self.settings.sync_writes {
+            // No fsync: a write to the memtable and the WAL's page cache, microseconds.
+            return self.append(topic, events, now);
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
-        let mut topics = self.topics.write().unwrap();
-        let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
-        for (p, (end, bytes)) in partitions.iter_mut().zip(ends) {
-            if p.end != end {
-                p.end = end;
-                p.bytes_before_end = bytes;
-                p.appended.notify_waiters();
-            }
-        }
-        Ok(assigned)
+        let (state, topic) = (self.state.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || state.append(&topic, events, now)).await.map_err(io_err)?
     }
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
@@ -367,7 +435,15 @@ impl LogBackend for EmbeddedLog {
                     self.cursors.get(tp).unwrap_or(log_start).max(log_start)
                 }
             };
-            let events = self.read_events(tp, start, max)?;
+            let events = match from {
+                // A catch-up read may reach far back, to events no longer cached: on the
+                // blocking pool. The shared reader's reads at the head stay inline.
+                ReadFrom::Offset(_) => {
+                    let (state, tp) = (self.state.clone(), tp.clone());
+                    tokio::task::spawn_blocking(move || state.read_events(&tp, start, max)).await.map_err(io_err)??
+                }
+                ReadFrom::PullCursor => self.read_events(tp, start, max)?,
+            };
             if let (ReadFrom::PullCursor, Some(last)) = (from, events.last()) {
                 self.cursors.set(tp, last.offset + 1);
             }
@@ -376,6 +452,11 @@ impl LogBackend for EmbeddedLog {
             }
             let _ = tokio::time::timeout_at(deadline, notified).await;
         }
+    }
+
+    async fn add_partitions(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        let (state, topic) = (self.state.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || state.add_partitions(&topic, partitions)).await.map_err(io_err)?
     }
 
     fn seek(&self, tp: &TopicPartition, offset: u64) {

@@ -6,11 +6,11 @@ use rocksdb::{Direction, IteratorMode, WriteBatch};
 use tokio::sync::Notify;
 
 use super::codec::StoredEvent;
-use super::{end_marker_key, event_key, io_err, partition_prefix, EmbeddedLog, CF_ENDS, CF_EVENTS};
+use super::{end_marker_key, event_key, io_err, partition_prefix, LogState, CF_ENDS, CF_EVENTS};
 use crate::core::backend::BackendError;
 use crate::core::names::TopicName;
 
-impl EmbeddedLog {
+impl LogState {
     /// Deletes the oldest events of every partition that break the age or size limit. Returns how
     /// many events went. Called periodically by the gateway.
     pub fn enforce_retention(&self) -> Result<u64, BackendError> {
@@ -64,22 +64,34 @@ impl EmbeddedLog {
         let cf = self.cf(CF_EVENTS)?;
         let prefix = partition_prefix(topic, partition);
         let mut keep_from = (start, 0);
+        // A run of events that do not decode: its first offset and the bytes before it.
+        let mut undecodable_from: Option<(u64, u64)> = None;
         for item in self.db.iterator_cf(&cf, IteratorMode::From(&event_key(topic, partition, start), Direction::Forward)) {
             let (key, value) = item.map_err(io_err)?;
             if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
                 break;
             }
             let offset = u64::from_be_bytes(key[prefix.len()..].try_into().unwrap());
-            let stored = StoredEvent::decode(&value).ok_or_else(|| io_err("corrupt event"))?;
+            let Some(stored) = StoredEvent::decode(&value) else {
+                // Bits flipped on disk: its age is unknown, so it goes only with the event after
+                // it (never a failed retention pass, never deleted while retention is off).
+                if offset >= end {
+                    break;
+                }
+                undecodable_from.get_or_insert((offset, keep_from.1));
+                continue;
+            };
             let too_old = max_age > 0 && now.saturating_sub(stored.timestamp) > max_age;
-            let too_big = max_bytes > 0 && bytes_before_end - stored.bytes_before > max_bytes;
-            keep_from = (offset, stored.bytes_before);
+            let too_big = max_bytes > 0 && bytes_before_end.saturating_sub(stored.bytes_before) > max_bytes;
             if !(too_old || too_big) || offset >= end {
-                return Ok(keep_from);
+                return Ok(undecodable_from.unwrap_or((offset, stored.bytes_before)));
+            }
+            if undecodable_from.take().is_some() {
+                tracing::warn!(%topic, partition, before = offset, "retention deleted events that could not be decoded");
             }
             keep_from = (offset + 1, stored.bytes_before + stored.encoded_len);
         }
-        Ok(keep_from)
+        Ok(undecodable_from.unwrap_or(keep_from))
     }
 
 }

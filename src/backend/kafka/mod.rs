@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -290,6 +290,23 @@ impl LogBackend for KafkaLog {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Err(BackendError::Unavailable(format!("topic {topic} was created but its metadata did not appear")))
+    }
+
+    async fn add_partitions(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        let count = self.partitions(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        if partitions <= count {
+            return if partitions == count { Ok(false) } else { Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks"))) };
+        }
+        let wanted = NewPartitions::new(topic.as_str(), partitions as usize);
+        let options = AdminOptions::new().operation_timeout(Some(self.settings.request_timeout));
+        let results = self.admin.create_partitions([&wanted], &options).await.map_err(kafka_err)?;
+        match results.into_iter().next() {
+            Some(Ok(_)) => {}
+            Some(Err((_, code))) => return Err(kafka_err(KafkaError::AdminOp(code))),
+            None => return Err(BackendError::Io("create_partitions answered nothing".into())),
+        }
+        self.fetch_partition_counts(Some(topic)).await?;
+        Ok(true)
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {

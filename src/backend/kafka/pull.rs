@@ -34,12 +34,27 @@ type PartitionQueue = StreamPartitionQueue<DefaultConsumerContext>;
 /// A partition's split queue plus the lock that keeps its polls in order.
 type OrderedQueue = Arc<(PartitionQueue, tokio::sync::Mutex<()>)>;
 
+/// A change of the pull consumer's assignment, applied by its own thread (`apply_assignments`).
+enum Assignment {
+    /// With the queue split for it: only that queue is taken out if the assignment fails.
+    Assign(TopicPartition, u64, OrderedQueue),
+    Unassign(TopicPartition),
+    /// A seek that librdkafka refused (no fetch started yet): assign the partition anew there.
+    Reassign(TopicPartition, u64),
+}
+
+type Queues = Arc<Mutex<HashMap<TopicPartition, OrderedQueue>>>;
+
 /// The pull cursor consumer and the catch-up consumer.
 pub struct Puller {
     consumer: Arc<StreamConsumer>,
     /// The split queue of every assigned `topic#partition`, with a lock that keeps polls of one
     /// partition in order (the cursor moves after each).
-    queues: Mutex<HashMap<TopicPartition, OrderedQueue>>,
+    queues: Queues,
+    /// librdkafka's `assign` and `unassign` wait for its main thread to answer: they run on a
+    /// thread of their own, in order, never on an async worker or under `queues`' lock (which
+    /// every poll takes).
+    assignments: std::sync::mpsc::Sender<Assignment>,
     catch_up: Vec<tokio::sync::Mutex<CatchUp>>,
     cursors: Arc<PullCursors>,
     stop: CancellationToken,
@@ -75,7 +90,14 @@ impl Puller {
                 }
             }
         });
-        Ok(Self { consumer, queues: Mutex::new(HashMap::new()), catch_up, cursors, stop })
+        let queues: Queues = Default::default();
+        let (assignments, pending) = std::sync::mpsc::channel();
+        let (assigning, assigned) = (consumer.clone(), queues.clone());
+        std::thread::Builder::new()
+            .name("kafka-assign".into())
+            .spawn(move || apply_assignments(&assigning, &assigned, pending))
+            .map_err(|e| BackendError::Io(format!("starting the Kafka assignment thread: {e}")))?;
+        Ok(Self { consumer, queues, assignments, catch_up, cursors, stop })
     }
 
     /// Moves the pull cursor of `tp`. An assigned partition is moved at once; one nobody pulls
@@ -84,15 +106,13 @@ impl Puller {
     pub fn seek(&self, tp: &TopicPartition, offset: u64) {
         self.cursors.set(tp, offset);
         let (topic, partition) = (tp.topic.as_str(), tp.partition as i32);
-        let queues = self.queues.lock().unwrap();
-        if queues.contains_key(tp) {
+        let assigned = self.queues.lock().unwrap().contains_key(tp);
+        // A seek with no timeout does not wait for librdkafka's answer.
+        if assigned {
             if let Err(e) = self.consumer.seek(topic, partition, Offset::Offset(offset as i64), Duration::ZERO) {
                 // A partition whose first fetch has not started cannot seek yet: assign it anew.
                 tracing::debug!(%tp, offset, error = %e, "seek refused; re-assigning the partition");
-                let _ = self.consumer.incremental_unassign(&one_partition(tp, Offset::Invalid));
-                if let Err(e) = self.consumer.incremental_assign(&one_partition(tp, Offset::Offset(offset as i64))) {
-                    tracing::error!(%tp, offset, error = %e, "re-assigning a Kafka partition failed");
-                }
+                let _ = self.assignments.send(Assignment::Reassign(tp.clone(), offset));
             }
         }
     }
@@ -108,12 +128,11 @@ impl Puller {
             tracing::error!(%tp, "cannot split a queue for this Kafka partition");
             return;
         };
-        match self.consumer.incremental_assign(&one_partition(tp, Offset::Offset(offset as i64))) {
-            Ok(()) => {
-                queues.insert(tp.clone(), Arc::new((queue, tokio::sync::Mutex::new(()))));
-            }
-            Err(e) => tracing::error!(%tp, offset, error = %e, "assigning a Kafka partition failed"),
-        }
+        // The queue is in place before the assignment is applied: nothing of the partition can
+        // reach the main queue, and polls find nothing until it is.
+        let queue: OrderedQueue = Arc::new((queue, tokio::sync::Mutex::new(())));
+        queues.insert(tp.clone(), queue.clone());
+        let _ = self.assignments.send(Assignment::Assign(tp.clone(), offset, queue));
     }
 
     /// Reads up to `max` events at the pull cursor of `tp` and advances it.
@@ -176,7 +195,7 @@ impl Puller {
     /// cursor stays, and the next poll assigns it again there.
     pub fn unassign(&self, tp: &TopicPartition) {
         if self.queues.lock().unwrap().remove(tp).is_some() {
-            let _ = self.consumer.incremental_unassign(&one_partition(tp, Offset::Invalid));
+            let _ = self.assignments.send(Assignment::Unassign(tp.clone()));
         }
     }
 
@@ -185,8 +204,35 @@ impl Puller {
         let mut queues = self.queues.lock().unwrap();
         let gone: Vec<TopicPartition> = queues.keys().filter(|tp| tp.topic == *topic).cloned().collect();
         for tp in gone {
-            let _ = self.consumer.incremental_unassign(&one_partition(&tp, Offset::Invalid));
             queues.remove(&tp);
+            let _ = self.assignments.send(Assignment::Unassign(tp));
+        }
+    }
+}
+
+/// Applies assignment changes in the order made, until the `Puller` is dropped. An assignment
+/// that fails takes its queue out again, so the next poll assigns the partition anew.
+fn apply_assignments(consumer: &StreamConsumer, queues: &Queues, pending: std::sync::mpsc::Receiver<Assignment>) {
+    for change in pending {
+        match change {
+            Assignment::Assign(tp, offset, queue) => {
+                if let Err(e) = consumer.incremental_assign(&one_partition(&tp, Offset::Offset(offset as i64))) {
+                    tracing::error!(%tp, offset, error = %e, "assigning a Kafka partition failed");
+                    let mut queues = queues.lock().unwrap();
+                    if queues.get(&tp).is_some_and(|q| Arc::ptr_eq(q, &queue)) {
+                        queues.remove(&tp);
+                    }
+                }
+            }
+            Assignment::Unassign(tp) => {
+                let _ = consumer.incremental_unassign(&one_partition(&tp, Offset::Invalid));
+            }
+            Assignment::Reassign(tp, offset) => {
+                let _ = consumer.incremental_unassign(&one_partition(&tp, Offset::Invalid));
+                if let Err(e) = consumer.incremental_assign(&one_partition(&tp, Offset::Offset(offset as i64))) {
+                    tracing::error!(%tp, offset, error = %e, "re-assigning a Kafka partition failed");
+                }
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::message::{decode_messages, StoredMessage};
+use super::message::{decode_messages, Decoded};
 use super::remoting::{code, response, Remoting, RemotingError, Response};
 use crate::core::backend::BackendError;
 use crate::core::offsets::{Clock, SystemClock};
@@ -20,7 +20,8 @@ pub struct Route {
 /// One PULL answer.
 #[derive(Debug)]
 pub enum Pulled {
-    Found { messages: Vec<StoredMessage>, next: u64 },
+    /// Every message of the answer, decoded or not (`message::decode_messages`).
+    Found { messages: Vec<Decoded>, next: u64 },
     /// Nothing at `offset` yet (or a rewind inside the queue): read again from `next`.
     NotFound { next: u64 },
     /// `offset` is outside the queue: read from `next` (the broker's suggestion).
@@ -244,8 +245,7 @@ impl Broker {
         let next = |r: &Response| r.number("nextBeginOffset").map(|n| n.max(0) as u64).unwrap_or(offset);
         match r.code {
             response::SUCCESS => {
-                let messages = decode_messages(&r.body).map_err(BackendError::Io)?;
-                Ok(Pulled::Found { next: next(&r), messages })
+                Ok(Pulled::Found { next: next(&r), messages: decode_messages(&r.body) })
             }
             response::PULL_NOT_FOUND | response::PULL_RETRY_IMMEDIATELY => Ok(Pulled::NotFound { next: next(&r) }),
             response::PULL_OFFSET_MOVED => Ok(Pulled::OffsetMoved { next: next(&r) }),
@@ -254,7 +254,7 @@ impl Broker {
     }
 
     /// POP from one queue (and, as the broker decides, from the group's retry topic).
-    pub async fn pop(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, max: usize, invisible: Duration, wait: Duration) -> Result<(PopHeader, Vec<StoredMessage>), BackendError> {
+    pub async fn pop(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, max: usize, invisible: Duration, wait: Duration) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
         let now = SystemClock.now_ms();
         let ext = [
             ("consumerGroup", group.to_string()),
@@ -283,8 +283,7 @@ impl Broker {
             revive_qid: r.number("reviveQid").unwrap_or(0),
             start_offsets: parse_start_offsets(r.field("startOffsetInfo").unwrap_or_default()),
         };
-        let messages = decode_messages(&r.body).map_err(BackendError::Io)?;
-        Ok((header, messages))
+        Ok((header, decode_messages(&r.body)))
     }
 
     /// ACK_MESSAGE for one receipt handle.

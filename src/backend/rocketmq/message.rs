@@ -69,19 +69,45 @@ impl StoredMessage {
     }
 }
 
-/// Decodes every message of a body; a truncated or unknown message ends the list with an error.
-pub fn decode_messages(mut body: &[u8]) -> Result<Vec<StoredMessage>, String> {
+/// A message of a body that could not be decoded, with its queue and offset when the fixed part
+/// of its header was readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    pub queue_id: Option<u32>,
+    pub queue_offset: Option<u64>,
+    pub error: String,
+}
+
+/// One message of a body, decoded or not.
+pub type Decoded = Result<StoredMessage, Undecodable>;
+
+/// Decodes every message of a body. A message that does not decode is an `Err` in its place
+/// and the next one is decoded after it; a size that leaves no way to find the next message
+/// (truncated, negative) ends the list with an `Err` that knows no offset.
+pub fn decode_messages(mut body: &[u8]) -> Vec<Decoded> {
     let mut messages = Vec::new();
     while !body.is_empty() {
-        let size = read_i32(&mut &body[..])?;
+        let size = read_i32(&mut &body[..]).unwrap_or(0);
         if size <= 0 || size as usize > body.len() {
-            return Err(format!("message of {size} bytes in a body of {}", body.len()));
+            let error = format!("message of {size} bytes in a body of {}", body.len());
+            messages.push(Err(Undecodable { queue_id: None, queue_offset: None, error }));
+            break;
         }
         let (one, rest) = body.split_at(size as usize);
-        messages.push(decode_one(one)?);
+        messages.push(decode_one(one).map_err(|error| Undecodable { queue_id: fixed_queue_id(one), queue_offset: fixed_queue_offset(one), error }));
         body = rest;
     }
-    Ok(messages)
+    messages
+}
+
+/// The queue id at its fixed place in the header (after size, magic, body CRC).
+fn fixed_queue_id(m: &[u8]) -> Option<u32> {
+    u32::try_from(i32::from_be_bytes(m.get(12..16)?.try_into().ok()?)).ok()
+}
+
+/// The queue offset at its fixed place in the header (after the queue id and flag).
+fn fixed_queue_offset(m: &[u8]) -> Option<u64> {
+    u64::try_from(i64::from_be_bytes(m.get(20..28)?.try_into().ok()?)).ok()
 }
 
 fn decode_one(mut m: &[u8]) -> Result<StoredMessage, String> {
@@ -212,7 +238,7 @@ mod tests {
         let props = encode_properties(&[(KEYS, "k1"), (UNIQ_KEY, "u1"), ("trace", "abc")]);
         let mut body = stored(2, 7, "orders", &props, br#"{"a":1}"#);
         body.extend(stored(2, 8, "orders", "", b"raw"));
-        let messages = decode_messages(&body).unwrap();
+        let messages: Vec<StoredMessage> = decode_messages(&body).into_iter().map(Result::unwrap).collect();
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].property(UNIQ_KEY), Some("u1"));
         let event = messages[0].clone().into_event();
@@ -223,14 +249,35 @@ mod tests {
         assert!(!messages[1].clone().into_event().payload_is_json);
     }
 
+    /// Issue 20, item 7: a message that does not decode is an error in its place, the next one
+    /// still decodes, and its offset is known when its header's fixed part is readable. Before,
+    /// one bad message failed the whole body, so every read of the queue failed forever.
     #[test]
-    fn truncated_or_foreign_bodies_are_errors() {
+    fn a_bad_message_is_an_error_in_its_place_and_the_rest_decode() {
         let whole = stored(0, 1, "t", "", b"x");
-        assert!(decode_messages(&whole[..whole.len() - 1]).is_err());
-        let mut bad_magic = whole.clone();
+        let mut bad_magic = stored(0, 2, "t", "", b"y");
         bad_magic[4] = 0;
-        assert!(decode_messages(&bad_magic).is_err());
-        assert!(decode_messages(&[0, 0, 0, 0]).is_err());
-        assert!(decode_messages(&[]).unwrap().is_empty());
+        let mut body = whole.clone();
+        body.extend(&bad_magic);
+        body.extend(stored(0, 3, "t", "", b"z"));
+        let decoded = decode_messages(&body);
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(decoded[0].as_ref().unwrap().queue_offset, 1);
+        let bad = decoded[1].as_ref().unwrap_err();
+        assert_eq!((bad.queue_id, bad.queue_offset), (Some(0), Some(2)));
+        assert!(bad.error.contains("magic"), "{}", bad.error);
+        assert_eq!(decoded[2].as_ref().unwrap().queue_offset, 3);
+        // A body cut short, or a size of zero: the list ends with an error that knows no offset.
+        for cut in [&whole[..whole.len() - 1], &[0, 0, 0, 0][..], &[0xff, 0xff][..]] {
+            let decoded = decode_messages(cut);
+            assert_eq!(decoded.len(), 1);
+            assert_eq!(decoded[0].as_ref().unwrap_err().queue_offset, None);
+        }
+        // A negative body length inside an intact frame: known offset.
+        let mut negative = stored(4, 9, "t", "", b"q");
+        negative[84..88].copy_from_slice(&(-5i32).to_be_bytes());
+        let decoded = decode_messages(&negative);
+        assert_eq!(decoded[0].as_ref().unwrap_err().queue_offset, Some(9));
+        assert!(decode_messages(&[]).is_empty());
     }
 }

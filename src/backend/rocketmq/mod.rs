@@ -30,7 +30,7 @@ use crate::core::backend::{AckFloor, BackendError, Event, LogBackend, NewEvent, 
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{Clock, SystemClock};
 pub use broker::{Broker, Pulled, Route};
-use message::{encode_properties, is_property_safe, is_system_property, StoredMessage, KEYS, POP_CK, UNIQ_KEY};
+use message::{encode_properties, is_property_safe, is_system_property, Decoded, StoredMessage, Undecodable, KEYS, POP_CK, UNIQ_KEY};
 use pop::{Handle, Ledger, Positions};
 
 /// Producer group named in sends (RocketMQ requires one; it holds no state for ackgate).
@@ -180,19 +180,42 @@ impl RocketMqLog {
         Ok(Vec::new())
     }
 
-    /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position.
-    fn into_events(&self, tp: &TopicPartition, messages: Vec<StoredMessage>, from: u64, max: usize) -> Vec<Event> {
-        messages
-            .into_iter()
-            .filter(|m| m.queue_id == tp.partition && m.queue_offset >= from)
-            .take(max)
-            .map(|m| {
-                if let Some(uniq) = m.property(UNIQ_KEY) {
-                    self.positions.learn(uniq, tp, m.queue_offset);
+    /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position. A message that
+    /// does not decode becomes an undecodable stand-in at its offset (every subscriber
+    /// dead-letters it and goes on), found from its header or, when even that is unreadable, as
+    /// the offset after the previous message; nothing after such a one is trusted.
+    fn into_events(&self, tp: &TopicPartition, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
+        let mut events: Vec<Event> = Vec::new();
+        for decoded in messages {
+            if events.len() >= max {
+                break;
+            }
+            let expected = events.last().map_or(from, |e| e.offset + 1);
+            match decoded {
+                Ok(m) if m.queue_id == tp.partition && m.queue_offset >= from => {
+                    if let Some(uniq) = m.property(UNIQ_KEY) {
+                        self.positions.learn(uniq, tp, m.queue_offset);
+                    }
+                    events.push(m.into_event());
                 }
-                m.into_event()
-            })
-            .collect()
+                Ok(_) => {}
+                Err(bad) => {
+                    let offset = match (bad.queue_id, bad.queue_offset) {
+                        (Some(queue), Some(offset)) if queue == tp.partition => offset,
+                        (None, None) => expected,
+                        _ => continue,
+                    };
+                    undecodable(tp, offset, &bad);
+                    if offset >= from {
+                        events.push(Event::undecodable(tp.partition, offset));
+                    }
+                    if bad.queue_offset.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        events
     }
 
     /// A poll at the pull cursor in pop mode: POP, keep every handle, and return the events
@@ -214,7 +237,22 @@ impl RocketMqLog {
             .pop(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, max, self.settings.invisible_time, wait)
             .await?;
         let mut fresh = Vec::new();
+        // Popped but not decodable: no receipt handle can be built for it. It is skipped here and
+        // read by PULL (below, as the hole it leaves) as an undecodable stand-in that every
+        // subscriber dead-letters; the broker revives the unacknowledged pop until its retries
+        // end in the group's DLQ.
+        let mut undecodable_to = 0;
         for message in messages {
+            let message = match message {
+                Ok(message) => message,
+                Err(bad) => {
+                    if bad.queue_id == Some(tp.partition) {
+                        undecodable_to = undecodable_to.max(bad.queue_offset.map_or(0, |o| o + 1));
+                    }
+                    undecodable(tp, bad.queue_offset.unwrap_or(cursor), &bad);
+                    continue;
+                }
+            };
             let Some((original_tp, original_offset, handle)) = self.handle_of(&route, tp, &header, &message) else {
                 continue;
             };
@@ -227,13 +265,14 @@ impl RocketMqLog {
         }
         fresh.sort_by_key(|m| m.queue_offset);
         let pop_position = match fresh.last() {
-            Some(last) => last.queue_offset + 1,
+            Some(last) => (last.queue_offset + 1).max(undecodable_to),
+            None if undecodable_to > 0 => undecodable_to,
             // Nothing new: everything below the log end was popped already.
             None => self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, true).await?,
         };
         self.popped_to.lock().unwrap().insert(tp.clone(), pop_position.max(popped_to));
         if fresh.first().is_some_and(|m| m.queue_offset == cursor) {
-            let mut events = self.into_events(tp, fresh, cursor, max);
+            let mut events = self.into_events(tp, fresh.into_iter().map(Ok).collect(), cursor, max);
             // Only the run contiguous from the cursor; anything after a hole is read by PULL.
             let contiguous = events.iter().enumerate().take_while(|(i, e)| e.offset == cursor + *i as u64).count();
             events.truncate(contiguous);
@@ -570,4 +609,10 @@ impl LogBackend for RocketMqLog {
     async fn is_ready(&self) -> bool {
         self.reachable.load(Ordering::SeqCst)
     }
+}
+
+/// Logs and counts a message that did not decode (issue 20: never a reader stopped by it).
+fn undecodable(tp: &TopicPartition, offset: u64, bad: &Undecodable) {
+    tracing::warn!(%tp, offset, error = %bad.error, "a RocketMQ message could not be decoded: dead-lettered as undecodable");
+    crate::core::metrics::undecodable_records().increment(1);
 }

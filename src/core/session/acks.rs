@@ -131,7 +131,7 @@ impl Session {
         all_known: bool,
     ) -> Result<(), FrameError> {
         self.submit_acked().await;
-        self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::new(ErrorCode::Unavailable, e))?;
+        self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         if all_known {
             self.send(ServerFrame::AckOk { req, committed });
         }
@@ -215,9 +215,12 @@ impl Session {
         }
         let seq = self.d.next_seqs(1);
         let tp = TopicPartition::new(topic.clone(), event.partition);
-        let next_attempt = self.client.lock().unwrap().trackers.get_mut(&tp).and_then(|t| t.on_delivery(event.offset, seq));
+        // Only into the tracker of this session's own subscription: when a later plan (a newer
+        // session of the client) replaced it, this delivery is that session's to make.
+        let epoch = self.subscriptions.get(&topic).map(|s| s.epoch);
+        let next_attempt = epoch.and_then(|epoch| self.client.lock().unwrap().tracker_of_epoch(&tp, epoch).and_then(|t| t.on_delivery(event.offset, seq)));
         let Some(next_attempt) = next_attempt else {
-            self.in_flight.remove(&event); // acknowledged meanwhile (by a superseded id)
+            self.in_flight.remove(&event); // acknowledged meanwhile (by a superseded id), or no longer ours
             return;
         };
         self.push_event(&topic, seq, next_attempt, &payload, event);
@@ -259,6 +262,8 @@ impl Session {
         let write = {
             let mut client = self.client.lock().unwrap();
             let generation = client.generation(topic);
+            // Any epoch's tracker: settling only removes a pending event (the client gave up on
+            // it for good), it never claims offsets as delivered.
             let Some(tracker) = client.trackers.get_mut(&tp) else { return };
             let before = tracker.floor();
             tracker.settle(event.offset);

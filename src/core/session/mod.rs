@@ -66,6 +66,12 @@ const SLOW_CHECK: Duration = Duration::from_millis(500);
 struct Subscription {
     id: u64,
     slot: u32,
+    /// The epoch its trackers carry while they are its own.
+    epoch: crate::core::ack_tracker::Epoch,
+    /// Partitions it feeds (`0..partitions`), and how many the topic has now: more are fed on
+    /// the next tick (`Session::grow_subscriptions`), tried again until that works.
+    partitions: u32,
+    wanted: u32,
     cancel: CancellationToken,
 }
 
@@ -225,10 +231,15 @@ where
                 }
                 Step::Continue
             }
-            _ = slow_check.tick() => match s.check_peer() {
-                Step::Continue => s.check_window(),
-                gone => gone,
-            },
+            _ = slow_check.tick() => {
+                if s.subscriptions.values().any(|sub| sub.wanted > sub.partitions) {
+                    Box::pin(s.grow_subscriptions()).await;
+                }
+                match s.check_peer() {
+                    Step::Continue => s.check_window(),
+                    gone => gone,
+                }
+            }
         };
         match step {
             Step::Continue => {}
@@ -337,6 +348,12 @@ impl Session {
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Describe(reply) => {
                 let _ = reply.send(self.in_flight.views());
+                Step::Continue
+            }
+            SessionControl::PartitionsAdded { topic, partitions } => {
+                if let Some(subscription) = self.subscriptions.get_mut(&topic) {
+                    subscription.wanted = subscription.wanted.max(partitions);
+                }
                 Step::Continue
             }
         }

@@ -7,14 +7,17 @@ use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{Outbound, Session, Subscription};
+use crate::core::ack_tracker::Epoch;
 use crate::core::backend::Event;
 use crate::core::client_state::{DeliveryRef, EventRef};
 use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
+use crate::core::dispatcher::StartPoint;
 use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
 
 impl Session {
@@ -37,7 +40,10 @@ impl Session {
         if !resubscribing {
             self.d.add_subscriber(&topic)?;
         }
-        let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume).await {
+        let id = self.next_subscription;
+        self.next_subscription += 1;
+        let epoch = Epoch { session: self.info.number, subscription: id };
+        let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume, epoch, 0).await {
             Ok(starts) => starts,
             Err(e) => {
                 if !resubscribing {
@@ -53,22 +59,61 @@ impl Session {
             self.d.add_subscriber(&topic)?;
         }
         let slot = self.client.lock().unwrap().slot(&topic);
-        let id = self.next_subscription;
-        self.next_subscription += 1;
         let cancel = self.cancel.child_token();
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
             partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from }).collect(),
         });
-        for start in &starts {
+        self.feed(&topic, &starts, id, &cancel);
+        let partitions = starts.len() as u32;
+        // Grown while it was planned (`Dispatcher::partitions_grown`): the next tick feeds the rest.
+        let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
+        self.subscriptions.insert(topic.clone(), Subscription { id, slot, epoch, cancel, partitions, wanted });
+        let subscribed = &self.subscriptions;
+        self.client.lock().unwrap().forget_unused(|t| subscribed.contains_key(t));
+        self.info.subscriptions.lock().unwrap().push(topic);
+        Ok(())
+    }
+
+    /// One feeder per start point, for subscription `id`.
+    fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken) {
+        for start in starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
             let plan = FeedPlan { reader, partition: start.partition, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
             self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
-        self.subscriptions.insert(topic.clone(), Subscription { id, slot, cancel });
-        self.info.subscriptions.lock().unwrap().push(topic);
-        Ok(())
+    }
+
+    /// Feeds the partitions added to subscribed topics since they were planned (issue 21): each
+    /// new partition starts at the client's stored offset, else at its log start, never at the
+    /// log end, so nothing published to it is skipped. A plan that fails is tried again on the
+    /// next tick.
+    pub(super) async fn grow_subscriptions(&mut self) {
+        let growing: Vec<TopicName> = self.subscriptions.iter().filter(|(_, s)| s.wanted > s.partitions).map(|(t, _)| t.clone()).collect();
+        for topic in growing {
+            let Some(subscription) = self.subscriptions.get(&topic) else { continue };
+            let (id, epoch, first, cancel) = (subscription.id, subscription.epoch, subscription.partitions, subscription.cancel.clone());
+            let planned = self.d.plan_subscription(&self.info.client_id, &self.client, &topic, StartFrom::Earliest, &BTreeMap::new(), epoch, first).await;
+            let starts = match planned {
+                Ok(starts) => starts,
+                Err(e) => {
+                    tracing::warn!(session_id = %self.info.session_id, %topic, error = %e.message, "feeding partitions added to a topic failed; trying again");
+                    continue;
+                }
+            };
+            // Unsubscribed or subscribed anew meanwhile: that subscription planned its own.
+            if self.subscriptions.get(&topic).is_none_or(|s| s.id != id) {
+                continue;
+            }
+            self.feed(&topic, &starts, id, &cancel);
+            let subscription = self.subscriptions.get_mut(&topic).expect("checked above");
+            subscription.partitions = subscription.partitions.max(first + starts.len() as u32);
+            if starts.is_empty() {
+                subscription.wanted = subscription.partitions; // the log has no more than that
+            }
+            tracing::info!(session_id = %self.info.session_id, %topic, partitions = subscription.partitions, "subscription extended to partitions added to its topic");
+        }
     }
 
     pub(super) fn unsubscribe(&mut self, topic: &str, req: Option<Value>) -> Result<(), FrameError> {
@@ -100,12 +145,12 @@ impl Session {
         let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
             return; // from a subscription that has ended
         };
-        let slot = subscription.slot;
+        let (slot, epoch) = (subscription.slot, subscription.epoch);
         let first_seq = self.d.next_seqs(fed.events.len() as u64);
         let tp = TopicPartition::new(fed.topic.clone(), fed.partition);
         let attempts: Vec<Option<u32>> = {
             let mut client = self.client.lock().unwrap();
-            match client.trackers.get_mut(&tp) {
+            match client.tracker_of_epoch(&tp, epoch) {
                 Some(tracker) => fed.events.iter().zip(first_seq..).map(|((event, _), seq)| tracker.on_delivery(event.offset, seq)).collect(),
                 None => vec![None; fed.events.len()],
             }
@@ -116,7 +161,7 @@ impl Session {
         for (((event, permit), seq), attempt) in fed.events.into_iter().zip(first_seq..).zip(attempts) {
             let at = EventRef { slot, partition: fed.partition, offset: event.offset };
             let Some(attempt) = attempt else {
-                continue; // already acknowledged (a redelivery after a restart of the subscription)
+                continue; // already acknowledged, or the tracker belongs to a later subscription
             };
             if attempt > max_attempts {
                 drop(permit);
