@@ -78,6 +78,15 @@ impl ControlledStore {
         });
     }
 
+    /// Lets go of held dead-letter writes after `after`, from another thread.
+    pub fn release_dead_letters_after(self: &Arc<Self>, after: Duration) {
+        let store = self.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            store.hold_dead_letters(false);
+        });
+    }
+
     /// Holds (true) or lets go (false) every dead-letter write: a session that `term`s waits.
     pub fn hold_dead_letters(&self, held: bool) {
         self.dead_letters.set(held);

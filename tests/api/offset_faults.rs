@@ -109,10 +109,8 @@ async fn a_deleted_topic_recreated_by_a_publish_starts_clean_for_its_old_clients
     gw.stop().await;
 }
 
-/// `ackgate_offsets_above_log_end_total`, 0 when absent.
 async fn above_log_end_count(base: &str) -> f64 {
-    let text = http().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix("ackgate_offsets_above_log_end_total ")).map_or(0.0, |v| v.parse().unwrap())
+    metric(base, "ackgate_offsets_above_log_end_total").await
 }
 
 /// Fault 2 at boot: the log lost its tail (a power loss with both stores unsynced), so a stored
@@ -471,14 +469,14 @@ async fn an_older_session_never_feeds_the_tracker_of_a_newer_subscription() {
     a.send(json!({"op": "nack", "delivery_id": id(&events[5]), "delay_ms": 300})).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     let mut b = WsClient::connect(gw.addr(), "c").await;
+    // Both let go of from threads of their own, at set times: a held write made inline blocks a
+    // runtime worker, and this test's own task may be queued behind it (tokio's LIFO slot).
+    // B's plan puts its tracker in place and waits for its held offset write; 300 ms later A
+    // gets its dead letter written and goes on redelivering; 900 ms after that B's write ends.
     store.hold_writes();
+    store.release_writes_after(Duration::from_millis(1200));
     b.send(json!({"op": "subscribe", "topic": "t", "resume": {"0": 3}})).await;
-    // B's plan has put its tracker in place and waits for its (held) offset write.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Let go of the writes from a thread of its own: a held write made inline blocks a runtime
-    // worker, and this test's task may need one to go on.
-    store.release_writes_after(Duration::from_millis(600));
-    store.hold_dead_letters(false);
+    store.release_dead_letters_after(Duration::from_millis(300));
     assert_eq!(b.recv_type("subscribed").await["partitions"][0]["from"], 3);
     let first = b.recv_type("event").await;
     assert_eq!(first["offset"], 3, "B resumes at 3 and must get 3 first: {first}");

@@ -156,10 +156,8 @@ async fn an_admin_reset_moves_an_offline_clients_offset_back_and_it_replays() {
     gw.stop().await;
 }
 
-/// `ackgate_pull_events_total`, 0 when absent.
 async fn pulled_events(base: &str) -> f64 {
-    let text = http().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix("ackgate_pull_events_total ")).map_or(0.0, |v| v.parse().unwrap())
+    metric(base, "ackgate_pull_events_total").await
 }
 
 /// Issue 21, item 7: boot alignment leaves the pull cursor at an absent client's offset (here
