@@ -9,23 +9,37 @@ use ackgate::core::names::{OffsetKey, TopicName};
 use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
-/// A switch that makes callers wait while it is held.
+/// A switch that makes callers wait while it is held; while held, it can let a number of
+/// callers through (`let_through`).
 #[derive(Default)]
 struct Gate {
-    held: Mutex<bool>,
+    /// Held, and callers still let through while held.
+    state: Mutex<(bool, usize)>,
     released: Condvar,
 }
 
 impl Gate {
     fn set(&self, held: bool) {
-        *self.held.lock().unwrap() = held;
+        *self.state.lock().unwrap() = (held, 0);
+        self.released.notify_all();
+    }
+
+    fn let_through(&self, callers: usize) {
+        self.state.lock().unwrap().1 += callers;
         self.released.notify_all();
     }
 
     fn wait_while_held(&self) {
-        let mut held = self.held.lock().unwrap();
-        while *held {
-            held = self.released.wait(held).unwrap();
+        let mut state = self.state.lock().unwrap();
+        loop {
+            match *state {
+                (false, _) => return,
+                (true, permits) if permits > 0 => {
+                    state.1 -= 1;
+                    return;
+                }
+                _ => state = self.released.wait(state).unwrap(),
+            }
         }
     }
 }
@@ -44,6 +58,9 @@ pub struct ControlledStore {
     dead_letters_failing: AtomicBool,
     /// While held, removals wait (the retention sweep's, between its scan and its delete).
     removals: Gate,
+    /// While held, `touch` waits (a subscribe's touch of the client's records: on the blocking
+    /// pool, so holding it suspends a subscription's plan without blocking a runtime worker).
+    touches: Gate,
 }
 
 impl ControlledStore {
@@ -58,6 +75,7 @@ impl ControlledStore {
             dead_letters: Gate::default(),
             dead_letters_failing: AtomicBool::new(false),
             removals: Gate::default(),
+            touches: Gate::default(),
         })
     }
 
@@ -78,12 +96,32 @@ impl ControlledStore {
         });
     }
 
+    /// Holds every `touch` until `after` has passed, then lets go, from another thread.
+    pub fn hold_touches_for(self: &Arc<Self>, after: Duration) {
+        self.touches.set(true);
+        let store = self.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            store.touches.set(false);
+        });
+    }
+
     /// Lets go of held dead-letter writes after `after`, from another thread.
     pub fn release_dead_letters_after(self: &Arc<Self>, after: Duration) {
         let store = self.clone();
         std::thread::spawn(move || {
             std::thread::sleep(after);
             store.hold_dead_letters(false);
+        });
+    }
+
+    /// Lets one held dead-letter write through after `after` (the others stay held), from
+    /// another thread.
+    pub fn let_one_dead_letter_through_after(self: &Arc<Self>, after: Duration) {
+        let store = self.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            store.dead_letters.let_through(1);
         });
     }
 
@@ -121,6 +159,7 @@ impl Drop for LetGo {
         self.0.hold_dead_letters(false);
         self.0.hold_removals(false);
         self.0.release_writes();
+        self.0.touches.set(false);
     }
 }
 
@@ -161,6 +200,7 @@ impl OffsetStore for ControlledStore {
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+        self.touches.wait_while_held();
         self.inner.touch(keys, now)
     }
 

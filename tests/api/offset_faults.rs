@@ -440,13 +440,13 @@ async fn a_dead_letter_whose_write_failed_is_tried_again() {
     gw.stop().await;
 }
 
-/// Issue 21, item 3: a subscription that replaces a client's tracker while an older session of
-/// the client still delivers. Session A (taken over, but still inside a held dead-letter write in
-/// its redelivery pass) redelivers offset 5 after session B's subscribe put a new tracker at 3
-/// (B resumes from 3 and waits for its offset write). Before the fix A's redelivery raised the new
-/// tracker's delivered end to 6, so B's feeder took 3 and 4 for acknowledged: B's first event
-/// was 5 and acking it committed past two events B never saw. Failed before the fix: B's first
-/// event had offset 5.
+/// Issue 21, item 3: a subscription that replaces a client's tracker while another session of
+/// the client still delivers. Session A (taken over, but still inside its redelivery pass, held
+/// in a dead-letter write) redelivers offset 5 after session B's subscribe put a new tracker at 3
+/// (B resumes from 3 and waits in its plan's touch of the stored offsets). Before the fix A's
+/// redelivery raised the new tracker's delivered end to 6, so B's feeder took 3 and 4 for
+/// acknowledged: B's first event was 5, and acking it committed past two events B never saw.
+/// Failed before the fix: B's first event had offset 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_session_never_feeds_the_tracker_of_a_newer_subscription() {
     let (_dir, data) = temp_dir();
@@ -464,17 +464,20 @@ async fn an_older_session_never_feeds_the_tracker_of_a_newer_subscription() {
     assert_eq!((again["offset"].as_u64(), again["attempt"].as_u64()), (Some(0), Some(2)));
     let _let_go = LetGo(store.clone());
     store.hold_dead_letters(true);
-    // Both due together: A's redelivery pass takes 0 first (held in its dead-letter write), then 5.
-    a.send(json!({"op": "nack", "delivery_id": id(&again), "delay_ms": 300})).await;
-    a.send(json!({"op": "nack", "delivery_id": id(&events[5]), "delay_ms": 300})).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // 0 and 5 come due 100 ms from now, while A is still held in the dead-letter write of its
+    // `term` of 7 (let through at 400 ms): A's next redelivery pass takes both, 0 first, and
+    // holds in 0's dead-letter write.
+    a.send(json!({"op": "nack", "delivery_id": id(&again), "delay_ms": 100})).await;
+    a.send(json!({"op": "nack", "delivery_id": id(&events[5]), "delay_ms": 100})).await;
+    a.send(json!({"op": "term", "delivery_id": id(&events[7])})).await;
+    store.let_one_dead_letter_through_after(Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Everything from here is let go of by threads at set times: a hold must never wait for this
+    // test's own task. B's plan puts its tracker in place and waits in its touch of the client's
+    // records; 300 ms later A's dead letter is written and A goes on with 5; 900 ms after that
+    // B's plan goes on.
     let mut b = WsClient::connect(gw.addr(), "c").await;
-    // Both let go of from threads of their own, at set times: a held write made inline blocks a
-    // runtime worker, and this test's own task may be queued behind it (tokio's LIFO slot).
-    // B's plan puts its tracker in place and waits for its held offset write; 300 ms later A
-    // gets its dead letter written and goes on redelivering; 900 ms after that B's write ends.
-    store.hold_writes();
-    store.release_writes_after(Duration::from_millis(1200));
+    store.hold_touches_for(Duration::from_millis(1200));
     b.send(json!({"op": "subscribe", "topic": "t", "resume": {"0": 3}})).await;
     store.release_dead_letters_after(Duration::from_millis(300));
     assert_eq!(b.recv_type("subscribed").await["partitions"][0]["from"], 3);
