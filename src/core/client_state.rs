@@ -119,14 +119,16 @@ impl ClientState {
     }
 
     /// Bounds what a long-lived client leaves behind (one topic per room, subscribed and left):
-    /// beyond `TRACKERS_KEPT` trackers, those of topics not `in_use` with nothing pending go, and
-    /// with them their slots. A later subscribe reads the topic's offsets from the store again.
-    pub fn forget_unused(&mut self, in_use: impl Fn(&TopicName) -> bool) {
+    /// beyond `TRACKERS_KEPT` trackers, those that session `session` planned for topics it no
+    /// longer uses (`in_use`) and that have nothing pending go, and with the last of a topic's
+    /// trackers its slot. Trackers another session of the client planned are never touched. A
+    /// later subscribe reads the topic's offsets from the store again.
+    pub fn forget_unused(&mut self, session: u64, in_use: impl Fn(&TopicName) -> bool) {
         if self.trackers.len() <= TRACKERS_KEPT {
             return;
         }
-        let busy: std::collections::HashSet<TopicName> =
-            self.trackers.iter().filter(|(tp, t)| in_use(&tp.topic) || t.pending_count() > 0).map(|(tp, _)| tp.topic.clone()).collect();
+        let keep = |tp: &TopicPartition, t: &AckTracker| t.epoch.session != session || in_use(&tp.topic) || t.pending_count() > 0;
+        let busy: std::collections::HashSet<TopicName> = self.trackers.iter().filter(|(tp, t)| keep(tp, t)).map(|(tp, _)| tp.topic.clone()).collect();
         self.trackers.retain(|tp, _| busy.contains(&tp.topic));
         self.generations.retain(|topic, _| busy.contains(topic) || in_use(topic));
         for slot in &mut self.topic_slots {
@@ -198,13 +200,15 @@ mod tests {
             if i == 3 {
                 tracker.on_delivery(0, 1); // pending: kept whatever happens
             }
+            // Room 7 is another session's: never this one's to forget.
+            tracker.epoch = Epoch { session: if i == 7 { 2 } else { 1 }, subscription: i as u64 };
             state.trackers.insert(TopicPartition::new(topic(i), 0), tracker);
-            state.forget_unused(|t| *t == topic(i) || *t == topic(5));
-            assert!(state.trackers.len() <= TRACKERS_KEPT + 1, "{i}: {}", state.trackers.len());
-            assert!(state.topic_slots.len() <= TRACKERS_KEPT + 1, "{i}: {}", state.topic_slots.len());
+            state.forget_unused(1, |t| *t == topic(i) || *t == topic(5));
+            assert!(state.trackers.len() <= TRACKERS_KEPT + 2, "{i}: {}", state.trackers.len());
+            assert!(state.topic_slots.len() <= TRACKERS_KEPT + 2, "{i}: {}", state.topic_slots.len());
             assert_eq!(state.topic_of(slot), Some(&topic(i)));
         }
-        for kept in [3, 5, 9_999] {
+        for kept in [3, 5, 7, 9_999] {
             assert!(state.trackers.contains_key(&TopicPartition::new(topic(kept), 0)), "room-{kept}");
         }
     }

@@ -549,6 +549,9 @@ impl Dispatcher {
         let subscribed_before = known.iter().any(Option::is_some);
         let mut starts = Vec::with_capacity(range.len());
         let mut writes = Vec::new();
+        // Each partition's tracker as planned: put in place only once nothing can fail any more,
+        // so a re-subscribe that fails leaves the running subscription's trackers as they were.
+        let mut trackers = Vec::with_capacity(range.len());
         for ((partition, bounds), mut stored) in range.clone().zip(bounds).zip(known) {
             let tp = TopicPartition::new(topic.clone(), partition);
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
@@ -571,23 +574,14 @@ impl Dispatcher {
                 (None, None) => policy,
             }
             .max(bounds.log_start);
-            // The tracker becomes this subscription's (`Epoch`): kept when it is where the plan
-            // starts (its pending deliveries stay pending), replaced otherwise, and left alone
-            // when a later session of the client planned it meanwhile.
-            let mut state = client.lock().unwrap();
-            match state.trackers.get_mut(&tp) {
-                Some(tracker) if tracker.epoch > epoch => {}
-                Some(tracker) if tracker.floor() == start => tracker.epoch = epoch,
-                _ => {
-                    let mut tracker = AckTracker::new(start, stored.and_then(|(_, l)| l));
-                    tracker.epoch = epoch;
-                    state.trackers.insert(tp.clone(), tracker);
-                }
-            }
-            if stored.is_none_or(|(committed, _)| committed < start) {
-                let last_acked = stored.and_then(|(_, l)| l);
+            // A later session of the client planned this partition meanwhile: it is that
+            // session's now, and nothing is written for it from here.
+            let newer = client.lock().unwrap().trackers.get(&tp).is_some_and(|t| t.epoch > epoch);
+            let last_acked = stored.and_then(|(_, l)| l);
+            if !newer && stored.is_none_or(|(committed, _)| committed < start) {
                 writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation });
             }
+            trackers.push((tp, start, last_acked));
             starts.push(StartPoint { partition, from: start, log_start: bounds.log_start });
         }
         // A retention sweep may have read this client's records as expired before it
@@ -612,15 +606,39 @@ impl Dispatcher {
         .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
         .map_err(store_frame_error)?;
         for key in missing {
-            let tracker = client.lock().unwrap().trackers.get(&TopicPartition::new(topic.clone(), key.partition)).map(|t| (t.floor(), t.last_acked()));
-            if let Some((committed, last_acked)) = tracker {
-                writes.push(OffsetWrite { key, committed, last_acked, updated_at: now_ms, generation });
+            if let Some((_, start, last_acked)) = trackers.iter().find(|(tp, _, _)| tp.partition == key.partition) {
+                writes.push(OffsetWrite { key, committed: *start, last_acked: *last_acked, updated_at: now_ms, generation });
             }
+        }
+        // A session taken over meanwhile writes nothing: its successor plans from what is stored.
+        if !self.is_current(client_id, epoch.session) {
+            return Err(FrameError::new(ErrorCode::Conflict, "this session was taken over by a newer one"));
         }
         if !writes.is_empty() {
             self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         }
+        // The trackers become this subscription's (`Epoch`): kept when one is where the plan
+        // starts (its pending deliveries stay pending), replaced otherwise, and left alone when a
+        // later session of the client planned it meanwhile.
+        let mut state = client.lock().unwrap();
+        for (tp, start, last_acked) in trackers {
+            match state.trackers.get_mut(&tp) {
+                Some(tracker) if tracker.epoch > epoch => {}
+                Some(tracker) if tracker.floor() == start => tracker.epoch = epoch,
+                _ => {
+                    let mut tracker = AckTracker::new(start, last_acked);
+                    tracker.epoch = epoch;
+                    state.trackers.insert(tp, tracker);
+                }
+            }
+        }
         Ok(starts)
+    }
+
+    /// True while the session numbered `session` is the client's current one (not taken over).
+    fn is_current(&self, client_id: &ClientId, session: u64) -> bool {
+        let registry = self.registry();
+        registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session)
     }
 }
 

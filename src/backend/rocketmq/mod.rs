@@ -181,9 +181,8 @@ impl RocketMqLog {
     }
 
     /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position. A message that
-    /// does not decode becomes an undecodable stand-in at its offset (every subscriber
-    /// dead-letters it and goes on), found from its header or, when even that is unreadable, as
-    /// the offset after the previous message; nothing after such a one is trusted.
+    /// does not decode becomes an undecodable stand-in at the offset after the previous event
+    /// (every subscriber dead-letters it and goes on); nothing after it is trusted.
     fn into_events(&self, tp: &TopicPartition, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
         let mut events: Vec<Event> = Vec::new();
         for decoded in messages {
@@ -200,18 +199,12 @@ impl RocketMqLog {
                 }
                 Ok(_) => {}
                 Err(bad) => {
-                    let offset = match (bad.queue_id, bad.queue_offset) {
-                        (Some(queue), Some(offset)) if queue == tp.partition => offset,
-                        (None, None) => expected,
-                        _ => continue,
-                    };
-                    undecodable(tp, offset, &bad);
-                    if offset >= from {
-                        events.push(Event::undecodable(tp.partition, offset));
-                    }
-                    if bad.queue_offset.is_none() {
-                        break;
-                    }
+                    // Queue offsets are consecutive: it stands at `expected`, whatever its broken
+                    // header says (a size field gone wrong before it would make that any bytes).
+                    // Nothing after it in this answer is trusted; the next read starts after it.
+                    undecodable(tp, expected, &bad);
+                    events.push(Event::undecodable(tp.partition, expected));
+                    break;
                 }
             }
         }

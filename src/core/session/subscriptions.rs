@@ -66,13 +66,14 @@ impl Session {
             partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from }).collect(),
         });
         self.feed(&topic, &starts, id, &cancel);
+        // Listed before the partition count is read: a growth after this reaches it as a
+        // control message, one before it through the count (`Dispatcher::partitions_grown`).
+        self.info.subscriptions.lock().unwrap().push(topic.clone());
         let partitions = starts.len() as u32;
-        // Grown while it was planned (`Dispatcher::partitions_grown`): the next tick feeds the rest.
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
         self.subscriptions.insert(topic.clone(), Subscription { id, slot, epoch, cancel, partitions, wanted });
         let subscribed = &self.subscriptions;
-        self.client.lock().unwrap().forget_unused(|t| subscribed.contains_key(t));
-        self.info.subscriptions.lock().unwrap().push(topic);
+        self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
         Ok(())
     }
 
@@ -110,7 +111,7 @@ impl Session {
             let subscription = self.subscriptions.get_mut(&topic).expect("checked above");
             subscription.partitions = subscription.partitions.max(first + starts.len() as u32);
             if starts.is_empty() {
-                subscription.wanted = subscription.partitions; // the log has no more than that
+                continue; // the backend's count lags the watch's: tried again on the next tick
             }
             tracing::info!(session_id = %self.info.session_id, %topic, partitions = subscription.partitions, "subscription extended to partitions added to its topic");
         }
