@@ -435,15 +435,10 @@ impl LogBackend for EmbeddedLog {
                     self.cursors.get(tp).unwrap_or(log_start).max(log_start)
                 }
             };
-            let events = match from {
-                // A catch-up read may reach far back, to events no longer cached: on the
-                // blocking pool. The shared reader's reads at the head stay inline.
-                ReadFrom::Offset(_) => {
-                    let (state, tp) = (self.state.clone(), tp.clone());
-                    tokio::task::spawn_blocking(move || state.read_events(&tp, start, max)).await.map_err(io_err)??
-                }
-                ReadFrom::PullCursor => self.read_events(tp, start, max)?,
-            };
+            // Inline, catch-up reads too: on the blocking pool they cost the fan-out loadtest
+            // 5-10% (a thread hop per read of up to `fetch_batch` events, README Performance);
+            // a read is bounded by `max` events and is served from RocksDB's cache when recent.
+            let events = self.read_events(tp, start, max)?;
             if let (ReadFrom::PullCursor, Some(last)) = (from, events.last()) {
                 self.cursors.set(tp, last.offset + 1);
             }
