@@ -55,6 +55,8 @@ pub struct ConsumerPlan {
     pub paced_since: Option<Instant>,
     /// Never acknowledge the first this many events (a self-test of the completeness check).
     pub skip_acks: u64,
+    /// `from` of the subscribe (`None`: the gateway's reset policy).
+    pub from: Option<&'static str>,
 }
 
 pub struct ConsumerResult {
@@ -141,7 +143,11 @@ struct Paced {
 pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerResult> {
     let mut received = Received::default();
     let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    ws.send(Message::Text(json!({"op": "subscribe", "topic": plan.topic, "req": "sub"}).to_string().into())).await?;
+    let mut subscribe = json!({"op": "subscribe", "topic": plan.topic, "req": "sub"});
+    if let Some(from) = plan.from {
+        subscribe["from"] = json!(from);
+    }
+    ws.send(Message::Text(subscribe.to_string().into())).await?;
     let mut pending_ids: Vec<String> = Vec::new();
     // Confirmed mode: the ack waiting for its ack_ok, and when it was sent.
     let mut awaiting: Option<(u64, Instant)> = None;

@@ -92,6 +92,16 @@ impl Gateway {
         Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), logs, child: Some(child), data_dir: Some(data.to_path_buf()), _temp: None })
     }
 
+    /// Stops the gateway gracefully and starts the binary again on the same data dir.
+    pub fn restart(&mut self, launch: &Launch) -> anyhow::Result<()> {
+        let data = self.data_dir.clone().context("only a gateway this loadtest started can be restarted")?;
+        self.stop();
+        let mut restarted = Self::start_in(launch, &data)?;
+        restarted._temp = self._temp.take();
+        *self = restarted;
+        Ok(())
+    }
+
     /// True once a log line containing `needle` was printed.
     pub fn logged(&self, needle: &str) -> bool {
         self.logs.lock().unwrap().iter().any(|l| l.contains(needle))

@@ -4,8 +4,9 @@
 //! Shapes: throughput (`--clients K --split|--fanout --events N`, acks each / batched /
 //! confirmed), paced latency (`--rate R`), idle-session memory (`--idle-sessions S`), restart
 //! time with stored offsets (`--restart-offsets M`), takeover across instances on Kafka
-//! (`--instances N --kill-instance-after SECS`) and ping round trips during a retention sweep
-//! (`--sweep-offsets M`). `--json` prints the summary as one object.
+//! (`--instances N --kill-instance-after SECS`), ping round trips during a retention sweep
+//! (`--sweep-offsets M`) and head latency after a restart with an absent client behind
+//! (`--broadcast N --behind M`). `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
 mod client;
@@ -70,6 +71,12 @@ pub struct Cli {
     /// (default 100/s) for `--duration-secs`, each acked; reports publish-to-delivery latency.
     #[arg(long, conflicts_with_all = ["split", "instances"])]
     pub broadcast: Option<usize>,
+    /// Boot alignment's cost to the head: before a fan-out or broadcast run, publish this many
+    /// events, leave one client that acknowledged only each partition's first event and restart
+    /// the gateway (its shared reader then starts where that absent client stands); the timed
+    /// clients subscribe `from: latest` and read at the head.
+    #[arg(long)]
+    pub behind: Option<u64>,
     /// Length of a `--broadcast` run.
     #[arg(long, default_value_t = 60)]
     pub duration_secs: u64,

@@ -55,6 +55,16 @@ impl Http {
         Ok(answer)
     }
 
+    async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let response = self.auth(self.client.put(format!("{}{path}", self.base))).json(body).send().await?;
+        let status = response.status();
+        let answer: Value = response.json().await?;
+        if !status.is_success() {
+            bail!("PUT {path}: {status} {answer}");
+        }
+        Ok(answer)
+    }
+
     async fn create_topic(&self, name: &str, partitions: u32) -> anyhow::Result<()> {
         self.post("/topics", &json!({"name": name, "partitions": partitions})).await.map(|_| ())
     }
@@ -134,8 +144,8 @@ async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], settle: 
 }
 
 pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
-    let gateway = cli.gateway()?;
-    let http = Http::new(&gateway.base, cli.admin_token.clone());
+    let mut gateway = cli.gateway()?;
+    let mut http = Http::new(&gateway.base, cli.admin_token.clone());
     let run = format!("lt{}", std::process::id());
     let clients: Vec<String> = (0..cli.clients).map(|i| format!("{run}-c{i}")).collect();
     // (topic, its clients, events to publish there)
@@ -155,6 +165,13 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let mut expected: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
     for (topic, _, _) in &assignments {
         http.create_topic(topic, cli.partitions).await?;
+    }
+    if let Some(behind) = cli.behind {
+        if !cli.fanout || cli.url.is_some() {
+            bail!("--behind needs a fan-out (--fanout or --broadcast) on a gateway of its own (no --url)");
+        }
+        leave_one_behind(cli, &mut gateway, &http, &assignments[0].0, behind, &mut summary).await?;
+        http = Http::new(&gateway.base, cli.admin_token.clone());
     }
     if !paced {
         let published = Arc::new(AtomicU64::new(0));
@@ -195,6 +212,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             progress: acked.clone(),
             paced_since,
             skip_acks: cli.skip_acks,
+            from: cli.behind.map(|_| "latest"),
         };
         tasks.push(tokio::spawn(client::consume(plan, ws)));
     }
@@ -245,6 +263,25 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let readers: Vec<(String, Vec<String>)> = assignments.iter().map(|(t, r, _)| (t.clone(), r.clone())).collect();
     check_committed(&http, &readers, Duration::from_secs(cli.settle_secs), &mut summary).await?;
     Ok(summary)
+}
+
+/// Publishes `behind` events to `topic`, stores offset 0 on every partition for a client that
+/// never connects (an operator's reset, as if it had been away since the start), and restarts
+/// the gateway on the same data dir: boot alignment then starts the shared reader of every
+/// partition where that absent client stands, `behind` events back.
+async fn leave_one_behind(cli: &Cli, gateway: &mut Gateway, http: &Http, topic: &str, behind: u64, summary: &mut Summary) -> anyhow::Result<()> {
+    preload(http, topic, cli.partitions, behind, cli.payload_bytes, &AtomicU64::new(0)).await?;
+    let absent = format!("{topic}-absent");
+    for partition in 0..cli.partitions {
+        http.put(&format!("/admin/offsets/{topic}/{absent}/{partition}"), &json!({"offset": 0})).await?;
+    }
+    gateway.restart(&cli.launch())?;
+    let ready = Http::new(&gateway.base, cli.admin_token.clone());
+    while ready.client.get(format!("{}/readyz", ready.base)).send().await.map_or(true, |r| !r.status().is_success()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    summary.add("absent_client_behind", behind);
+    Ok(())
 }
 
 /// Publishes each topic's events at `rate` events/s in total, in 1 ms ticks, each event carrying

@@ -1,7 +1,7 @@
 //! The real RocksDB offset store behind a switchboard: a test can hold every offset write
 //! (as a slow disk or a long queue would) or make writes fail (a full disk), then let go.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -61,6 +61,9 @@ pub struct ControlledStore {
     /// While held, `touch` waits (a subscribe's touch of the client's records: on the blocking
     /// pool, so holding it suspends a subscription's plan without blocking a runtime worker).
     touches: Gate,
+    /// While held, `reset` (an operator's offset reset) waits; `resets_waiting` counts them.
+    resets: Gate,
+    resets_waiting: AtomicUsize,
 }
 
 impl ControlledStore {
@@ -76,6 +79,8 @@ impl ControlledStore {
             dead_letters_failing: AtomicBool::new(false),
             removals: Gate::default(),
             touches: Gate::default(),
+            resets: Gate::default(),
+            resets_waiting: AtomicUsize::new(0),
         })
     }
 
@@ -104,6 +109,22 @@ impl ControlledStore {
             std::thread::sleep(after);
             store.touches.set(false);
         });
+    }
+
+    /// Holds every operator reset until `after` has passed (a slow disk under the reset's
+    /// write), then lets go, from another thread.
+    pub fn hold_resets_for(self: &Arc<Self>, after: Duration) {
+        self.resets.set(true);
+        let store = self.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            store.resets.set(false);
+        });
+    }
+
+    /// Operator resets waiting in the store now.
+    pub fn resets_waiting(&self) -> usize {
+        self.resets_waiting.load(Ordering::SeqCst)
     }
 
     /// Lets go of held dead-letter writes after `after`, from another thread.
@@ -160,6 +181,7 @@ impl Drop for LetGo {
         self.0.hold_removals(false);
         self.0.release_writes();
         self.0.touches.set(false);
+        self.0.resets.set(false);
     }
 }
 
@@ -188,6 +210,9 @@ impl OffsetStore for ControlledStore {
     }
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+        self.resets_waiting.fetch_add(1, Ordering::SeqCst);
+        self.resets.wait_while_held();
+        self.resets_waiting.fetch_sub(1, Ordering::SeqCst);
         self.inner.reset(key, committed, now)
     }
 

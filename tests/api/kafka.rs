@@ -260,3 +260,42 @@ async fn a_refused_topic_delete_keeps_every_offset() {
     assert_eq!(stored_offset(&gw.base, "kept", "holder", 0).await, None, "a delete that went through takes the offsets with it");
     gw.stop().await;
 }
+
+/// Issue 21, item 8, on Kafka: partitions added to a topic at the broker reach its live
+/// subscriptions at the next metadata refresh (`kafka.metadata_refresh_ms`), from their log
+/// start, and a client that subscribed before they were added is not skipped past them by
+/// `reset_policy = latest` when it comes back. The broker grows the topic as CreatePartitions
+/// would (`TestBroker::add_partitions`). Fails with the Kafka partition watch off, as before the
+/// fix: the gateway never learns of partition 3 (a publish to it stays 404, the live session
+/// gets nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_added_at_the_broker_reach_live_subscriptions() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let mut config = kafka_config(&data, &broker);
+    config.kafka.metadata_refresh_ms = 200;
+    config.delivery.reset_policy = "latest".into();
+    let gw = InProcess::start(config).await;
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let mut live = WsClient::connect(gw.addr(), "live").await;
+    assert_eq!(live.subscribe("grows", json!({})).await["partitions"].as_array().unwrap().len(), 2);
+    let mut away = WsClient::connect(gw.addr(), "away").await;
+    away.subscribe("grows", json!({})).await;
+    away.close().await;
+
+    broker.add_partitions("grows", 4);
+    let url = format!("{}/topics/grows/events", gw.base);
+    let body = json!({"events": [{"partition": 3, "payload": "on the new partition"}]});
+    // Accepted once the gateway's partition count (and its producer's metadata) show partition 3.
+    wait_for("a publish to partition 3 is accepted", async || http().post(&url).json(&body).send().await.unwrap().status() == 200).await;
+    let event = live.recv_type("event").await;
+    assert_eq!((event["partition"].as_u64(), event["offset"].as_u64()), (Some(3), Some(0)), "{event}");
+    live.ack_confirmed(&[id(&event)], "a").await;
+
+    let mut back = WsClient::connect(gw.addr(), "away").await;
+    let sub = back.subscribe("grows", json!({})).await;
+    assert_eq!(sub["partitions"][3]["from"], 0, "not skipped to the log end: {sub}");
+    assert_eq!(back.recv_type("event").await["partition"], 3);
+    gw.stop().await;
+}

@@ -68,6 +68,28 @@ impl TestBroker {
         panic!("tansu broker on port {} not ready after 30 s", self.port);
     }
 
+    /// Grows `topic` to `partitions` partitions, as Kafka's CreatePartitions would. tansu 0.6
+    /// answers no CreatePartitions, but its metadata, produce and fetch answers are read from
+    /// its SQLite store each time: the new partitions' rows (and empty watermarks) are added there,
+    /// by python3's sqlite3 (every machine has it) while the broker runs.
+    pub fn add_partitions(&self, topic: &str, partitions: u32) {
+        let script = r#"
+import sqlite3, sys
+db, topic, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = sqlite3.connect(db, timeout=30)
+with c:
+    tid, have = c.execute("select id, partitions from topic where name = ?", (topic,)).fetchone()
+    for p in range(have, wanted):
+        c.execute("insert into topition (topic, partition) values (?, ?)", (tid, p))
+        tp = c.execute("select id from topition where topic = ? and partition = ?", (tid, p)).fetchone()[0]
+        c.execute("insert into watermark (topition) values (?)", (tp,))
+    c.execute("update topic set partitions = ? where id = ?", (wanted, tid))
+"#;
+        let db = self.dir.path().join("tansu.db");
+        let status = Command::new("python3").arg("-c").arg(script).arg(&db).arg(topic).arg(partitions.to_string()).status().expect("python3 runs");
+        assert!(status.success(), "adding partitions to {topic} in {}", db.display());
+    }
+
     /// Stops the broker process (SIGKILL: an outage, not a clean shutdown); data stays.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -528,3 +528,32 @@ async fn the_offsets_listing_comes_in_pages() {
     assert_eq!(status, 400);
     gw.stop().await;
 }
+
+/// Issue 21, item 9: an operator's reset writes the store off the session registry's lock, so
+/// while its write waits (a slow disk, an fsync with `offsets.sync_writes`) every other client
+/// still connects, subscribes and receives. Failed before the fix: the reset wrote under the
+/// registry's lock, so `other`'s session could only register once the reset's write had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reset_on_a_slow_disk_holds_up_no_other_client() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let _let_go = LetGo(store.clone());
+    let gw = start_with(test_config(&data), store.clone()).await;
+    publish_numbered(&gw.base, "t", 1, 0, 3).await;
+    store.hold_resets_for(Duration::from_secs(4));
+    let resetting = tokio::spawn(put_offset_owned(gw.base.clone(), "t", "offline", 0, json!(1)));
+    while store.resets_waiting() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut other = WsClient::connect(gw.addr(), "other").await;
+    other.subscribe("t", json!({"from": "earliest"})).await;
+    assert_eq!(other.recv_events(3).await.len(), 3);
+    assert!(store.resets_waiting() == 1 && !resetting.is_finished(), "other was served only after the reset's write ended");
+    assert_eq!(resetting.await.unwrap(), 200);
+    assert_eq!(stored_offset(&gw.base, "t", "offline", 0).await.unwrap()["committed"], 1);
+    gw.stop().await;
+}
+
+async fn put_offset_owned(base: String, topic: &'static str, client: &'static str, partition: u32, offset: serde_json::Value) -> u16 {
+    put_offset(&base, topic, client, partition, offset).await
+}

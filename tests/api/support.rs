@@ -211,7 +211,6 @@ pub async fn stored_offset(base: &str, topic: &str, client: &str, partition: u32
     body["offsets"].as_array().unwrap().first().cloned()
 }
 
-/// A WebSocket client speaking PROTOCOL.md frames.
 /// The value of an unlabelled metric in `/metrics`, 0 when absent.
 pub async fn metric(base: &str, name: &str) -> f64 {
     let text = http().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -219,6 +218,7 @@ pub async fn metric(base: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map_or(0.0, |v| v.parse().unwrap())
 }
 
+/// A WebSocket client speaking PROTOCOL.md frames.
 pub struct WsClient {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     pub welcome: Value,

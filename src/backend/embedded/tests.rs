@@ -170,3 +170,38 @@ async fn retention_goes_past_events_that_do_not_decode() {
     assert_eq!(read.iter().map(|e| (e.offset, e.undecodable)).collect::<Vec<_>>(), vec![(3, true), (4, false)]);
     assert_eq!(log.publish(&topic("t"), vec![event(Some(0), None, 5)]).await.unwrap(), vec![(0, 5)]);
 }
+
+/// Issue 21, item 9: a publish with `sync_writes` (an fsync per batch) waits on the blocking
+/// pool, never on a runtime thread: with the append lock held elsewhere (another publish's
+/// fsync, retention), the runtime's only thread goes on serving other tasks. Failed before the
+/// fix: the publish took the lock on the runtime thread, so nothing else ran until it was free.
+#[tokio::test(flavor = "current_thread")]
+async fn a_synced_publish_waits_off_the_runtime_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let synced = EmbeddedLogSettings { sync_writes: true, ..settings() };
+    let log = Arc::new(EmbeddedLog::open(dir.path(), synced, Arc::new(ManualClock::new(1))).unwrap());
+    log.create_topic(&topic("t"), 1).await.unwrap();
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let holder = {
+        let (state, released) = (log.state.clone(), released.clone());
+        std::thread::spawn(move || {
+            let _held = state.append_lock.lock().unwrap();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+            released.store(true, Ordering::SeqCst);
+        })
+    };
+    locked.recv().unwrap();
+    let publishing = {
+        let log = log.clone();
+        tokio::spawn(async move { log.publish(&topic("t"), vec![event(Some(0), None, 1)]).await })
+    };
+    // The publish runs first and waits for the lock; this task must get the thread back meanwhile.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!released.load(Ordering::SeqCst), "the publish held the runtime thread until the append lock was free");
+    assert_eq!(publishing.await.unwrap().unwrap(), vec![(0, 0)]);
+    holder.join().unwrap();
+}
