@@ -17,6 +17,7 @@ pub struct Config {
     pub rocketmq: RocketMqConfig,
     pub offsets: OffsetsConfig,
     pub dead_letters: DeadLettersConfig,
+    pub publish: PublishConfig,
     pub delivery: DeliveryConfig,
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
@@ -327,6 +328,22 @@ impl Default for DeadLettersConfig {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublishConfig {
+    /// How long a publish's `Idempotency-Key` answers a retry with the first offsets instead of
+    /// writing again (at most 7 days).
+    pub idempotency_window_secs: u64,
+    /// Keys remembered at most (across topics); a publish with a new key beyond it gets 429.
+    pub idempotency_max_keys: usize,
+}
+
+impl Default for PublishConfig {
+    fn default() -> Self {
+        Self { idempotency_window_secs: 300, idempotency_max_keys: 1_000_000 }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
@@ -499,6 +516,8 @@ impl Config {
             ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
             ("server.idle_timeout_ms", self.server.idle_timeout_ms),
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
+            ("publish.idempotency_window_secs", self.publish.idempotency_window_secs),
+            ("publish.idempotency_max_keys", self.publish.idempotency_max_keys as u64),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -526,6 +545,9 @@ impl Config {
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
             ("auth.jwt_max_lifetime_secs (as ms)", self.auth.jwt_max_lifetime_secs.saturating_mul(1000)),
         ];
+        if self.publish.idempotency_window_secs > 7 * 86_400 {
+            problems.push(format!("publish.idempotency_window_secs must be at most 604800 (7 days), got {}", self.publish.idempotency_window_secs));
+        }
         for (key, value) in periods {
             if value > MAX_PERIOD_MS {
                 problems.push(format!("{key} must be at most {MAX_PERIOD_MS} (31 days), got {value}"));

@@ -20,6 +20,7 @@ use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
+use crate::core::idempotency::IdempotentPublisher;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
 use crate::http::connections::{connection_capacity, raise_descriptor_limit, serve, ConnectionLimits};
 use crate::http::exposure::Exposure;
@@ -88,11 +89,26 @@ fn sweep_dead_letters(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize
     if retention_ms == 0 {
         return Ok(0);
     }
-    let removed = d.store.remove_dead_letters_before(d.clock.now_ms().saturating_sub(retention_ms))?;
+    let before = d.clock.now_ms().saturating_sub(retention_ms);
+    let removed = d.store.remove_dead_letters_before(before)?;
     if removed > 0 {
         tracing::info!(removed, "expired dead letters");
     }
+    // Gaps are kept as long as dead letters.
+    let gaps = d.store.remove_gaps(None, before)?;
+    if gaps > 0 {
+        tracing::info!(removed = gaps, "expired gaps");
+    }
     Ok(removed)
+}
+
+/// Forgets the idempotency keys whose window has ended.
+fn sweep_publishes(d: &Dispatcher) -> anyhow::Result<usize> {
+    let forgotten = d.store.forget_publishes_expired_at(d.clock.now_ms())?;
+    if forgotten > 0 {
+        tracing::info!(forgotten, "expired idempotency keys");
+    }
+    Ok(forgotten)
 }
 
 fn delivery_settings(config: &Config) -> DeliverySettings {
@@ -210,7 +226,8 @@ impl Gateway {
             tracing::warn!(default = %format!("http://{local_addr}"), "cluster.peers is set but server.public_url is not: set it to the URL the peers list for this instance");
         }
         let exposure = Arc::new(Exposure::from_config(&config));
-        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure };
+        let publisher = Arc::new(IdempotentPublisher::new(dispatcher.store.clone(), dispatcher.clock.clone(), config.publish.idempotency_window_secs, config.publish.idempotency_max_keys));
+        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 
@@ -385,7 +402,11 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
             // A sweep reads every record (and may compact): keep it off the async workers.
             let sweeping = d.clone();
-            let swept = move || sweep_offsets(&sweeping, retention_ms).and_then(|_| sweep_dead_letters(&sweeping, dead_letter_retention_ms));
+            let swept = move || {
+                sweep_offsets(&sweeping, retention_ms)?;
+                sweep_dead_letters(&sweeping, dead_letter_retention_ms)?;
+                sweep_publishes(&sweeping)
+            };
             match tokio::task::spawn_blocking(swept).await {
                 Ok(Err(e)) => tracing::error!(error = %e, "offset retention sweep failed"),
                 Err(e) => tracing::error!(error = %e, "offset retention sweep panicked"),

@@ -23,7 +23,7 @@ use super::client_state::ClientState;
 use super::session_control::{ControlInbox, SessionControl};
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_writer::OffsetWriter;
-use super::offsets::{lower_to_log_end, Clock, OffsetStore, OffsetWrite, StoreError};
+use super::offsets::{lower_to_log_end, Clock, Gap, OffsetStore, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 use super::reader::Readers;
 use super::window::Window;
@@ -216,6 +216,9 @@ pub struct StartPoint {
     pub partition: u32,
     pub from: u64,
     pub log_start: u64,
+    /// The start the client wanted (its stored offset or token) and the log start above it:
+    /// offsets `wanted..log_start` are gone (retention) and will never reach it.
+    pub gap: Option<(u64, u64)>,
 }
 
 impl Dispatcher {
@@ -476,6 +479,23 @@ impl Dispatcher {
         self.readers.remove_topic(topic);
     }
 
+    /// Reports a gap of `client_id` (PROTOCOL.md `gap`): logged, counted, and kept for
+    /// `GET /admin/gaps` (written on the blocking pool, in the background: the session does not
+    /// wait for it, and a failed write is logged).
+    pub fn report_gap(&self, client_id: &ClientId, topic: &TopicName, partition: u32, (from, to): (u64, u64)) {
+        tracing::warn!(%client_id, %topic, partition, from, to, "gap: retention removed events before the client read them");
+        super::metrics::gap_reported(topic.as_str(), to.saturating_sub(from));
+        let gap = Gap { topic: topic.clone(), client_id: client_id.clone(), partition, from, to, at: self.clock.now_ms() };
+        let store = self.store.clone();
+        self.tasks.spawn(async move {
+            match tokio::task::spawn_blocking(move || store.record_gap(&gap)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "recording a gap failed"),
+                Err(e) => tracing::error!(error = %e, "recording a gap failed"),
+            }
+        });
+    }
+
     /// Picks where each partition of `topic` starts for `client`, and prepares its trackers.
     ///
     /// Per partition: the larger of the stored committed offset and the client's resume token;
@@ -566,14 +586,17 @@ impl Dispatcher {
                 _ => bounds.log_start,
             };
             let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
-            let start = match (stored, requested) {
+            let wanted = match (stored, requested) {
                 (Some((committed, _)), Some(token)) => committed.max(token),
                 (Some((committed, _)), None) if from == StartFrom::Latest => committed.max(policy),
                 (Some((committed, _)), None) => committed,
                 (None, Some(token)) => token,
                 (None, None) => policy,
-            }
-            .max(bounds.log_start);
+            };
+            let start = wanted.max(bounds.log_start);
+            // Only a start the client holds (a stored offset or a token) can miss events; a
+            // policy start is where the client chose to begin.
+            let gap = (wanted < bounds.log_start && (stored.is_some() || requested.is_some())).then_some((wanted, bounds.log_start));
             // A later session of the client planned this partition meanwhile: it is that
             // session's now, and nothing is written for it from here.
             let newer = client.lock().unwrap().trackers.get(&tp).is_some_and(|t| t.epoch > epoch);
@@ -582,7 +605,7 @@ impl Dispatcher {
                 writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation });
             }
             trackers.push((tp, start, last_acked));
-            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start });
+            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, gap });
         }
         // A retention sweep may have read this client's records as expired before it
         // connected: touch them now (a sweep removes only records unchanged since its scan), and

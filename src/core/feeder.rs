@@ -23,6 +23,9 @@ pub struct Fed {
     pub subscription: u64,
     pub topic: TopicName,
     pub partition: u32,
+    /// Offsets `from`..`to`-1 that retention removed before this feeder read them: the session
+    /// tells its client (a `gap` frame) before these events.
+    pub gap: Option<(u64, u64)>,
     pub events: Vec<(Arc<Event>, WindowPermit)>,
 }
 
@@ -46,7 +49,7 @@ pub struct FeedPlan {
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<FedBatch>, cancel: CancellationToken) {
     let FeedPlan { reader, partition, from: mut next, batch, subscription, topic } = plan;
-    let new_batch = |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, events: Vec::with_capacity(capacity) });
+    let new_batch = |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, gap: None, events: Vec::with_capacity(capacity) });
     loop {
         // Read only what the window has room for, once it has some: events never wait outside
         // the window in bulk (a whole fetch of large events, held per subscriber, was how a
@@ -71,6 +74,16 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
         };
         // Sized for the room there is: with a full window a batch carries one event or a few.
         let mut fed = new_batch(events.len().min(window.free_slots()));
+        // A read that starts above where this feeder stands skipped offsets: retention took
+        // them when they are below the log start (else they never existed: Kafka's transaction
+        // markers and compaction leave holes, which are no gap).
+        if let Some(first) = events.first().filter(|e| e.offset > next) {
+            match reader.log_start().await {
+                Ok(log_start) if log_start > next => fed.gap = Some((next, log_start.min(first.offset))),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(%topic, partition, error = %e, "reading the log start after a skip failed; no gap reported"),
+            }
+        }
         for event in events {
             if event.offset < next {
                 continue;

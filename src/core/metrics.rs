@@ -9,7 +9,7 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, His
 /// Client frame kinds counted by `ackgate_ws_frames_total{direction="in"}`.
 pub const FRAMES_IN: [&str; 8] = ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "invalid"];
 /// Gateway frame kinds counted by `ackgate_ws_frames_total{direction="out"}`.
-pub const FRAMES_OUT: [&str; 7] = ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"];
+pub const FRAMES_OUT: [&str; 8] = ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error", "gap"];
 /// Index of "event" in `FRAMES_OUT` (counted per batch of deliveries, not looked up per frame).
 const EVENT_FRAME: usize = 3;
 
@@ -36,6 +36,8 @@ pub struct Metrics {
     pub offset_write_failures: Counter,
     pub broker_acks: Counter,
     pub pull_events: Counter,
+    /// Publishes answered from an `Idempotency-Key` without writing.
+    pub publish_replays: Counter,
     frames_in: [Counter; FRAMES_IN.len()],
     frames_out: [Counter; FRAMES_OUT.len()],
 }
@@ -52,6 +54,17 @@ pub const CONNECTIONS_REFUSED: &str = "ackgate_connections_refused_total";
 pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
 pub const UNDECODABLE_RECORDS: &str = "ackgate_undecodable_records_total";
 pub const TRANSIENT_LOG_ENDS: &str = "ackgate_transient_log_ends_total";
+pub const PUBLISH_REPLAYS: &str = "ackgate_publish_replays_total";
+pub const GAPS: &str = "ackgate_gaps_total";
+pub const GAP_EVENTS: &str = "ackgate_gap_events_total";
+
+/// `ackgate_gaps_total{topic}` and `ackgate_gap_events_total{topic}`: gaps reported to clients
+/// (a start below the log start at subscribe, or a catch-up read that fell behind retention),
+/// and the events in them. Labelled by topic, so handles are made per report (gaps are rare).
+pub fn gap_reported(topic: &str, events: u64) {
+    metrics::counter!(GAPS, "topic" => topic.to_string()).increment(1);
+    metrics::counter!(GAP_EVENTS, "topic" => topic.to_string()).increment(events);
+}
 
 /// `ackgate_transient_log_ends_total`: log ends read below a committed offset that were back above
 /// it when read again (`core::log_end`): the offsets stayed. A free function, like
@@ -104,6 +117,9 @@ impl Metrics {
         describe_counter!(CONNECTIONS_REFUSED, "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)");
         describe_counter!(UNDECODABLE_RECORDS, "Records read from the log that could not be decoded (dead-lettered as undecodable for every subscriber)");
         describe_counter!(KAFKA_HEADERS_DROPPED, "Kafka record headers dropped because their key is not UTF-8");
+        describe_counter!(GAPS, "Gaps reported to clients (events retention removed before the client read them), per topic");
+        describe_counter!(GAP_EVENTS, "Events in the gaps reported to clients, per topic");
+        describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
         describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");
@@ -120,6 +136,7 @@ impl Metrics {
             offset_write_failures: offset_write("failed"),
             broker_acks: metrics::counter!("ackgate_broker_acks_total", "result" => "ok"),
             pull_events: metrics::counter!("ackgate_pull_events_total"),
+            publish_replays: metrics::counter!(PUBLISH_REPLAYS),
             frames_in: FRAMES_IN.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "in", "kind" => kind)),
             frames_out: FRAMES_OUT.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "out", "kind" => kind)),
         }

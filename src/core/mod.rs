@@ -8,6 +8,7 @@ pub mod alignment;
 pub mod client_state;
 pub mod dispatcher;
 pub mod feeder;
+pub mod idempotency;
 pub mod in_flight;
 pub mod log_end;
 pub mod metrics;

@@ -182,8 +182,9 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+    use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
     use crate::core::names::{ClientId, OffsetKey, TopicName};
-    use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, StoreError, SystemClock};
+    use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, StoreError, SystemClock};
     use crate::store::memory::MemoryOffsetStore;
 
     /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.
@@ -238,6 +239,27 @@ mod tests {
         }
         fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
             self.inner.remove_dead_letters_before(at_ms)
+        }
+        fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {
+            self.inner.record_gap(gap)
+        }
+        fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError> {
+            self.inner.gaps(query)
+        }
+        fn remove_gaps(&self, topic: Option<&TopicName>, before_ms: u64) -> Result<usize, StoreError> {
+            self.inner.remove_gaps(topic, before_ms)
+        }
+        fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError> {
+            self.inner.remembered_publish(topic, key)
+        }
+        fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError> {
+            self.inner.remember_publish(topic, key, publish)
+        }
+        fn remembered_publishes(&self) -> usize {
+            self.inner.remembered_publishes()
+        }
+        fn forget_publishes_expired_at(&self, now: u64) -> Result<usize, StoreError> {
+            self.inner.forget_publishes_expired_at(now)
         }
         fn flush(&self) -> Result<(), StoreError> {
             self.inner.flush()

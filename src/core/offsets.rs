@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::idempotency::{IdempotencyKey, RememberedPublish};
 use super::names::{ClientId, OffsetKey, TopicName};
 
 /// Version byte at the start of every stored record value, so the format can change later.
@@ -132,6 +133,34 @@ impl DeadLetter {
     pub fn id(&self) -> DeadLetterId {
         DeadLetterId { key: OffsetKey::new(self.topic.clone(), self.client_id.clone(), self.partition), offset: self.offset }
     }
+}
+
+/// Events a client will never receive because the log no longer held them when it read there
+/// (retention removed them): offsets `from`..`to`-1 of one partition, reported to the client as
+/// `subscribed.partitions[].gap` or a `gap` frame (PROTOCOL.md) and kept for the admin view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    pub topic: TopicName,
+    pub client_id: ClientId,
+    pub partition: u32,
+    pub from: u64,
+    pub to: u64,
+    /// Epoch ms.
+    pub at: u64,
+}
+
+impl Gap {
+    /// Named like a dead letter, by the first offset missing: `topic#client_id#partition#from`.
+    pub fn id(&self) -> DeadLetterId {
+        DeadLetterId { key: OffsetKey::new(self.topic.clone(), self.client_id.clone(), self.partition), offset: self.from }
+    }
+}
+
+/// A page of gaps, in topic, client, partition and `from` order.
+#[derive(Debug, Clone, Default)]
+pub struct GapPage {
+    pub gaps: Vec<Gap>,
+    pub next: Option<DeadLetterId>,
 }
 
 /// Names one dead letter: `topic#client_id#partition#offset` (`#` is in neither name, so the form
@@ -268,6 +297,28 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     /// Removes the dead letters recorded before `at_ms` (their retention); returns how many.
     fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError>;
+
+    /// Keeps a gap reported to a client for the admin view (one per partition and `from`).
+    fn record_gap(&self, gap: &Gap) -> Result<(), StoreError>;
+
+    /// One page of gaps, filtered like dead letters (`DeadLetterQuery`).
+    fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError>;
+
+    /// Removes the gaps recorded before `at_ms` (kept as long as dead letters) or, with `topic`,
+    /// every gap of that (deleted) topic; returns how many.
+    fn remove_gaps(&self, topic: Option<&TopicName>, before_ms: u64) -> Result<usize, StoreError>;
+
+    /// What a publish with `key` on `topic` answered (idempotent publish), expired or not.
+    fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError>;
+
+    /// Remembers what a publish with `key` on `topic` answered, replacing an expired answer.
+    fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError>;
+
+    /// How many publishes are remembered now (expired ones until they are removed).
+    fn remembered_publishes(&self) -> usize;
+
+    /// Forgets the publishes whose window ended at or before `now`; returns how many.
+    fn forget_publishes_expired_at(&self, now: u64) -> Result<usize, StoreError>;
 
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;

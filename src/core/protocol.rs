@@ -305,11 +305,20 @@ impl ClientFrame {
     }
 }
 
-/// `{"partition", "from"}` in a `subscribed` frame.
+/// `{"partition", "from", "gap"?}` in a `subscribed` frame.
 #[derive(Debug, Clone, Serialize)]
 pub struct SubscribedPartition {
     pub partition: u32,
     pub from: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gap: Option<GapRange>,
+}
+
+/// Offsets `from`..`to`-1 that retention removed before the client read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GapRange {
+    pub from: u64,
+    pub to: u64,
 }
 
 /// Gateway frames other than `event` (which `write_event_frame` writes by hand).
@@ -329,6 +338,8 @@ pub enum ServerFrame {
         req: Option<Value>,
     },
     AckOk { req: Value, committed: BTreeMap<String, BTreeMap<String, u64>> },
+    /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
+    Gap { topic: String, partition: u32, from: u64, to: u64 },
     Pong {
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
@@ -349,6 +360,7 @@ impl ServerFrame {
             Self::Subscribed { .. } => "subscribed",
             Self::Unsubscribed { .. } => "unsubscribed",
             Self::AckOk { .. } => "ack_ok",
+            Self::Gap { .. } => "gap",
             Self::Pong { .. } => "pong",
             Self::Error { .. } => "error",
         }

@@ -100,6 +100,11 @@ impl PartitionReader {
         self.buffer.lock().unwrap().covered_to
     }
 
+    /// The partition's first stored offset now.
+    pub async fn log_start(&self) -> Result<u64, BackendError> {
+        Ok(self.backend.log_bounds(&self.tp).await?.log_start)
+    }
+
     /// Up to `max` events and about `max_bytes` of payload (at least one event) from `from` on,
     /// in offset order; waits when there are none yet. A subscriber only takes what its window
     /// has room for, so events never wait outside the window in bulk (issue 20).

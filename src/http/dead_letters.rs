@@ -37,21 +37,7 @@ pub const MAX_PAGE: usize = 1000;
     )
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "limit" | "after")) {
-        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, limit or after")));
-    }
-    let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
-    let after = query
-        .get("after")
-        .map(|text| DeadLetterId::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}"))))
-        .transpose()?;
-    let query = DeadLetterQuery {
-        topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
-        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
-        after,
-        limit,
-    };
+    let query = page_query(query)?;
     let page = app.dispatcher.store.dead_letters(&query)?;
     let rows: Vec<Value> = page
         .dead_letters
@@ -73,4 +59,24 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         body["next"] = json!(next.to_string());
     }
     Ok(Json(body))
+}
+
+/// The filters and page of a dead-letter style listing (`/admin/dead-letters`, `/admin/gaps`):
+/// `topic`, `client_id`, `limit`, `after`; anything else is refused.
+pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<DeadLetterQuery, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, limit or after")));
+    }
+    let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
+    let after = query
+        .get("after")
+        .map(|text| DeadLetterId::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}"))))
+        .transpose()?;
+    Ok(DeadLetterQuery {
+        topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        after,
+        limit,
+    })
 }

@@ -8,6 +8,7 @@ pub mod console;
 pub mod dead_letters;
 pub mod error;
 pub mod exposure;
+pub mod gaps;
 pub mod health;
 pub mod lingering;
 pub mod metrics;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub connections: Arc<connections::ConnectionCounts>,
     /// The Origin and Host checks, prepared from the configuration.
     pub exposure: Arc<exposure::Exposure>,
+    /// Publishes with an `Idempotency-Key`.
+    pub publisher: Arc<crate::core::idempotency::IdempotentPublisher>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -57,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/sessions", get(sessions::list))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list))
+        .route("/admin/gaps", get(gaps::list))
         .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))

@@ -273,6 +273,27 @@ pub struct DeadLetterList {
 }
 
 #[derive(serde::Serialize, ToSchema)]
+pub struct Gap {
+    pub topic: String,
+    pub client_id: String,
+    pub partition: u32,
+    /// First offset the client never received.
+    pub from: u64,
+    /// The log start it was moved to: offsets `from`..`to`-1 were gone.
+    pub to: u64,
+    /// Epoch ms.
+    pub at: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct GapList {
+    pub gaps: Vec<Gap>,
+    /// Present when more follow: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
 pub struct Recommendation {
     pub instance: String,
     /// Full URL of `/ws`, without query.
@@ -342,6 +363,15 @@ pub struct SubscribedPartition {
     pub partition: u32,
     /// First offset that will be delivered.
     pub from: u64,
+    /// Present when the start wanted (stored offset or token) was below the log start: offsets
+    /// `from`..`to`-1 are gone and will never be delivered.
+    pub gap: Option<GapRange>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct GapRange {
+    pub from: u64,
+    pub to: u64,
 }
 
 /// A frame sent by the gateway, tagged by `type`.
@@ -373,6 +403,8 @@ pub enum ServerFrame {
     /// Committed offsets `{"<topic>": {"<partition>": offset}}` of every partition the ack touched.
     AckOk { req: Req, committed: BTreeMap<String, BTreeMap<String, u64>> },
     Pong { req: Option<Req> },
+    /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
+    Gap { topic: String, partition: u32, from: u64, to: u64 },
     /// The connection stays open. Close codes: 1001 shutdown, 1008 auth, 1009 frame too large,
     /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client.
     Error { code: ErrorCodeName, message: String, req: Option<Req> },

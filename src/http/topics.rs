@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
 use serde::Deserialize;
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{AppState, JsonBody};
 use crate::core::backend::NewEvent;
+use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOutcome};
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::StoreError;
 use crate::core::protocol::ErrorCode;
@@ -55,7 +57,10 @@ fn too_large(message: String) -> ApiError {
     operation_id = "publish_events",
     tag = "topics",
     summary = "Publish one event or a batch",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
+    params(
+        ("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("Idempotency-Key" = Option<String>, Header, description = "makes a retry within publish.idempotency_window_secs answer the first request's offsets without writing again", pattern = r"^[!-~]{1,128}$", min_length = 1, max_length = 128),
+    ),
     request_body = crate::http::schemas::PublishRequest,
     security(("admin_token" = [])),
     responses(
@@ -64,21 +69,50 @@ fn too_large(message: String) -> ApiError {
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 404, description = "unknown_topic (Kafka, RocketMQ; the embedded log auto-creates), or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
+        (status = 409, description = "conflict: the Idempotency-Key was used with another body within the window, or a request with it is still running", body = crate::http::schemas::ErrorBody),
         (status = 413, description = "limit_exceeded: too many events or too large a body", body = crate::http::schemas::ErrorBody),
+        (status = 429, description = "limit_exceeded: publish.idempotency_max_keys keys are remembered", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: backend down", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn publish(State(app): State<AppState>, Path(topic): Path<String>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn publish(State(app): State<AppState>, Path(topic): Path<String>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let topic = parse_topic(&topic)?;
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        Some(raw) => Some(IdempotencyKey::parse(raw.as_bytes()).map_err(ApiError::bad_request)?),
+        None => None,
+    };
     let limits = &app.config.limits;
     let bytes = to_bytes(body, limits.max_body_bytes)
         .await
         .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
     let events = parse_publish_body(&bytes, limits.max_batch_events)?;
-    let offsets = app.dispatcher.backend.publish(&topic, events).await?;
+    let backend = app.dispatcher.backend.as_ref();
+    let (offsets, replayed) = match key {
+        None => (backend.publish(&topic, events).await?, false),
+        Some(key) => match app.publisher.publish(backend, &topic, key, &bytes, events).await {
+            Ok(PublishOutcome::Written(offsets)) => (offsets, false),
+            Ok(PublishOutcome::Replayed(offsets)) => {
+                app.dispatcher.metrics.publish_replays.increment(1);
+                (offsets, true)
+            }
+            Err(IdempotentPublishError::Conflict(m)) => return Err(ApiError::conflict(m)),
+            Err(IdempotentPublishError::TooManyKeys(m)) => return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m)),
+            Err(IdempotentPublishError::Backend(e)) => return Err(e.into()),
+            Err(IdempotentPublishError::Store(e)) => return Err(e.into()),
+        },
+    };
     let offsets: Vec<Value> = offsets.into_iter().map(|(partition, offset)| json!({"partition": partition, "offset": offset})).collect();
-    Ok(Json(json!({ "offsets": offsets })))
+    let mut response = Json(json!({ "offsets": offsets })).into_response();
+    if replayed {
+        // Not in the contract's body (a retry must read exactly like the first answer): a hint
+        // for whoever debugs a publisher.
+        response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
+
+/// The request header that makes a publish idempotent.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, ApiError> {
     // The top level is read as raw fields first, so `{"events": [...]}` and a single event can
@@ -232,6 +266,7 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
     let store = d.store.clone();
     let removing = topic.clone();
     let (offsets_deleted, dead_letters_deleted) = tokio::task::spawn_blocking(move || -> Result<(usize, usize), StoreError> {
+        store.remove_gaps(Some(&removing), 0)?;
         Ok((store.remove_topic(&removing)?, store.remove_dead_letters(&removing)?))
     })
     .await

@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -18,6 +19,8 @@ struct Inner {
     dead_letters: Vec<DeadLetter>,
     /// Generation of each topic deleted at least once (absent = 0).
     generations: HashMap<TopicName, u64>,
+    publishes: HashMap<(TopicName, IdempotencyKey), RememberedPublish>,
+    gaps: Vec<Gap>,
 }
 
 impl MemoryOffsetStore {
@@ -89,6 +92,7 @@ impl OffsetStore for MemoryOffsetStore {
         let mut inner = self.lock();
         let before = inner.records.len();
         inner.records.retain(|key, _| key.topic != *topic);
+        inner.publishes.retain(|(t, _), _| t != topic);
         *inner.generations.entry(topic.clone()).or_insert(0) += 1;
         Ok(before - inner.records.len())
     }
@@ -158,6 +162,64 @@ impl OffsetStore for MemoryOffsetStore {
         let before = inner.dead_letters.len();
         inner.dead_letters.retain(|d| d.topic != *topic);
         Ok(before - inner.dead_letters.len())
+    }
+
+    fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let key = |g: &Gap| (g.topic.clone(), g.client_id.clone(), g.partition, g.from);
+        match inner.gaps.binary_search_by_key(&key(gap), key) {
+            Ok(i) => inner.gaps[i] = gap.clone(),
+            Err(i) => inner.gaps.insert(i, gap.clone()),
+        }
+        Ok(())
+    }
+
+    fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError> {
+        let inner = self.lock();
+        let after = query.after.as_ref().map(|a| (a.key.topic.clone(), a.key.client_id.clone(), a.key.partition, a.offset));
+        let mut gaps: Vec<Gap> = inner
+            .gaps
+            .iter()
+            .filter(|g| query.topic.as_ref().is_none_or(|t| *t == g.topic) && query.client_id.as_ref().is_none_or(|c| *c == g.client_id))
+            .filter(|g| after.as_ref().is_none_or(|a| (g.topic.clone(), g.client_id.clone(), g.partition, g.from) > *a))
+            .take(query.limit + 1)
+            .cloned()
+            .collect();
+        let next = (gaps.len() > query.limit).then(|| {
+            gaps.truncate(query.limit);
+            gaps.last().map(Gap::id)
+        });
+        Ok(GapPage { gaps, next: next.flatten() })
+    }
+
+    fn remove_gaps(&self, topic: Option<&TopicName>, before_ms: u64) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.gaps.len();
+        inner.gaps.retain(|g| match topic {
+            Some(topic) => g.topic != *topic,
+            None => g.at >= before_ms,
+        });
+        Ok(before - inner.gaps.len())
+    }
+
+    fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError> {
+        Ok(self.lock().publishes.get(&(topic.clone(), key.clone())).cloned())
+    }
+
+    fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError> {
+        self.lock().publishes.insert((topic.clone(), key.clone()), publish.clone());
+        Ok(())
+    }
+
+    fn remembered_publishes(&self) -> usize {
+        self.lock().publishes.len()
+    }
+
+    fn forget_publishes_expired_at(&self, now: u64) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.publishes.len();
+        inner.publishes.retain(|_, p| p.expires_at > now);
+        Ok(before - inner.publishes.len())
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -2,8 +2,10 @@
 //!
 //! Column families: `offsets` (topic-ordered key -> record), `by_client` (client-ordered key ->
 //! nothing, the second index that makes a client filter a prefix scan), `dead_letters` with its
-//! client-ordered index `dead_letters_by_client`, and `topic_generations` (topic -> u64, how many
-//! times it was deleted).
+//! client-ordered index `dead_letters_by_client`, `topic_generations` (topic -> u64, how many
+//! times it was deleted) and `publishes` (topic prefix + `Idempotency-Key` -> what that publish
+//! answered, until when: `core::idempotency`) and `gaps` (topic-ordered, like dead letters: the
+//! gaps reported to clients).
 //! CAS-max is a conditional write (read, skip unless greater, put) serialized by one lock, so
 //! concurrent writers to the same key can never interleave between the read and the put. The
 //! lock also guards the generations, cached in memory, so a write checks its topic's generation
@@ -12,16 +14,20 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch, WriteOptions};
 
+use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// Raw `(key, value)` pairs read from a column family.
 type RawPairs = Vec<(Box<[u8]>, Box<[u8]>)>;
+/// Turns a raw `(key, value)` pair into a row of a page (`None`: not a row of it).
+type PageRow<'a, T> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>;
 /// A visitor of raw `(key, value)` pairs that may stop the scan with an error.
 type RawVisitor<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>;
 
@@ -30,6 +36,8 @@ const CF_BY_CLIENT: &str = "by_client";
 const CF_DEAD_LETTERS: &str = "dead_letters";
 const CF_TOPIC_GENERATIONS: &str = "topic_generations";
 const CF_DEAD_LETTERS_BY_CLIENT: &str = "dead_letters_by_client";
+const CF_PUBLISHES: &str = "publishes";
+const CF_GAPS: &str = "gaps";
 
 /// Records removed or touched per write-lock hold (`remove`, `touch`).
 const REMOVE_CHUNK: usize = 1024;
@@ -42,6 +50,8 @@ pub struct RocksOffsetStore {
     sync_writes: bool,
     /// Serializes writers; holds the topic generations.
     write_lock: Mutex<Generations>,
+    /// Keys in `publishes` (counted at open, then kept under `write_lock`).
+    publishes: AtomicUsize,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
@@ -53,9 +63,15 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
-        let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()) };
+        let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()), publishes: AtomicUsize::new(0) };
+        let mut publishes = 0;
+        store.for_each_with_prefix(CF_PUBLISHES, &[], &mut |_, _| {
+            publishes += 1;
+            Ok(())
+        })?;
+        store.publishes.store(publishes, Ordering::Relaxed);
         let mut generations = Generations::new();
         store.for_each_with_prefix(CF_TOPIC_GENERATIONS, &[], &mut |key, value| {
             let topic = std::str::from_utf8(key).ok().and_then(|t| TopicName::parse(t).ok());
@@ -141,6 +157,28 @@ impl RocksOffsetStore {
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
     }
 
+    /// Up to `limit + 1` rows of one page in key order: the keys of `cf` under `prefix` after
+    /// `after`, each turned into a row by `row` (`None` skips it). The extra row only says that
+    /// more follow.
+    fn page<T>(&self, cf_name: &str, prefix: &[u8], after: Option<&[u8]>, limit: usize, row: PageRow<'_, T>) -> Result<Vec<T>, StoreError> {
+        let cf = self.cf(cf_name)?;
+        let from = after.filter(|s| *s > prefix).unwrap_or(prefix);
+        let mut rows = Vec::new();
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(from, Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            if !key.starts_with(prefix) || rows.len() > limit {
+                break;
+            }
+            if after == Some(&*key) {
+                continue;
+            }
+            if let Some(found) = row(&key, &value)? {
+                rows.push(found);
+            }
+        }
+        Ok(rows)
+    }
+
     /// Every `(key bytes, value bytes)` of `cf` that starts with `prefix`.
     fn prefix_scan(&self, cf_name: &str, prefix: &[u8]) -> Result<RawPairs, StoreError> {
         let mut out = Vec::new();
@@ -150,6 +188,13 @@ impl RocksOffsetStore {
         })?;
         Ok(out)
     }
+}
+
+/// Key of a remembered publish: the topic's length-prefixed bytes, then the idempotency key.
+fn publish_key(topic: &TopicName, key: &IdempotencyKey) -> Vec<u8> {
+    let mut stored = topic_prefix(topic);
+    stored.extend_from_slice(key.as_str().as_bytes());
+    stored
 }
 
 /// Dead letter key, topic-ordered: the offset key's encoding, then the offset.
@@ -194,6 +239,21 @@ fn decode_dead_letter(id: DeadLetterId, value: &[u8]) -> Option<DeadLetter> {
         attempts: u32::from_be_bytes(value[1..5].try_into().ok()?),
         at: u64::from_be_bytes(value[5..13].try_into().ok()?),
         reason: String::from_utf8_lossy(&value[13..]).into_owned(),
+    })
+}
+
+/// Value: version 1, `to` (u64), `at` (u64).
+fn decode_gap(id: DeadLetterId, value: &[u8]) -> Option<Gap> {
+    if value.len() != 17 || value[0] != 1 {
+        return None;
+    }
+    Some(Gap {
+        topic: id.key.topic,
+        client_id: id.key.client_id,
+        partition: id.key.partition,
+        from: id.offset,
+        to: u64::from_be_bytes(value[1..9].try_into().ok()?),
+        at: u64::from_be_bytes(value[9..17].try_into().ok()?),
     })
 }
 
@@ -348,10 +408,19 @@ impl OffsetStore for RocksOffsetStore {
             removed += 1;
             Ok(())
         })?;
+        // What publishes to the deleted topic answered means nothing for a new topic of its name.
+        let publishes_cf = self.cf(CF_PUBLISHES)?;
+        let mut publishes = 0;
+        self.for_each_with_prefix(CF_PUBLISHES, &topic_prefix(topic), &mut |key, _| {
+            batch.delete_cf(&publishes_cf, key);
+            publishes += 1;
+            Ok(())
+        })?;
         let next = generations.get(topic).copied().unwrap_or(0) + 1;
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         generations.insert(topic.clone(), next);
+        self.publishes.fetch_sub(publishes, Ordering::Relaxed);
         Ok(removed)
     }
 
@@ -439,30 +508,18 @@ impl OffsetStore for RocksOffsetStore {
             (CF_DEAD_LETTERS, prefix, query.after.as_ref().map(dead_letter_key))
         };
         let main_cf = self.cf(CF_DEAD_LETTERS)?;
-        let cf = self.cf(cf_name)?;
-        let from = start.as_deref().filter(|s| *s > prefix.as_slice()).unwrap_or(&prefix);
-        let mut rows = Vec::new();
-        for item in self.db.iterator_cf(&cf, IteratorMode::From(from, Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
-            if !key.starts_with(&prefix) || rows.len() > query.limit {
-                break;
-            }
-            if start.as_deref() == Some(&*key) {
-                continue;
-            }
+        let rows = self.page(cf_name, &prefix, start.as_deref(), query.limit, &mut |key, value| {
             let dead = if query.by_client() {
-                let Some(id) = decode_dead_letter_index_key(&key) else { continue };
+                let Some(id) = decode_dead_letter_index_key(key) else { return Ok(None) };
                 match self.db.get_pinned_cf(&main_cf, dead_letter_key(&id)).map_err(io_err)? {
                     Some(value) => decode_dead_letter(id, &value),
                     None => None,
                 }
             } else {
-                decode_dead_letter_key(&key).and_then(|id| decode_dead_letter(id, &value))
+                decode_dead_letter_key(key).and_then(|id| decode_dead_letter(id, value))
             };
-            if let Some(dead) = dead.filter(|d| query.matches(d)) {
-                rows.push(dead);
-            }
-        }
+            Ok(dead.filter(|d| query.matches(d)))
+        })?;
         Ok(DeadLetterPage::from_rows(rows, query.limit))
     }
 
@@ -481,6 +538,100 @@ impl OffsetStore for RocksOffsetStore {
             Ok(())
         })?;
         self.remove_dead_letter_keys(old.iter().map(Vec::as_slice))
+    }
+
+    fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {
+        let mut value = Vec::with_capacity(17);
+        value.push(1u8);
+        value.extend_from_slice(&gap.to.to_be_bytes());
+        value.extend_from_slice(&gap.at.to_be_bytes());
+        self.db.put_cf_opt(&self.cf(CF_GAPS)?, dead_letter_key(&gap.id()), value, &self.write_opts()).map_err(io_err)
+    }
+
+    fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError> {
+        // Gaps are rare: a client filter without a topic reads every gap and keeps its own.
+        let prefix = match (&query.topic, &query.client_id) {
+            (Some(topic), Some(client)) => topic_client_prefix(topic, client),
+            (Some(topic), None) => topic_prefix(topic),
+            (None, _) => Vec::new(),
+        };
+        let start = query.after.as_ref().map(dead_letter_key);
+        let mut gaps = self.page(CF_GAPS, &prefix, start.as_deref(), query.limit, &mut |key, value| {
+            let gap = decode_dead_letter_key(key).and_then(|id| decode_gap(id, value));
+            Ok(gap.filter(|g| query.client_id.as_ref().is_none_or(|c| *c == g.client_id)))
+        })?;
+        let next = (gaps.len() > query.limit).then(|| {
+            gaps.truncate(query.limit);
+            gaps.last().map(Gap::id)
+        });
+        Ok(GapPage { gaps, next: next.flatten() })
+    }
+
+    fn remove_gaps(&self, topic: Option<&TopicName>, before_ms: u64) -> Result<usize, StoreError> {
+        let prefix = topic.map(topic_prefix).unwrap_or_default();
+        let cf = self.cf(CF_GAPS)?;
+        let mut batch = WriteBatch::default();
+        self.for_each_with_prefix(CF_GAPS, &prefix, &mut |key, value| {
+            let at = value.get(9..17).map(|b| u64::from_be_bytes(b.try_into().unwrap()));
+            if topic.is_some() || at.is_none_or(|at| at < before_ms) {
+                batch.delete_cf(&cf, key);
+            }
+            Ok(())
+        })?;
+        let removed = batch.len();
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        Ok(removed)
+    }
+
+    fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError> {
+        match self.db.get_pinned_cf(&self.cf(CF_PUBLISHES)?, publish_key(topic, key)).map_err(io_err)? {
+            Some(bytes) => RememberedPublish::decode(&bytes).map(Some).ok_or_else(|| StoreError::Corrupt(format!("unreadable idempotency key {:?} of {topic}", key.as_str()))),
+            None => Ok(None),
+        }
+    }
+
+    fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError> {
+        let _serialized = self.lock_writes();
+        let (cf, stored_key) = (self.cf(CF_PUBLISHES)?, publish_key(topic, key));
+        let existed = self.db.get_pinned_cf(&cf, &stored_key).map_err(io_err)?.is_some();
+        self.db.put_cf_opt(&cf, &stored_key, publish.encode(), &self.write_opts()).map_err(io_err)?;
+        if !existed {
+            self.publishes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn remembered_publishes(&self) -> usize {
+        self.publishes.load(Ordering::Relaxed)
+    }
+
+    fn forget_publishes_expired_at(&self, now: u64) -> Result<usize, StoreError> {
+        let mut expired: Vec<Box<[u8]>> = Vec::new();
+        self.for_each_with_prefix(CF_PUBLISHES, &[], &mut |key, value| {
+            // An unreadable value goes too: it can never answer a retry.
+            if RememberedPublish::expires_at_of(value).is_none_or(|at| at <= now) {
+                expired.push(key.into());
+            }
+            Ok(())
+        })?;
+        let cf = self.cf(CF_PUBLISHES)?;
+        let mut forgotten = 0;
+        for chunk in expired.chunks(REMOVE_CHUNK) {
+            let _serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for key in chunk {
+                // Read again under the lock: a publish may have remembered the key anew since.
+                let still_expired = self.db.get_pinned_cf(&cf, key).map_err(io_err)?.is_some_and(|v| RememberedPublish::expires_at_of(&v).is_none_or(|at| at <= now));
+                if still_expired {
+                    batch.delete_cf(&cf, key);
+                }
+            }
+            let removed = batch.len();
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.publishes.fetch_sub(removed, Ordering::Relaxed);
+            forgotten += removed;
+        }
+        Ok(forgotten)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

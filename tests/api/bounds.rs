@@ -119,3 +119,31 @@ async fn sessions_that_never_read_pin_about_their_window_in_bytes() {
     assert!(grown_mib < 150, "the gateway grew by {grown_mib} MiB for {SESSIONS} sessions that never read");
     drop(stalled);
 }
+
+/// Issue 25: remembered idempotency keys are bounded by `publish.idempotency_max_keys`: a new key
+/// beyond it is 429 `limit_exceeded` (written nowhere), a retry of a remembered key still
+/// answers, and once the window has passed the expired keys make room without waiting for the
+/// sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_are_bounded_and_expired_ones_make_room() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.publish.idempotency_max_keys = 2;
+    config.publish.idempotency_window_secs = 60;
+    let clock = std::sync::Arc::new(ackgate::core::offsets::ManualClock::new(1_000_000));
+    let gw = InProcess::start_with_clock(config, clock.clone()).await;
+    let send = async |key: &str, n: u64| {
+        let response = http().post(format!("{}/topics/keys/events", gw.base)).header("Idempotency-Key", key).json(&json!({"partition": 0, "payload": {"n": n}})).send().await.unwrap();
+        (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap())
+    };
+    assert_eq!(send("a", 1).await.0, 200);
+    assert_eq!(send("b", 2).await.0, 200);
+    let (status, refused) = send("c", 3).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("limit_exceeded")), "{refused}");
+    assert_eq!(send("a", 1).await.0, 200, "a remembered key still answers at the limit");
+    let written: u64 = get_json(&format!("{}/topics", gw.base)).await.1["topics"][0]["partitions"].as_array().unwrap().iter().map(|p| p["log_end"].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(written, 2, "only a and b were written");
+    clock.advance(61_000);
+    assert_eq!(send("c", 3).await.0, 200, "expired keys made room");
+    gw.stop().await;
+}

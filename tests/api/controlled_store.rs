@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use ackgate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use ackgate::core::names::{OffsetKey, TopicName};
-use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
 /// A switch that makes callers wait while it is held; while held, it can let a number of
@@ -257,6 +258,34 @@ impl OffsetStore for ControlledStore {
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
         self.inner.remove_dead_letters(topic)
+    }
+
+    fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {
+        self.inner.record_gap(gap)
+    }
+
+    fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError> {
+        self.inner.gaps(query)
+    }
+
+    fn remove_gaps(&self, topic: Option<&TopicName>, before_ms: u64) -> Result<usize, StoreError> {
+        self.inner.remove_gaps(topic, before_ms)
+    }
+
+    fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError> {
+        self.inner.remembered_publish(topic, key)
+    }
+
+    fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError> {
+        self.inner.remember_publish(topic, key, publish)
+    }
+
+    fn remembered_publishes(&self) -> usize {
+        self.inner.remembered_publishes()
+    }
+
+    fn forget_publishes_expired_at(&self, now: u64) -> Result<usize, StoreError> {
+        self.inner.forget_publishes_expired_at(now)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

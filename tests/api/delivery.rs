@@ -400,3 +400,48 @@ async fn partitions_added_to_a_topic_reach_its_subscribers() {
     assert_eq!(back.recv_type("event").await["partition"], 3);
     gw.stop().await;
 }
+
+/// Issue 25, gaps mid-session: a subscriber whose catch-up read falls behind log retention gets a
+/// `gap` frame (`from`..`to`-1 are gone) before the events after it, and the admin view lists it.
+/// The ring holds one event, so the read after the window frees up goes to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_read_behind_retention_gets_a_gap_frame() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.embedded.retention_check_interval_ms = 100;
+    config.embedded.retention_secs = 3600;
+    config.delivery.max_in_flight = 2;
+    config.delivery.reader_buffer_events = 1;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let clock = std::sync::Arc::new(ackgate::core::offsets::ManualClock::new(now));
+    let gw = InProcess::start_with_clock(config, clock.clone()).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("t", json!({})).await;
+    let first = slow.recv_events(2).await;
+    clock.advance(3_601_000);
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    for _ in 0..100 {
+        if get_json(&format!("{}/topics", gw.base)).await.1["topics"][0]["partitions"][0]["log_start"] == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for event in &first {
+        slow.send(json!({"op": "ack", "delivery_id": id(event)})).await;
+    }
+    let gap = slow.recv_type("gap").await;
+    assert_eq!(gap, json!({"type": "gap", "topic": "t", "partition": 0, "from": 2, "to": 10}));
+    let after = slow.recv_events(2).await;
+    assert_eq!(after.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![10, 11]);
+    let mut listed = json!(null);
+    for _ in 0..100 {
+        listed = get_json(&format!("{}/admin/gaps?client_id=slow", gw.base)).await.1;
+        if listed["gaps"].as_array().is_some_and(|g| !g.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((listed["gaps"][0]["from"].as_u64(), listed["gaps"][0]["to"].as_u64()), (Some(2), Some(10)), "{listed}");
+    gw.stop().await;
+}

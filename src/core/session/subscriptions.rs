@@ -18,7 +18,7 @@ use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::dispatcher::StartPoint;
-use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, ServerFrame, StartFrom, SubscribedPartition};
+use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
 
 impl Session {
     pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
@@ -63,8 +63,11 @@ impl Session {
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
-            partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from }).collect(),
+            partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from, gap: s.gap.map(|(from, to)| GapRange { from, to }) }).collect(),
         });
+        for start in starts.iter().filter(|s| s.gap.is_some()) {
+            self.d.report_gap(&self.info.client_id, &topic, start.partition, start.gap.expect("filtered"));
+        }
         self.feed(&topic, &starts, id, &cancel);
         // Listed before the partition count is read: a growth after this reaches it as a
         // control message, one before it through the count (`Dispatcher::partitions_grown`).
@@ -107,6 +110,12 @@ impl Session {
             if self.subscriptions.get(&topic).is_none_or(|s| s.id != id) {
                 continue;
             }
+            // No `subscribed` frame for an added partition: a gap there gets its own frame.
+            for start in &starts {
+                if let Some((from, to)) = start.gap {
+                    self.gap(&topic, start.partition, from, to);
+                }
+            }
             self.feed(&topic, &starts, id, &cancel);
             let subscription = self.subscriptions.get_mut(&topic).expect("checked above");
             subscription.partitions = subscription.partitions.max(first + starts.len() as u32);
@@ -147,6 +156,9 @@ impl Session {
             return; // from a subscription that has ended
         };
         let (slot, epoch) = (subscription.slot, subscription.epoch);
+        if let Some((from, to)) = fed.gap {
+            self.gap(&fed.topic, fed.partition, from, to);
+        }
         let first_seq = self.d.next_seqs(fed.events.len() as u64);
         let tp = TopicPartition::new(fed.topic.clone(), fed.partition);
         let attempts: Vec<Option<u32>> = {
@@ -187,6 +199,12 @@ impl Session {
         self.d.metrics.delivered(pushed);
         self.info.stats.delivered.fetch_add(pushed, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+    }
+
+    /// Tells the client that `from`..`to`-1 of a partition are gone (a `gap` frame) and reports it.
+    fn gap(&mut self, topic: &TopicName, partition: u32, from: u64, to: u64) {
+        self.send(ServerFrame::Gap { topic: topic.to_string(), partition, from, to });
+        self.d.report_gap(&self.info.client_id, topic, partition, (from, to));
     }
 
     pub(super) fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {

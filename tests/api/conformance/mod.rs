@@ -188,6 +188,54 @@ async fn committed(base: &str, topic: &str, client: &str, partition: u32) -> Opt
 
 // ---- bodies -------------------------------------------------------------------------------
 
+/// POSTs `body` to `topic` with an `Idempotency-Key`; answers the status, the replay header and
+/// the body.
+async fn publish_with_key(base: &str, topic: &str, key: &str, body: &Value) -> (u16, bool, Value) {
+    let response = http().post(format!("{base}/topics/{topic}/events")).header("Idempotency-Key", key).json(body).send().await.unwrap();
+    let (status, replayed) = (response.status().as_u16(), response.headers().contains_key("idempotent-replayed"));
+    (status, replayed, response.json().await.unwrap())
+}
+
+/// Issue 25, idempotent publish: a retry with the same `Idempotency-Key` and body answers the
+/// first offsets without writing, also after a restart; another body under the key is 409; the
+/// key is per topic; after `publish.idempotency_window_secs` it is forgotten; a malformed key is
+/// 400.
+pub async fn an_idempotent_publish_writes_once(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "once", 1).await;
+    create_topic(&gw.base, "twice", 1).await;
+    let first = json!({"events": [{"partition": 0, "payload": {"n": 0}}, {"partition": 0, "payload": {"n": 1}}]});
+    let (status, replayed, answer) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    assert_eq!((status, replayed), (200, false), "{answer}");
+    assert_eq!(answer["offsets"], json!([{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}]));
+    let (status, replayed, again) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    assert_eq!((status, replayed, &again), (200, true, &answer), "a retry answers the first offsets");
+    let (status, _, other) = publish_with_key(&gw.base, "once", "order-42", &json!({"partition": 0, "payload": {"n": 9}})).await;
+    assert_eq!((status, other["error"]["code"].as_str()), (409, Some("conflict")), "{other}");
+    // The key is per topic.
+    let (status, replayed, elsewhere) = publish_with_key(&gw.base, "twice", "order-42", &first).await;
+    assert_eq!((status, replayed), (200, false), "{elsewhere}");
+    // Nothing was written by the retry or the refused body: the next event lands at 2.
+    assert_eq!(publish_to(&gw.base, "once", 0, 2, 1).await, vec![2]);
+    for bad in [b"has space".to_vec(), vec![b'k'; 129], "caf\u{e9}".as_bytes().to_vec()] {
+        let key = reqwest::header::HeaderValue::from_bytes(&bad).unwrap();
+        let response = http().post(format!("{}/topics/once/events", gw.base)).header("Idempotency-Key", key).json(&first).send().await.unwrap();
+        assert_eq!(response.status(), 400, "key {:?}", String::from_utf8_lossy(&bad));
+    }
+    gw.stop().await;
+
+    // Remembered in the offset store: a retry after a restart still writes nothing.
+    let gw = h.start().await;
+    let (status, replayed, again) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    assert_eq!((status, replayed, &again), (200, true, &answer));
+    // Past the window the key is forgotten: the same request writes again.
+    h.clock.advance(h.config().publish.idempotency_window_secs * 1000 + 1000);
+    let (status, replayed, later) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    assert_eq!((status, replayed), (200, false), "{later}");
+    assert_eq!(later["offsets"], json!([{"partition": 0, "offset": 3}, {"partition": 0, "offset": 4}]));
+    gw.stop().await;
+}
+
 /// Publishing answers the real partition and offset of each event, in order; `GET /topics`
 /// shows the log end; events keep key, headers and JSON or binary payloads.
 pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
@@ -363,14 +411,35 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
     assert_eq!(start, 10, "the log start moved to the cut");
     assert_eq!(publish_to(&gw.base, "metrics", 0, 10, 2).await, vec![end, end + 1], "offsets keep counting");
     let expected: Vec<u64> = (start..end + 2).collect();
-    for name in ["early", "late"] {
+    // Issue 25: a start the client held (its stored offset, a token) below the log start is a
+    // gap, said in `subscribed`; a start by the reset policy is none.
+    for (name, extra, gap) in [
+        ("early", json!({}), Some(json!({"from": 3, "to": start}))),
+        ("late", json!({}), None),
+        ("token", json!({"resume": {"0": 1}}), Some(json!({"from": 1, "to": start}))),
+    ] {
         let mut client = WsClient::connect(gw.addr(), name).await;
-        let subscribed = client.subscribe("metrics", json!({})).await;
+        let subscribed = client.subscribe("metrics", extra).await;
         assert_eq!(subscribed["partitions"][0]["from"], start, "{name} starts at the log start");
+        assert_eq!(subscribed["partitions"][0].get("gap"), gap.as_ref(), "{name}: {subscribed}");
         let events = client.recv_events(expected.len()).await;
         assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), expected, "{name}");
         client.close().await;
     }
+    // The admin view lists both (written in the background: looked for until there).
+    let mut listed = json!(null);
+    for _ in 0..100 {
+        listed = get_json(&format!("{}/admin/gaps?topic=metrics", gw.base)).await.1;
+        if listed["gaps"].as_array().is_some_and(|g| g.len() == 2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rows: Vec<(&str, u64, u64)> = listed["gaps"].as_array().unwrap().iter().map(|g| (g["client_id"].as_str().unwrap(), g["from"].as_u64().unwrap(), g["to"].as_u64().unwrap())).collect();
+    assert_eq!(rows, vec![("early", 3, start), ("token", 1, start)], "{listed}");
+    let (status, early) = get_json(&format!("{}/admin/gaps?client_id=early&limit=1", gw.base)).await;
+    assert_eq!((status, early["gaps"].as_array().unwrap().len()), (200, 1), "{early}");
+    assert!(early.get("next").is_none(), "one gap of early: {early}");
     gw.stop().await;
 }
 
@@ -406,6 +475,10 @@ macro_rules! conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn log_retention_moves_clients_below_the_log_start_up_to_it() {
             body::log_retention_moves_clients_below_the_log_start_up_to_it(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_idempotent_publish_writes_once() {
+            body::an_idempotent_publish_writes_once(&$harness).await
         }
     };
 }

@@ -14,6 +14,10 @@ macro_rules! rocketmq_conformance {
             body::publish_answers_offsets_and_events_keep_their_fields(&harness()).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_idempotent_publish_writes_once() {
+            body::an_idempotent_publish_writes_once(&harness()).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn subscribe_receives_everything_and_acks_commit() {
             body::subscribe_receives_everything_and_acks_commit(&harness()).await
         }

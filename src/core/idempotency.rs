@@ -1,0 +1,240 @@
+//! Idempotent publish (PROTOCOL.md, `POST /topics/{topic}/events`): a publisher that sends an
+//! `Idempotency-Key` and retries after a timeout gets the first request's offsets back instead of
+//! a second copy of its events. What a key answered is remembered in the offset store for
+//! `publish.idempotency_window_secs`, with a digest of the request body, so the same key with
+//! another body is told apart (409) from a retry.
+//!
+//! The body digest is SHA-256 (`ring`, already in the graph through rustls): it is stored, so it
+//! must not change between versions of ackgate the way an in-process hasher may.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::backend::{BackendError, LogBackend, NewEvent};
+use super::names::TopicName;
+use super::offsets::{Clock, OffsetStore, StoreError};
+
+/// The value of an `Idempotency-Key` header: 1 to 128 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub const MAX_LEN: usize = 128;
+
+    pub fn parse(raw: &[u8]) -> Result<Self, String> {
+        if raw.is_empty() || raw.len() > Self::MAX_LEN {
+            return Err(format!("Idempotency-Key must be 1 to {} characters, got {}", Self::MAX_LEN, raw.len()));
+        }
+        if let Some(bad) = raw.iter().find(|b| !(0x21..=0x7e).contains(*b)) {
+            return Err(format!("Idempotency-Key must be visible ASCII (no spaces); byte 0x{bad:02x} is not"));
+        }
+        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// SHA-256 of a request body.
+pub type BodyDigest = [u8; 32];
+
+pub fn body_digest(body: &[u8]) -> BodyDigest {
+    let digest = ring::digest::digest(&ring::digest::SHA256, body);
+    digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+/// What a publish under a key answered, until `expires_at` (epoch ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RememberedPublish {
+    pub digest: BodyDigest,
+    pub offsets: Vec<(u32, u64)>,
+    pub expires_at: u64,
+}
+
+impl RememberedPublish {
+    const VERSION: u8 = 1;
+    const HEAD: usize = 1 + 8 + 32;
+
+    /// Version 1, `expires_at` (u64), the digest, then `(partition u32, offset u64)` per event;
+    /// big-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::HEAD + 12 * self.offsets.len());
+        out.push(Self::VERSION);
+        out.extend_from_slice(&self.expires_at.to_be_bytes());
+        out.extend_from_slice(&self.digest);
+        for (partition, offset) in &self.offsets {
+            out.extend_from_slice(&partition.to_be_bytes());
+            out.extend_from_slice(&offset.to_be_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < Self::HEAD || bytes[0] != Self::VERSION || (bytes.len() - Self::HEAD) % 12 != 0 {
+            return None;
+        }
+        let expires_at = u64::from_be_bytes(bytes[1..9].try_into().ok()?);
+        let digest = bytes[9..41].try_into().ok()?;
+        let offsets = bytes[Self::HEAD..]
+            .chunks_exact(12)
+            .map(|c| Some((u32::from_be_bytes(c[..4].try_into().ok()?), u64::from_be_bytes(c[4..].try_into().ok()?))))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { digest, offsets, expires_at })
+    }
+
+    /// Expiry is read before anything else: a store may remove expired keys late.
+    pub fn expires_at_of(bytes: &[u8]) -> Option<u64> {
+        Some(u64::from_be_bytes(bytes.get(1..9)?.try_into().ok()?))
+    }
+}
+
+/// Why an idempotent publish was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotentPublishError {
+    /// The key was used with another body within the window, or a request with it is running.
+    #[error("{0}")]
+    Conflict(String),
+    /// `publish.idempotency_max_keys` keys are remembered already.
+    #[error("{0}")]
+    TooManyKeys(String),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How a publish with a key went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// Written now.
+    Written(Vec<(u32, u64)>),
+    /// A retry: the first request's offsets, nothing written.
+    Replayed(Vec<(u32, u64)>),
+}
+
+/// Publishes with an `Idempotency-Key`; one per gateway.
+pub struct IdempotentPublisher {
+    store: Arc<dyn OffsetStore>,
+    clock: Arc<dyn Clock>,
+    window_ms: u64,
+    max_keys: usize,
+    /// Keys whose request runs now: a second request with one of them is a conflict, not a
+    /// second write (the first may still be writing; its retry will find the answer).
+    running: Mutex<HashSet<(TopicName, IdempotencyKey)>>,
+    /// When the key limit last made a publish forget expired keys (epoch ms).
+    last_forced_forget: AtomicU64,
+}
+
+/// Takes a running key out of the set when its request ends, however it ends.
+struct Running<'a> {
+    publisher: &'a IdempotentPublisher,
+    entry: Option<(TopicName, IdempotencyKey)>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            self.publisher.running.lock().unwrap().remove(&entry);
+        }
+    }
+}
+
+impl IdempotentPublisher {
+    pub fn new(store: Arc<dyn OffsetStore>, clock: Arc<dyn Clock>, window_secs: u64, max_keys: usize) -> Self {
+        Self { store, clock, window_ms: window_secs.saturating_mul(1000), max_keys, running: Mutex::new(HashSet::new()), last_forced_forget: AtomicU64::new(0) }
+    }
+
+    /// At the key limit: forgets expired keys now instead of at the next sweep (at most once a
+    /// second, as each pass reads every key); true when that made room.
+    async fn forget_expired_now(&self, now: u64) -> bool {
+        let last = self.last_forced_forget.load(Ordering::Relaxed);
+        if now < last.saturating_add(1000) || self.last_forced_forget.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.forget_publishes_expired_at(now)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "forgetting expired idempotency keys failed"),
+            Err(e) => tracing::error!(error = %e, "forgetting expired idempotency keys failed"),
+        }
+        self.store.remembered_publishes() < self.max_keys
+    }
+
+    /// Publishes `events` (the parsed `body`) unless `key` answered the same body within the
+    /// window; then answers those offsets without writing.
+    pub async fn publish(&self, backend: &dyn LogBackend, topic: &TopicName, key: IdempotencyKey, body: &[u8], events: Vec<NewEvent>) -> Result<PublishOutcome, IdempotentPublishError> {
+        let entry = (topic.clone(), key.clone());
+        if !self.running.lock().unwrap().insert(entry.clone()) {
+            return Err(IdempotentPublishError::Conflict(format!("a publish with Idempotency-Key {:?} is still running; retry in a moment for its answer", key.as_str())));
+        }
+        let _running = Running { publisher: self, entry: Some(entry) };
+        let digest = body_digest(body);
+        let (store, lookup_topic, lookup_key) = (self.store.clone(), topic.clone(), key.clone());
+        let remembered = tokio::task::spawn_blocking(move || store.remembered_publish(&lookup_topic, &lookup_key))
+            .await
+            .map_err(|e| StoreError::Io(format!("reading an idempotency key failed: {e}")))??;
+        let now = self.clock.now_ms();
+        match remembered.filter(|r| r.expires_at > now) {
+            Some(first) if first.digest == digest => return Ok(PublishOutcome::Replayed(first.offsets)),
+            Some(_) => {
+                return Err(IdempotentPublishError::Conflict(format!(
+                    "Idempotency-Key {:?} was used with another body on topic {topic} within publish.idempotency_window_secs",
+                    key.as_str()
+                )))
+            }
+            None => {}
+        }
+        if self.store.remembered_publishes() >= self.max_keys && !self.forget_expired_now(now).await {
+            return Err(IdempotentPublishError::TooManyKeys(format!(
+                "{} idempotency keys are remembered (publish.idempotency_max_keys); retry after some expire, or publish without the header",
+                self.max_keys
+            )));
+        }
+        let offsets = backend.publish(topic, events).await?;
+        let remembered = RememberedPublish { digest, offsets: offsets.clone(), expires_at: self.clock.now_ms().saturating_add(self.window_ms) };
+        let (store, topic, key) = (self.store.clone(), topic.clone(), key);
+        // Written: a failure to remember is logged, never turned into an error (the publisher
+        // would retry and write the events again).
+        match tokio::task::spawn_blocking(move || store.remember_publish(&topic, &key, &remembered)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "remembering an idempotency key failed: a retry of this publish would write again"),
+            Err(e) => tracing::error!(error = %e, "remembering an idempotency key failed: a retry of this publish would write again"),
+        }
+        Ok(PublishOutcome::Written(offsets))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_one_to_128_visible_ascii() {
+        assert!(IdempotencyKey::parse(b"a").is_ok());
+        assert!(IdempotencyKey::parse(&[b'~'; 128]).is_ok());
+        assert!(IdempotencyKey::parse(b"order-42:retry/1").is_ok());
+        for bad in [&b""[..], &[b'a'; 129], b"has space", b"tab\t", b"\x7f", "caf\u{e9}".as_bytes()] {
+            assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_remembered_publish_round_trips_and_odd_bytes_do_not_decode() {
+        let r = RememberedPublish { digest: body_digest(b"{}"), offsets: vec![(0, 0), (u32::MAX, u64::MAX)], expires_at: u64::MAX };
+        assert_eq!(RememberedPublish::decode(&r.encode()), Some(r.clone()));
+        assert_eq!(RememberedPublish::expires_at_of(&r.encode()), Some(u64::MAX));
+        let mut bytes = r.encode();
+        bytes.pop();
+        assert_eq!(RememberedPublish::decode(&bytes), None);
+        assert_eq!(RememberedPublish::decode(&[]), None);
+        assert_eq!(RememberedPublish::decode(&[2; 41]), None);
+    }
+
+    #[test]
+    fn the_digest_is_sha256() {
+        let hex: String = body_digest(b"abc").iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+}
