@@ -3,6 +3,7 @@
 //! Every field has a default equal to the one in the repository's `config.toml`; unknown keys are
 //! an error that names the key. `Config::validate` checks values after loading.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -242,6 +243,21 @@ pub struct DeliveryConfig {
     pub reader_buffer_bytes: usize,
     /// Events read from the log in one go.
     pub fetch_batch: usize,
+    /// The pause before attempt n+1 after attempt n timed out or was nacked without `delay_ms`:
+    /// the n-th value, the last repeating; empty = at once.
+    pub redelivery_backoff_ms: Vec<u64>,
+    /// Per-topic rules, by pattern (an exact name, or a prefix ending in `*`; the exact name,
+    /// else the longest prefix, wins): `[delivery.topics."orders.*"]`.
+    pub topics: BTreeMap<String, TopicDeliveryConfig>,
+}
+
+/// `[delivery.topics."<pattern>"]`: what a topic does differently from `[delivery]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicDeliveryConfig {
+    pub ack_timeout_ms: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub redelivery_backoff_ms: Option<Vec<u64>>,
 }
 
 impl Default for DeliveryConfig {
@@ -256,6 +272,8 @@ impl Default for DeliveryConfig {
             reader_buffer_events: 10_000,
             reader_buffer_bytes: 64 << 20,
             fetch_batch: 256,
+            redelivery_backoff_ms: Vec::new(),
+            topics: BTreeMap::new(),
         }
     }
 }
@@ -392,7 +410,39 @@ impl Default for ClusterConfig {
 /// Prefix of environment overrides: `ACKGATE_DELIVERY__ACK_TIMEOUT_MS=500`.
 pub const ENV_PREFIX: &str = "ACKGATE_";
 
+/// Pauses in one backoff list at most.
+pub const MAX_BACKOFF_STEPS: usize = 64;
+
 impl Config {
+    /// `delivery.redelivery_backoff_ms` and `[delivery.topics."<pattern>"]`.
+    fn validate_redelivery(&self, problems: &mut Vec<String>, max_period_ms: u64) {
+        let mut backoffs = vec![("delivery.redelivery_backoff_ms".to_string(), &self.delivery.redelivery_backoff_ms)];
+        for (pattern, rules) in &self.delivery.topics {
+            let key = format!("delivery.topics.{pattern:?}");
+            let name = pattern.strip_suffix('*').unwrap_or(pattern);
+            if !(name.is_empty() && pattern == "*") && crate::core::names::TopicName::parse(name).is_err() {
+                problems.push(format!("{key}: a pattern is a topic name, or a prefix of one ending in *"));
+            }
+            if let Some(ms) = rules.ack_timeout_ms.filter(|ms| *ms == 0 || *ms > max_period_ms) {
+                problems.push(format!("{key}.ack_timeout_ms must be between 1 and {max_period_ms}, got {ms}"));
+            }
+            if rules.max_attempts == Some(0) {
+                problems.push(format!("{key}.max_attempts must be greater than 0"));
+            }
+            if let Some(backoff) = &rules.redelivery_backoff_ms {
+                backoffs.push((format!("{key}.redelivery_backoff_ms"), backoff));
+            }
+        }
+        for (key, backoff) in backoffs {
+            if backoff.len() > MAX_BACKOFF_STEPS {
+                problems.push(format!("{key} holds at most {MAX_BACKOFF_STEPS} pauses, got {}", backoff.len()));
+            }
+            if let Some(ms) = backoff.iter().find(|ms| **ms > max_period_ms) {
+                problems.push(format!("{key}: a pause is at most {max_period_ms} ms, got {ms}"));
+            }
+        }
+    }
+
     /// Loads `path` (a missing file is allowed only when `required` is false), applies the
     /// environment overrides in `env`, and validates the result.
     pub fn load(path: &Path, required: bool, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Self> {
@@ -545,6 +595,7 @@ impl Config {
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
             ("auth.jwt_max_lifetime_secs (as ms)", self.auth.jwt_max_lifetime_secs.saturating_mul(1000)),
         ];
+        self.validate_redelivery(&mut problems, MAX_PERIOD_MS);
         if self.publish.idempotency_window_secs > 7 * 86_400 {
             problems.push(format!("publish.idempotency_window_secs must be at most 604800 (7 days), got {}", self.publish.idempotency_window_secs));
         }
@@ -647,5 +698,20 @@ mod tests {
         assert!(e.contains("offsets.checkpoint_interval_ms"), "{e}");
         let e = load("", &[("ACKGATE_DELIVERY__MAX_ATTEMPTS", "many")]).unwrap_err().to_string();
         assert!(e.contains("max_attempts"), "a type error shows the key: {e}");
+    }
+
+    #[test]
+    fn redelivery_rules_are_checked() {
+        let ok = load("[delivery]\nredelivery_backoff_ms = [100, 1000]\n[delivery.topics.\"orders.*\"]\nmax_attempts = 3\n[delivery.topics.\"*\"]\nack_timeout_ms = 5\n", &[]).unwrap();
+        assert_eq!(ok.delivery.redelivery_backoff_ms, vec![100, 1000]);
+        assert_eq!(ok.delivery.topics["orders.*"].max_attempts, Some(3));
+        let e = load("[delivery.topics.\"bad name*\"]\nmax_attempts = 0\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("a pattern is a topic name") && e.contains("max_attempts must be greater than 0"), "{e}");
+        let e = load("[delivery]\nredelivery_backoff_ms = [99999999999]\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("a pause is at most"), "{e}");
+        let e = load(&format!("[delivery]\nredelivery_backoff_ms = [{}]\n", vec!["1"; 65].join(",")), &[]).unwrap_err().to_string();
+        assert!(e.contains("at most 64 pauses"), "{e}");
+        let e = load("[delivery.topics.\"x\"]\nretries = 1\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("retries"), "unknown keys are an error: {e}");
     }
 }

@@ -21,6 +21,7 @@ use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::idempotency::IdempotentPublisher;
+use crate::core::redelivery::{RedeliveryPolicies, RedeliveryPolicy};
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
 use crate::http::connections::{connection_capacity, raise_descriptor_limit, serve, ConnectionLimits};
 use crate::http::exposure::Exposure;
@@ -113,11 +114,24 @@ fn sweep_publishes(d: &Dispatcher) -> anyhow::Result<usize> {
 
 fn delivery_settings(config: &Config) -> DeliverySettings {
     let d = &config.delivery;
+    let millis = |list: &[u64]| list.iter().map(|ms| Duration::from_millis(*ms)).collect::<Vec<_>>();
+    let default = RedeliveryPolicy { ack_timeout: Duration::from_millis(d.ack_timeout_ms), max_attempts: d.max_attempts, backoff: millis(&d.redelivery_backoff_ms) };
+    let by_pattern = d
+        .topics
+        .iter()
+        .map(|(pattern, rules)| {
+            let policy = RedeliveryPolicy {
+                ack_timeout: rules.ack_timeout_ms.map_or(default.ack_timeout, Duration::from_millis),
+                max_attempts: rules.max_attempts.unwrap_or(default.max_attempts),
+                backoff: rules.redelivery_backoff_ms.as_deref().map_or_else(|| default.backoff.clone(), millis),
+            };
+            (pattern.clone(), policy)
+        })
+        .collect();
     DeliverySettings {
-        ack_timeout: Duration::from_millis(d.ack_timeout_ms),
+        redelivery: RedeliveryPolicies::new(default, by_pattern),
         max_in_flight: d.max_in_flight,
         max_in_flight_bytes: d.max_in_flight_bytes,
-        max_attempts: d.max_attempts,
         reset_policy: if d.reset_policy == "latest" { ResetPolicy::Latest } else { ResetPolicy::Earliest },
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,

@@ -23,6 +23,7 @@ use super::client_state::ClientState;
 use super::session_control::{ControlInbox, SessionControl};
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_writer::OffsetWriter;
+use super::redelivery::RedeliveryPolicies;
 use super::offsets::{lower_to_log_end, Clock, Gap, OffsetStore, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 use super::reader::Readers;
@@ -41,11 +42,11 @@ pub enum ResetPolicy {
 /// Delivery knobs (the `[delivery]` and `[limits]` config sections).
 #[derive(Debug, Clone)]
 pub struct DeliverySettings {
-    pub ack_timeout: Duration,
+    /// Ack timeout, backoff and attempts, per topic.
+    pub redelivery: RedeliveryPolicies,
     pub max_in_flight: usize,
     /// Payload bytes of a session's unacknowledged deliveries.
     pub max_in_flight_bytes: u32,
-    pub max_attempts: u32,
     pub reset_policy: ResetPolicy,
     /// A session whose window stays full this long is closed with 4003; zero disables.
     pub slow_client_timeout: Duration,
@@ -77,6 +78,9 @@ pub struct InFlightView {
     pub attempt: u32,
     /// Epoch ms.
     pub deadline: u64,
+    /// Epoch ms of the next delivery of this event if no ack comes: the deadline, plus the
+    /// backoff after this attempt when the deadline is an ack timeout.
+    pub next_attempt_at: u64,
 }
 
 /// Counters of one session, readable without asking its task.

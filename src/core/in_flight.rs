@@ -153,6 +153,7 @@ impl InFlightWindow {
                 offset: at.offset,
                 attempt: e.delivery.attempt,
                 deadline: e.deadline_ms,
+                next_attempt_at: e.deadline_ms,
             })
             .collect();
         views.sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod offset_writer;
 pub mod partition_watch;
 pub mod reader;
+pub mod redelivery;
 pub mod rendezvous;
 pub mod session;
 pub mod session_control;

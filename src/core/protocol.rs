@@ -140,7 +140,8 @@ pub enum ClientFrame {
     Subscribe { topic: String, from: StartFrom, resume: BTreeMap<u32, u64>, req: Option<Value> },
     Unsubscribe { topic: String, req: Option<Value> },
     Ack { delivery_ids: Vec<String>, req: Option<Value> },
-    Nack { delivery_id: String, delay_ms: u64, req: Option<Value> },
+    /// `delay_ms` absent: the topic's backoff for the attempt.
+    Nack { delivery_id: String, delay_ms: Option<u64>, req: Option<Value> },
     Extend { delivery_id: String, req: Option<Value> },
     Term { delivery_id: String, reason: Option<String>, req: Option<Value> },
     Ping { req: Option<Value> },
@@ -251,8 +252,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             ClientFrame::Ack { delivery_ids: ids, req }
         }
         RawFrame::Nack { delivery_id, delay_ms, req } => {
-            let delay_ms = delay_ms.unwrap_or(0);
-            if delay_ms > MAX_NACK_DELAY_MS {
+            if delay_ms.is_some_and(|d| d > MAX_NACK_DELAY_MS) {
                 return Err(FrameError::new(ErrorCode::BadFrame, format!("delay_ms must be at most {MAX_NACK_DELAY_MS} (one day)")).with_req(req));
             }
             ClientFrame::Nack { delivery_id, delay_ms, req }
@@ -511,7 +511,7 @@ mod tests {
         let f = parse_client_frame(r#"{"op":"ack","delivery_ids":["a","b"],"delivery_id":"c"}"#).unwrap();
         assert_eq!(f, ClientFrame::Ack { delivery_ids: vec!["a".into(), "b".into(), "c".into()], req: None });
         let f = parse_client_frame(r#"{"op":"nack","delivery_id":"a","delay_ms":5,"extra":true}"#).unwrap();
-        assert_eq!(f, ClientFrame::Nack { delivery_id: "a".into(), delay_ms: 5, req: None });
+        assert_eq!(f, ClientFrame::Nack { delivery_id: "a".into(), delay_ms: Some(5), req: None });
         assert!(matches!(parse_client_frame(r#"{"op":"ping","req":"x"}"#), Ok(ClientFrame::Ping { .. })));
         assert!(matches!(parse_client_frame(r#"{"op":"term","delivery_id":"d"}"#), Ok(ClientFrame::Term { .. })));
         // A term reason is kept with the dead letter: at most 1 KiB.

@@ -232,8 +232,12 @@ pub struct InFlightDelivery {
     pub partition: u32,
     pub offset: u64,
     pub attempt: u32,
-    /// Epoch ms when it is redelivered without an ack.
+    /// Epoch ms of its next timer: the ack timeout, or the end of a pause (a `nack`'s, or the
+    /// backoff after a timeout).
     pub deadline: u64,
+    /// Epoch ms when it is delivered again without an ack: the deadline, plus the backoff of its
+    /// attempt when the deadline is an ack timeout.
+    pub next_attempt_at: u64,
 }
 
 /// A session plus its in-flight deliveries.

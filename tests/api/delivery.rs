@@ -445,3 +445,104 @@ async fn a_catch_up_read_behind_retention_gets_a_gap_frame() {
     assert_eq!((listed["gaps"][0]["from"].as_u64(), listed["gaps"][0]["to"].as_u64()), (Some(2), Some(10)), "{listed}");
     gw.stop().await;
 }
+
+/// The in-flight deliveries of the session `welcome` names, from the admin view.
+async fn in_flight_of(base: &str, welcome: &serde_json::Value) -> Vec<serde_json::Value> {
+    let (status, detail) = get_json(&format!("{base}/admin/sessions/{}", welcome["session_id"].as_str().unwrap())).await;
+    assert_eq!(status, 200, "{detail}");
+    detail["deliveries"].as_array().unwrap().clone()
+}
+
+/// Issue 25, redelivery backoff: after an ack timeout the event waits the pause
+/// `delivery.redelivery_backoff_ms` names for its attempt before it comes again (the session view
+/// shows the attempt unchanged and when the next comes), and a nack without `delay_ms` waits the
+/// same pause. Asserted by order and by lower bounds only: a slow machine can only make the pauses
+/// longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_wait_the_backoff_of_their_attempt() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 300;
+    config.delivery.redelivery_backoff_ms = vec![1500, 2500];
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    let mut client = WsClient::connect(gw.addr(), "backoff").await;
+    client.subscribe("t", json!({})).await;
+    let events = client.recv_events(2).await;
+    let started = std::time::Instant::now();
+    // Event 1 is acked; event 0 times out, then waits 1500 ms.
+    client.send(json!({"op": "ack", "delivery_id": id(&events[1])})).await;
+    let mut seen_waiting = false;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let views = in_flight_of(&gw.base, &client.welcome).await;
+        assert_eq!(views.len(), 1, "{views:?}");
+        assert_eq!(views[0]["attempt"], 1, "not delivered again within the ack timeout and the pause: {views:?}");
+        let (deadline, next) = (views[0]["deadline"].as_u64().unwrap(), views[0]["next_attempt_at"].as_u64().unwrap());
+        if started.elapsed() > Duration::from_millis(600) {
+            // Past the ack timeout: the deadline is the end of the pause, and so is the next attempt.
+            seen_waiting |= deadline == next;
+        } else {
+            assert!(next >= deadline + 1500 || deadline == next, "{views:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen_waiting, "the session view showed the pause");
+    let second = client.recv_type("event").await;
+    assert_eq!((second["offset"].as_u64(), second["attempt"].as_u64()), (Some(0), Some(2)));
+    assert!(started.elapsed() >= Duration::from_millis(1500), "at least the first pause: {:?}", started.elapsed());
+    // A nack without delay_ms waits the pause after attempt 2 (2500 ms, the last one repeats).
+    let nacked_at = std::time::Instant::now();
+    client.send(json!({"op": "nack", "delivery_id": id(&second)})).await;
+    let third = client.recv_type("event").await;
+    assert_eq!((third["offset"].as_u64(), third["attempt"].as_u64()), (Some(0), Some(3)));
+    assert!(nacked_at.elapsed() >= Duration::from_millis(2500), "the nack waited {:?}", nacked_at.elapsed());
+    // A nack with delay_ms waits that instead.
+    client.send(json!({"op": "nack", "delivery_id": id(&third), "delay_ms": 0})).await;
+    let fourth = client.recv_type("event").await;
+    assert_eq!(fourth["attempt"], 4);
+    client.ack_confirmed(&[id(&fourth)], "done").await;
+    gw.stop().await;
+}
+
+/// Issue 25: `[delivery.topics."<pattern>"]` gives a topic its own attempts and ack timeout; the
+/// exact name wins over a prefix, and other topics keep `[delivery]`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_pattern_has_its_own_redelivery_rules() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.ack_timeout_ms = 60_000;
+    let rules = |attempts: u32| ackgate::config::TopicDeliveryConfig { ack_timeout_ms: Some(200), max_attempts: Some(attempts), redelivery_backoff_ms: Some(vec![]) };
+    config.delivery.topics.insert("jobs.*".into(), rules(3));
+    config.delivery.topics.insert("jobs.once".into(), rules(1));
+    let gw = InProcess::start(config).await;
+    for topic in ["jobs.once", "jobs.retry", "slow"] {
+        publish(&gw.base, topic, json!({"partition": 0, "payload": 1})).await;
+    }
+    let mut client = WsClient::connect(gw.addr(), "rules").await;
+    for topic in ["jobs.once", "jobs.retry", "slow"] {
+        // Events of the first subscriptions come in between: read below with the rest.
+        client.send(json!({"op": "subscribe", "topic": topic})).await;
+    }
+    // Never acked: jobs.once is a dead letter after 1 delivery, jobs.retry after 3; slow (60 s
+    // timeout) is delivered once meanwhile.
+    let mut attempts: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut dead = Vec::new();
+    for _ in 0..200 {
+        while let Some(event) = client.try_recv(Duration::from_millis(10)).await {
+            if event["type"] == "event" {
+                let topic = event["topic"].as_str().unwrap().to_string();
+                let entry = attempts.entry(topic).or_default();
+                *entry = (*entry).max(event["attempt"].as_u64().unwrap());
+            }
+        }
+        dead = get_json(&format!("{}/admin/dead-letters?client_id=rules", gw.base)).await.1["dead_letters"].as_array().unwrap().clone();
+        if dead.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead: Vec<(&str, u64)> = dead.iter().map(|d| (d["topic"].as_str().unwrap(), d["attempts"].as_u64().unwrap())).collect();
+    assert_eq!(dead, vec![("jobs.once", 1), ("jobs.retry", 3)]);
+    assert_eq!(attempts, [("jobs.once".to_string(), 1), ("jobs.retry".to_string(), 3), ("slow".to_string(), 1)].into_iter().collect());
+    gw.stop().await;
+}

@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::Session;
+use super::{Session, Waiting};
 use crate::core::ack_tracker::AckEffect;
 use crate::core::client_state::{DeliveryRef, EventRef};
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
@@ -16,6 +17,7 @@ use crate::core::metrics::RedeliveryReason;
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{DeadLetter, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
+use crate::core::redelivery::RedeliveryPolicy;
 
 impl Session {
     /// `ids` are delivery ids: a `&[&str]` of one for the plain ack frame (no allocation on that
@@ -63,8 +65,8 @@ impl Session {
                         if let Some(settled) = self.in_flight.remove(&event) {
                             metrics.ack_latency.record(settled.delivered_at.elapsed().as_secs_f64());
                         }
-                        if !self.nacked.is_empty() {
-                            self.nacked.remove(&event);
+                        if !self.waiting.is_empty() {
+                            self.waiting.remove(&event);
                         }
                         broker_acks.push((tp.clone(), event.offset));
                         acked += 1;
@@ -170,20 +172,51 @@ impl Session {
         }
     }
 
-    /// `nack`: redeliver after `after`.
-    pub(super) fn nack(&mut self, delivery_id: &str, after: Duration) -> Result<(), FrameError> {
-        self.reschedule(delivery_id, after)?;
-        if let Ok(event) = self.current_delivery(delivery_id) {
-            self.nacked.insert(event);
-        }
+    /// `nack`: redeliver after `delay` or, without one, after the backoff its topic names for
+    /// the attempt.
+    pub(super) fn nack(&mut self, delivery_id: &str, delay: Option<Duration>) -> Result<(), FrameError> {
+        let event = self.current_delivery(delivery_id)?;
+        let Some(current) = self.in_flight.get(&event) else { return Ok(()) };
+        let after = delay.unwrap_or_else(|| self.redelivery_of(&current.topic).backoff_after(current.attempt));
+        self.in_flight.reschedule(event, after, self.d.clock.now_ms());
+        self.waiting.insert(event, Waiting::Nacked);
         Ok(())
     }
 
-    /// `nack` (redeliver after `after`) and `extend` (restart the ack deadline).
-    pub(super) fn reschedule(&mut self, delivery_id: &str, after: Duration) -> Result<(), FrameError> {
+    /// `extend`: restart the delivery's ack deadline (a pause it was in ends).
+    pub(super) fn extend(&mut self, delivery_id: &str) -> Result<(), FrameError> {
         let event = self.current_delivery(delivery_id)?;
-        self.in_flight.reschedule(event, after, self.d.clock.now_ms());
+        let Some(current) = self.in_flight.get(&event) else { return Ok(()) };
+        let timeout = self.redelivery_of(&current.topic).ack_timeout;
+        self.in_flight.reschedule(event, timeout, self.d.clock.now_ms());
+        self.waiting.remove(&event);
         Ok(())
+    }
+
+    /// The redelivery rules of a subscribed topic (the default ones for a topic no longer
+    /// subscribed, whose deliveries are about to be released).
+    pub(super) fn redelivery_of(&self, topic: &TopicName) -> Arc<RedeliveryPolicy> {
+        match self.subscriptions.get(topic) {
+            Some(subscription) => subscription.redelivery.clone(),
+            None => self.d.settings.redelivery.for_topic(topic.as_str()),
+        }
+    }
+
+    /// The admin view of the in-flight deliveries, with when each comes again unacknowledged.
+    pub(super) fn in_flight_views(&self) -> Vec<crate::core::dispatcher::InFlightView> {
+        let mut views = self.in_flight.views();
+        for view in &mut views {
+            let Some(event) = DeliveryRef::parse(&view.delivery_id).map(|d| d.event()) else { continue };
+            view.next_attempt_at = match self.waiting.get(&event) {
+                Some(_) => view.deadline,
+                None => {
+                    let topic = self.in_flight.get(&event).map(|d| d.topic.clone());
+                    let pause = topic.map_or(Duration::ZERO, |t| self.redelivery_of(&t).backoff_after(view.attempt));
+                    view.deadline.saturating_add(pause.as_millis() as u64)
+                }
+            };
+        }
+        views
     }
 
     pub(super) async fn term(&mut self, delivery_id: &str, reason: Option<String>) -> Result<(), FrameError> {
@@ -206,12 +239,24 @@ impl Session {
     }
 
     async fn redeliver(&mut self, event: EventRef) {
-        let reason = if self.nacked.remove(&event) { RedeliveryReason::Nack } else { RedeliveryReason::Timeout };
+        let waited = self.waiting.remove(&event);
+        let reason = if waited == Some(Waiting::Nacked) { RedeliveryReason::Nack } else { RedeliveryReason::Timeout };
         let Some(current) = self.in_flight.get(&event) else { return };
         let (topic, attempt, payload) = (current.topic.clone(), current.attempt, current.event.clone());
-        if attempt >= self.d.settings.max_attempts {
+        let redelivery = self.redelivery_of(&topic);
+        if attempt >= redelivery.max_attempts {
             Box::pin(self.dead_letter(&topic, event, attempt, "max_attempts".into())).await;
             return;
+        }
+        // An ack timeout: the topic's backoff for this attempt first (the event keeps its slot
+        // in the window, and an ack meanwhile still counts), then the redelivery.
+        if waited.is_none() {
+            let pause = redelivery.backoff_after(attempt);
+            if !pause.is_zero() {
+                self.in_flight.reschedule(event, pause, self.d.clock.now_ms());
+                self.waiting.insert(event, Waiting::BackingOff);
+                return;
+            }
         }
         let seq = self.d.next_seqs(1);
         let tp = TopicPartition::new(topic.clone(), event.partition);
@@ -225,7 +270,7 @@ impl Session {
         };
         self.push_event(&topic, seq, next_attempt, &payload, event);
         self.d.metrics.delivered(1);
-        self.in_flight.redelivered(event, seq, next_attempt, self.d.settings.ack_timeout, self.d.clock.now_ms());
+        self.in_flight.redelivered(event, seq, next_attempt, redelivery.ack_timeout, self.d.clock.now_ms());
         self.info.stats.redelivered.fetch_add(1, Ordering::Relaxed);
         self.d.metrics.redelivered(reason);
     }
@@ -250,12 +295,13 @@ impl Session {
             // Keep the event pending, with a deadline again (the timer that led here consumed
             // its last one): it is tried again after the ack timeout rather than stranded.
             tracing::error!(error = %e, "recording a dead letter failed; trying again after the ack timeout");
-            self.in_flight.reschedule(event, self.d.settings.ack_timeout, now_ms);
+            let timeout = self.redelivery_of(topic).ack_timeout;
+            self.in_flight.reschedule(event, timeout, now_ms);
             return;
         }
         tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason.escape_debug(), "dead letter");
         self.in_flight.remove(&event);
-        self.nacked.remove(&event);
+        self.waiting.remove(&event);
         self.d.metrics.dead_letters.increment(1);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         let tp = TopicPartition::new(topic.clone(), event.partition);

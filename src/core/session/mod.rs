@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::access::Access;
-use crate::core::{FastMap, FastSet};
+use crate::core::FastMap;
 use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::{Dispatcher, Registration, SessionInfo};
 use crate::core::session_control::SessionControl;
@@ -24,6 +24,7 @@ use crate::core::in_flight::InFlightWindow;
 use crate::core::window::Window;
 use crate::core::offset_writer::WriteRequest;
 use crate::core::names::TopicName;
+use crate::core::redelivery::RedeliveryPolicy;
 use crate::core::offsets::{touch_client_offsets, StoreError};
 use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
 
@@ -65,6 +66,8 @@ const SLOW_CHECK: Duration = Duration::from_millis(500);
 
 struct Subscription {
     id: u64,
+    /// Ack timeout, backoff and attempts of its topic.
+    redelivery: Arc<RedeliveryPolicy>,
     slot: u32,
     /// The epoch its trackers carry while they are its own.
     epoch: crate::core::ack_tracker::Epoch,
@@ -73,6 +76,13 @@ struct Subscription {
     partitions: u32,
     wanted: u32,
     cancel: CancellationToken,
+}
+
+/// Why an in-flight event's deadline is a pause (`Session::waiting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    Nacked,
+    BackingOff,
 }
 
 enum Step {
@@ -106,8 +116,9 @@ struct Session {
     heard: bool,
     /// When the last keepalive ping went out.
     last_ping: Instant,
-    /// In-flight events the client nacked: their next redelivery counts as `nack`, not `timeout`.
-    nacked: FastSet<EventRef>,
+    /// In-flight events whose deadline is not an ack timeout but the end of a pause: a `nack`'s
+    /// (the redelivery counts as `nack`) or a backoff after a timeout (it counts as `timeout`).
+    waiting: FastMap<EventRef, Waiting>,
     /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
     acked: WriteRequest,
     access: Access,
@@ -138,7 +149,7 @@ where
         last_heard: Instant::now(),
         heard: false,
         last_ping: Instant::now(),
-        nacked: Default::default(),
+        waiting: Default::default(),
         acked: WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None },
         access,
         cancel: CancellationToken::new(),
@@ -149,7 +160,7 @@ where
         session_id: info.session_id.clone(),
         client_id: info.client_id.to_string(),
         instance: d.instance.clone(),
-        ack_timeout_ms: d.settings.ack_timeout.as_millis() as u64,
+        ack_timeout_ms: d.settings.redelivery.default_policy().ack_timeout.as_millis() as u64,
         max_in_flight: d.settings.max_in_flight,
     });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
@@ -347,7 +358,7 @@ impl Session {
             SessionControl::TakenOver => Step::Close(close_code::TAKEN_OVER, "taken over by a newer session"),
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Describe(reply) => {
-                let _ = reply.send(self.in_flight.views());
+                let _ = reply.send(self.in_flight_views());
                 Step::Continue
             }
             SessionControl::PartitionsAdded { topic, partitions } => {
@@ -442,11 +453,8 @@ impl Session {
             ClientFrame::Subscribe { topic, from, resume, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
-            ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, Duration::from_millis(delay_ms)).map_err(|e| e.with_req(req)),
-            ClientFrame::Extend { delivery_id, req } => {
-                let timeout = self.d.settings.ack_timeout;
-                self.reschedule(&delivery_id, timeout).map_err(|e| e.with_req(req))
-            }
+            ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, delay_ms.map(Duration::from_millis)).map_err(|e| e.with_req(req)),
+            ClientFrame::Extend { delivery_id, req } => self.extend(&delivery_id).map_err(|e| e.with_req(req)),
             ClientFrame::Term { delivery_id, reason, req } => self.term(&delivery_id, reason).await.map_err(|e| e.with_req(req)),
             ClientFrame::Ping { req } => {
                 self.send(ServerFrame::Pong { req });

@@ -74,7 +74,8 @@ impl Session {
         self.info.subscriptions.lock().unwrap().push(topic.clone());
         let partitions = starts.len() as u32;
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
-        self.subscriptions.insert(topic.clone(), Subscription { id, slot, epoch, cancel, partitions, wanted });
+        let redelivery = self.d.settings.redelivery.for_topic(topic.as_str());
+        self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted });
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
         Ok(())
@@ -156,6 +157,7 @@ impl Session {
             return; // from a subscription that has ended
         };
         let (slot, epoch) = (subscription.slot, subscription.epoch);
+        let (ack_timeout, max_attempts) = (subscription.redelivery.ack_timeout, subscription.redelivery.max_attempts);
         if let Some((from, to)) = fed.gap {
             self.gap(&fed.topic, fed.partition, from, to);
         }
@@ -169,7 +171,6 @@ impl Session {
             }
         };
         let (delivered_at, now_ms) = (Instant::now(), self.d.clock.now_ms());
-        let (ack_timeout, max_attempts) = (self.d.settings.ack_timeout, self.d.settings.max_attempts);
         let mut pushed = 0;
         for (((event, permit), seq), attempt) in fed.events.into_iter().zip(first_seq..).zip(attempts) {
             let at = EventRef { slot, partition: fed.partition, offset: event.offset };
