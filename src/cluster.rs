@@ -60,8 +60,11 @@ impl Cluster {
 
     /// The instance `client_id` should use: rendezvous hashing over this instance and the peers
     /// whose last probe succeeded.
-    pub fn recommend(&self, client_id: &str) -> Instance {
-        let mut healthy = vec![self.this.clone()];
+    /// The instance `client_id` should use: rendezvous hashing over the healthy peers and this
+    /// instance, unless it is draining (`this_available` false; then it is named only when no
+    /// peer is healthy).
+    pub fn recommend(&self, client_id: &str, this_available: bool) -> Instance {
+        let mut healthy = if this_available { vec![self.this.clone()] } else { Vec::new() };
         healthy.extend(
             self.peers
                 .lock()

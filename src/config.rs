@@ -36,6 +36,9 @@ pub struct ServerConfig {
     pub public_url: String,
     /// How long shutdown waits for sessions to close and writes to drain.
     pub shutdown_grace_ms: u64,
+    /// Draining (SIGTERM, `POST /admin/drain`) closes the sessions over this window, each with a
+    /// `reconnect` frame and 1012; 0 = SIGTERM closes them all at once with 1001.
+    pub drain_ms: u64,
     /// `text` or `json` log lines.
     pub log_format: String,
     /// PEM certificate chain; with `tls_key`, the listener speaks only TLS (https, wss).
@@ -71,6 +74,7 @@ impl Default for ServerConfig {
             instance_id: String::new(),
             public_url: String::new(),
             shutdown_grace_ms: 10_000,
+            drain_ms: 10_000,
             log_format: "text".into(),
             tls_cert: String::new(),
             tls_key: String::new(),
@@ -578,6 +582,7 @@ impl Config {
         const MAX_PERIOD_MS: u64 = 31 * 86_400_000;
         let periods = [
             ("server.shutdown_grace_ms", self.server.shutdown_grace_ms),
+            ("server.drain_ms", self.server.drain_ms),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),

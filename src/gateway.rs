@@ -103,6 +103,18 @@ fn sweep_dead_letters(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize
     Ok(removed)
 }
 
+/// How long past the drain window a draining shutdown waits for the last sessions to finish
+/// closing before it closes whatever is left with 1001.
+const DRAIN_SLACK: Duration = Duration::from_secs(2);
+
+/// Returns when no session runs any more, after `at_most`, or on `cancel`.
+async fn wait_for_sessions_to_end(d: &Dispatcher, at_most: Duration, cancel: &CancellationToken) {
+    let deadline = tokio::time::Instant::now() + at_most;
+    while !d.sessions().is_empty() && tokio::time::Instant::now() < deadline && !cancel.is_cancelled() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Forgets the idempotency keys whose window has ended.
 fn sweep_publishes(d: &Dispatcher) -> anyhow::Result<usize> {
     let forgotten = d.store.forget_publishes_expired_at(d.clock.now_ms())?;
@@ -282,11 +294,19 @@ impl Gateway {
         reload_tls_on_sighup(tls.clone(), cancel.clone())?;
         let server = tokio::spawn(serve(listener, tls.clone(), router(app.clone()), limits, app.connections.clone(), cancel.clone()));
         tracing::info!(%local_addr, instance = %app.dispatcher.instance, tls = tls.is_some(), "ackgate listening");
+        let drain = Duration::from_millis(config.server.drain_ms);
         tokio::select! {
-            _ = shutdown => {}
+            _ = shutdown => {
+                // SIGTERM: drain first (sessions closed with 1012 over the window), unless an
+                // operator's drain already runs; then what is left closes with 1001.
+                if !drain.is_zero() {
+                    app.dispatcher.start_drain(drain);
+                    wait_for_sessions_to_end(&app.dispatcher, drain + DRAIN_SLACK, &cancel).await;
+                }
+            }
             _ = cancel.cancelled() => {}
         }
-        tracing::info!("shutting down: closing sessions with 1001");
+        tracing::info!(sessions_left = app.dispatcher.sessions().len(), "shutting down: closing sessions with 1001");
         cancel.cancel();
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
         let tasks = app.dispatcher.tasks.clone();

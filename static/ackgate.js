@@ -111,7 +111,10 @@ export class AckgateClient {
     const base = this.options.backoffMs ?? 250;
     const max = this.options.maxBackoffMs ?? 10000;
     for (let attempt = 1; !this.closedHere; attempt++) {
-      const delayMs = Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
+      // A draining instance says when to come back (a `reconnect` frame, then close 1012).
+      const told = attempt === 1 ? this.reconnectAfterMs : undefined;
+      this.reconnectAfterMs = undefined;
+      const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
       await new Promise((r) => setTimeout(r, delayMs));
       if (this.closedHere) break;
       let url = this.url;
@@ -244,6 +247,10 @@ export class AckgateClient {
     if (frame.type === "event") {
       this.inFlight.set(frame.delivery_id, frame);
       this.options.onEvent?.(frame);
+      return;
+    }
+    if (frame.type === "reconnect") {
+      this.reconnectAfterMs = frame.after_ms;
       return;
     }
     if (frame.type === "ack_ok") {

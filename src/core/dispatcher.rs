@@ -205,6 +205,9 @@ pub struct Dispatcher {
     pub clock: Arc<dyn Clock>,
     /// Cancelled when the gateway shuts down: sessions close with 1001.
     pub shutdown: CancellationToken,
+    /// Cancelled when the instance starts draining (`start_drain`): no new sessions, not ready.
+    pub draining: CancellationToken,
+    drain_started: std::sync::atomic::AtomicBool,
     /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
@@ -255,6 +258,8 @@ impl Dispatcher {
             readers,
             clock,
             shutdown,
+            draining: CancellationToken::new(),
+            drain_started: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),
@@ -276,6 +281,9 @@ impl Dispatcher {
     /// Registers a new session of `client_id`. A live session of the same client is told to close
     /// with 4001; the new one shares its ack state, so in-flight events go to the new session.
     pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {
+        if self.draining.is_cancelled() {
+            return Err(FrameError::new(ErrorCode::Unavailable, "this instance is draining; connect to another (GET /session/recommend)"));
+        }
         let mut registry = self.registry();
         if registry.changing.contains(&client_id) {
             return Err(FrameError::new(ErrorCode::Unavailable, "an operator is changing this client's offsets; retry in a moment"));
@@ -365,6 +373,16 @@ impl Dispatcher {
     /// Every client with a live session on this instance.
     pub fn live_clients(&self) -> Vec<ClientId> {
         self.registry().running.keys().cloned().collect()
+    }
+
+    /// Starts draining (`core::drain`) over `window`; false when it was draining already.
+    pub fn start_drain(self: &Arc<Self>, window: Duration) -> bool {
+        if self.drain_started.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.draining.cancel();
+        self.tasks.spawn(super::drain::drain_sessions(self.clone(), window));
+        true
     }
 
     pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {

@@ -7,6 +7,7 @@ pub mod ack_tracker;
 pub mod alignment;
 pub mod client_state;
 pub mod dispatcher;
+pub mod drain;
 pub mod feeder;
 pub mod idempotency;
 pub mod in_flight;

@@ -77,6 +77,8 @@ pub mod close_code {
     pub const TAKEN_OVER: u16 = 4001;
     pub const OPERATOR: u16 = 4002;
     pub const SLOW_CLIENT: u16 = 4003;
+    /// The instance is draining (after a `reconnect` frame): not final.
+    pub const DRAINING: u16 = 1012;
 }
 
 /// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.
@@ -340,6 +342,8 @@ pub enum ServerFrame {
     AckOk { req: Value, committed: BTreeMap<String, BTreeMap<String, u64>> },
     /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
     Gap { topic: String, partition: u32, from: u64, to: u64 },
+    /// The instance is draining: the session closes next with 1012; come back after `after_ms`.
+    Reconnect { after_ms: u64 },
     Pong {
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
@@ -361,6 +365,7 @@ impl ServerFrame {
             Self::Unsubscribed { .. } => "unsubscribed",
             Self::AckOk { .. } => "ack_ok",
             Self::Gap { .. } => "gap",
+            Self::Reconnect { .. } => "reconnect",
             Self::Pong { .. } => "pong",
             Self::Error { .. } => "error",
         }

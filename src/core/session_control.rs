@@ -23,6 +23,8 @@ pub enum SessionControl {
     Describe(tokio::sync::oneshot::Sender<Vec<InFlightView>>),
     /// `topic` has `partitions` now (more than when the session subscribed): feed the new ones.
     PartitionsAdded { topic: TopicName, partitions: u32 },
+    /// The instance is draining: send `reconnect` with `after_ms`, then close with 1012.
+    Drain { after_ms: u64 },
 }
 
 /// A session's queue of `SessionControl` messages and its wake-up. Not a tokio channel: one of
@@ -40,7 +42,7 @@ impl ControlInbox {
     }
 
     /// False when the session no longer reads its messages. Bounded, for a session stuck in an
-    /// await while requests keep coming: a second close (`TakenOver`, `Disconnect`) is dropped
+    /// await while requests keep coming: a second close (`TakenOver`, `Disconnect`, `Drain`) is dropped
     /// (the first one ends the session), a `Describe` beyond `DESCRIBES_QUEUED` is dropped, so
     /// its asker hears at once that no answer comes, and a `PartitionsAdded` replaces the one of
     /// its topic still waiting.
@@ -48,7 +50,7 @@ impl ControlInbox {
         match self.queue.lock().unwrap().as_mut() {
             Some(queue) => {
                 let describes = queue.iter().filter(|m| matches!(m, SessionControl::Describe(_))).count();
-                let closes = queue.iter().filter(|m| matches!(m, SessionControl::TakenOver | SessionControl::Disconnect)).count();
+                let closes = queue.iter().filter(|m| matches!(m, SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. })).count();
                 let keep = match &message {
                     SessionControl::Describe(_) => describes < DESCRIBES_QUEUED,
                     // At most one per topic waiting (a later count includes the earlier ones).

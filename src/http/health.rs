@@ -42,7 +42,7 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     let probe = OffsetKey::new(TopicName::parse("readyz").unwrap(), ClientId::parse("readyz").unwrap(), 0);
     let store_ok = d.store.read(&probe).is_ok();
     let backend_ok = d.backend.is_ready().await;
-    let shutting_down = d.shutdown.is_cancelled();
+    let shutting_down = d.shutdown.is_cancelled() || d.draining.is_cancelled();
     let ready = store_ok && backend_ok && !shutting_down;
     let body = json!({
         "ready": ready,

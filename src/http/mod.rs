@@ -6,6 +6,7 @@ pub mod auth;
 pub mod connections;
 pub mod console;
 pub mod dead_letters;
+pub mod drain;
 pub mod error;
 pub mod exposure;
 pub mod gaps;
@@ -61,6 +62,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list))
         .route("/admin/gaps", get(gaps::list))
+        .route("/admin/drain", post(drain::drain))
         .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))

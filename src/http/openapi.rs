@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::schemas::*;
 use super::AppState;
-use super::{console, dead_letters, gaps, health, metrics, offsets, recommend, sessions, topics, ws};
+use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recommend, sessions, topics, ws};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +26,7 @@ use super::{console, dead_letters, gaps, health, metrics, offsets, recommend, se
         topics::publish, topics::list, topics::create, topics::delete,
         offsets::list, offsets::client_view, offsets::reset, offsets::delete,
         sessions::list, sessions::detail, sessions::disconnect,
-        dead_letters::list, gaps::list, recommend::recommend,
+        dead_letters::list, gaps::list, drain::drain, recommend::recommend,
         health::healthz, health::readyz, metrics::scrape, console::index, ws::upgrade, document_route,
     ),
     components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, Req)),

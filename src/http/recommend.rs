@@ -30,7 +30,7 @@ pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<
         Some(Err(e)) => return Err(ApiError::invalid_name(e.0)),
         None => return Err(ApiError::invalid_name("the client_id query parameter is required")),
     };
-    let chosen = app.cluster.recommend(client_id.as_str());
+    let chosen = app.cluster.recommend(client_id.as_str(), !app.dispatcher.draining.is_cancelled());
     // Readable from any origin: a browser page served by one instance asks the others when its
     // own is gone (the answer is the same public information to everyone).
     let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];

@@ -298,6 +298,17 @@ pub struct GapList {
 }
 
 #[derive(serde::Serialize, ToSchema)]
+pub struct Draining {
+    pub draining: bool,
+    /// True when a drain was already running (this call changed nothing).
+    pub already_draining: bool,
+    /// Sessions on this instance when the call was made.
+    pub sessions: u64,
+    /// The window their closes are spread over (`server.drain_ms`).
+    pub drain_ms: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
 pub struct Recommendation {
     pub instance: String,
     /// Full URL of `/ws`, without query.
@@ -409,7 +420,10 @@ pub enum ServerFrame {
     Pong { req: Option<Req> },
     /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
     Gap { topic: String, partition: u32, from: u64, to: u64 },
-    /// The connection stays open. Close codes: 1001 shutdown, 1008 auth, 1009 frame too large,
+    /// The instance is draining: the session closes next with 1012; reconnect (through
+    /// `/session/recommend`) after `after_ms`.
+    Reconnect { after_ms: u64 },
+    /// The connection stays open. Close codes: 1001 shutdown, 1012 draining, 1008 auth, 1009 frame too large,
     /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client.
     Error { code: ErrorCodeName, message: String, req: Option<Req> },
 }

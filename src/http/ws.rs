@@ -58,6 +58,9 @@ pub async fn upgrade(
         Ok(access) => access,
         Err(e) => return e.into_response(),
     };
+    if app.dispatcher.draining.is_cancelled() {
+        return draining(&app.config);
+    }
     let remote = Some(remote);
     let max_frame = app.config.limits.max_frame_bytes;
     ws.max_message_size(max_frame)
@@ -130,4 +133,15 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
 fn is_too_large(e: &axum::Error) -> bool {
     let text = e.to_string();
     text.contains("Space limit exceeded") || text.contains("too long") || text.contains("too big")
+}
+
+/// The answer to a new session while the instance drains: 503 `unavailable`, with `Retry-After`
+/// (the drain window in seconds: by then this instance is gone or back).
+pub fn draining(config: &crate::config::Config) -> Response {
+    let retry_after = config.server.drain_ms.div_ceil(1000).max(1).to_string();
+    let mut response = ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, crate::core::protocol::ErrorCode::Unavailable, "this instance is draining; connect to another (GET /session/recommend)").into_response();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&retry_after) {
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+    }
+    response
 }

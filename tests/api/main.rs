@@ -9,6 +9,7 @@ mod conformance;
 mod controlled_store;
 mod crash;
 mod dead_letters;
+mod drain;
 mod delivery;
 mod errors;
 mod exposure;

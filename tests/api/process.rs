@@ -33,8 +33,10 @@ fn a_bad_config_stops_the_start_and_names_the_key() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("delivery.reset_policy"), "environment overrides are validated too");
 }
 
+/// SIGTERM drains (issue 25): the session gets a `reconnect` frame and close 1012, then the
+/// process checkpoints, flushes and exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
+async fn sigterm_drains_sessions_with_1012_and_checkpoints() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &[("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "3600000")]);
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
@@ -48,12 +50,18 @@ async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
     client.send(json!({"op": "ping", "req": 1})).await;
     client.recv_type("pong").await;
     let logs = gw.logs.clone();
-    let closing = tokio::spawn(async move { client.close_code().await });
+    let closing = tokio::spawn(async move {
+        let reconnect = client.recv_type("reconnect").await;
+        (reconnect, client.close_code().await)
+    });
     let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
-    assert_eq!(closing.await.unwrap(), 1001);
+    let (reconnect, code) = closing.await.unwrap();
+    assert_eq!(code, 1012, "draining, not final");
+    assert!(reconnect["after_ms"].as_u64().is_some_and(|ms| ms <= 1000), "{reconnect}");
     assert!(status.success(), "{status:?}");
     let logs = logs.lock().unwrap().join("\n");
     assert!(logs.contains("session ended") && logs.contains("ackgate stopped"), "{logs}");
+    assert!(logs.contains("draining"), "{logs}");
     assert!(logs.contains("broker_acks=3"), "every ack fired the deferred broker ACK: {logs}");
     // The checkpoint period is an hour: the file can only come from the shutdown.
     let checkpoint = std::fs::read_to_string(data.join("pull-offsets.properties")).unwrap();
@@ -61,6 +69,18 @@ async fn sigterm_closes_sessions_with_1001_and_checkpoints() {
     // And the acks are durable: a new process reports them.
     let gw = Process::start(&data, &[]);
     assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 3);
+}
+
+/// With `server.drain_ms = 0`, SIGTERM closes every session at once with 1001.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_without_a_drain_window_closes_sessions_with_1001() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_SERVER__DRAIN_MS", "0")]);
+    let mut client = WsClient::connect(gw.addr, "c").await;
+    let closing = tokio::spawn(async move { client.close_code().await });
+    let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
+    assert_eq!(closing.await.unwrap(), 1001);
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -157,11 +157,12 @@ impl Process {
         }
     }
 
-    /// SIGTERM, then waits for a clean exit.
+    /// SIGTERM, then waits for a clean exit (a drain spreads the sessions' closes over
+    /// `server.drain_ms`, 10 s by default).
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // The shell's own `kill` builtin: no procps package needed.
         let _ = Command::new("sh").arg("-c").arg(format!("kill -TERM {}", self.child.id())).status();
-        for _ in 0..200 {
+        for _ in 0..600 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
@@ -196,6 +197,12 @@ pub async fn publish_numbered(base: &str, topic: &str, partitions: u32, partitio
     for chunk in events.chunks(1000) {
         publish(base, topic, json!({ "events": chunk })).await;
     }
+}
+
+pub async fn post_json(url: &str, body: Value) -> (u16, Value) {
+    let response = http().post(url).json(&body).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 pub async fn get_json(url: &str) -> (u16, Value) {

@@ -357,6 +357,10 @@ impl Session {
         match message {
             SessionControl::TakenOver => Step::Close(close_code::TAKEN_OVER, "taken over by a newer session"),
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
+            SessionControl::Drain { after_ms } => {
+                self.send(ServerFrame::Reconnect { after_ms });
+                Step::Close(close_code::DRAINING, "instance draining; reconnect elsewhere")
+            }
             SessionControl::Describe(reply) => {
                 let _ = reply.send(self.in_flight_views());
                 Step::Continue
