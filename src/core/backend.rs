@@ -143,6 +143,12 @@ pub trait LogBackend: Send + Sync + 'static {
         Err(BackendError::InvalidInput(format!("this backend cannot add partitions to {topic}")))
     }
 
+    /// The first offset of `tp` whose timestamp is at or after `time_ms` (epoch ms), the log end
+    /// when there is none; never below the log start (replay by time).
+    async fn offset_for_time(&self, tp: &TopicPartition, _time_ms: u64) -> Result<u64, BackendError> {
+        Err(BackendError::InvalidInput(format!("this backend cannot find offsets of {tp} by time")))
+    }
+
     /// Moves the pull cursor (boot alignment, rewinds).
     fn seek(&self, tp: &TopicPartition, offset: u64);
 

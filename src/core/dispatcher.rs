@@ -560,6 +560,19 @@ impl Dispatcher {
             .try_collect()
             .await
             .map_err(backend_frame_error)?;
+        // A start by time: each partition's first offset at or after it (a search per partition).
+        let by_time: Vec<u64> = match from {
+            StartFrom::Time(time_ms) => futures_util::stream::iter(range.clone())
+                .map(|partition| {
+                    let tp = TopicPartition::new(topic.clone(), partition);
+                    async move { self.backend.offset_for_time(&tp, time_ms).await }
+                })
+                .buffered(BOUNDS_IN_PARALLEL)
+                .try_collect()
+                .await
+                .map_err(backend_frame_error)?,
+            _ => Vec::new(),
+        };
         // What this instance remembers of the client's progress, else what the store holds.
         let mut known = Vec::with_capacity(range.len());
         for partition in range.clone() {
@@ -604,13 +617,16 @@ impl Dispatcher {
             }
             let policy = match (from, self.settings.reset_policy) {
                 (StartFrom::Latest, _) => bounds.log_end,
+                (StartFrom::Time(_), _) => by_time[index(partition)].clamp(bounds.log_start, bounds.log_end),
                 (StartFrom::Committed, ResetPolicy::Latest) if !subscribed_before => bounds.log_end,
                 _ => bounds.log_start,
             };
             let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
             let wanted = match (stored, requested) {
                 (Some((committed, _)), Some(token)) => committed.max(token),
-                (Some((committed, _)), None) if from == StartFrom::Latest => committed.max(policy),
+                // Never below what the client acknowledged: replaying its own history is the
+                // admin reset's (by offset or by time).
+                (Some((committed, _)), None) if matches!(from, StartFrom::Latest | StartFrom::Time(_)) => committed.max(policy),
                 (Some((committed, _)), None) => committed,
                 (None, Some(token)) => token,
                 (None, None) => policy,

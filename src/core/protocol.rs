@@ -123,12 +123,43 @@ pub fn incident_id() -> String {
 
 /// Where a subscription starts when the client names no resume token for a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(from = "StartFromWire")]
 pub enum StartFrom {
     #[default]
     Committed,
     Earliest,
     Latest,
+    /// `{"time": epoch_ms}`: per partition the first offset whose timestamp is at or after it.
+    Time(u64),
+}
+
+/// `from` as written: a name, or `{"time": epoch_ms}`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StartFromWire {
+    Named(NamedStart),
+    Time {
+        time: u64,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum NamedStart {
+    Committed,
+    Earliest,
+    Latest,
+}
+
+impl From<StartFromWire> for StartFrom {
+    fn from(wire: StartFromWire) -> Self {
+        match wire {
+            StartFromWire::Named(NamedStart::Committed) => Self::Committed,
+            StartFromWire::Named(NamedStart::Earliest) => Self::Earliest,
+            StartFromWire::Named(NamedStart::Latest) => Self::Latest,
+            StartFromWire::Time { time } => Self::Time(time),
+        }
+    }
 }
 
 /// Longest redelivery delay a `nack` may ask for: one day.
@@ -513,6 +544,12 @@ mod tests {
             f,
             ClientFrame::Subscribe { topic: "t".into(), from: StartFrom::Latest, resume: [(2, 7)].into(), req: Some(json!(1)) }
         );
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":{"time":1700000000000}}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Subscribe { from: StartFrom::Time(1_700_000_000_000), .. }), "{f:?}");
+        for bad in [r#""middle""#, r#"{"time":-1}"#, r#"{"time":"x"}"#, r#"{"at":5}"#, "5"] {
+            let e = parse_client_frame(&format!(r#"{{"op":"subscribe","topic":"t","from":{bad},"req":2}}"#)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadFrame, "{bad}");
+        }
         let f = parse_client_frame(r#"{"op":"ack","delivery_ids":["a","b"],"delivery_id":"c"}"#).unwrap();
         assert_eq!(f, ClientFrame::Ack { delivery_ids: vec!["a".into(), "b".into(), "c".into()], req: None });
         let f = parse_client_frame(r#"{"op":"nack","delivery_id":"a","delay_ms":5,"extra":true}"#).unwrap();

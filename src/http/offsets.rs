@@ -135,14 +135,18 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
     Ok(Json(json!({"topic": topic.as_str(), "client_id": client_id.as_str(), "partitions": partitions})))
 }
 
+/// `{"offset"}` or `{"time": epoch_ms}`, exactly one.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
-    #[serde(deserialize_with = "super::whole_number::whole")]
-    offset: u64,
+    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    offset: Option<u64>,
+    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    time: Option<u64>,
 }
 
-/// `PUT /admin/offsets/{topic}/{client_id}/{partition}` with `{"offset"}`: reset, backwards allowed.
+/// `PUT /admin/offsets/{topic}/{client_id}/{partition}` with `{"offset"}` or `{"time"}` (the
+/// partition's first offset at or after that epoch ms): reset, backwards allowed.
 #[utoipa::path(
     put,
     path = "/admin/offsets/{topic}/{client_id}/{partition}",
@@ -173,17 +177,22 @@ pub async fn reset(
     if partition >= count {
         return Err(ApiError::not_found(format!("partition {partition} does not exist; {topic} has {count}")));
     }
-    let log_end = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await?.log_end;
-    if body.offset > log_end {
+    let tp = TopicPartition::new(topic.clone(), partition);
+    let log_end = d.backend.log_bounds(&tp).await?.log_end;
+    let offset = match (body.offset, body.time) {
+        (Some(offset), None) => offset,
+        (None, Some(time_ms)) => d.backend.offset_for_time(&tp, time_ms).await?,
+        _ => return Err(ApiError::bad_request("give either \"offset\" or \"time\" (epoch ms)")),
+    };
+    if offset > log_end {
         return Err(ApiError::bad_request(format!(
-            "offset {} is above the log end of {topic} partition {partition} ({log_end}); reset to at most {log_end}",
-            body.offset
+            "offset {offset} is above the log end of {topic} partition {partition} ({log_end}); reset to at most {log_end}"
         )));
     }
     let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
     let (store, reset_key, now_ms) = (d.store.clone(), key.clone(), d.clock.now_ms());
-    let record = d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, body.offset, now_ms)).await.ok_or_else(|| live(&client_id))??;
-    tracing::info!(%key, offset = body.offset, "offset reset by an operator");
+    let record = d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, offset, now_ms)).await.ok_or_else(|| live(&client_id))??;
+    tracing::info!(%key, offset, by_time = ?body.time, "offset reset by an operator");
     Ok(Json(row(&key, &record)))
 }
 

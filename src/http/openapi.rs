@@ -29,7 +29,7 @@ use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recomm
         dead_letters::list, gaps::list, drain::drain, recommend::recommend,
         health::healthz, health::readyz, metrics::scrape, console::index, ws::upgrade, document_route,
     ),
-    components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, Req)),
+    components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, Req)),
     modifiers(&AdminToken)
 )]
 struct ApiDoc;

@@ -193,8 +193,12 @@ pub struct ClientOffsets {
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResetOffset {
-    /// The new committed offset: at most the partition's `log_end` (400 above it).
-    pub offset: u64,
+    /// The new committed offset: at most the partition's `log_end` (400 above it). Give this or
+    /// `time`, not both.
+    pub offset: Option<u64>,
+    /// Epoch ms: the new committed offset is the partition's first offset at or after it (the
+    /// log end when every event is older).
+    pub time: Option<u64>,
 }
 
 #[derive(serde::Serialize, ToSchema)]
@@ -352,8 +356,9 @@ pub enum ClientFrame {
     /// Start receiving every partition of `topic`.
     Subscribe {
         topic: String,
-        /// `committed` (default), `earliest` or `latest`.
-        from: Option<String>,
+        /// `committed` (default), `earliest`, `latest`, or `{"time": epoch_ms}` (per partition the
+        /// first offset whose timestamp is at or after it; never below the stored offset).
+        from: Option<StartFromSchema>,
         /// Resume token `{"<partition>": next_offset}`: per partition the larger of it and the
         /// stored committed offset.
         resume: Option<BTreeMap<String, u64>>,
@@ -371,6 +376,16 @@ pub enum ClientFrame {
     Term { delivery_id: String, reason: Option<String>, req: Option<Req> },
     /// Answered by `pong`.
     Ping { req: Option<Req> },
+}
+
+/// `from` of a `subscribe`: a name or a time.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum StartFromSchema {
+    /// `committed`, `earliest` or `latest`.
+    Named(String),
+    /// Epoch ms.
+    Time { time: u64 },
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -84,6 +84,10 @@ pub struct LogState {
     cursors: PullCursors,
     round_robin: AtomicU32,
     clock: Arc<dyn Clock>,
+    /// The newest event timestamp written: an append never stamps below it, so timestamps never
+    /// go down along a partition (a clock set back waits for itself) and a search by time is a
+    /// binary search.
+    last_timestamp: AtomicU64,
 }
 
 fn io_err(e: impl std::fmt::Display) -> BackendError {
@@ -120,6 +124,7 @@ impl EmbeddedLog {
             cursors,
             round_robin: AtomicU32::new(0),
             clock,
+            last_timestamp: AtomicU64::new(0),
         };
         log.recover_topics()?;
         Ok(Self { state: Arc::new(log) })
@@ -183,6 +188,7 @@ impl LogState {
                 let (_, value) = item?;
                 if let Some(event) = StoredEvent::decode(&value) {
                     after += event.bytes_before + event.encoded_len;
+                    self.last_timestamp.fetch_max(event.timestamp, Ordering::Relaxed);
                     break;
                 }
                 after += value.len() as u64;
@@ -277,6 +283,7 @@ impl LogState {
             count
         };
         let targets = events.iter().map(|e| self.pick_partition(e, count)).collect::<Result<Vec<_>, _>>()?;
+        let now = now.max(self.last_timestamp.load(Ordering::Relaxed));
         // Assign offsets from a copy of the ends, so a failed write changes nothing.
         let mut ends: Vec<(u64, u64)> = self.topics.read().unwrap()[topic].iter().map(|p| (p.end, p.bytes_before_end)).collect();
         let cf = self.cf(CF_EVENTS)?;
@@ -291,6 +298,7 @@ impl LogState {
             *bytes += value.len() as u64;
         }
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.last_timestamp.store(now, Ordering::Relaxed);
         let mut topics = self.topics.write().unwrap();
         let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         for (p, (end, bytes)) in partitions.iter_mut().zip(ends) {
@@ -301,6 +309,40 @@ impl LogState {
             }
         }
         Ok(assigned)
+    }
+
+    /// The first offset in `from..end` whose event decodes, with its timestamp.
+    fn first_timestamp_from(&self, tp: &TopicPartition, from: u64, end: u64) -> Result<Option<(u64, u64)>, BackendError> {
+        let cf = self.cf(CF_EVENTS)?;
+        let prefix = partition_prefix(&tp.topic, tp.partition);
+        let start_key = event_key(&tp.topic, tp.partition, from);
+        for item in self.db.iterator_cf(&cf, IteratorMode::From(&start_key, Direction::Forward)) {
+            let (key, value) = item.map_err(io_err)?;
+            let Some(offset) = key.strip_prefix(prefix.as_slice()).and_then(|o| o.try_into().ok()).map(u64::from_be_bytes) else { break };
+            if offset >= end {
+                break;
+            }
+            if let Some(event) = StoredEvent::decode(&value) {
+                return Ok(Some((offset, event.timestamp)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Binary search over the partition's timestamps, which never go down (`last_timestamp`).
+    fn search_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        let (mut low, end) = self.bounds(tp)?;
+        let mut high = end;
+        while low < high {
+            let middle = low + (high - low) / 2;
+            match self.first_timestamp_from(tp, middle, high)? {
+                Some((_, timestamp)) if timestamp >= time_ms => high = middle,
+                Some((offset, _)) => low = offset + 1,
+                // Nothing that decodes in middle..high: the answer is below middle.
+                None => high = middle,
+            }
+        }
+        Ok(low)
     }
 
     /// Reads up to `max` events from `from` (clamped to the partition's start), never past `end`.
@@ -452,6 +494,11 @@ impl LogBackend for EmbeddedLog {
     async fn add_partitions(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
         let (state, topic) = (self.state.clone(), topic.clone());
         tokio::task::spawn_blocking(move || state.add_partitions(&topic, partitions)).await.map_err(io_err)?
+    }
+
+    async fn offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        // A few point reads per partition (log2 of its length): from RocksDB's cache when recent.
+        self.search_time(tp, time_ms)
     }
 
     fn seek(&self, tp: &TopicPartition, offset: u64) {

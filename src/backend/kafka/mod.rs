@@ -24,6 +24,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 mod pull;
@@ -363,6 +364,24 @@ impl LogBackend for KafkaLog {
         let (topic, partition) = (tp.topic.to_string(), tp.partition as i32);
         let (low, high) = blocking(move || metadata.fetch_watermarks(&topic, partition, timeout).map_err(kafka_err)).await?;
         Ok(PartitionBounds::from_broker(low, high))
+    }
+
+    async fn offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        // ListOffsets by timestamp: the earliest offset whose timestamp is at or after it, or the
+        // end (-1) when none is.
+        let bounds = self.log_bounds(tp).await?;
+        let (metadata, timeout) = (self.metadata.clone(), self.settings.request_timeout);
+        let mut wanted = TopicPartitionList::new();
+        let time = i64::try_from(time_ms).map_err(|_| BackendError::InvalidInput(format!("time {time_ms} is out of range")))?;
+        wanted.add_partition_offset(tp.topic.as_str(), tp.partition as i32, Offset::Offset(time)).map_err(kafka_err)?;
+        let found = blocking(move || metadata.offsets_for_times(wanted, timeout).map_err(kafka_err)).await?;
+        let offset = match found.elements().first().map(|e| (e.offset(), e.error())) {
+            Some((Offset::Offset(offset), Ok(()))) => u64::try_from(offset).unwrap_or(bounds.log_end),
+            Some((_, Ok(()))) => bounds.log_end,
+            Some((_, Err(e))) => return Err(kafka_err(e)),
+            None => return Err(BackendError::Io(format!("ListOffsets answered nothing for {tp}"))),
+        };
+        Ok(offset.clamp(bounds.log_start, bounds.log_end))
     }
 
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {

@@ -317,6 +317,17 @@ impl Broker {
         }
         Ok(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?.max(0) as u64)
     }
+
+    /// SEARCH_OFFSET_BY_TIMESTAMP with the lower boundary: the first offset of a queue stored at
+    /// or after `time_ms`.
+    pub async fn offset_for_time(&self, broker_addr: &str, topic: &str, queue_id: u32, time_ms: u64) -> Result<u64, BackendError> {
+        let fields = [("topic", topic.to_string()), ("queueId", queue_id.to_string()), ("timestamp", time_ms.to_string()), ("boundaryType", "LOWER".to_string())];
+        let r = self.call(broker_addr, code::SEARCH_OFFSET_BY_TIMESTAMP, &fields, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("search offset by time", &r));
+        }
+        Ok(r.number("offset").map_err(|e| BackendError::Io(e.to_string()))?.max(0) as u64)
+    }
 }
 
 /// The header fields naming one receipt handle (ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME).

@@ -553,6 +553,13 @@ impl LogBackend for RocketMqLog {
         Ok(PartitionBounds { log_start, log_end: log_end.max(log_start) })
     }
 
+    async fn offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        let route = self.route_of(tp).await?;
+        let bounds = self.log_bounds(tp).await?;
+        let offset = self.broker.offset_for_time(&route.broker_addr, tp.topic.as_str(), tp.partition, time_ms).await?;
+        Ok(offset.clamp(bounds.log_start, bounds.log_end))
+    }
+
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         match from {
             ReadFrom::Offset(offset) => self.read_at(tp, offset, max, wait).await,

@@ -21,6 +21,7 @@ pub mod code {
     pub const PULL_MESSAGE: i32 = 11;
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
+    pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
     pub const GET_MAX_OFFSET: i32 = 30;
     pub const GET_MIN_OFFSET: i32 = 31;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;

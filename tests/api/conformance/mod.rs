@@ -188,6 +188,62 @@ async fn committed(base: &str, topic: &str, client: &str, partition: u32) -> Opt
 
 // ---- bodies -------------------------------------------------------------------------------
 
+/// Issue 25, replay by time: `subscribe` with `"from": {"time": ms}` starts each partition at its
+/// first offset stamped at or after it (so only the second batch here), and the admin reset takes
+/// `{"time"}` as well as `{"offset"}`. Time on the embedded log is its clock, moved between the
+/// batches; on the brokers the wall clock, waited on.
+pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Harness) {
+    let gw = h.start().await;
+    create_topic(&gw.base, "timed", 2).await;
+    for partition in 0..2 {
+        publish_to(&gw.base, "timed", partition, 0, 3).await;
+    }
+    let between = match &h.backend {
+        Backend::Embedded => {
+            h.clock.advance(10_000);
+            ackgate::core::offsets::Clock::now_ms(h.clock.as_ref())
+        }
+        _ => {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            now
+        }
+    };
+    for partition in 0..2 {
+        publish_to(&gw.base, "timed", partition, 10, 2).await;
+        assert_eq!(log_end_reaches(&gw.base, "timed", partition, 5).await, 5);
+    }
+    let mut client = WsClient::connect(gw.addr(), "by-time").await;
+    let subscribed = client.subscribe("timed", json!({"from": {"time": between}})).await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 3}, {"partition": 1, "from": 3}]), "{subscribed}");
+    let mut got = numbers(&client.recv_events(4).await);
+    got.sort();
+    assert_eq!(got, vec![10, 10, 11, 11]);
+    client.close().await;
+    let mut early = WsClient::connect(gw.addr(), "from-zero").await;
+    let subscribed = early.subscribe("timed", json!({"from": {"time": 0}})).await;
+    assert_eq!(subscribed["partitions"][1]["from"], 0, "{subscribed}");
+    early.close().await;
+    // The admin reset by time, for a client that has read everything.
+    consume_and_ack(gw.addr(), "rewound", "timed", 10).await.close().await;
+    let url = format!("{}/admin/offsets/timed/rewound/1", gw.base);
+    let mut status = 409;
+    for _ in 0..100 {
+        let response = http().put(&url).json(&json!({"time": between})).send().await.unwrap();
+        status = response.status().as_u16();
+        if status != 409 {
+            assert_eq!(response.json::<Value>().await.unwrap()["committed"], 3);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+    let both = http().put(&url).json(&json!({"time": between, "offset": 1})).send().await.unwrap();
+    assert_eq!(both.status(), 400);
+    gw.stop().await;
+}
+
 /// POSTs `body` to `topic` with an `Idempotency-Key`; answers the status, the replay header and
 /// the body.
 async fn publish_with_key(base: &str, topic: &str, key: &str, body: &Value) -> (u16, bool, Value) {
@@ -479,6 +535,10 @@ macro_rules! conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn an_idempotent_publish_writes_once() {
             body::an_idempotent_publish_writes_once(&$harness).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it() {
+            body::a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(&$harness).await
         }
     };
 }

@@ -14,6 +14,10 @@ macro_rules! rocketmq_conformance {
             body::publish_answers_offsets_and_events_keep_their_fields(&harness()).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it() {
+            body::a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(&harness()).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn an_idempotent_publish_writes_once() {
             body::an_idempotent_publish_writes_once(&harness()).await
         }
