@@ -273,6 +273,11 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                 })?;
                 parsed.insert(p, offset);
             }
+            if let StartFrom::Time(time) = from {
+                if time > i64::MAX as u64 {
+                    return Err(FrameError::new(ErrorCode::BadFrame, format!("from.time must be at most {} (epoch ms)", i64::MAX)).with_req(req));
+                }
+            }
             ClientFrame::Subscribe { topic, from, resume: parsed, req }
         }
         RawFrame::Unsubscribe { topic, req } => ClientFrame::Unsubscribe { topic, req },
@@ -546,7 +551,7 @@ mod tests {
         );
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":{"time":1700000000000}}"#).unwrap();
         assert!(matches!(f, ClientFrame::Subscribe { from: StartFrom::Time(1_700_000_000_000), .. }), "{f:?}");
-        for bad in [r#""middle""#, r#"{"time":-1}"#, r#"{"time":"x"}"#, r#"{"at":5}"#, "5"] {
+        for bad in [r#""middle""#, r#"{"time":-1}"#, r#"{"time":"x"}"#, r#"{"at":5}"#, "5", r#"{"time":9223372036854775808}"#] {
             let e = parse_client_frame(&format!(r#"{{"op":"subscribe","topic":"t","from":{bad},"req":2}}"#)).unwrap_err();
             assert_eq!(e.code, ErrorCode::BadFrame, "{bad}");
         }

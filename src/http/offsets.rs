@@ -135,6 +135,9 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
     Ok(Json(json!({"topic": topic.as_str(), "client_id": client_id.as_str(), "partitions": partitions})))
 }
 
+/// The largest `time` taken (epoch ms): what Kafka's ListOffsets and RocketMQ carry (an i64).
+pub const MAX_TIME_MS: u64 = i64::MAX as u64;
+
 /// `{"offset"}` or `{"time": epoch_ms}`, exactly one.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -181,6 +184,7 @@ pub async fn reset(
     let log_end = d.backend.log_bounds(&tp).await?.log_end;
     let offset = match (body.offset, body.time) {
         (Some(offset), None) => offset,
+        (None, Some(time_ms)) if time_ms > MAX_TIME_MS => return Err(ApiError::bad_request(format!("time must be at most {MAX_TIME_MS} (epoch ms), got {time_ms}"))),
         (None, Some(time_ms)) => d.backend.offset_for_time(&tp, time_ms).await?,
         _ => return Err(ApiError::bad_request("give either \"offset\" or \"time\" (epoch ms)")),
     };

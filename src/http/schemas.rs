@@ -190,15 +190,21 @@ pub struct ClientOffsets {
     pub partitions: Vec<ClientPartition>,
 }
 
+/// `{"offset"}` or `{"time"}`, exactly one.
 #[derive(serde::Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ResetOffset {
-    /// The new committed offset: at most the partition's `log_end` (400 above it). Give this or
-    /// `time`, not both.
-    pub offset: Option<u64>,
-    /// Epoch ms: the new committed offset is the partition's first offset at or after it (the
-    /// log end when every event is older).
-    pub time: Option<u64>,
+#[serde(untagged)]
+pub enum ResetOffset {
+    /// The new committed offset: at most the partition's `log_end` (400 above it).
+    #[schema(title = "by offset")]
+    Offset {
+        offset: u64,
+    },
+    /// Epoch ms: the new committed offset is the partition's first offset stamped at or after it
+    /// (the log end when every event is older).
+    #[schema(title = "by time")]
+    Time {
+        time: u64,
+    },
 }
 
 #[derive(serde::Serialize, ToSchema)]
