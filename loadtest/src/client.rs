@@ -57,6 +57,9 @@ pub struct ConsumerPlan {
     pub skip_acks: u64,
     /// `from` of the subscribe (`None`: the gateway's reset policy).
     pub from: Option<&'static str>,
+    /// Counts consumers whose `subscribed` arrived (a start at `latest` must be in place before
+    /// the publisher begins, or the first events fall before it).
+    pub subscribed: Arc<AtomicU64>,
 }
 
 pub struct ConsumerResult {
@@ -231,7 +234,10 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
                     }
                 }
                 "error" => bail!("{}: error frame {text}", plan.client_id),
-                "subscribed" | "pong" => {}
+                "subscribed" => {
+                    plan.subscribed.fetch_add(1, Ordering::Relaxed);
+                }
+                "pong" => {}
                 other => bail!("{}: unexpected frame type {other} ({:?})", plan.client_id, frame.code),
             }
         }

@@ -16,6 +16,7 @@ pub struct Gateway {
     /// The gateway's info log lines (`ackgate::gateway` only, see `start_in`).
     pub logs: Arc<Mutex<Vec<String>>>,
     child: Option<Child>,
+    log_file: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
     _temp: Option<tempfile::TempDir>,
 }
@@ -25,8 +26,10 @@ pub struct Gateway {
 pub struct Launch {
     pub binary: PathBuf,
     pub brokers: Option<String>,
-    /// Extra `ACKGATE_*` overrides.
+    /// Extra environment (`ACKGATE_*` overrides, `RUST_LOG`).
     pub env: Vec<(String, String)>,
+    /// Where the gateway's log lines are written when it stops.
+    pub log_file: Option<PathBuf>,
 }
 
 impl Launch {
@@ -40,7 +43,7 @@ impl Gateway {
     pub fn at_url(url: &str) -> Self {
         let base = url.trim_end_matches('/').to_string();
         let ws = format!("{}/ws", base.replacen("http", "ws", 1));
-        Self { base, ws, logs: Default::default(), child: None, data_dir: None, _temp: None }
+        Self { base, ws, logs: Default::default(), child: None, log_file: None, data_dir: None, _temp: None }
     }
 
     /// Starts the binary in a new temp data dir.
@@ -89,7 +92,7 @@ impl Gateway {
             Ok(Err(line)) => bail!("gateway failed to start: {line}"),
             Err(_) => bail!("gateway did not report its address within 120 s"),
         };
-        Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), logs, child: Some(child), data_dir: Some(data.to_path_buf()), _temp: None })
+        Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), logs, child: Some(child), log_file: launch.log_file.clone(), data_dir: Some(data.to_path_buf()), _temp: None })
     }
 
     /// Stops the gateway gracefully and starts the binary again on the same data dir.
@@ -122,6 +125,20 @@ impl Gateway {
     /// SIGTERM and wait for the exit (graceful: offsets flushed, checkpoint written).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            struct WriteLogs<'a>(&'a Gateway);
+            impl Drop for WriteLogs<'_> {
+                fn drop(&mut self) {
+                    if let Some(path) = &self.0.log_file {
+                        // Appended: a restarted gateway adds its lines after the first one's.
+                        let lines = self.0.logs.lock().unwrap().join("\n") + "\n";
+                        let appended = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, lines.as_bytes()));
+                        if let Err(e) = appended {
+                            eprintln!("loadtest: writing the gateway log to {}: {e}", path.display());
+                        }
+                    }
+                }
+            }
+            let _logs = WriteLogs(self);
             let _ = Command::new("sh").arg("-c").arg(format!("kill -TERM {}", child.id())).status();
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline {

@@ -101,6 +101,13 @@ pub struct Cli {
     /// Bearer token for publishing and the admin routes (a gateway with auth.admin_token).
     #[arg(long)]
     pub admin_token: Option<String>,
+    /// Extra environment for a gateway this loadtest starts, as KEY=VALUE (repeatable), e.g.
+    /// `--gateway-env RUST_LOG=info,ackgate::core::reader=debug`.
+    #[arg(long)]
+    pub gateway_env: Vec<String>,
+    /// Write the log lines of the gateway this loadtest started to this file when it ends.
+    #[arg(long)]
+    pub gateway_log: Option<PathBuf>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -121,7 +128,12 @@ impl Cli {
             env.push(("ACKGATE_ROCKETMQ__NAMESRV_ADDR".to_string(), namesrv.clone()));
             env.push(("ACKGATE_ROCKETMQ__MODE".to_string(), self.rocketmq_mode.clone()));
         }
-        Launch { binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: self.brokers.clone(), env }
+        for pair in &self.gateway_env {
+            if let Some((key, value)) = pair.split_once('=') {
+                env.push((key.to_string(), value.to_string()));
+            }
+        }
+        Launch { binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: self.brokers.clone(), env, log_file: self.gateway_log.clone() }
     }
 
     fn gateway(&self) -> anyhow::Result<Gateway> {

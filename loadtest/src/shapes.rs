@@ -202,6 +202,8 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let cpu_before = gateway.cpu_seconds();
     let started = Instant::now();
     let mut tasks = Vec::new();
+    let subscribed = Arc::new(AtomicU64::new(0));
+    let consumers = sockets.len() as u64;
     for (topic, client_id, count, ws) in sockets {
         let plan = ConsumerPlan {
             client_id,
@@ -213,10 +215,21 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             paced_since,
             skip_acks: cli.skip_acks,
             from: cli.behind.map(|_| "latest"),
+            subscribed: subscribed.clone(),
         };
         tasks.push(tokio::spawn(client::consume(plan, ws)));
     }
     let progress = Progress::start("acked", acked.clone(), deliveries_expected);
+    if cli.behind.is_some() {
+        // From `latest`: every subscription in place before the first event is published.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while subscribed.load(std::sync::atomic::Ordering::Relaxed) < consumers {
+            if Instant::now() > deadline {
+                bail!("only {} of {consumers} subscriptions were answered within 120 s", subscribed.load(std::sync::atomic::Ordering::Relaxed));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     if let (Some(rate), Some(since)) = (cli.rate, paced_since) {
         for (topic, written) in paced_publish(&http, &assignments, rate, cli.payload_bytes, since).await? {
             expected.insert(topic, written);
