@@ -126,12 +126,15 @@ impl PartitionReader {
                     (from != buffer.covered_to, buffer.covered_to)
                 }
             };
-            // Ahead of the ring: a subscriber at the log end waits there (no catch-up read:
-            // on Kafka one holds a catch-up consumer for a second); one below it reads by offset.
-            let mut ahead = false;
-            if direct && from > covered_to && self.backend.log_bounds(&self.tp).await?.log_end <= from {
-                ahead = true;
-            } else if direct {
+            // Ahead of the ring, a subscriber waits for the shared reader, which pulls toward it
+            // and jumps to it when every waiting subscriber is ahead (`jump_to_waiters_ahead`).
+            // It never reads by offset from there: on Kafka each such read holds one of a few
+            // catch-up consumers for at least a second, and a subscriber that started one
+            // stayed ahead of the ring and read by offset again and again (seconds of delay at
+            // the head after a restart, issue 21). Only a subscriber below the ring reads the
+            // log by offset.
+            let ahead = direct && from > covered_to;
+            if direct && !ahead {
                 let events = self.read_by_offset(from, max, max_bytes).await?;
                 if !events.is_empty() {
                     return Ok(events);

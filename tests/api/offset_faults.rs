@@ -557,3 +557,24 @@ async fn an_operator_reset_on_a_slow_disk_holds_up_no_other_client() {
 async fn put_offset_owned(base: String, topic: &'static str, client: &'static str, partition: u32, offset: serde_json::Value) -> u16 {
     put_offset(&base, topic, client, partition, offset).await
 }
+
+/// Issue 21, item 7: a subscriber ahead of the ring whose events are already in the log (it
+/// subscribed at the log end while the shared reader stood further back, at an absent client's
+/// offset) is served by the shared reader, which moves to it, and never reads the log by offset.
+/// On Kafka each read by offset waited for one of a few catch-up consumers for a second, and the
+/// subscriber, still ahead of the ring, read by offset again: seconds of delay at the head after
+/// a restart. Failed before the fix: the read went by offset and the shared reader stayed at 0.
+#[tokio::test]
+async fn a_subscriber_ahead_of_the_ring_is_served_by_the_shared_reader() {
+    let (_dir, _log, readers, shutdown) = ten_events_and_their_readers().await;
+    let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
+    let reader = readers.get(&tp, 0);
+    assert_eq!(reader.pull_offset(), 0);
+    let events = tokio::time::timeout(WAIT, reader.fetch(5, 10, usize::MAX)).await.expect("served").unwrap();
+    assert_eq!(events.iter().map(|e| e.offset).collect::<Vec<_>>(), (5..10).collect::<Vec<_>>());
+    assert_eq!(reader.pull_offset(), 10, "the shared reader moved to the subscriber and pulled its events");
+    // A subscriber below the ring still reads the log by offset.
+    let below: Vec<u64> = reader.fetch(0, 3, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
+    assert_eq!(below, vec![0, 1, 2]);
+    shutdown.cancel();
+}
