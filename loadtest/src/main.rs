@@ -98,6 +98,10 @@ pub struct Cli {
     /// With `--instances`: SIGKILL the instance holding the most sessions after this many seconds.
     #[arg(long, requires = "instances")]
     pub kill_instance_after: Option<f64>,
+    /// With `--instances`: SIGTERM (a drain: `reconnect` and 1012 over `server.drain_ms`) the
+    /// instance holding the most sessions after this many seconds, instead of a SIGKILL.
+    #[arg(long, requires = "kill_instance_after")]
+    pub drain: bool,
     /// Bearer token for publishing and the admin routes (a gateway with auth.admin_token).
     #[arg(long)]
     pub admin_token: Option<String>,

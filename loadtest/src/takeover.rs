@@ -327,13 +327,19 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
         tokio::spawn(async move { publish(&http, &urls, &topic, &token, events, rate, &payload, &killed).await })
     };
     let mut killed_sessions = 0;
+    let mut draining = None;
     if let Some(killer) = killer {
         let (victim, sessions, killed) = killer.await?;
-        if let Some(gateway) = gateways[victim].as_mut() {
-            gateway.kill9();
-        }
         let _ = killed.set((Instant::now(), urls[victim].clone()));
-        gateways[victim] = None;
+        if let Some(mut gateway) = gateways[victim].take() {
+            if cli.drain {
+                // SIGTERM: the instance drains (its sessions closed over `server.drain_ms`) and
+                // exits; waited for on the blocking pool, while the followers move.
+                draining = Some(tokio::task::spawn_blocking(move || gateway.stop()));
+            } else {
+                gateway.kill9();
+            }
+        }
         killed_sessions = sessions;
         summary.add("killed_instance", format!("gw-{victim} ({sessions} sessions) at {:.1} s", started.elapsed().as_secs_f64()));
     }
@@ -349,6 +355,8 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
     let settle = Instant::now() + Duration::from_secs(cli.settle_secs);
     let (mut subscribed, mut first_event) = (Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?, Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?);
     let (mut deliveries, mut redelivered, mut distinct, mut reconnects, mut moved) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    // When each follower of the stopped instance subscribed elsewhere (a drain spreads these).
+    let mut moved_at_us: Vec<u64> = Vec::new();
     for (client_id, task) in followers {
         let left = settle.saturating_duration_since(Instant::now());
         let result = match tokio::time::timeout(left, task).await {
@@ -373,6 +381,7 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
         distinct += got;
         if let Some(us) = result.takeover_subscribed_us {
             subscribed.saturating_record(us);
+            moved_at_us.push(us);
             moved += 1;
         }
         if let Some(us) = result.takeover_event_us {
@@ -411,6 +420,12 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
         }
         summary.add_latency("takeover_to_subscribed", &subscribed);
         summary.add_latency("takeover_to_first_event", &first_event);
+        if let (Some(first), Some(last)) = (moved_at_us.iter().min(), moved_at_us.iter().max()) {
+            summary.add("moved_spread_ms", (last - first) / 1000);
+        }
+    }
+    if let Some(draining) = draining {
+        let _ = draining.await;
     }
     Ok(summary)
 }

@@ -69,3 +69,24 @@ fn loadtest_takeover_smoke_one_of_two_instances_killed_nothing_lost() {
     assert!(summary["takeover_to_first_event"]["count"].as_u64().unwrap() > 0, "{summary}");
     drop(broker);
 }
+
+/// Issue 25, draining on Kafka: three instances, the one with the most followers gets SIGTERM; it
+/// closes its sessions with `reconnect` and 1012 spread over `server.drain_ms` (3 s here), its
+/// followers move to the others through /session/recommend, and nothing is lost or delivered
+/// below a resume token (the takeover shape's own checks). The moves are spread, not all at once.
+#[test]
+fn loadtest_takeover_smoke_a_drained_instance_hands_its_followers_over_spread_out() {
+    let broker = crate::kafka_broker::TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    let summary = run(&[
+        "--brokers", &bootstrap, "--instances", "3", "--kill-instance-after", "1.5", "--drain", "--clients", "30", "--events", "6000", "--rate", "1000",
+        "--partitions", "2", "--gateway-env", "ACKGATE_SERVER__DRAIN_MS=3000",
+    ]);
+    assert_eq!(summary["complete"], true, "{summary}");
+    let moved = summary["followers_moved"].as_str().unwrap_or_default();
+    let (moved, of) = moved.split_once(" of ").unwrap();
+    assert_eq!(moved, of, "every follower of the drained instance moved: {summary}");
+    assert!(of.parse::<u32>().unwrap() > 1, "the drained instance held sessions: {summary}");
+    assert!(summary["moved_spread_ms"].as_u64().unwrap() >= 1000, "the moves were spread over the drain window: {summary}");
+    drop(broker);
+}
