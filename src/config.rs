@@ -645,15 +645,31 @@ impl Config {
 /// Applies `ACKGATE_<SECTION>__<KEY>=value` overrides. A value is read as a TOML value when it
 /// parses as one (`500`, `true`, `["a"]`), otherwise as a string.
 fn apply_env(table: &mut toml::Table, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    // The defaults say which keys hold text: their values are taken as written, never parsed as
+    // TOML (`ACKGATE_AUTH__ADMIN_TOKEN=12345` is the token "12345", not a number).
+    let defaults = toml::Table::try_from(Config::default())?;
     for (name, raw) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
-        let Some((section, key)) = rest.split_once("__") else { continue };
+        let Some((section, key)) = rest.split_once("__") else {
+            // Other ACKGATE_* variables (the scripts' own) are not config; a section and one of its
+            // keys joined by a single underscore is a config key mistyped, and was ignored silently.
+            let lower = rest.to_ascii_lowercase();
+            let mistyped = defaults.iter().find_map(|(section, keys)| {
+                let key = lower.strip_prefix(section.as_str())?.strip_prefix('_')?;
+                keys.get(key).map(|_| (section, key))
+            });
+            if let Some((section, key)) = mistyped {
+                anyhow::bail!("{name}: a config key is ACKGATE_<SECTION>__<KEY>, with two underscores: did you mean {ENV_PREFIX}{}__{}?", section.to_ascii_uppercase(), key.to_ascii_uppercase());
+            }
+            continue;
+        };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-        let value = format!("v = {raw}")
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        let text_key = defaults.get(&section).and_then(|s| s.get(&key)).is_some_and(toml::Value::is_str);
+        let value = if text_key {
+            toml::Value::String(raw.clone())
+        } else {
+            format!("v = {raw}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or_else(|| toml::Value::String(raw.clone()))
+        };
         let section_table = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let Some(section_table) = section_table.as_table_mut() else {
             anyhow::bail!("{name}: config key {section} is not a section");
@@ -703,6 +719,19 @@ mod tests {
         assert!(e.contains("offsets.checkpoint_interval_ms"), "{e}");
         let e = load("", &[("ACKGATE_DELIVERY__MAX_ATTEMPTS", "many")]).unwrap_err().to_string();
         assert!(e.contains("max_attempts"), "a type error shows the key: {e}");
+    }
+
+    /// Issue 23: a text key takes an environment value as written (a numeric admin token used
+    /// to stop the start with a type error), and a section name followed by a single underscore is
+    /// a mistyped key, refused with the right spelling instead of ignored.
+    #[test]
+    fn environment_values_of_text_keys_are_text_and_mistyped_names_are_named() {
+        let c = load("", &[("ACKGATE_AUTH__ADMIN_TOKEN", "12345"), ("ACKGATE_SERVER__INSTANCE_ID", "true"), ("ACKGATE_DELIVERY__MAX_ATTEMPTS", "3")]).unwrap();
+        assert_eq!((c.auth.admin_token.as_str(), c.server.instance_id.as_str(), c.delivery.max_attempts), ("12345", "true", 3));
+        let e = load("", &[("ACKGATE_DELIVERY_ACK_TIMEOUT_MS", "500")]).unwrap_err().to_string();
+        assert!(e.contains("did you mean ACKGATE_DELIVERY__ACK_TIMEOUT_MS"), "{e}");
+        // The scripts' own variables are not config.
+        assert!(load("", &[("ACKGATE_TANSU_ROOT", "/x"), ("ACKGATE_CRASH_ROUNDS", "3"), ("ACKGATE_ROCKETMQ_ROOT", "/y")]).is_ok());
     }
 
     #[test]
