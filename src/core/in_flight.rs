@@ -141,8 +141,10 @@ impl InFlightWindow {
         self.deadlines.clear();
     }
 
-    /// The admin view, ordered by topic, partition and offset.
-    pub fn views(&self) -> Vec<InFlightView> {
+    /// The admin view, ordered by topic, partition and offset; `pause_after_deadline` says how
+    /// long after its deadline each delivery comes again (its backoff when the deadline is an
+    /// ack timeout).
+    pub fn views(&self, pause_after_deadline: impl Fn(EventRef, &Delivery) -> Duration) -> Vec<InFlightView> {
         let mut views: Vec<InFlightView> = self
             .entries
             .iter()
@@ -153,7 +155,7 @@ impl InFlightWindow {
                 offset: at.offset,
                 attempt: e.delivery.attempt,
                 deadline: e.deadline_ms,
-                next_attempt_at: e.deadline_ms,
+                next_attempt_at: e.deadline_ms.saturating_add(pause_after_deadline(*at, &e.delivery).as_millis() as u64),
             })
             .collect();
         views.sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));

@@ -202,21 +202,16 @@ impl Session {
         }
     }
 
-    /// The admin view of the in-flight deliveries, with when each comes again unacknowledged.
+    /// The admin view of the in-flight deliveries, with when each comes again unacknowledged: at
+    /// its deadline when that ends a pause, else after the backoff that follows its ack timeout.
     pub(super) fn in_flight_views(&self) -> Vec<crate::core::dispatcher::InFlightView> {
-        let mut views = self.in_flight.views();
-        for view in &mut views {
-            let Some(event) = DeliveryRef::parse(&view.delivery_id).map(|d| d.event()) else { continue };
-            view.next_attempt_at = match self.waiting.get(&event) {
-                Some(_) => view.deadline,
-                None => {
-                    let topic = self.in_flight.get(&event).map(|d| d.topic.clone());
-                    let pause = topic.map_or(Duration::ZERO, |t| self.redelivery_of(&t).backoff_after(view.attempt));
-                    view.deadline.saturating_add(pause.as_millis() as u64)
-                }
-            };
-        }
-        views
+        self.in_flight.views(|event, delivery| {
+            if self.waiting.contains_key(&event) {
+                Duration::ZERO
+            } else {
+                self.redelivery_of(&delivery.topic).backoff_after(delivery.attempt)
+            }
+        })
     }
 
     pub(super) async fn term(&mut self, delivery_id: &str, reason: Option<String>) -> Result<(), FrameError> {
