@@ -13,7 +13,13 @@
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `ack_floor`: per partition, how far its live clients have durably acked (when a
 //!     backend may acknowledge an event at its broker);
-//!   - `dispatcher`: session registry, takeover, subscription start points;
+//!   - `dispatcher`: session registry, takeover, gaps reported, draining;
+//!   - `subscription_plan`: where each partition of a subscription starts (stored offset,
+//!     token, `from`, time), its gaps and trackers;
+//!   - `redelivery`: ack timeout, backoff and attempts per topic; `drain`: closing an
+//!     instance's sessions spread over the drain window; `idempotency`: `Idempotency-Key`
+//!     publishes;
+//!   - `partition_watch`, `log_end`: partitions added later, log ends read twice before use;
 //!   - `feeder`, `window`, `in_flight`: per-partition feeders, a session's in-flight window
 //!     (events and bytes) and its deliveries' ack deadlines;
 //!   - `session`: one task per WebSocket session (`session::subscriptions`: subscribe and the

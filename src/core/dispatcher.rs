@@ -11,26 +11,22 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::log_end;
 use super::metrics::Metrics;
-use super::ack_tracker::{AckTracker, Epoch};
-use super::backend::{BackendError, LogBackend, PartitionBounds};
+use super::backend::{BackendError, LogBackend};
 use super::client_state::ClientState;
 use super::session_control::{ControlInbox, SessionControl};
-use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use super::names::{ClientId, TopicName};
 use super::offset_writer::OffsetWriter;
 use super::redelivery::RedeliveryPolicies;
-use super::offsets::{lower_to_log_end, Clock, Gap, OffsetStore, OffsetWrite, StoreError};
-use super::protocol::{ErrorCode, FrameError, StartFrom};
+use super::offsets::{Clock, Gap, OffsetStore, StoreError};
+use super::protocol::{ErrorCode, FrameError};
 use super::reader::Readers;
 use super::window::Window;
 
 /// Partitions whose log bounds a subscribe asks the backend for at once.
-const BOUNDS_IN_PARALLEL: usize = 16;
 
 /// Where a client with no stored offset starts (`delivery.reset_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,17 +211,6 @@ pub struct Dispatcher {
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
-}
-
-/// One partition's starting point chosen at subscribe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StartPoint {
-    pub partition: u32,
-    pub from: u64,
-    pub log_start: u64,
-    /// The start the client wanted (its stored offset or token) and the log start above it:
-    /// offsets `wanted..log_start` are gone (retention) and will never reach it.
-    pub gap: Option<(u64, u64)>,
 }
 
 impl Dispatcher {
@@ -518,186 +503,8 @@ impl Dispatcher {
         });
     }
 
-    /// Picks where each partition of `topic` starts for `client`, and prepares its trackers.
-    ///
-    /// Per partition: the larger of the stored committed offset and the client's resume token;
-    /// without either, `from` (or the reset policy for `committed`). Never below `log_start`.
-    /// When the start is above the stored committed offset (a resume token, `latest`, or
-    /// retention), the committed offset moves there too, or acks above it could never lift it.
-    pub async fn plan_subscription(
-        &self,
-        client_id: &ClientId,
-        client: &Mutex<ClientState>,
-        topic: &TopicName,
-        from: StartFrom,
-        resume: &std::collections::BTreeMap<u32, u64>,
-        epoch: Epoch,
-        first: u32,
-    ) -> Result<Vec<StartPoint>, FrameError> {
-        let partitions = self
-            .backend
-            .partitions(topic)
-            .await
-            .map_err(backend_frame_error)?
-            .ok_or_else(|| FrameError::new(ErrorCode::UnknownTopic, format!("topic {topic} does not exist")))?;
-        if let Some(bad) = resume.keys().find(|p| **p >= partitions) {
-            return Err(FrameError::new(ErrorCode::BadFrame, format!("resume names partition {bad}; {topic} has {partitions}")));
-        }
-        // Partitions `first..` (all of them for a subscribe; those added since for a grown
-        // subscription): the others are not touched.
-        let range = first.min(partitions)..partitions;
-        let index = |partition: u32| (partition - range.start) as usize;
-        let generation = self.store.topic_generation(topic).map_err(store_frame_error)?;
-        client.lock().unwrap().set_generation(topic, generation);
-        // The bounds of every partition, asked a few at a time: on Kafka each is a broker round
-        // trip, and one after the other they made a subscribe (and so a takeover) wait for the sum.
-        let mut bounds: Vec<PartitionBounds> = futures_util::stream::iter(range.clone())
-            .map(|partition| {
-                let tp = TopicPartition::new(topic.clone(), partition);
-                async move { self.backend.log_bounds(&tp).await }
-            })
-            .buffered(BOUNDS_IN_PARALLEL)
-            .try_collect()
-            .await
-            .map_err(backend_frame_error)?;
-        // A start by time: each partition's first offset at or after it (a search per partition).
-        let by_time: Vec<u64> = match from {
-            StartFrom::Time(time_ms) => futures_util::stream::iter(range.clone())
-                .map(|partition| {
-                    let tp = TopicPartition::new(topic.clone(), partition);
-                    async move { self.backend.offset_for_time(&tp, time_ms).await }
-                })
-                .buffered(BOUNDS_IN_PARALLEL)
-                .try_collect()
-                .await
-                .map_err(backend_frame_error)?,
-            _ => Vec::new(),
-        };
-        // What this instance remembers of the client's progress, else what the store holds.
-        let mut known = Vec::with_capacity(range.len());
-        for partition in range.clone() {
-            let tp = TopicPartition::new(topic.clone(), partition);
-            let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
-            let stored = match remembered {
-                Some(known) => Some(known),
-                None => self.store.read(&OffsetKey::new(topic.clone(), client_id.clone(), partition)).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
-            };
-            known.push(stored);
-        }
-        // A log end below the committed offset is read again before anything is lowered: it
-        // may be a broker's answer of a moment (`core::log_end`).
-        let low: Vec<TopicPartition> = range
-            .clone()
-            .filter(|p| known[index(*p)].is_some_and(|(committed, _)| committed > bounds[index(*p)].log_end))
-            .map(|p| TopicPartition::new(topic.clone(), p))
-            .collect();
-        for (tp, second) in low.iter().zip(log_end::read_again(self.backend.as_ref(), &low).await.map_err(backend_frame_error)?) {
-            let read_first = &mut bounds[index(tp.partition)];
-            if second.log_end > read_first.log_end {
-                log_end::transient(tp, read_first.log_end, second.log_end);
-            }
-            *read_first = second;
-        }
-        // A client with a stored offset on some partition of the topic subscribed to it before:
-        // a partition it has none for was added since (a subscribe stores one for every
-        // partition), and `reset_policy = latest` must not skip what was published to it.
-        let subscribed_before = known.iter().any(Option::is_some);
-        let mut starts = Vec::with_capacity(range.len());
-        let mut writes = Vec::new();
-        // Each partition's tracker as planned: put in place only once nothing can fail any more,
-        // so a re-subscribe that fails leaves the running subscription's trackers as they were.
-        let mut trackers = Vec::with_capacity(range.len());
-        for ((partition, bounds), mut stored) in range.clone().zip(bounds).zip(known) {
-            let tp = TopicPartition::new(topic.clone(), partition);
-            let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
-            if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
-                tracing::warn!(%key, committed, log_end = bounds.log_end, "committed offset above the log end: lowered to the log end");
-                let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
-                stored = Some((lowered.committed, lowered.last_acked));
-            }
-            let policy = match (from, self.settings.reset_policy) {
-                (StartFrom::Latest, _) => bounds.log_end,
-                (StartFrom::Time(_), _) => by_time[index(partition)].clamp(bounds.log_start, bounds.log_end),
-                (StartFrom::Committed, ResetPolicy::Latest) if !subscribed_before => bounds.log_end,
-                _ => bounds.log_start,
-            };
-            let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
-            let wanted = match (stored, requested) {
-                (Some((committed, _)), Some(token)) => committed.max(token),
-                // Never below what the client acknowledged: replaying its own history is the
-                // admin reset's (by offset or by time).
-                (Some((committed, _)), None) if matches!(from, StartFrom::Latest | StartFrom::Time(_)) => committed.max(policy),
-                (Some((committed, _)), None) => committed,
-                (None, Some(token)) => token,
-                (None, None) => policy,
-            };
-            let start = wanted.max(bounds.log_start);
-            // Only a start the client holds (a stored offset or a token) can miss events; a
-            // policy start is where the client chose to begin.
-            let gap = (wanted < bounds.log_start && (stored.is_some() || requested.is_some())).then_some((wanted, bounds.log_start));
-            // A later session of the client planned this partition meanwhile: it is that
-            // session's now, and nothing is written for it from here.
-            let newer = client.lock().unwrap().trackers.get(&tp).is_some_and(|t| t.epoch > epoch);
-            let last_acked = stored.and_then(|(_, l)| l);
-            if !newer && stored.is_none_or(|(committed, _)| committed < start) {
-                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation });
-            }
-            trackers.push((tp, start, last_acked));
-            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, gap });
-        }
-        // A retention sweep may have read this client's records as expired before it
-        // connected: touch them now (a sweep removes only records unchanged since its scan), and
-        // write back any the sweep already took, so a subscription served from memory never
-        // leaves its client without a stored offset (issue 21). On the blocking pool: with
-        // `offsets.sync_writes` a touch fsyncs.
-        let (store, now_ms) = (self.store.clone(), self.clock.now_ms());
-        let keys: Vec<OffsetKey> = starts.iter().map(|s| OffsetKey::new(topic.clone(), client_id.clone(), s.partition)).collect();
-        let planned: Vec<OffsetKey> = writes.iter().map(|w: &OffsetWrite| w.key.clone()).collect();
-        let missing = tokio::task::spawn_blocking(move || -> Result<Vec<OffsetKey>, StoreError> {
-            store.touch(&keys, now_ms)?;
-            let mut missing = Vec::new();
-            for key in keys {
-                if !planned.contains(&key) && store.read(&key)?.is_none() {
-                    missing.push(key);
-                }
-            }
-            Ok(missing)
-        })
-        .await
-        .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
-        .map_err(store_frame_error)?;
-        for key in missing {
-            if let Some((_, start, last_acked)) = trackers.iter().find(|(tp, _, _)| tp.partition == key.partition) {
-                writes.push(OffsetWrite { key, committed: *start, last_acked: *last_acked, updated_at: now_ms, generation });
-            }
-        }
-        // A session taken over meanwhile writes nothing: its successor plans from what is stored.
-        if !self.is_current(client_id, epoch.session) {
-            return Err(FrameError::new(ErrorCode::Conflict, "this session was taken over by a newer one"));
-        }
-        if !writes.is_empty() {
-            self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
-        }
-        // The trackers become this subscription's (`Epoch`): kept when one is where the plan
-        // starts (its pending deliveries stay pending), replaced otherwise, and left alone when a
-        // later session of the client planned it meanwhile.
-        let mut state = client.lock().unwrap();
-        for (tp, start, last_acked) in trackers {
-            match state.trackers.get_mut(&tp) {
-                Some(tracker) if tracker.epoch > epoch => {}
-                Some(tracker) if tracker.floor() == start => tracker.epoch = epoch,
-                _ => {
-                    let mut tracker = AckTracker::new(start, last_acked);
-                    tracker.epoch = epoch;
-                    state.trackers.insert(tp, tracker);
-                }
-            }
-        }
-        Ok(starts)
-    }
-
     /// True while the session numbered `session` is the client's current one (not taken over).
-    fn is_current(&self, client_id: &ClientId, session: u64) -> bool {
+    pub(super) fn is_current(&self, client_id: &ClientId, session: u64) -> bool {
         let registry = self.registry();
         registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session)
     }

@@ -20,6 +20,7 @@ pub mod redelivery;
 pub mod rendezvous;
 pub mod session;
 pub mod session_control;
+pub mod subscription_plan;
 pub mod waiting;
 pub mod window;
 pub mod backend;

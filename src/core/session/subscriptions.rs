@@ -17,7 +17,7 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::dispatcher::StartPoint;
+use crate::core::subscription_plan::StartPoint;
 use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
 
 impl Session {
