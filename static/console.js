@@ -49,7 +49,8 @@ function showEvent(event) {
   row.dataset.deliveryId = event.delivery_id;
   row.dataset.state = "in flight";
   const payload = event.payload !== undefined ? JSON.stringify(event.payload) : `base64:${event.payload_base64}`;
-  for (const value of [event.delivery_id, event.topic, event.partition, event.offset, event.attempt]) row.append(cell(String(value)));
+  const attempt = event.redrive ? `${event.attempt} (redrive)` : String(event.attempt);
+  for (const value of [event.delivery_id, event.topic, event.partition, event.offset, attempt]) row.append(cell(String(value)));
   row.append(cell(payload, "payload"), cell("in flight", "state"));
   const actions = document.createElement("td");
   const button = (label, action) => {
@@ -169,10 +170,43 @@ function fillTable(id, rows, columns) {
   );
 }
 
+const when = (ms) => (ms ? new Date(ms).toISOString() : "");
+
+/** Asks the gateway to deliver `client_id`'s dead letters on `topic` again (up to 1000). */
+async function redrive(topic, clientId) {
+  const response = await fetch("/admin/dead-letters/redrive", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...adminHeaders() },
+    body: JSON.stringify({ topic, client_id: clientId, limit: 1000 }),
+  });
+  const answer = await response.json();
+  if (response.ok) log(`redrive ${topic} for ${clientId}: ${answer.redriven} dead letters${answer.next ? " (more remain: redrive again)" : ""}`);
+  else log(`redrive failed: ${response.status} ${answer.error.code}: ${answer.error.message}`);
+  refreshAdmin();
+}
+
+function fillDeadLetters(deadLetters) {
+  fillTable("dead-letters", deadLetters, [
+    (d) => d.topic, (d) => d.client_id, (d) => d.partition, (d) => d.offset, (d) => d.attempts, (d) => d.reason, (d) => when(d.at),
+  ]);
+  const rows = $("dead-letters").tBodies[0].rows;
+  deadLetters.forEach((d, i) => {
+    const td = document.createElement("td");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "small redrive";
+    b.textContent = "redrive";
+    b.title = `deliver ${d.client_id}'s dead letters on ${d.topic} again`;
+    b.onclick = () => redrive(d.topic, d.client_id);
+    td.append(b);
+    rows[i].append(td);
+  });
+}
+
 async function refreshAdmin() {
   try {
-    const [sessions, offsets] = await Promise.all(
-      ["/admin/sessions", "/admin/offsets"].map(async (path) => {
+    const [sessions, offsets, deadLetters, gaps] = await Promise.all(
+      ["/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps"].map(async (path) => {
         const response = await fetch(path, { headers: adminHeaders() });
         const body = await response.json();
         if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}`);
@@ -184,8 +218,10 @@ async function refreshAdmin() {
       (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,
     ]);
     fillTable("offsets", offsets.offsets, [
-      (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => (o.updated_at ? new Date(o.updated_at).toISOString() : ""),
+      (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => when(o.updated_at),
     ]);
+    fillDeadLetters(deadLetters.dead_letters);
+    fillTable("gaps", gaps.gaps, [(g) => g.topic, (g) => g.client_id, (g) => g.partition, (g) => g.from, (g) => g.to, (g) => when(g.at)]);
     $("admin-error").textContent = "";
   } catch (err) {
     $("admin-error").textContent = `${err.message} (set the admin token above)`;

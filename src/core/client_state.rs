@@ -12,6 +12,12 @@ use super::FastMap;
 use super::ack_tracker::{AckTracker, Epoch};
 use super::names::{TopicName, TopicPartition};
 
+/// Set in the slot of a delivery id whose event is a dead letter sent again (`core::redrive`):
+/// such a delivery is outside the client's ack trackers (its ack removes the dead letter, it
+/// never moves a committed offset), and its ids never collide with the topic's own deliveries
+/// of the same offset. Slots are small indexes (`TRACKERS_KEPT`), far below this bit.
+pub const REDRIVE_SLOT: u32 = 1 << 31;
+
 /// The parts of a delivery id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeliveryRef {
@@ -55,6 +61,11 @@ impl DeliveryRef {
     pub fn event(self) -> EventRef {
         EventRef { slot: self.slot, partition: self.partition, offset: self.offset }
     }
+
+    /// The slot of its topic, redriven or not.
+    pub fn topic_slot(self) -> u32 {
+        self.slot & !REDRIVE_SLOT
+    }
 }
 
 fn push_hex(out: &mut String, mut n: u64) {
@@ -77,6 +88,13 @@ pub struct EventRef {
     pub slot: u32,
     pub partition: u32,
     pub offset: u64,
+}
+
+impl EventRef {
+    /// A dead letter sent again (`REDRIVE_SLOT`).
+    pub fn is_redrive(&self) -> bool {
+        self.slot & REDRIVE_SLOT != 0
+    }
 }
 
 /// Trackers a client keeps before the idle ones of topics it no longer uses go

@@ -64,21 +64,6 @@ pub struct DeliverySettings {
     pub pong_timeout: Duration,
 }
 
-/// One in-flight delivery as the admin routes show it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct InFlightView {
-    pub delivery_id: String,
-    pub topic: String,
-    pub partition: u32,
-    pub offset: u64,
-    pub attempt: u32,
-    /// Epoch ms.
-    pub deadline: u64,
-    /// Epoch ms of the next delivery of this event if no ack comes: the deadline, plus the
-    /// backoff after this attempt when the deadline is an ack timeout.
-    pub next_attempt_at: u64,
-}
-
 /// Counters of one session, readable without asking its task.
 #[derive(Debug, Default)]
 pub struct SessionStats {
@@ -383,6 +368,15 @@ impl Dispatcher {
     /// Sends a control message; false when no such session is live.
     pub fn control(&self, session_id: &str, message: SessionControl) -> bool {
         self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message))
+    }
+
+    /// Tells the client's current session that dead letters of `topic` were marked for redrive
+    /// (it scans for them if it subscribes to `topic`); false when the client has no session
+    /// here (it gets them at its next subscribe).
+    pub fn redrive(&self, client_id: &ClientId, topic: &TopicName) -> bool {
+        let registry = self.registry();
+        let current = registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id));
+        current.is_some_and(|e| e.control.send(SessionControl::Redrive { topic: topic.clone() }))
     }
 
     /// Counts a new subscriber of `topic`, within `limits.max_clients_per_topic`.

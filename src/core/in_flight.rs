@@ -16,8 +16,22 @@ use tokio::time::Instant;
 
 use super::backend::Event;
 use super::client_state::{DeliveryRef, EventRef};
-use super::dispatcher::InFlightView;
 use super::names::TopicName;
+
+/// One in-flight delivery as the admin routes show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InFlightView {
+    pub delivery_id: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
+    /// Epoch ms.
+    pub deadline: u64,
+    /// Epoch ms of the next delivery of this event if no ack comes: the deadline, plus the
+    /// backoff after this attempt when the deadline is an ack timeout.
+    pub next_attempt_at: u64,
+}
 
 /// One unacknowledged delivery.
 pub struct Delivery {

@@ -57,6 +57,13 @@ pub const TRANSIENT_LOG_ENDS: &str = "ackgate_transient_log_ends_total";
 pub const PUBLISH_REPLAYS: &str = "ackgate_publish_replays_total";
 pub const GAPS: &str = "ackgate_gaps_total";
 pub const GAP_EVENTS: &str = "ackgate_gap_events_total";
+pub const DEAD_LETTERS_REDRIVEN: &str = "ackgate_dead_letters_redriven_total";
+
+/// `ackgate_dead_letters_redriven_total`: dead letters an operator marked for redrive (each
+/// request counts the ones it matched).
+pub fn dead_letters_redriven() -> Counter {
+    metrics::counter!(DEAD_LETTERS_REDRIVEN)
+}
 
 /// `ackgate_gaps_total{topic}` and `ackgate_gap_events_total{topic}`: gaps reported to clients
 /// (a start below the log start at subscribe, or a catch-up read that fell behind retention),
@@ -119,6 +126,7 @@ impl Metrics {
         describe_counter!(KAFKA_HEADERS_DROPPED, "Kafka record headers dropped because their key is not UTF-8");
         describe_counter!(GAPS, "Gaps reported to clients (events retention removed before the client read them), per topic");
         describe_counter!(GAP_EVENTS, "Events in the gaps reported to clients, per topic");
+        describe_counter!(DEAD_LETTERS_REDRIVEN, "Dead letters an operator marked to be delivered again (POST /admin/dead-letters/redrive)");
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");

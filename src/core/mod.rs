@@ -17,6 +17,7 @@ pub mod offset_writer;
 pub mod partition_watch;
 pub mod reader;
 pub mod redelivery;
+pub mod redrive;
 pub mod rendezvous;
 pub mod session;
 pub mod session_control;

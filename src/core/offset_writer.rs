@@ -184,7 +184,7 @@ mod tests {
     use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
     use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
     use crate::core::names::{ClientId, OffsetKey, TopicName};
-    use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, StoreError, SystemClock};
+    use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, StoreError, SystemClock};
     use crate::store::memory::MemoryOffsetStore;
 
     /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.
@@ -239,6 +239,18 @@ mod tests {
         }
         fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
             self.inner.remove_dead_letters_before(at_ms)
+        }
+        fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+            self.inner.mark_redrive(ids)
+        }
+        fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+            self.inner.redrives(topic, client_id, after, limit)
+        }
+        fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError> {
+            self.inner.settle_redrive(id, again)
+        }
+        fn redrives_pending(&self) -> usize {
+            self.inner.redrives_pending()
         }
         fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {
             self.inner.record_gap(gap)

@@ -165,7 +165,7 @@ pub struct GapPage {
 
 /// Names one dead letter: `topic#client_id#partition#offset` (`#` is in neither name, so the form
 /// is unambiguous). The paging cursor of `GET /admin/dead-letters`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DeadLetterId {
     pub key: OffsetKey,
     pub offset: u64,
@@ -195,6 +195,8 @@ impl DeadLetterId {
 pub struct DeadLetterQuery {
     pub topic: Option<TopicName>,
     pub client_id: Option<ClientId>,
+    /// Only with `topic` and `client_id` (the redrive route's filter).
+    pub partition: Option<u32>,
     /// Start after this one (the previous page's `next`).
     pub after: Option<DeadLetterId>,
     pub limit: usize,
@@ -202,7 +204,9 @@ pub struct DeadLetterQuery {
 
 impl DeadLetterQuery {
     pub fn matches(&self, dead: &DeadLetter) -> bool {
-        self.topic.as_ref().is_none_or(|t| *t == dead.topic) && self.client_id.as_ref().is_none_or(|c| *c == dead.client_id)
+        self.topic.as_ref().is_none_or(|t| *t == dead.topic)
+            && self.client_id.as_ref().is_none_or(|c| *c == dead.client_id)
+            && self.partition.is_none_or(|p| p == dead.partition)
     }
 
     /// True when the page is ordered by client first.
@@ -297,6 +301,24 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     /// Removes the dead letters recorded before `at_ms` (their retention); returns how many.
     fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError>;
+
+    /// Marks dead letters to be delivered again to their client (`POST /admin/dead-letters/redrive`):
+    /// the mark stays until the redelivery is acknowledged (the dead letter goes) or given up
+    /// on again (`settle_redrive`), so a client offline now gets them at its next subscribe, also
+    /// after a restart. Ids without a dead letter are skipped. Returns how many are marked.
+    fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError>;
+
+    /// Up to `limit` dead letters of `client_id` on `topic` marked for redrive, in partition and
+    /// offset order, after `after`.
+    fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// A redriven dead letter is done with: acknowledged (`again` is `None`: the dead letter
+    /// goes), or given up on again (it is replaced by `again`, unmarked). One atomic write.
+    fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError>;
+
+    /// How many dead letters are marked for redrive: a subscribe looks for its own only when
+    /// some are.
+    fn redrives_pending(&self) -> usize;
 
     /// Keeps a gap reported to a client for the admin view (one per partition and `from`).
     fn record_gap(&self, gap: &Gap) -> Result<(), StoreError>;

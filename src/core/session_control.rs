@@ -2,12 +2,15 @@
 //! admin route that describes its deliveries) and the inbox that carries them.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::dispatcher::InFlightView;
+use super::in_flight::InFlightView;
 use super::names::TopicName;
+use super::backend::Event;
+use super::offsets::DeadLetter;
+use super::window::WindowPermit;
 
 /// `Describe` requests a session may have waiting (more are answered "no answer" at once).
 pub const DESCRIBES_QUEUED: usize = 16;
@@ -25,6 +28,23 @@ pub enum SessionControl {
     PartitionsAdded { topic: TopicName, partitions: u32 },
     /// The instance is draining: send `reconnect` with `after_ms`, then close with 1012.
     Drain { after_ms: u64 },
+    /// An operator marked dead letters of this client on `topic` for redrive: scan for them.
+    Redrive { topic: TopicName },
+    /// A marked dead letter read again by a redrive scan: deliver it.
+    Redriven(Box<RedrivenEvent>),
+    /// The redrive scan of `topic` for subscription `subscription` ended.
+    RedriveScanned { topic: TopicName, subscription: u64 },
+}
+
+/// A dead letter read again, with room in the session's window, on its way to the session.
+#[derive(Debug)]
+pub struct RedrivenEvent {
+    pub topic: TopicName,
+    /// The subscription whose scan read it: a later one (or none) drops it.
+    pub subscription: u64,
+    pub dead: DeadLetter,
+    pub event: Arc<Event>,
+    pub permit: WindowPermit,
 }
 
 /// A session's queue of `SessionControl` messages and its wake-up. Not a tokio channel: one of
@@ -44,8 +64,9 @@ impl ControlInbox {
     /// False when the session no longer reads its messages. Bounded, for a session stuck in an
     /// await while requests keep coming: a second close (`TakenOver`, `Disconnect`, `Drain`) is dropped
     /// (the first one ends the session), a `Describe` beyond `DESCRIBES_QUEUED` is dropped, so
-    /// its asker hears at once that no answer comes, and a `PartitionsAdded` replaces the one of
-    /// its topic still waiting.
+    /// its asker hears at once that no answer comes, and a `PartitionsAdded` or `Redrive`
+    /// replaces the one of its topic still waiting. Redriven events are bounded by the session's
+    /// window (their scan takes room before it sends one).
     pub fn send(&self, message: SessionControl) -> bool {
         match self.queue.lock().unwrap().as_mut() {
             Some(queue) => {
@@ -58,7 +79,12 @@ impl ControlInbox {
                         queue.retain(|m| !matches!(m, SessionControl::PartitionsAdded { topic: t, .. } if t == topic));
                         true
                     }
-                    _ => closes == 0,
+                    SessionControl::Redrive { topic } => {
+                        queue.retain(|m| !matches!(m, SessionControl::Redrive { topic: t } if t == topic));
+                        true
+                    }
+                    SessionControl::Redriven(_) | SessionControl::RedriveScanned { .. } => true,
+                    SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. } => closes == 0,
                 };
                 if keep {
                     queue.push_back(message);

@@ -61,6 +61,12 @@ pub struct WindowPermit {
     cost: u64,
 }
 
+impl std::fmt::Debug for WindowPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowPermit").field("cost", &self.cost).finish()
+    }
+}
+
 impl Drop for WindowPermit {
     fn drop(&mut self) {
         self.budget.give_back(self.cost);

@@ -1,4 +1,5 @@
-//! `GET /admin/dead-letters?topic=&client_id=&limit=&after=`: one page of dead letters.
+//! `GET /admin/dead-letters?topic=&client_id=&limit=&after=`: one page of dead letters, and
+//! `POST /admin/dead-letters/redrive`: deliver some again.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::AppState;
+use super::{AppState, JsonBody};
 use crate::core::names::{ClientId, TopicName};
 use crate::core::offsets::{DeadLetterId, DeadLetterQuery};
 
@@ -76,7 +77,74 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
     Ok(DeadLetterQuery {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
         client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        partition: None,
         after,
         limit,
     })
+}
+
+/// `{"topic", "client_id", "partition"?, "after"?, "limit"?}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveBody {
+    topic: String,
+    client_id: String,
+    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    partition: Option<u32>,
+    after: Option<String>,
+    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    limit: Option<usize>,
+}
+
+/// `POST /admin/dead-letters/redrive`: marks one page of a client's dead letters on a topic to be
+/// delivered again (`core::redrive`), now if the client has a session here, else at its next
+/// subscribe.
+#[utoipa::path(
+    post,
+    path = "/admin/dead-letters/redrive",
+    operation_id = "redrive_dead_letters",
+    tag = "dead letters",
+    summary = "Deliver a client's dead letters again (redrive: true, outside its committed floor); an ack removes each",
+    request_body = crate::http::schemas::RedriveRequest,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::Redriven),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: body over limits.max_body_bytes", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
+    )
+)]
+pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<RedriveBody>) -> Result<Json<Value>, ApiError> {
+    let topic = TopicName::parse(&body.topic).map_err(|e| ApiError::invalid_name(e.0))?;
+    let client_id = ClientId::parse(&body.client_id).map_err(|e| ApiError::invalid_name(e.0))?;
+    let limit = body.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {limit}")));
+    }
+    let after = match body.after.as_deref() {
+        None => None,
+        Some(text) => match DeadLetterId::parse(text) {
+            Some(id) if id.key.topic == topic && id.key.client_id == client_id => Some(id),
+            _ => return Err(ApiError::bad_request(format!("after must be the `next` of a previous answer for this topic and client ({topic}#{client_id}#partition#offset), got {text:?}"))),
+        },
+    };
+    let query = DeadLetterQuery { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: body.partition, after, limit };
+    let store = app.dispatcher.store.clone();
+    let (redriven, next) = tokio::task::spawn_blocking(move || -> Result<_, crate::core::offsets::StoreError> {
+        let page = store.dead_letters(&query)?;
+        let ids: Vec<DeadLetterId> = page.dead_letters.iter().map(|d| d.id()).collect();
+        Ok((store.mark_redrive(&ids)?, page.next))
+    })
+    .await
+    .map_err(|e| ApiError::from(crate::core::offsets::StoreError::Io(e.to_string())))??;
+    crate::core::metrics::dead_letters_redriven().increment(redriven as u64);
+    let live = redriven > 0 && app.dispatcher.redrive(&client_id, &topic);
+    tracing::info!(%topic, %client_id, partition = ?body.partition, redriven, live, "dead letters redriven by an operator");
+    let mut answer = json!({ "redriven": redriven });
+    if let Some(next) = next {
+        answer["next"] = json!(next.to_string());
+    }
+    Ok(Json(answer))
 }

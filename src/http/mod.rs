@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/sessions", get(sessions::list))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list))
+        .route("/admin/dead-letters/redrive", post(dead_letters::redrive))
         .route("/admin/gaps", get(gaps::list))
         .route("/admin/drain", post(drain::drain))
         .route_layer(admin.clone());

@@ -26,7 +26,7 @@ use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recomm
         topics::publish, topics::list, topics::create, topics::delete,
         offsets::list, offsets::client_view, offsets::reset, offsets::delete,
         sessions::list, sessions::detail, sessions::disconnect,
-        dead_letters::list, gaps::list, drain::drain, recommend::recommend,
+        dead_letters::list, dead_letters::redrive, gaps::list, drain::drain, recommend::recommend,
         health::healthz, health::readyz, metrics::scrape, console::index, ws::upgrade, document_route,
     ),
     components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, Req)),

@@ -228,6 +228,9 @@ pub struct Session {
     pub last_ack_at: Option<u64>,
     /// The in-flight window is full: nothing more is pushed until acks arrive.
     pub window_full: bool,
+    /// `websocket` (`sse` once Server-Sent Events are served).
+    #[schema(pattern = "^(websocket|sse)$")]
+    pub transport: String,
 }
 
 #[derive(serde::Serialize, ToSchema)]
@@ -282,6 +285,34 @@ pub struct DeadLetter {
 pub struct DeadLetterList {
     pub dead_letters: Vec<DeadLetter>,
     /// Present when more follow: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// Which dead letters to deliver again: one page of a client's dead letters on a topic.
+#[derive(serde::Serialize, ToSchema)]
+pub struct RedriveRequest {
+    #[schema(pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)]
+    pub topic: String,
+    #[schema(pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)]
+    pub client_id: String,
+    /// Only this partition.
+    #[schema(minimum = 0, maximum = 4294967295u64)]
+    pub partition: Option<u32>,
+    /// The `next` of a previous answer (`topic#client_id#partition#offset`).
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$")]
+    pub after: Option<String>,
+    /// Dead letters in this page, 1 to 1000 (default 100).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct Redriven {
+    /// Dead letters marked: each is delivered again to the client (now if it has a session on
+    /// this instance, else at its next subscribe) until acknowledged or given up on again.
+    pub redriven: u64,
+    /// Present when more dead letters match: pass it as `after` to redrive the next page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
 }
@@ -433,6 +464,9 @@ pub enum ServerFrame {
         headers: BTreeMap<String, String>,
         /// Headers whose value is not UTF-8, base64-encoded (absent when there are none).
         headers_base64: Option<BTreeMap<String, String>>,
+        /// True for a dead letter an operator sent again (absent otherwise): its ack removes the
+        /// dead letter and never moves a committed offset.
+        redrive: Option<bool>,
         payload: Option<Value>,
         payload_base64: Option<String>,
     },

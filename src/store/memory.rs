@@ -1,11 +1,11 @@
 //! An in-memory `OffsetStore`: the CAS-max is a max under one lock. Nothing survives a restart.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
-use crate::core::names::{OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::names::{ClientId, OffsetKey, TopicName};
+use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -21,6 +21,16 @@ struct Inner {
     generations: HashMap<TopicName, u64>,
     publishes: HashMap<(TopicName, IdempotencyKey), RememberedPublish>,
     gaps: Vec<Gap>,
+    /// Dead letters marked for redrive.
+    redrives: BTreeSet<DeadLetterId>,
+}
+
+impl Inner {
+    /// Redrive marks go with their dead letters.
+    fn drop_unmatched_marks(&mut self) {
+        let dead: BTreeSet<DeadLetterId> = self.dead_letters.iter().map(DeadLetter::id).collect();
+        self.redrives.retain(|id| dead.contains(id));
+    }
 }
 
 impl MemoryOffsetStore {
@@ -154,6 +164,7 @@ impl OffsetStore for MemoryOffsetStore {
         let mut inner = self.lock();
         let before = inner.dead_letters.len();
         inner.dead_letters.retain(|d| d.at >= at_ms);
+        inner.drop_unmatched_marks();
         Ok(before - inner.dead_letters.len())
     }
 
@@ -161,7 +172,40 @@ impl OffsetStore for MemoryOffsetStore {
         let mut inner = self.lock();
         let before = inner.dead_letters.len();
         inner.dead_letters.retain(|d| d.topic != *topic);
+        inner.drop_unmatched_marks();
         Ok(before - inner.dead_letters.len())
+    }
+
+    fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let existing: Vec<DeadLetterId> = ids.iter().filter(|id| inner.dead_letters.iter().any(|d| d.id() == **id)).cloned().collect();
+        let marked = existing.len();
+        inner.redrives.extend(existing);
+        Ok(marked)
+    }
+
+    fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let inner = self.lock();
+        let rows = inner
+            .redrives
+            .iter()
+            .filter(|id| id.key.topic == *topic && id.key.client_id == *client_id && after.is_none_or(|a| *id > a))
+            .filter_map(|id| inner.dead_letters.iter().find(|d| d.id() == *id).cloned())
+            .take(limit)
+            .collect();
+        Ok(rows)
+    }
+
+    fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.redrives.remove(id);
+        inner.dead_letters.retain(|d| d.id() != *id);
+        inner.dead_letters.extend(again.cloned());
+        Ok(())
+    }
+
+    fn redrives_pending(&self) -> usize {
+        self.lock().redrives.len()
     }
 
     fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {

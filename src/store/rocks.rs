@@ -4,8 +4,9 @@
 //! nothing, the second index that makes a client filter a prefix scan), `dead_letters` with its
 //! client-ordered index `dead_letters_by_client`, `topic_generations` (topic -> u64, how many
 //! times it was deleted) and `publishes` (topic prefix + `Idempotency-Key` -> what that publish
-//! answered, until when: `core::idempotency`) and `gaps` (topic-ordered, like dead letters: the
-//! gaps reported to clients).
+//! answered, until when: `core::idempotency`), `gaps` (topic-ordered, like dead letters: the
+//! gaps reported to clients) and `redrives` (the dead letters' keys an operator marked for
+//! redelivery, until that is settled).
 //! CAS-max is a conditional write (read, skip unless greater, put) serialized by one lock, so
 //! concurrent writers to the same key can never interleave between the read and the put. The
 //! lock also guards the generations, cached in memory, so a write checks its topic's generation
@@ -38,6 +39,9 @@ const CF_TOPIC_GENERATIONS: &str = "topic_generations";
 const CF_DEAD_LETTERS_BY_CLIENT: &str = "dead_letters_by_client";
 const CF_PUBLISHES: &str = "publishes";
 const CF_GAPS: &str = "gaps";
+const CF_REDRIVES: &str = "redrives";
+/// The value of a redrive mark: a format version, nothing else.
+const REDRIVE_MARK: [u8; 1] = [1];
 
 /// Records removed or touched per write-lock hold (`remove`, `touch`).
 const REMOVE_CHUNK: usize = 1024;
@@ -52,6 +56,8 @@ pub struct RocksOffsetStore {
     write_lock: Mutex<Generations>,
     /// Keys in `publishes` (counted at open, then kept under `write_lock`).
     publishes: AtomicUsize,
+    /// Keys in `redrives` (counted at open, then kept under `write_lock`).
+    redrives: AtomicUsize,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
@@ -63,15 +69,17 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
-        let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()), publishes: AtomicUsize::new(0) };
-        let mut publishes = 0;
-        store.for_each_with_prefix(CF_PUBLISHES, &[], &mut |_, _| {
-            publishes += 1;
-            Ok(())
-        })?;
-        store.publishes.store(publishes, Ordering::Relaxed);
+        let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
+        for (cf, count) in [(CF_PUBLISHES, &store.publishes), (CF_REDRIVES, &store.redrives)] {
+            let mut keys = 0;
+            store.for_each_with_prefix(cf, &[], &mut |_, _| {
+                keys += 1;
+                Ok(())
+            })?;
+            count.store(keys, Ordering::Relaxed);
+        }
         let mut generations = Generations::new();
         store.for_each_with_prefix(CF_TOPIC_GENERATIONS, &[], &mut |key, value| {
             let topic = std::str::from_utf8(key).ok().and_then(|t| TopicName::parse(t).ok());
@@ -124,20 +132,46 @@ impl RocksOffsetStore {
         Ok(())
     }
 
-    /// Removes dead letters (topic-ordered keys) and their index entries; returns how many.
+    /// Removes dead letters (topic-ordered keys), their index entries and redrive marks;
+    /// returns how many.
     fn remove_dead_letter_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<usize, StoreError> {
-        let (cf, index_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?);
+        let (cf, index_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, self.cf(CF_REDRIVES)?);
+        // Marks are looked for only while there are some (a mark made meanwhile for a key removed
+        // here is found stale and dropped by `redrives`).
+        let _serialized = (self.redrives.load(Ordering::Relaxed) > 0).then(|| self.lock_writes());
         let mut batch = WriteBatch::default();
-        let mut removed = 0;
+        let (mut removed, mut unmarked) = (0, 0);
         for key in keys {
             batch.delete_cf(&cf, key);
             if let Some(id) = decode_dead_letter_key(key) {
                 batch.delete_cf(&index_cf, dead_letter_index_key(&id));
             }
+            if _serialized.is_some() && self.db.get_pinned_cf(&redrives_cf, key).map_err(io_err)?.is_some() {
+                batch.delete_cf(&redrives_cf, key);
+                unmarked += 1;
+            }
             removed += 1;
         }
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.redrives.fetch_sub(unmarked, Ordering::Relaxed);
         Ok(removed)
+    }
+
+    /// Removes redrive marks whose dead letter is gone, if they are still there.
+    fn drop_stale_marks(&self, keys: &[Vec<u8>]) -> Result<(), StoreError> {
+        let _serialized = self.lock_writes();
+        let (main_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_REDRIVES)?);
+        let mut batch = WriteBatch::default();
+        for key in keys {
+            let marked = self.db.get_pinned_cf(&redrives_cf, key).map_err(io_err)?.is_some();
+            if marked && self.db.get_pinned_cf(&main_cf, key).map_err(io_err)?.is_none() {
+                batch.delete_cf(&redrives_cf, key);
+            }
+        }
+        let dropped = batch.len();
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.redrives.fetch_sub(dropped, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Dead letters recorded before the client index existed get their index entries.
@@ -227,6 +261,15 @@ fn decode_dead_letter_index_key(key: &[u8]) -> Option<DeadLetterId> {
 }
 
 /// Value: version 1, attempts (u32), at (u64), then the reason's bytes.
+fn encode_dead_letter(dead: &DeadLetter) -> Vec<u8> {
+    let mut value = Vec::with_capacity(13 + dead.reason.len());
+    value.push(1u8);
+    value.extend_from_slice(&dead.attempts.to_be_bytes());
+    value.extend_from_slice(&dead.at.to_be_bytes());
+    value.extend_from_slice(dead.reason.as_bytes());
+    value
+}
+
 fn decode_dead_letter(id: DeadLetterId, value: &[u8]) -> Option<DeadLetter> {
     if value.len() < 13 || value[0] != 1 {
         return None;
@@ -484,13 +527,8 @@ impl OffsetStore for RocksOffsetStore {
 
     fn record_dead_letter(&self, dead: &DeadLetter) -> Result<(), StoreError> {
         let id = dead.id();
-        let mut value = Vec::with_capacity(13 + dead.reason.len());
-        value.push(1u8);
-        value.extend_from_slice(&dead.attempts.to_be_bytes());
-        value.extend_from_slice(&dead.at.to_be_bytes());
-        value.extend_from_slice(dead.reason.as_bytes());
         let mut batch = WriteBatch::default();
-        batch.put_cf(&self.cf(CF_DEAD_LETTERS)?, dead_letter_key(&id), value);
+        batch.put_cf(&self.cf(CF_DEAD_LETTERS)?, dead_letter_key(&id), encode_dead_letter(dead));
         batch.put_cf(&self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, dead_letter_index_key(&id), []);
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
     }
@@ -538,6 +576,76 @@ impl OffsetStore for RocksOffsetStore {
             Ok(())
         })?;
         self.remove_dead_letter_keys(old.iter().map(Vec::as_slice))
+    }
+
+    fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        let _serialized = self.lock_writes();
+        let (main_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_REDRIVES)?);
+        let mut batch = WriteBatch::default();
+        let (mut marked, mut new) = (0, 0);
+        for id in ids {
+            let key = dead_letter_key(id);
+            if self.db.get_pinned_cf(&main_cf, &key).map_err(io_err)?.is_none() {
+                continue;
+            }
+            marked += 1;
+            if self.db.get_pinned_cf(&redrives_cf, &key).map_err(io_err)?.is_none() {
+                batch.put_cf(&redrives_cf, &key, REDRIVE_MARK);
+                new += 1;
+            }
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.redrives.fetch_add(new, Ordering::Relaxed);
+        Ok(marked)
+    }
+
+    fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let main_cf = self.cf(CF_DEAD_LETTERS)?;
+        let start = after.map(dead_letter_key);
+        let mut stale = Vec::new();
+        let mut rows = self.page(CF_REDRIVES, &topic_client_prefix(topic, client_id), start.as_deref(), limit, &mut |key, _| {
+            let Some(id) = decode_dead_letter_key(key) else { return Ok(None) };
+            match self.db.get_pinned_cf(&main_cf, key).map_err(io_err)? {
+                Some(value) => Ok(decode_dead_letter(id, &value)),
+                None => {
+                    stale.push(key.to_vec());
+                    Ok(None)
+                }
+            }
+        })?;
+        rows.truncate(limit);
+        if !stale.is_empty() {
+            self.drop_stale_marks(&stale)?;
+        }
+        Ok(rows)
+    }
+
+    fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError> {
+        let _serialized = self.lock_writes();
+        let (main_cf, index_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, self.cf(CF_REDRIVES)?);
+        let key = dead_letter_key(id);
+        let marked = self.db.get_pinned_cf(&redrives_cf, &key).map_err(io_err)?.is_some();
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(&redrives_cf, &key);
+        match again {
+            Some(dead) => {
+                batch.put_cf(&main_cf, &key, encode_dead_letter(dead));
+                batch.put_cf(&index_cf, dead_letter_index_key(id), []);
+            }
+            None => {
+                batch.delete_cf(&main_cf, &key);
+                batch.delete_cf(&index_cf, dead_letter_index_key(id));
+            }
+        }
+        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        if marked {
+            self.redrives.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn redrives_pending(&self) -> usize {
+        self.redrives.load(Ordering::Relaxed)
     }
 
     fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {

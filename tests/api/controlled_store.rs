@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use ackgate::core::idempotency::{IdempotencyKey, RememberedPublish};
-use ackgate::core::names::{OffsetKey, TopicName};
-use ackgate::core::offsets::{DeadLetter, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::names::{ClientId, OffsetKey, TopicName};
+use ackgate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
 /// A switch that makes callers wait while it is held; while held, it can let a number of
@@ -258,6 +258,22 @@ impl OffsetStore for ControlledStore {
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
         self.inner.remove_dead_letters(topic)
+    }
+
+    fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        self.inner.mark_redrive(ids)
+    }
+
+    fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.redrives(topic, client_id, after, limit)
+    }
+
+    fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError> {
+        self.inner.settle_redrive(id, again)
+    }
+
+    fn redrives_pending(&self) -> usize {
+        self.inner.redrives_pending()
     }
 
     fn record_gap(&self, gap: &Gap) -> Result<(), StoreError> {

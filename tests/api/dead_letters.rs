@@ -119,3 +119,146 @@ async fn dead_letters_expire_after_their_retention() {
     assert_eq!(all_pages(&gw.base, "&client_id=old", 100).await, vec![], "the client index forgot them too");
     gw.stop().await;
 }
+
+/// `POST /admin/dead-letters/redrive` for `client` on `topic` with `extra` fields.
+async fn redrive(base: &str, topic: &str, client: &str, extra: Value) -> (u16, Value) {
+    let mut body = json!({"topic": topic, "client_id": client});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    post_json(&format!("{base}/admin/dead-letters/redrive"), body).await
+}
+
+/// `(offset, attempts, reason)` of every dead letter of `client` on `topic`.
+async fn dead_letters_of(base: &str, topic: &str, client: &str) -> Vec<(u64, u64, String)> {
+    let (status, page) = get_json(&format!("{base}/admin/dead-letters?topic={topic}&client_id={client}")).await;
+    assert_eq!(status, 200, "{page}");
+    page["dead_letters"].as_array().unwrap().iter().map(|d| (d["offset"].as_u64().unwrap(), d["attempts"].as_u64().unwrap(), d["reason"].as_str().unwrap().to_string())).collect()
+}
+
+/// Issue 25, redrive: dead letters sent again reach the live client as `redrive: true` events
+/// from attempt 1, outside its committed floor; an ack removes the dead letter, giving up again
+/// keeps it with its attempts added up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redriven_dead_letters_reach_the_live_client_and_an_ack_removes_them() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_attempts = 2;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 5).await;
+    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    ws.subscribe("t", json!({})).await;
+    let events = ws.recv_events(5).await;
+    ws.ack_confirmed(&[id(&events[0]), id(&events[1])], "a").await;
+    for event in &events[2..] {
+        ws.send(json!({"op": "term", "delivery_id": id(event), "reason": "bad"})).await;
+    }
+    ws.send(json!({"op": "ping", "req": "p"})).await;
+    ws.recv_type("pong").await;
+    assert_eq!(dead_letters_of(&gw.base, "t", "c").await.len(), 3);
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 5, "terms count as acknowledged");
+
+    let (status, answer) = redrive(&gw.base, "t", "c", json!({})).await;
+    assert_eq!((status, &answer), (200, &json!({"redriven": 3})));
+    let again = ws.recv_events(3).await;
+    let offsets: Vec<u64> = again.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![2, 3, 4]);
+    for event in &again {
+        assert_eq!((event["redrive"].as_bool(), event["attempt"].as_u64()), (Some(true), Some(1)), "{event}");
+        assert_eq!(event["payload"], events[event["offset"].as_u64().unwrap() as usize]["payload"], "the same event");
+    }
+    assert!(events.iter().all(|e| e.get("redrive").is_none()), "first deliveries carry no redrive field");
+
+    // Acked: the dead letters go; the committed offset does not move.
+    let ok = ws.ack_confirmed(&[id(&again[0]), id(&again[1])], "r").await;
+    assert_eq!(ok["type"], "ack_ok", "{ok}");
+    let ok = ws.ack_confirmed(&[id(&again[0])], "twice").await;
+    assert_eq!(ok["type"], "ack_ok", "acking an acknowledged redrive again is a no-op success: {ok}");
+    assert_eq!(dead_letters_of(&gw.base, "t", "c").await, vec![(4, 1, "bad".to_string())]);
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 5);
+
+    // Given up on again (max_attempts 2, by nack): kept, its attempts are 1 + 2.
+    ws.send(json!({"op": "nack", "delivery_id": id(&again[2])})).await;
+    let second = ws.recv_type("event").await;
+    assert_eq!((second["offset"].as_u64(), second["attempt"].as_u64(), second["redrive"].as_bool()), (Some(4), Some(2), Some(true)), "{second}");
+    ws.send(json!({"op": "nack", "delivery_id": id(&second)})).await;
+    ws.send(json!({"op": "ping", "req": "p2"})).await;
+    ws.recv_type("pong").await;
+    let mut kept = Vec::new();
+    for _ in 0..100 {
+        kept = dead_letters_of(&gw.base, "t", "c").await;
+        if kept.first().is_some_and(|d| d.2 == "max_attempts") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(kept, vec![(4, 3, "max_attempts".to_string())]);
+    // No longer marked: a new subscription of the client does not get it again unasked.
+    ws.close().await;
+    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    ws.subscribe("t", json!({})).await;
+    ws.expect_silence(std::time::Duration::from_millis(500)).await;
+    gw.stop().await;
+}
+
+/// Issue 25, redrive: a client without a session gets its redriven dead letters at its next
+/// subscribe, also after a restart; `limit` and `next` page the request; the partition filters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_for_an_offline_client_comes_at_its_next_subscribe_after_a_restart() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 2, 0, 3).await;
+    publish_numbered(&gw.base, "t", 2, 1, 3).await;
+    term_events(gw.addr(), "c", "t", 6).await;
+    term_events(gw.addr(), "other", "t", 6).await;
+
+    let (status, first) = redrive(&gw.base, "t", "c", json!({"partition": 0, "limit": 2})).await;
+    assert_eq!((status, first["redriven"].as_u64()), (200, Some(2)), "{first}");
+    let next = first["next"].as_str().expect("more match").to_string();
+    assert_eq!(next, "t#c#0#1");
+    let (_, rest) = redrive(&gw.base, "t", "c", json!({"partition": 0, "after": next})).await;
+    assert_eq!(rest, json!({"redriven": 1}), "the last page has no next");
+    gw.stop().await;
+
+    let gw = InProcess::start(test_config(&data)).await;
+    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    ws.subscribe("t", json!({})).await;
+    let mut again = ws.recv_events(3).await;
+    again.sort_by_key(|e| e["offset"].as_u64());
+    let got: Vec<(u64, u64, bool)> = again.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap(), e["redrive"] == true)).collect();
+    assert_eq!(got, vec![(0, 0, true), (0, 1, true), (0, 2, true)], "partition 0 only");
+    ws.ack_confirmed(&ids(&again), "r").await;
+    let left: Vec<(u64, u64, String)> = dead_letters_of(&gw.base, "t", "c").await;
+    assert_eq!(left.len(), 3, "partition 1's stay: {left:?}");
+    assert_eq!(dead_letters_of(&gw.base, "t", "other").await.len(), 6, "another client's are untouched");
+    ws.expect_silence(std::time::Duration::from_millis(300)).await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_redrive_requests_are_refused_with_the_error_codes() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let url = format!("{}/admin/dead-letters/redrive", gw.base);
+    let cases = [
+        (json!({"client_id": "c"}), 400, "bad_request"),
+        (json!({"topic": "t"}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "page": 1}), 400, "bad_request"),
+        (json!({"topic": "a b", "client_id": "c"}), 400, "invalid_name"),
+        (json!({"topic": "t", "client_id": "c#d"}), 400, "invalid_name"),
+        (json!({"topic": "t", "client_id": "c", "limit": 0}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "limit": 1001}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "limit": -1}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": -1}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 4294967296u64}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "after": "t#other#0#1"}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "after": "nope"}), 400, "bad_request"),
+    ];
+    for (body, status, code) in cases {
+        let (got, answer) = post_json(&url, body.clone()).await;
+        assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+    }
+    let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "c", "partition": 18446744073709551615u64})).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")), "{answer}");
+    let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "nobody"})).await;
+    assert_eq!((status, answer), (200, json!({"redriven": 0})), "nothing matched is not an error");
+    gw.stop().await;
+}

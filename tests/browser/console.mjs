@@ -1,5 +1,6 @@
 // Drives the ackgate console in headless Chromium: connect, subscribe, publish from the page,
-// receive the event, click "ack". Prints `screenshot: <path>` and `acked: <delivery_id>`.
+// receive the event, click "ack"; then term a second one and redrive it from the dead-letter
+// list. Prints `screenshot: <path>`, `acked: <delivery_id>` and `redriven: <delivery_id>`.
 //
 //   node tests/browser/console.mjs http://127.0.0.1:PORT /tmp/console.png
 //
@@ -49,9 +50,28 @@ try {
     null,
     { timeout: 10000 },
   );
+
+  // A second event, termed: it shows in the dead-letter list, whose redrive button delivers it
+  // again (marked "redrive"); acking that removes the dead letter.
+  await page.fill("#publish-payload", '{"hello": "again"}');
+  await page.click("#publish");
+  const second = page.locator("#events tbody tr", { hasText: "again" }).first();
+  await second.waitFor({ timeout: 10000 });
+  await second.locator("button.term").click();
+  const redriveButton = page.locator("#dead-letters tbody tr", { hasText: "browser-1" }).locator("button.redrive");
+  await redriveButton.waitFor({ timeout: 10000 });
+  await redriveButton.click();
+  const redriven = page.locator("#events tbody tr", { hasText: "(redrive)" }).first();
+  await redriven.waitFor({ timeout: 10000 });
+  const redrivenId = await redriven.getAttribute("data-delivery-id");
+  await redriven.locator("button.ack").click();
+  await page.waitForSelector(`#events tr[data-delivery-id="${redrivenId}"][data-state="acked"]`, { timeout: 10000 });
+  await page.waitForFunction(() => document.querySelectorAll("#dead-letters tbody tr").length === 0, null, { timeout: 10000 });
+
   await page.screenshot({ path: screenshot, fullPage: true });
   if (problems.length) throw new Error(problems.join("\n"));
   console.log(`acked: ${deliveryId}`);
+  console.log(`redriven: ${redrivenId}`);
   console.log(`screenshot: ${screenshot}`);
 } catch (e) {
   console.error(`browser test failed: ${e.message}`);

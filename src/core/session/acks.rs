@@ -38,12 +38,13 @@ impl Session {
         };
         let now_ms = self.d.clock.now_ms();
         let metrics = &self.d.metrics;
+        let mut redriven = Vec::new();
         {
             let mut client = self.client.lock().unwrap();
             if self.access.topics.is_some() {
                 // A session that took over with a narrower token settles nothing outside it.
                 for id in ids {
-                    if let Some(topic) = DeliveryRef::parse(id.as_ref()).and_then(|d| client.topic_of(d.slot)).filter(|t| !self.access.allows(t.as_str())) {
+                    if let Some(topic) = DeliveryRef::parse(id.as_ref()).and_then(|d| client.topic_of(d.topic_slot())).filter(|t| !self.access.allows(t.as_str())) {
                         return Err(forbidden(topic));
                     }
                 }
@@ -54,6 +55,20 @@ impl Session {
                     unknown.push(id);
                     continue;
                 };
+                if delivery.event().is_redrive() {
+                    // Outside the floor: its ack removes the dead letter. One no longer in flight
+                    // was acknowledged already (a no-op), if its topic is the client's at all.
+                    match self.in_flight.remove(&delivery.event()) {
+                        Some(settled) => {
+                            self.waiting.remove(&delivery.event());
+                            redriven.push((delivery.event(), settled.topic));
+                            acked += 1;
+                        }
+                        None if client.topic_of(delivery.topic_slot()).is_none() => unknown.push(id),
+                        None => {}
+                    }
+                    continue;
+                }
                 let Some((tp, tracker)) = client.tracker_mut(delivery.event()) else {
                     unknown.push(id);
                     continue;
@@ -108,6 +123,9 @@ impl Session {
             stats.last_ack_at.store(now_ms, Ordering::Relaxed);
         }
         let valid = ids.len() - unknown.len();
+        if !redriven.is_empty() {
+            Box::pin(self.settle_redriven(redriven)).await?;
+        }
         if let Some(req) = req {
             // Boxed, as every rare await of a session (see `on_text`).
             Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, committed, unknown.is_empty())).await?;
@@ -162,7 +180,7 @@ impl Session {
         let unknown = || FrameError::new(ErrorCode::UnknownDelivery, format!("no in-flight delivery {delivery_id} in this session"));
         let delivery = DeliveryRef::parse(delivery_id).ok_or_else(unknown)?;
         if self.access.topics.is_some() {
-            if let Some(topic) = self.client.lock().unwrap().topic_of(delivery.slot).filter(|t| !self.access.allows(t.as_str())) {
+            if let Some(topic) = self.client.lock().unwrap().topic_of(delivery.topic_slot()).filter(|t| !self.access.allows(t.as_str())) {
                 return Err(forbidden(topic));
             }
         }
@@ -204,7 +222,7 @@ impl Session {
 
     /// The admin view of the in-flight deliveries, with when each comes again unacknowledged: at
     /// its deadline when that ends a pause, else after the backoff that follows its ack timeout.
-    pub(super) fn in_flight_views(&self) -> Vec<crate::core::dispatcher::InFlightView> {
+    pub(super) fn in_flight_views(&self) -> Vec<crate::core::in_flight::InFlightView> {
         self.in_flight.views(|event, delivery| {
             if self.waiting.contains_key(&event) {
                 Duration::ZERO
@@ -258,7 +276,11 @@ impl Session {
         // Only into the tracker of this session's own subscription: when a later plan (a newer
         // session of the client) replaced it, this delivery is that session's to make.
         let epoch = self.subscriptions.get(&topic).map(|s| s.epoch);
-        let next_attempt = epoch.and_then(|epoch| self.client.lock().unwrap().tracker_of_epoch(&tp, epoch).and_then(|t| t.on_delivery(event.offset, seq)));
+        let next_attempt = match event.is_redrive() {
+            // Outside the trackers: its attempts are its own.
+            true => Some(attempt + 1),
+            false => epoch.and_then(|epoch| self.client.lock().unwrap().tracker_of_epoch(&tp, epoch).and_then(|t| t.on_delivery(event.offset, seq))),
+        };
         let Some(next_attempt) = next_attempt else {
             self.in_flight.remove(&event); // acknowledged meanwhile (by a superseded id), or no longer ours
             return;
@@ -272,20 +294,31 @@ impl Session {
 
     /// Gives up on an event: records the dead letter, then counts it as acknowledged. Rare: its
     /// callers box it, so that its awaits are not part of every session's future.
+    /// A redriven event given up on again stays a dead letter, no longer marked, with the
+    /// attempts of every redrive added up.
     pub(super) async fn dead_letter(&mut self, topic: &TopicName, event: EventRef, attempts: u32, reason: String) {
         let now_ms = self.d.clock.now_ms();
+        let redriven = event.is_redrive();
+        let prior = match redriven {
+            true => self.redrives.as_ref().and_then(|r| r.prior_attempts(&event)).unwrap_or(0),
+            false => 0,
+        };
         let dead = DeadLetter {
             topic: topic.clone(),
             client_id: self.info.client_id.clone(),
             partition: event.partition,
             offset: event.offset,
-            attempts,
+            attempts: prior.saturating_add(attempts),
             reason,
             at: now_ms,
         };
         // On the blocking pool: with `offsets.sync_writes` the write fsyncs.
         let (store, record) = (self.d.store.clone(), dead.clone());
-        let recorded = tokio::task::spawn_blocking(move || store.record_dead_letter(&record)).await;
+        let recorded = tokio::task::spawn_blocking(move || match redriven {
+            true => store.settle_redrive(&record.id(), Some(&record)),
+            false => store.record_dead_letter(&record),
+        })
+        .await;
         if let Ok(Err(e)) | Err(e) = recorded.map_err(|e| StoreError::Io(e.to_string())) {
             // Keep the event pending, with a deadline again (the timer that led here consumed
             // its last one): it is tried again after the ack timeout rather than stranded.
@@ -299,6 +332,10 @@ impl Session {
         self.waiting.remove(&event);
         self.d.metrics.dead_letters.increment(1);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        if redriven {
+            self.take_prior_attempts(&event);
+            return; // outside the floor, and acknowledged at the broker when it first died
+        }
         let tp = TopicPartition::new(topic.clone(), event.partition);
         let write = {
             let mut client = self.client.lock().unwrap();

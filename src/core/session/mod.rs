@@ -29,6 +29,7 @@ use crate::core::offsets::{touch_client_offsets, StoreError};
 use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
 
 mod acks;
+mod redrives;
 mod subscriptions;
 
 /// What the transport hands the session.
@@ -124,6 +125,10 @@ struct Session {
     access: Access,
     cancel: CancellationToken,
     out: Vec<Outbound>,
+    /// Its inbox, for the tasks that report back to it (redrive scans).
+    control: Arc<crate::core::session_control::ControlInbox>,
+    /// Dead letters redriven to it (`redrives`); `None` until the first.
+    redrives: Option<Box<redrives::Redrives>>,
 }
 
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
@@ -154,6 +159,8 @@ where
         access,
         cancel: CancellationToken::new(),
         out: Vec::new(),
+        control: control.clone(),
+        redrives: None,
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {
@@ -369,6 +376,18 @@ impl Session {
                 if let Some(subscription) = self.subscriptions.get_mut(&topic) {
                     subscription.wanted = subscription.wanted.max(partitions);
                 }
+                Step::Continue
+            }
+            SessionControl::Redrive { topic } => {
+                self.start_redrive(&topic);
+                Step::Continue
+            }
+            SessionControl::Redriven(redriven) => {
+                self.on_redriven(*redriven);
+                Step::Continue
+            }
+            SessionControl::RedriveScanned { topic, subscription } => {
+                self.on_redrive_scanned(&topic, subscription);
                 Step::Continue
             }
         }

@@ -78,6 +78,10 @@ impl Session {
         self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted });
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
+        // Dead letters an operator redrove while the client was away come now.
+        if self.d.store.redrives_pending() > 0 {
+            self.start_redrive(&topic);
+        }
         Ok(())
     }
 
@@ -144,6 +148,7 @@ impl Session {
         subscription.cancel.cancel();
         self.d.remove_subscriber(topic);
         self.in_flight.release_slot(subscription.slot);
+        self.release_redrives(topic, subscription.slot);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
         true
@@ -212,6 +217,10 @@ impl Session {
         let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset };
         let mut frame = String::with_capacity(160 + event.payload.len());
         write_event_frame(&mut frame, id, topic.as_str(), attempt, event);
+        if at.is_redrive() {
+            frame.pop();
+            frame.push_str(",\"redrive\":true}");
+        }
         self.out.push(Outbound::Text(frame));
     }
 }

@@ -1,0 +1,99 @@
+//! Dead-letter redrive (PROTOCOL.md `POST /admin/dead-letters/redrive`): dead letters an operator
+//! marked are read from the log again and handed to the client's session, which delivers them as
+//! events with `"redrive": true` outside its committed floor (`client_state::REDRIVE_SLOT`).
+//!
+//! The marks live in the offset store until each redelivery is settled, so a client that is
+//! offline now gets its redrives at its next subscribe, after a restart too. One scan per
+//! subscribed topic of a session walks the client's marks a page at a time; it takes room in the
+//! session's window before it hands an event over, so a large redrive never floods a session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::backend::ReadFrom;
+use super::dispatcher::Dispatcher;
+use super::names::{ClientId, TopicName, TopicPartition};
+use super::offsets::{DeadLetter, DeadLetterId, StoreError};
+use super::session_control::{ControlInbox, RedrivenEvent, SessionControl};
+use super::window::Window;
+use super::FastSet;
+
+/// Marks read from the store at a time.
+const PAGE: usize = 64;
+/// How long one read of a dead letter's event may wait for the log (a Kafka catch-up fetch).
+const READ_WAIT: Duration = Duration::from_secs(1);
+/// The reason a mark is dropped with when the log no longer holds its event.
+pub const GONE_FROM_LOG: &str = "redrive: the log no longer holds this event";
+
+/// One scan of a client's redrive marks on one topic, for one subscription of a session.
+pub struct RedriveScan {
+    pub topic: TopicName,
+    pub client_id: ClientId,
+    pub subscription: u64,
+    /// `(partition, offset)` of the redriven events the session has in flight already.
+    pub skip: FastSet<(u32, u64)>,
+}
+
+/// Runs one scan, then tells the session it ended (`RedriveScanned`). Stops when `cancel` fires
+/// (the subscription ended) or the session stops reading its inbox.
+pub async fn scan_redrives(d: Arc<Dispatcher>, scan: RedriveScan, window: Arc<Window>, control: Arc<ControlInbox>, cancel: CancellationToken) {
+    let scanned = tokio::select! {
+        _ = cancel.cancelled() => return,
+        scanned = scan_marks(&d, &scan, &window, &control) => scanned,
+    };
+    if let Err(e) = scanned {
+        // The marks stay: the next subscribe, or the next redrive request, scans again.
+        tracing::warn!(client_id = %scan.client_id, topic = %scan.topic, error = %e, "redrive scan stopped; the dead letters stay marked");
+    }
+    control.send(SessionControl::RedriveScanned { topic: scan.topic, subscription: scan.subscription });
+}
+
+async fn scan_marks(d: &Dispatcher, scan: &RedriveScan, window: &Window, control: &ControlInbox) -> Result<(), String> {
+    let mut after: Option<DeadLetterId> = None;
+    loop {
+        let (store, topic, client, from) = (d.store.clone(), scan.topic.clone(), scan.client_id.clone(), after.clone());
+        let page = blocking(move || store.redrives(&topic, &client, from.as_ref(), PAGE)).await?;
+        let last_page = page.len() < PAGE;
+        for dead in page {
+            after = Some(dead.id());
+            if scan.skip.contains(&(dead.partition, dead.offset)) {
+                continue;
+            }
+            let tp = TopicPartition::new(scan.topic.clone(), dead.partition);
+            let read = d.backend.poll(&tp, ReadFrom::Offset(dead.offset), 1, READ_WAIT).await.map_err(|e| e.to_string())?;
+            match read.into_iter().next() {
+                Some(event) if event.offset == dead.offset && !event.undecodable => {
+                    let permit = window.acquire(event.payload.len()).await;
+                    let redriven = RedrivenEvent { topic: scan.topic.clone(), subscription: scan.subscription, dead, event: Arc::new(event), permit };
+                    if !control.send(SessionControl::Redriven(Box::new(redriven))) {
+                        return Ok(()); // the session ended
+                    }
+                }
+                read => {
+                    // Retention removed it, or it cannot be decoded: it stays a dead letter, no
+                    // longer marked, with a reason that tells the operator why.
+                    let undecodable = read.is_some_and(|e| e.offset == dead.offset);
+                    let reason = if undecodable { dead.reason.clone() } else { GONE_FROM_LOG.to_string() };
+                    tracing::warn!(client_id = %dead.client_id, topic = %dead.topic, partition = dead.partition, offset = dead.offset, %reason, "a dead letter cannot be redriven");
+                    let again = DeadLetter { reason, at: d.clock.now_ms(), ..dead };
+                    let store = d.store.clone();
+                    blocking(move || store.settle_redrive(&again.id(), Some(&again))).await?;
+                }
+            }
+        }
+        if last_page {
+            return Ok(());
+        }
+    }
+}
+
+/// A store call on the blocking pool (with `offsets.sync_writes` a write fsyncs).
+pub async fn blocking<T: Send + 'static>(call: impl FnOnce() -> Result<T, StoreError> + Send + 'static) -> Result<T, String> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
