@@ -2,7 +2,7 @@
 //! acknowledges each event (with a receipt, so each line also shows the durable committed offset).
 //!
 //! It follows a takeover by itself, by the rules of PROTOCOL.md and the JS client
-//! (`static/ackgate.js`): after any close that is not final (final: 1008, 4001) or a dropped
+//! (`clients/js/ackgate.js`): after any close that is not final (final: 1008, 4001) or a dropped
 //! connection it waits (exponential backoff with jitter), asks `GET /session/recommend` of an
 //! instance it knows (the one it was given, `--peer` URLs, every instance an answer named),
 //! connects to the instance named and subscribes again with a resume token: per partition, the

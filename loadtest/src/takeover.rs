@@ -1,6 +1,6 @@
 //! Takeover across instances (`--instances N [--kill-instance-after SECS]`, Kafka): N gateways on
 //! one Kafka broker, each with its own data dir and `cluster.peers` naming the others; `--clients`
-//! followers on one topic that behave like static/ackgate.js (on any non-final close: backoff
+//! followers on one topic that behave like clients/js/ackgate.js (on any non-final close: backoff
 //! 250 ms doubling to 10 s with jitter, ask `/session/recommend` of any instance they know,
 //! connect where it says, resubscribe with a resume token = the durable `committed` offsets from
 //! their `ack_ok` answers); a publisher paced at `--rate` that spreads over the live instances;

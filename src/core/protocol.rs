@@ -79,6 +79,12 @@ pub mod close_code {
     pub const SLOW_CLIENT: u16 = 4003;
     /// The instance is draining (after a `reconnect` frame): not final.
     pub const DRAINING: u16 = 1012;
+    /// The instance serves `limits.max_sessions` (after an `error` `limit_exceeded`): "try again
+    /// later" in RFC 6455's words.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
+
+    /// Every code (docs/protocol.md lists the same; a test checks).
+    pub const ALL: [u16; 8] = [GOING_AWAY, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT];
 }
 
 /// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.
@@ -526,6 +532,42 @@ fn push_json_str(out: &mut String, s: &str) {
 
 #[cfg(test)]
 mod tests {
+    /// docs/protocol.md names every op, gateway frame type, error code and close code of this
+    /// module, and no other (issue 23).
+    #[test]
+    fn docs_protocol_names_every_frame_code_and_close_code_and_no_other() {
+        let doc = include_str!("../../docs/protocol.md");
+        let section = |heading: &str| -> Vec<String> {
+            let start = doc.find(heading).unwrap_or_else(|| panic!("docs/protocol.md has no {heading:?}")) + heading.len();
+            let body = &doc[start..];
+            let end = body.find("\n#").unwrap_or(body.len());
+            body[..end].lines().map(str::to_string).collect()
+        };
+        // The first backticked word of each table row or list item.
+        let first_names = |lines: &[String]| -> std::collections::BTreeSet<String> {
+            lines
+                .iter()
+                .filter(|l| l.starts_with("| `") || l.starts_with("- `"))
+                .filter_map(|l| l.split('`').nth(1).map(str::to_string))
+                .collect()
+        };
+        let ops = first_names(&section("### Frames a client sends"));
+        let expected_ops: std::collections::BTreeSet<String> = crate::core::metrics::FRAMES_IN.iter().filter(|k| **k != "invalid").map(|k| k.to_string()).collect();
+        assert_eq!(ops, expected_ops);
+        for op in &ops {
+            let parsed = parse_client_frame(&format!("{{\"op\":\"{op}\"}}"));
+            assert!(!parsed.is_err_and(|e| e.message.contains("unknown op")), "{op} is an op the parser knows");
+        }
+        let types = first_names(&section("### Frames the gateway sends"));
+        let expected_types: std::collections::BTreeSet<String> = crate::core::metrics::FRAMES_OUT.iter().map(|k| k.to_string()).collect();
+        assert_eq!(types, expected_types);
+        let codes = first_names(&section("### Error codes"));
+        let expected_codes: std::collections::BTreeSet<String> = ErrorCode::ALL.iter().map(|c| c.as_str().to_string()).collect();
+        assert_eq!(codes, expected_codes);
+        let closes: std::collections::BTreeSet<u16> = section("### Close codes").iter().filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok()).collect();
+        assert_eq!(closes, close_code::ALL.into_iter().collect());
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -1,5 +1,6 @@
 //! The browser console (`GET /`) and its files under `/static/`: plain HTML, CSS and JS from the
-//! repository's `static/`, compiled into the binary so it serves them without any other file
+//! repository's `static/`, and the JS client (`/static/ackgate.js`) from its package in
+//! `clients/js/` (one source), compiled into the binary so it serves them without any other file
 //! and loads nothing from the internet.
 
 use axum::extract::Path;
@@ -8,11 +9,11 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 
-/// `(name, content type, content)` of every file in `static/`.
+/// `(name, content type, content)` of every file served under `/static/`.
 const FILES: [(&str, &str, &str); 4] = [
     ("index.html", "text/html; charset=utf-8", include_str!("../../static/index.html")),
     ("console.js", "text/javascript; charset=utf-8", include_str!("../../static/console.js")),
-    ("ackgate.js", "text/javascript; charset=utf-8", include_str!("../../static/ackgate.js")),
+    ("ackgate.js", "text/javascript; charset=utf-8", include_str!("../../clients/js/ackgate.js")),
     ("console.css", "text/css; charset=utf-8", include_str!("../../static/console.css")),
 ];
 

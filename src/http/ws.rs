@@ -18,11 +18,9 @@ use super::AppState;
 use crate::core::access::Access;
 use crate::core::dispatcher::Registration;
 use crate::core::names::ClientId;
-use crate::core::protocol::{ErrorCode, ServerFrame};
+use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
 use crate::core::session::{run_session, Inbound, Outbound};
 
-/// Close code for "try again later" (RFC 6455 1013), used when the session limit is reached.
-const TRY_AGAIN_LATER: u16 = 1013;
 
 #[utoipa::path(
     get,
@@ -88,7 +86,7 @@ async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
     let _ = socket.send(Message::Text(frame.into())).await;
     // 1013 "try again later" either way: the error frame before it says why.
     let reason = if code == ErrorCode::LimitExceeded { "session limit reached" } else { "try again later" };
-    let close = CloseFrame { code: TRY_AGAIN_LATER, reason: reason.into() };
+    let close = CloseFrame { code: close_code::TRY_AGAIN_LATER, reason: reason.into() };
     let _ = socket.send(Message::Close(Some(close))).await;
 }
 

@@ -1,0 +1,34 @@
+// A typed consumer: `tsc --noEmit -p .` checks index.d.ts against it (CI runs it).
+import { AckgateClient, AckgateError, type EventFrame } from "ackgate-client";
+
+async function main(): Promise<void> {
+  const client = new AckgateClient("ws://127.0.0.1:8080/ws", {
+    clientId: "alice",
+    tokenProvider: async () => "jwt",
+    storage: globalThis.sessionStorage,
+    confirmEveryMs: 500,
+    onSubscriptionDropped: ({ topic, code }) => console.warn(`no longer subscribed to ${topic}: ${code}`),
+  });
+  const welcome = await client.connect();
+  console.log(welcome.session_id, welcome.max_in_flight);
+  const subscribed = await client.subscribe("orders", { from: { time: Date.now() - 60_000 } });
+  for (const { partition, from, gap } of subscribed.partitions) console.log(partition, from, gap?.to);
+  for await (const event of client.events()) {
+    handle(event);
+    if (event.redrive) console.log("a dead letter, sent again");
+    await client.ack(event.delivery_id);
+  }
+  try {
+    const ok = await client.ack(["1.0.0.0"], { confirm: true });
+    if (ok) console.log(ok.committed["orders"]?.["0"]);
+  } catch (e) {
+    if (e instanceof AckgateError && e.code === "unknown_delivery") console.log("already settled");
+  }
+  client.close();
+}
+
+function handle(event: EventFrame): void {
+  console.log(event.topic, event.partition, event.offset, event.payload ?? event.payload_base64);
+}
+
+void main();

@@ -1,0 +1,148 @@
+// Types of ackgate-client (ackgate.js). Written by hand; `tsc --noEmit` checks them against
+// examples/typed.ts. Licensed under the Apache License, Version 2.0.
+
+/** `{"<partition>": next_offset}`: where each partition of a topic resumes. */
+export type ResumeToken = Record<string, number>;
+
+export type StartFrom = "committed" | "earliest" | "latest" | { time: number };
+
+export type ErrorCode =
+  | "bad_frame"
+  | "invalid_name"
+  | "unknown_topic"
+  | "not_subscribed"
+  | "unknown_delivery"
+  | "limit_exceeded"
+  | "unauthorized"
+  | "forbidden"
+  | "unavailable"
+  | "internal"
+  | "bad_request"
+  | "not_found"
+  | "conflict";
+
+export interface WelcomeFrame {
+  type: "welcome";
+  session_id: string;
+  client_id: string;
+  instance: string;
+  ack_timeout_ms: number;
+  max_in_flight: number;
+}
+
+export interface SubscribedFrame {
+  type: "subscribed";
+  topic: string;
+  req?: string | number;
+  partitions: { partition: number; from: number; gap?: { from: number; to: number } }[];
+}
+
+export interface EventFrame {
+  type: "event";
+  delivery_id: string;
+  topic: string;
+  partition: number;
+  offset: number;
+  /** 1 on the first delivery. */
+  attempt: number;
+  /** Epoch ms. */
+  timestamp: number;
+  key: string | null;
+  headers: Record<string, string>;
+  /** Headers whose value is not UTF-8, base64 (absent when there are none). */
+  headers_base64?: Record<string, string>;
+  /** True for a dead letter an operator sent again. */
+  redrive?: true;
+  /** The value, when it is JSON. */
+  payload?: unknown;
+  /** The value, base64, when it is not JSON. */
+  payload_base64?: string;
+}
+
+export interface AckOkFrame {
+  type: "ack_ok";
+  req: string | number;
+  committed: Record<string, Record<string, number>>;
+}
+
+export interface ErrorFrame {
+  type: "error";
+  code: ErrorCode;
+  message: string;
+  req?: string | number;
+}
+
+export type ServerFrame =
+  | WelcomeFrame
+  | SubscribedFrame
+  | EventFrame
+  | AckOkFrame
+  | ErrorFrame
+  | { type: "unsubscribed"; topic: string; req?: string | number }
+  | { type: "pong"; req?: string | number }
+  | { type: "gap"; topic: string; partition: number; from: number; to: number }
+  | { type: "reconnect"; after_ms: number };
+
+/** What `storage` needs: `sessionStorage` and `localStorage` have it. */
+export interface TokenStorage {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+}
+
+export interface AckgateClientOptions {
+  /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`). */
+  clientId: string;
+  /** A JWT, when the gateway has `auth.jwt_secret`. */
+  token?: string;
+  /** Called before each connect (and reconnect) for a fresh JWT; wins over `token`. */
+  tokenProvider?: () => string | Promise<string>;
+  /** Where the resume token survives a page reload (e.g. `sessionStorage`); off by default. */
+  storage?: TokenStorage;
+  /** At most one confirmed ack per partition this often (default 1000); the rest are plain. */
+  confirmEveryMs?: number;
+  /** Reconnect after a close that is not final (default true). */
+  reconnect?: boolean;
+  /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
+  peers?: string[];
+  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. */
+  backoffMs?: number;
+  maxBackoffMs?: number;
+  onEvent?: (event: EventFrame) => void;
+  /** An `error` frame that answers no request. */
+  onError?: (frame: ErrorFrame) => void;
+  onClose?: (close: { code: number; reason: string; final: boolean }) => void;
+  onFrame?: (frame: ServerFrame) => void;
+  /** Before each attempt `{attempt, delayMs, url, error?}`, after a success `{attempt, url, welcome}`. */
+  onReconnect?: (progress: { attempt: number; delayMs?: number; url: string; error?: string; welcome?: WelcomeFrame }) => void;
+  /** A subscription refused for good at a resubscribe (unknown_topic, forbidden, invalid_name). */
+  onSubscriptionDropped?: (dropped: { topic: string; code: ErrorCode; message: string }) => void;
+}
+
+export declare const FINAL_CLOSES: Set<number>;
+export declare const FINAL_SUBSCRIBE_ERRORS: Set<ErrorCode>;
+
+export declare class AckgateError extends Error {
+  constructor(code: string, message: string);
+  /** An error code of the protocol, or `closed` when the socket closed or was not open. */
+  code: ErrorCode | "closed";
+}
+
+export declare class AckgateClient {
+  constructor(url: string, options: AckgateClientOptions);
+  /** The last welcome frame. */
+  welcome: WelcomeFrame | null;
+  connect(): Promise<WelcomeFrame>;
+  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken }): Promise<SubscribedFrame>;
+  unsubscribe(topic: string): Promise<{ type: "unsubscribed"; topic: string }>;
+  /** Plain by default; `{confirm: true}` resolves with `ack_ok` once the offsets are durable. */
+  ack(ids: string | string[], options?: { confirm?: boolean }): Promise<AckOkFrame | void>;
+  nack(id: string, delayMs?: number): void;
+  extend(id: string): void;
+  term(id: string, reason?: string): void;
+  ping(): Promise<{ type: "pong" }>;
+  /** Every event from now on; ends after a final close. */
+  events(): AsyncIterableIterator<EventFrame>;
+  /** Closes for good: no reconnect follows. */
+  close(): void;
+  resumeToken(topic: string): ResumeToken;
+}

@@ -1,0 +1,49 @@
+//! The JavaScript client package (`clients/js`) against two real gateways: node's test runner
+//! runs `clients/js/test/` (plain acks with a confirmation per period, rejected requests when
+//! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, a
+//! drained instance followed to its peer); `tsc --noEmit` checks `index.d.ts` against
+//! `examples/typed.ts`; `npm pack --dry-run` packs it offline.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::support::*;
+
+fn package_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/js"))
+}
+
+/// Runs `program args` in the package directory; panics with its output unless it succeeds.
+async fn run(program: &'static str, args: &'static [&'static str], env: Vec<(&'static str, String)>) -> String {
+    let output = tokio::task::spawn_blocking(move || Command::new(program).args(args).envs(env).current_dir(package_dir()).output().expect("it runs")).await.unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
+    assert!(output.status.success(), "{program} {args:?} failed:\n{stdout}\n{stderr}");
+    stdout + &stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_passes_its_tests_against_real_gateways() {
+    let (_dir_a, data_a) = temp_dir();
+    let (_dir_b, data_b) = temp_dir();
+    // A serves most tests alone; B is drained by the last one and names A as its peer.
+    let a = InProcess::start(test_config(&data_a)).await;
+    let mut config = test_config(&data_b);
+    config.server.drain_ms = 500;
+    config.cluster.peers = vec![a.base.clone()];
+    let b = InProcess::start(config).await;
+    let env = vec![("ACKGATE_A", a.base.clone()), ("ACKGATE_B", b.base.clone())];
+    let out = run("node", &["--experimental-websocket", "--test", "test/"], env).await;
+    assert!(out.contains("# fail 0") && out.contains("# pass 6"), "{out}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn the_js_client_types_check_and_it_packs_offline() {
+    run("node_modules/.bin/tsc", &["--noEmit", "-p", "."], vec![]).await;
+    let packed = run("npm", &["pack", "--dry-run", "--offline"], vec![]).await;
+    for file in ["ackgate.js", "index.d.ts", "README.md", "LICENSE", "examples/minimal.html", "package.json"] {
+        assert!(packed.contains(file), "{file} is in the package:\n{packed}");
+    }
+    assert!(!packed.contains("node_modules") && !packed.contains("test/"), "only what a user needs:\n{packed}");
+}
