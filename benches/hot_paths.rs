@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use ackgate::core::ack_tracker::AckTracker;
 use ackgate::core::backend::Event;
+use ackgate::core::client_state::DeliveryRef;
 use ackgate::core::names::{ClientId, OffsetKey, TopicName};
 use ackgate::core::offsets::{OffsetStore, OffsetWrite};
-use ackgate::core::client_state::DeliveryRef;
 use ackgate::core::protocol::{parse_client_frame, write_event_frame};
 use ackgate::store::memory::MemoryOffsetStore;
 use ackgate::store::rocks::RocksOffsetStore;
@@ -22,7 +22,9 @@ fn frames(c: &mut Criterion) {
     group.bench_function("parse ack", |b| b.iter(|| parse_client_frame(black_box(r#"{"op":"ack","delivery_id":"1a2b.3.0.4f21"}"#)).unwrap()));
     let batch = format!(r#"{{"op":"ack","delivery_ids":[{}],"req":7}}"#, (0..100).map(|i| format!("\"1a{i:x}.3.0.{i:x}\"")).collect::<Vec<_>>().join(","));
     group.bench_function("parse ack of 100 ids", |b| b.iter(|| parse_client_frame(black_box(&batch)).unwrap()));
-    group.bench_function("parse subscribe", |b| b.iter(|| parse_client_frame(black_box(r#"{"op":"subscribe","topic":"orders","from":"earliest","req":"s1"}"#)).unwrap()));
+    group.bench_function("parse subscribe", |b| {
+        b.iter(|| parse_client_frame(black_box(r#"{"op":"subscribe","topic":"orders","from":"earliest","req":"s1"}"#)).unwrap())
+    });
     let event = Event {
         partition: 3,
         offset: 123_456,

@@ -24,7 +24,8 @@ impl Instance {
     /// The full URL of its `/ws`, without query.
     pub fn ws_url(&self) -> String {
         let base = self.http_url.trim_end_matches('/');
-        let base = base.strip_prefix("https://").map(|rest| format!("wss://{rest}")).or_else(|| base.strip_prefix("http://").map(|rest| format!("ws://{rest}")));
+        let base =
+            base.strip_prefix("https://").map(|rest| format!("wss://{rest}")).or_else(|| base.strip_prefix("http://").map(|rest| format!("ws://{rest}")));
         format!("{}/ws", base.unwrap_or_else(|| self.http_url.clone()))
     }
 }

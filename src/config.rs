@@ -121,13 +121,7 @@ pub struct EmbeddedConfig {
 
 impl Default for EmbeddedConfig {
     fn default() -> Self {
-        Self {
-            default_partitions: 4,
-            retention_secs: 604_800,
-            retention_bytes_per_partition: 1 << 30,
-            retention_check_interval_ms: 60_000,
-            sync_writes: false,
-        }
+        Self { default_partitions: 4, retention_secs: 604_800, retention_bytes_per_partition: 1 << 30, retention_check_interval_ms: 60_000, sync_writes: false }
     }
 }
 
@@ -659,7 +653,11 @@ fn apply_env(table: &mut toml::Table, env: impl IntoIterator<Item = (String, Str
                 keys.get(key).map(|_| (section, key))
             });
             if let Some((section, key)) = mistyped {
-                anyhow::bail!("{name}: a config key is ACKGATE_<SECTION>__<KEY>, with two underscores: did you mean {ENV_PREFIX}{}__{}?", section.to_ascii_uppercase(), key.to_ascii_uppercase());
+                anyhow::bail!(
+                    "{name}: a config key is ACKGATE_<SECTION>__<KEY>, with two underscores: did you mean {ENV_PREFIX}{}__{}?",
+                    section.to_ascii_uppercase(),
+                    key.to_ascii_uppercase()
+                );
             }
             continue;
         };
@@ -736,7 +734,11 @@ mod tests {
 
     #[test]
     fn redelivery_rules_are_checked() {
-        let ok = load("[delivery]\nredelivery_backoff_ms = [100, 1000]\n[delivery.topics.\"orders.*\"]\nmax_attempts = 3\n[delivery.topics.\"*\"]\nack_timeout_ms = 5\n", &[]).unwrap();
+        let ok = load(
+            "[delivery]\nredelivery_backoff_ms = [100, 1000]\n[delivery.topics.\"orders.*\"]\nmax_attempts = 3\n[delivery.topics.\"*\"]\nack_timeout_ms = 5\n",
+            &[],
+        )
+        .unwrap();
         assert_eq!(ok.delivery.redelivery_backoff_ms, vec![100, 1000]);
         assert_eq!(ok.delivery.topics["orders.*"].max_attempts, Some(3));
         let e = load("[delivery.topics.\"bad name*\"]\nmax_attempts = 0\n", &[]).unwrap_err().to_string();

@@ -19,10 +19,10 @@ use crate::core::ack_floor::LiveClientsAckFloor;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
 use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
-use crate::core::offset_writer::OffsetWriter;
 use crate::core::idempotency::IdempotentPublisher;
-use crate::core::redelivery::{RedeliveryPolicies, RedeliveryPolicy};
+use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
+use crate::core::redelivery::{RedeliveryPolicies, RedeliveryPolicy};
 use crate::http::connections::{connection_capacity, raise_descriptor_limit, serve, ConnectionLimits};
 use crate::http::exposure::Exposure;
 use crate::http::lingering::Linger;
@@ -127,7 +127,8 @@ fn sweep_publishes(d: &Dispatcher) -> anyhow::Result<usize> {
 fn delivery_settings(config: &Config) -> DeliverySettings {
     let d = &config.delivery;
     let millis = |list: &[u64]| list.iter().map(|ms| Duration::from_millis(*ms)).collect::<Vec<_>>();
-    let default = RedeliveryPolicy { ack_timeout: Duration::from_millis(d.ack_timeout_ms), max_attempts: d.max_attempts, backoff: millis(&d.redelivery_backoff_ms) };
+    let default =
+        RedeliveryPolicy { ack_timeout: Duration::from_millis(d.ack_timeout_ms), max_attempts: d.max_attempts, backoff: millis(&d.redelivery_backoff_ms) };
     let by_pattern = d
         .topics
         .iter()
@@ -171,8 +172,7 @@ fn open_store(config: &Config, data_dir: &Path) -> anyhow::Result<Arc<dyn Offset
     Ok(match config.offsets.store.as_str() {
         "memory" => Arc::new(MemoryOffsetStore::new()),
         _ => Arc::new(
-            RocksOffsetStore::open(data_dir, config.offsets.sync_writes)
-                .with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
+            RocksOffsetStore::open(data_dir, config.offsets.sync_writes).with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
         ),
     })
 }
@@ -252,7 +252,12 @@ impl Gateway {
             tracing::warn!(default = %format!("http://{local_addr}"), "cluster.peers is set but server.public_url is not: set it to the URL the peers list for this instance");
         }
         let exposure = Arc::new(Exposure::from_config(&config));
-        let publisher = Arc::new(IdempotentPublisher::new(dispatcher.store.clone(), dispatcher.clock.clone(), config.publish.idempotency_window_secs, config.publish.idempotency_max_keys));
+        let publisher = Arc::new(IdempotentPublisher::new(
+            dispatcher.store.clone(),
+            dispatcher.clock.clone(),
+            config.publish.idempotency_window_secs,
+            config.publish.idempotency_max_keys,
+        ));
         let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }

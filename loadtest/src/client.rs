@@ -96,7 +96,9 @@ async fn tcp(ws_url: &str) -> anyhow::Result<TcpStream> {
 
 pub async fn connect(ws_url: &str, client_id: &str) -> anyhow::Result<Ws> {
     let stream = tcp(ws_url).await.with_context(|| format!("connecting {client_id} to {ws_url}"))?;
-    let (mut ws, _) = tokio_tungstenite::client_async(format!("{ws_url}?client_id={client_id}"), MaybeTlsStream::Plain(stream)).await.with_context(|| format!("connecting {client_id}"))?;
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("{ws_url}?client_id={client_id}"), MaybeTlsStream::Plain(stream))
+        .await
+        .with_context(|| format!("connecting {client_id}"))?;
     let welcome = next_json(&mut ws).await?;
     if welcome["type"] != "welcome" {
         bail!("{client_id}: first frame {welcome}");

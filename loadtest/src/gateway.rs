@@ -4,8 +4,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -92,7 +92,15 @@ impl Gateway {
             Ok(Err(line)) => bail!("gateway failed to start: {line}"),
             Err(_) => bail!("gateway did not report its address within 120 s"),
         };
-        Ok(Self { base: format!("http://{addr}"), ws: format!("ws://{addr}/ws"), logs, child: Some(child), log_file: launch.log_file.clone(), data_dir: Some(data.to_path_buf()), _temp: None })
+        Ok(Self {
+            base: format!("http://{addr}"),
+            ws: format!("ws://{addr}/ws"),
+            logs,
+            child: Some(child),
+            log_file: launch.log_file.clone(),
+            data_dir: Some(data.to_path_buf()),
+            _temp: None,
+        })
     }
 
     /// Stops the gateway gracefully and starts the binary again on the same data dir.
@@ -131,7 +139,11 @@ impl Gateway {
                     if let Some(path) = &self.0.log_file {
                         // Appended: a restarted gateway adds its lines after the first one's.
                         let lines = self.0.logs.lock().unwrap().join("\n") + "\n";
-                        let appended = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, lines.as_bytes()));
+                        let appended = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(path)
+                            .and_then(|mut f| std::io::Write::write_all(&mut f, lines.as_bytes()));
                         if let Err(e) = appended {
                             eprintln!("loadtest: writing the gateway log to {}: {e}", path.display());
                         }

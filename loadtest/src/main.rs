@@ -137,7 +137,12 @@ impl Cli {
                 env.push((key.to_string(), value.to_string()));
             }
         }
-        Launch { binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: self.brokers.clone(), env, log_file: self.gateway_log.clone() }
+        Launch {
+            binary: self.gateway_bin.clone().unwrap_or_else(Launch::default_binary),
+            brokers: self.brokers.clone(),
+            env,
+            log_file: self.gateway_log.clone(),
+        }
     }
 
     fn gateway(&self) -> anyhow::Result<Gateway> {

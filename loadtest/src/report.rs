@@ -83,12 +83,7 @@ impl Progress {
                 let n = done.load(Ordering::Relaxed);
                 let width = 30;
                 let filled = ((n as f64 / total.max(1) as f64) * width as f64).min(width as f64) as usize;
-                eprintln!(
-                    "{label} [{}{}] {n}/{total} {:.0}/s",
-                    "#".repeat(filled),
-                    ".".repeat(width - filled),
-                    n as f64 / started.elapsed().as_secs_f64()
-                );
+                eprintln!("{label} [{}{}] {n}/{total} {:.0}/s", "#".repeat(filled), ".".repeat(width - filled), n as f64 / started.elapsed().as_secs_f64());
             }
         });
         Self { stop }

@@ -76,7 +76,14 @@ fn filler(bytes: usize) -> String {
 }
 
 /// Publishes `count` events spread over the partitions; returns the offsets written per partition.
-async fn preload(http: &Http, topic: &str, partitions: u32, count: u64, payload_bytes: usize, progress: &AtomicU64) -> anyhow::Result<BTreeMap<u32, HashSet<u64>>> {
+async fn preload(
+    http: &Http,
+    topic: &str,
+    partitions: u32,
+    count: u64,
+    payload_bytes: usize,
+    progress: &AtomicU64,
+) -> anyhow::Result<BTreeMap<u32, HashSet<u64>>> {
     let filler = filler(payload_bytes);
     let mut written: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
     let mut n = 0;
@@ -153,13 +160,32 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
         vec![(format!("{run}-fan"), clients.clone(), cli.events)]
     } else {
         let per = cli.events / cli.clients as u64;
-        clients.iter().enumerate().map(|(i, c)| (format!("{run}-t{i}"), vec![c.clone()], per + u64::from((i as u64) < cli.events % cli.clients as u64))).collect()
+        clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("{run}-t{i}"), vec![c.clone()], per + u64::from((i as u64) < cli.events % cli.clients as u64)))
+            .collect()
     };
     let paced = cli.rate.is_some();
     let shape = if paced {
-        format!("paced {} events/s for {} events, {} {} clients, {} partitions", cli.rate.unwrap_or(0), cli.events, if cli.fanout { "fan-out to" } else { "split over" }, cli.clients, cli.partitions)
+        format!(
+            "paced {} events/s for {} events, {} {} clients, {} partitions",
+            cli.rate.unwrap_or(0),
+            cli.events,
+            if cli.fanout { "fan-out to" } else { "split over" },
+            cli.clients,
+            cli.partitions
+        )
     } else {
-        format!("{} {} clients, {} events, {} partitions, {}-byte payloads, ack {:?}", if cli.fanout { "fan-out" } else { "split" }, cli.clients, cli.events, cli.partitions, cli.payload_bytes, cli.ack)
+        format!(
+            "{} {} clients, {} events, {} partitions, {}-byte payloads, ack {:?}",
+            if cli.fanout { "fan-out" } else { "split" },
+            cli.clients,
+            cli.events,
+            cli.partitions,
+            cli.payload_bytes,
+            cli.ack
+        )
     };
     let mut summary = Summary::new(shape);
     let mut expected: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
@@ -184,7 +210,8 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     }
 
     // Connect everyone first (200 handshakes at a time), so the timed part is delivery and acks.
-    let planned: Vec<(String, String, u64)> = assignments.iter().flat_map(|(topic, readers, count)| readers.iter().map(move |c| (topic.clone(), c.clone(), *count))).collect();
+    let planned: Vec<(String, String, u64)> =
+        assignments.iter().flat_map(|(topic, readers, count)| readers.iter().map(move |c| (topic.clone(), c.clone(), *count))).collect();
     let connected = Arc::new(AtomicU64::new(0));
     let connecting = (planned.len() > 1000).then(|| Progress::start("connected", connected.clone(), planned.len() as u64));
     let mut sockets = Vec::with_capacity(planned.len());
@@ -299,7 +326,13 @@ async fn leave_one_behind(cli: &Cli, gateway: &mut Gateway, http: &Http, topic: 
 
 /// Publishes each topic's events at `rate` events/s in total, in 1 ms ticks, each event carrying
 /// its publish time (`t`, ns since `since`).
-async fn paced_publish(http: &Http, assignments: &[(String, Vec<String>, u64)], rate: u64, payload_bytes: usize, since: Instant) -> anyhow::Result<BTreeMap<String, BTreeMap<u32, HashSet<u64>>>> {
+async fn paced_publish(
+    http: &Http,
+    assignments: &[(String, Vec<String>, u64)],
+    rate: u64,
+    payload_bytes: usize,
+    since: Instant,
+) -> anyhow::Result<BTreeMap<String, BTreeMap<u32, HashSet<u64>>>> {
     let filler = filler(payload_bytes.saturating_sub(24));
     let total: u64 = assignments.iter().map(|a| a.2).sum();
     let mut written: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
@@ -326,7 +359,12 @@ async fn paced_publish(http: &Http, assignments: &[(String, Vec<String>, u64)], 
             let events: Vec<Value> = (0..batch).map(|_| json!({"payload": {"t": t, "p": filler}})).collect();
             let answer = http.post(&format!("/topics/{topic}/events"), &json!({ "events": events })).await?;
             for o in answer["offsets"].as_array().into_iter().flatten() {
-                written.entry(topic.clone()).or_default().entry(o["partition"].as_u64().unwrap_or_default() as u32).or_default().insert(o["offset"].as_u64().unwrap_or_default());
+                written
+                    .entry(topic.clone())
+                    .or_default()
+                    .entry(o["partition"].as_u64().unwrap_or_default() as u32)
+                    .or_default()
+                    .insert(o["offset"].as_u64().unwrap_or_default());
             }
             sent += batch;
         }
@@ -414,7 +452,13 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
                 if written == offsets {
                     break 'clients;
                 }
-                batch.push(OffsetWrite { key: OffsetKey::new(topic.clone(), client.clone(), p), committed: 1 + (c % 900), last_acked: Some(c % 900), updated_at: now, generation: 0 });
+                batch.push(OffsetWrite {
+                    key: OffsetKey::new(topic.clone(), client.clone(), p),
+                    committed: 1 + (c % 900),
+                    last_acked: Some(c % 900),
+                    updated_at: now,
+                    generation: 0,
+                });
                 written += 1;
                 if batch.len() == 10_000 {
                     store.write_offsets(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;

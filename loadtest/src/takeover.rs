@@ -275,7 +275,8 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
 
     let run = format!("lt{}", std::process::id());
     let topic = format!("{run}-takeover");
-    let created = authorized(http.post(format!("{}/topics", urls[0])), &cli.admin_token).json(&json!({"name": topic, "partitions": cli.partitions})).send().await?;
+    let created =
+        authorized(http.post(format!("{}/topics", urls[0])), &cli.admin_token).json(&json!({"name": topic, "partitions": cli.partitions})).send().await?;
     if !created.status().is_success() {
         bail!("creating {topic}: {}", created.text().await?);
     }
@@ -307,7 +308,10 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
     }
     let spread = sessions_per_instance(&http, &urls, &cli.admin_token).await;
 
-    let mut summary = Summary::new(format!("takeover: {instances} instances on Kafka, {} followers of one topic ({} partitions), {} events at {rate}/s", cli.clients, cli.partitions, cli.events));
+    let mut summary = Summary::new(format!(
+        "takeover: {instances} instances on Kafka, {} followers of one topic ({} partitions), {} events at {rate}/s",
+        cli.clients, cli.partitions, cli.events
+    ));
     summary.add("sessions_per_instance", json!(spread));
     let _progress = Progress::start("acked", acked.clone(), cli.events * cli.clients as u64);
     let started = Instant::now();
@@ -349,7 +353,12 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
     let survivor = gateways.iter().position(Option::is_some).context("no instance left")?;
     let listed: Value = http.get(format!("{}/topics", urls[survivor])).send().await?.json().await?;
     let info = listed["topics"].as_array().and_then(|ts| ts.iter().find(|t| t["name"] == topic.as_str())).context("topic missing from GET /topics")?;
-    let log_end: BTreeMap<u32, u64> = info["partitions"].as_array().into_iter().flatten().map(|p| (p["partition"].as_u64().unwrap_or_default() as u32, p["log_end"].as_u64().unwrap_or_default())).collect();
+    let log_end: BTreeMap<u32, u64> = info["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| (p["partition"].as_u64().unwrap_or_default() as u32, p["log_end"].as_u64().unwrap_or_default()))
+        .collect();
     target_tx.send_replace(Some(log_end.clone()));
 
     let settle = Instant::now() + Duration::from_secs(cli.settle_secs);
@@ -397,9 +406,18 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
             }
         }
         // Its committed offsets, as stored by the instance it ended on.
-        let rows: Value = authorized(http.get(format!("{}/admin/offsets?topic={topic}&client_id={client_id}", result.last_instance)), &cli.admin_token).send().await?.json().await?;
+        let rows: Value = authorized(http.get(format!("{}/admin/offsets?topic={topic}&client_id={client_id}", result.last_instance)), &cli.admin_token)
+            .send()
+            .await?
+            .json()
+            .await?;
         for (partition, end) in &log_end {
-            let committed = rows["offsets"].as_array().into_iter().flatten().find(|r| r["partition"].as_u64() == Some(u64::from(*partition))).and_then(|r| r["committed"].as_u64());
+            let committed = rows["offsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["partition"].as_u64() == Some(u64::from(*partition)))
+                .and_then(|r| r["committed"].as_u64());
             if *end > 0 && committed != Some(*end) {
                 summary.problem(format!("{client_id} on {}: partition {partition} committed {committed:?}, log end {end}", result.last_instance));
             }
@@ -447,7 +465,16 @@ async fn sessions_per_instance(http: &reqwest::Client, urls: &[String], token: &
 /// fails is skipped from then on; its request is retried elsewhere, which may write it twice:
 /// extra offsets, never missing ones). Returns the offsets written per partition.
 #[allow(clippy::too_many_arguments)]
-async fn publish(http: &reqwest::Client, urls: &[String], topic: &str, token: &Option<String>, events: u64, rate: u64, payload: &str, killed: &Killed) -> anyhow::Result<BTreeMap<u32, HashSet<u64>>> {
+async fn publish(
+    http: &reqwest::Client,
+    urls: &[String],
+    topic: &str,
+    token: &Option<String>,
+    events: u64,
+    rate: u64,
+    payload: &str,
+    killed: &Killed,
+) -> anyhow::Result<BTreeMap<u32, HashSet<u64>>> {
     let mut written: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
     let mut down = vec![false; urls.len()];
     let (mut sent, mut next) = (0u64, 0usize);
@@ -467,7 +494,8 @@ async fn publish(http: &reqwest::Client, urls: &[String], topic: &str, token: &O
                 }
                 let i = (0..urls.len()).map(|k| (next + k) % urls.len()).find(|i| !down[*i]).context("no live instance to publish to")?;
                 next = (i + 1) % urls.len();
-                let response = authorized(http.post(format!("{}/topics/{topic}/events", urls[i])), token).json(&body).timeout(Duration::from_secs(10)).send().await;
+                let response =
+                    authorized(http.post(format!("{}/topics/{topic}/events", urls[i])), token).json(&body).timeout(Duration::from_secs(10)).send().await;
                 tries += 1;
                 if tries > urls.len() * 20 {
                     bail!("publishing failed on every instance");

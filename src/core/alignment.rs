@@ -55,12 +55,7 @@ fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBou
     Ok(scan)
 }
 
-pub async fn align_pull_offsets_to_ack(
-    backend: &dyn LogBackend,
-    store: &dyn OffsetStore,
-    policy: ResetPolicy,
-    now_ms: u64,
-) -> Result<AlignmentReport, String> {
+pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn OffsetStore, policy: ResetPolicy, now_ms: u64) -> Result<AlignmentReport, String> {
     let mut report = AlignmentReport::default();
     let topics = backend.topics().await.map_err(|e: BackendError| e.to_string())?;
     for (topic, partitions) in topics {

@@ -34,7 +34,17 @@ pub struct Event {
 impl Event {
     /// The stand-in for a record at `offset` that could not be decoded.
     pub fn undecodable(partition: u32, offset: u64) -> Self {
-        Self { partition, offset, timestamp: 0, key: None, headers: Vec::new(), headers_base64: Vec::new(), payload: Vec::new(), payload_is_json: false, undecodable: true }
+        Self {
+            partition,
+            offset,
+            timestamp: 0,
+            key: None,
+            headers: Vec::new(),
+            headers_base64: Vec::new(),
+            payload: Vec::new(),
+            payload_is_json: false,
+            undecodable: true,
+        }
     }
 
     /// The payload as JSON text, when it is JSON.

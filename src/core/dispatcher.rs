@@ -14,16 +14,16 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::metrics::Metrics;
 use super::backend::{BackendError, LogBackend};
 use super::client_state::ClientState;
-use super::session_control::{ControlInbox, SessionControl};
+use super::metrics::Metrics;
 use super::names::{ClientId, TopicName};
 use super::offset_writer::OffsetWriter;
-use super::redelivery::RedeliveryPolicies;
 use super::offsets::{Clock, Gap, OffsetStore, StoreError};
 use super::protocol::{ErrorCode, FrameError};
 use super::reader::Readers;
+use super::redelivery::RedeliveryPolicies;
+use super::session_control::{ControlInbox, SessionControl};
 use super::window::Window;
 
 /// Partitions whose log bounds a subscribe asks the backend for at once.
@@ -517,4 +517,3 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
 pub fn store_frame_error(e: StoreError) -> FrameError {
     FrameError::unavailable("the offset store", e)
 }
-

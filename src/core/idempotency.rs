@@ -164,10 +164,20 @@ impl IdempotentPublisher {
 
     /// Publishes `events` (the parsed `body`) unless `key` answered the same body within the
     /// window; then answers those offsets without writing.
-    pub async fn publish(&self, backend: &dyn LogBackend, topic: &TopicName, key: IdempotencyKey, body: &[u8], events: Vec<NewEvent>) -> Result<PublishOutcome, IdempotentPublishError> {
+    pub async fn publish(
+        &self,
+        backend: &dyn LogBackend,
+        topic: &TopicName,
+        key: IdempotencyKey,
+        body: &[u8],
+        events: Vec<NewEvent>,
+    ) -> Result<PublishOutcome, IdempotentPublishError> {
         let entry = (topic.clone(), key.clone());
         if !self.running.lock().unwrap().insert(entry.clone()) {
-            return Err(IdempotentPublishError::Conflict(format!("a publish with Idempotency-Key {:?} is still running; retry in a moment for its answer", key.as_str())));
+            return Err(IdempotentPublishError::Conflict(format!(
+                "a publish with Idempotency-Key {:?} is still running; retry in a moment for its answer",
+                key.as_str()
+            )));
         }
         let _running = Running { publisher: self, entry: Some(entry) };
         let digest = body_digest(body);

@@ -183,8 +183,25 @@ mod tests {
     use crate::core::window::Window;
 
     fn delivery(seq: u64, permits: &Window) -> Delivery {
-        let event = Event { partition: 0, offset: seq, timestamp: 0, key: None, headers: vec![], headers_base64: vec![], payload: vec![], payload_is_json: false, undecodable: false };
-        Delivery { seq, topic: TopicName::parse("t").unwrap(), attempt: 1, event: Arc::new(event), delivered_at: Instant::now(), permit: permits.try_acquire(0).unwrap() }
+        let event = Event {
+            partition: 0,
+            offset: seq,
+            timestamp: 0,
+            key: None,
+            headers: vec![],
+            headers_base64: vec![],
+            payload: vec![],
+            payload_is_json: false,
+            undecodable: false,
+        };
+        Delivery {
+            seq,
+            topic: TopicName::parse("t").unwrap(),
+            attempt: 1,
+            event: Arc::new(event),
+            delivered_at: Instant::now(),
+            permit: permits.try_acquire(0).unwrap(),
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -115,13 +115,22 @@ impl Metrics {
         describe_counter!("ackgate_acks_total", "Deliveries acknowledged by clients");
         describe_counter!("ackgate_dead_letters_total", "Events given up on (max_attempts or term)");
         describe_histogram!(ACK_LATENCY, Unit::Seconds, "Time from a delivery to its ack");
-        describe_counter!("ackgate_offset_writes_total", "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)");
+        describe_counter!(
+            "ackgate_offset_writes_total",
+            "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)"
+        );
         describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
         describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
         describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end on two reads a second apart (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
-        describe_counter!(TRANSIENT_LOG_ENDS, "Partitions whose log end was read below a committed offset and back above it a second later (a broker's transient answer): nothing lowered");
+        describe_counter!(
+            TRANSIENT_LOG_ENDS,
+            "Partitions whose log end was read below a committed offset and back above it a second later (a broker's transient answer): nothing lowered"
+        );
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
-        describe_counter!(CONNECTIONS_REFUSED, "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)");
+        describe_counter!(
+            CONNECTIONS_REFUSED,
+            "Connections refused at accept, by reason: capacity (limits.max_connections), per_ip (limits.max_connections_per_ip)"
+        );
         describe_counter!(UNDECODABLE_RECORDS, "Records read from the log that could not be decoded (dead-lettered as undecodable for every subscriber)");
         describe_counter!(KAFKA_HEADERS_DROPPED, "Kafka record headers dropped because their key is not UTF-8");
         describe_counter!(GAPS, "Gaps reported to clients (events retention removed before the client read them), per topic");

@@ -5,6 +5,7 @@ pub mod access;
 pub mod ack_floor;
 pub mod ack_tracker;
 pub mod alignment;
+pub mod backend;
 pub mod client_state;
 pub mod dispatcher;
 pub mod drain;
@@ -13,8 +14,11 @@ pub mod idempotency;
 pub mod in_flight;
 pub mod log_end;
 pub mod metrics;
+pub mod names;
 pub mod offset_writer;
+pub mod offsets;
 pub mod partition_watch;
+pub mod protocol;
 pub mod reader;
 pub mod redelivery;
 pub mod redrive;
@@ -24,10 +28,6 @@ pub mod session_control;
 pub mod subscription_plan;
 pub mod waiting;
 pub mod window;
-pub mod backend;
-pub mod names;
-pub mod offsets;
-pub mod protocol;
 
 /// Maps and sets on the per-event path (in-flight deliveries, ack trackers, a session's
 /// subscriptions): foldhash instead of SipHash, which was ~3% of a busy session's CPU. Still

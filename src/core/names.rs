@@ -17,15 +17,9 @@ fn check(kind: &str, value: &str, max: usize, extra: &[u8]) -> Result<(), Invali
     if value.is_empty() || value.len() > max {
         return Err(InvalidName(format!("{kind} must be 1 to {max} characters, got {}", value.len())));
     }
-    if let Some(bad) = value
-        .bytes()
-        .find(|b| !(b.is_ascii_alphanumeric() || b"._-".contains(b) || extra.contains(b)))
-    {
+    if let Some(bad) = value.bytes().find(|b| !(b.is_ascii_alphanumeric() || b"._-".contains(b) || extra.contains(b))) {
         let allowed = String::from_utf8_lossy(extra);
-        return Err(InvalidName(format!(
-            "{kind} {value:?} contains {:?}; allowed are letters, digits and . _ -{allowed}",
-            bad as char
-        )));
+        return Err(InvalidName(format!("{kind} {value:?} contains {:?}; allowed are letters, digits and . _ -{allowed}", bad as char)));
     }
     Ok(())
 }

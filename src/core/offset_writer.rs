@@ -280,7 +280,11 @@ mod tests {
 
     fn write(client: &str, committed: u64) -> WriteRequest {
         let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse(client).unwrap(), 0);
-        WriteRequest { writes: vec![OffsetWrite { key, committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0 }], broker_acks: Vec::new(), done: None }
+        WriteRequest {
+            writes: vec![OffsetWrite { key, committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0 }],
+            broker_acks: Vec::new(),
+            done: None,
+        }
     }
 
     /// `submit` with the queue full waits for room (the boxed path) and loses nothing.

@@ -47,11 +47,7 @@ impl OffsetRecord {
 
     /// This record after a write that advances it; neither field moves back.
     pub fn advanced_by(&self, write: &OffsetWrite) -> Self {
-        Self {
-            committed: self.committed.max(write.committed),
-            last_acked: self.last_acked.max(write.last_acked),
-            updated_at: write.updated_at,
-        }
+        Self { committed: self.committed.max(write.committed), last_acked: self.last_acked.max(write.last_acked), updated_at: write.updated_at }
     }
 
     /// The record a write creates where there was none.
@@ -66,11 +62,7 @@ impl OffsetRecord {
             return None;
         }
         let word = |at: usize| bytes.get(at..at + 8).map(|b| u64::from_be_bytes(b.try_into().unwrap()));
-        Some(Self {
-            committed: word(1)?,
-            last_acked: word(9).and_then(|v| v.checked_sub(1)),
-            updated_at: word(17).unwrap_or(UNKNOWN_TIME),
-        })
+        Some(Self { committed: word(1)?, last_acked: word(9).and_then(|v| v.checked_sub(1)), updated_at: word(17).unwrap_or(UNKNOWN_TIME) })
     }
 }
 
@@ -408,12 +400,7 @@ pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, log_end: u64, 
 /// Removes the offsets of clients that stayed away longer than `retention_ms` (0: never).
 /// Clients for which `is_live` answers true (a live session on this instance) never expire.
 /// Returns how many went.
-pub fn sweep_expired_offsets(
-    store: &dyn OffsetStore,
-    now_ms: u64,
-    retention_ms: u64,
-    is_live: impl Fn(&ClientId) -> bool,
-) -> Result<usize, StoreError> {
+pub fn sweep_expired_offsets(store: &dyn OffsetStore, now_ms: u64, retention_ms: u64, is_live: impl Fn(&ClientId) -> bool) -> Result<usize, StoreError> {
     if retention_ms == 0 {
         return Ok(0);
     }

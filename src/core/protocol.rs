@@ -144,9 +144,7 @@ pub enum StartFrom {
 #[serde(untagged)]
 enum StartFromWire {
     Named(NamedStart),
-    Time {
-        time: u64,
-    },
+    Time { time: u64 },
 }
 
 #[derive(Deserialize)]
@@ -176,14 +174,38 @@ pub const MAX_TERM_REASON_BYTES: usize = 1024;
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientFrame {
-    Subscribe { topic: String, from: StartFrom, resume: BTreeMap<u32, u64>, req: Option<Value> },
-    Unsubscribe { topic: String, req: Option<Value> },
-    Ack { delivery_ids: Vec<String>, req: Option<Value> },
+    Subscribe {
+        topic: String,
+        from: StartFrom,
+        resume: BTreeMap<u32, u64>,
+        req: Option<Value>,
+    },
+    Unsubscribe {
+        topic: String,
+        req: Option<Value>,
+    },
+    Ack {
+        delivery_ids: Vec<String>,
+        req: Option<Value>,
+    },
     /// `delay_ms` absent: the topic's backoff for the attempt.
-    Nack { delivery_id: String, delay_ms: Option<u64>, req: Option<Value> },
-    Extend { delivery_id: String, req: Option<Value> },
-    Term { delivery_id: String, reason: Option<String>, req: Option<Value> },
-    Ping { req: Option<Value> },
+    Nack {
+        delivery_id: String,
+        delay_ms: Option<u64>,
+        req: Option<Value>,
+    },
+    Extend {
+        delivery_id: String,
+        req: Option<Value>,
+    },
+    Term {
+        delivery_id: String,
+        reason: Option<String>,
+        req: Option<Value>,
+    },
+    Ping {
+        req: Option<Value>,
+    },
 }
 
 impl ClientFrame {
@@ -273,10 +295,9 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
         RawFrame::Subscribe { topic, from, resume, req } => {
             let mut parsed = BTreeMap::new();
             for (partition, offset) in resume.unwrap_or_default() {
-                let p = partition.parse::<u32>().map_err(|_| {
-                    FrameError::new(ErrorCode::BadFrame, format!("resume key {partition:?} is not a partition number"))
-                        .with_req(req.clone())
-                })?;
+                let p = partition
+                    .parse::<u32>()
+                    .map_err(|_| FrameError::new(ErrorCode::BadFrame, format!("resume key {partition:?} is not a partition number")).with_req(req.clone()))?;
                 parsed.insert(p, offset);
             }
             if let StartFrom::Time(time) = from {
@@ -311,9 +332,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
         RawFrame::Ping { req } => ClientFrame::Ping { req },
     };
     match frame.req() {
-        Some(req) if !is_valid_req(req) => {
-            Err(FrameError::new(ErrorCode::BadFrame, "req must be a string or a number"))
-        }
+        Some(req) if !is_valid_req(req) => Err(FrameError::new(ErrorCode::BadFrame, "req must be a string or a number")),
         _ => Ok(frame),
     }
 }
@@ -369,7 +388,13 @@ pub struct GapRange {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServerFrame {
-    Welcome { session_id: String, client_id: String, instance: String, ack_timeout_ms: u64, max_in_flight: usize },
+    Welcome {
+        session_id: String,
+        client_id: String,
+        instance: String,
+        ack_timeout_ms: u64,
+        max_in_flight: usize,
+    },
     Subscribed {
         topic: String,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -381,11 +406,21 @@ pub enum ServerFrame {
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
     },
-    AckOk { req: Value, committed: BTreeMap<String, BTreeMap<String, u64>> },
+    AckOk {
+        req: Value,
+        committed: BTreeMap<String, BTreeMap<String, u64>>,
+    },
     /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
-    Gap { topic: String, partition: u32, from: u64, to: u64 },
+    Gap {
+        topic: String,
+        partition: u32,
+        from: u64,
+        to: u64,
+    },
     /// The instance is draining: the session closes next with 1012; come back after `after_ms`.
-    Reconnect { after_ms: u64 },
+    Reconnect {
+        after_ms: u64,
+    },
     Pong {
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
@@ -545,14 +580,11 @@ mod tests {
         };
         // The first backticked word of each table row or list item.
         let first_names = |lines: &[String]| -> std::collections::BTreeSet<String> {
-            lines
-                .iter()
-                .filter(|l| l.starts_with("| `") || l.starts_with("- `"))
-                .filter_map(|l| l.split('`').nth(1).map(str::to_string))
-                .collect()
+            lines.iter().filter(|l| l.starts_with("| `") || l.starts_with("- `")).filter_map(|l| l.split('`').nth(1).map(str::to_string)).collect()
         };
         let ops = first_names(&section("### Frames a client sends"));
-        let expected_ops: std::collections::BTreeSet<String> = crate::core::metrics::FRAMES_IN.iter().filter(|k| **k != "invalid").map(|k| k.to_string()).collect();
+        let expected_ops: std::collections::BTreeSet<String> =
+            crate::core::metrics::FRAMES_IN.iter().filter(|k| **k != "invalid").map(|k| k.to_string()).collect();
         assert_eq!(ops, expected_ops);
         for op in &ops {
             let parsed = parse_client_frame(&format!("{{\"op\":\"{op}\"}}"));
@@ -564,7 +596,8 @@ mod tests {
         let codes = first_names(&section("### Error codes"));
         let expected_codes: std::collections::BTreeSet<String> = ErrorCode::ALL.iter().map(|c| c.as_str().to_string()).collect();
         assert_eq!(codes, expected_codes);
-        let closes: std::collections::BTreeSet<u16> = section("### Close codes").iter().filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok()).collect();
+        let closes: std::collections::BTreeSet<u16> =
+            section("### Close codes").iter().filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok()).collect();
         assert_eq!(closes, close_code::ALL.into_iter().collect());
     }
 
@@ -587,10 +620,7 @@ mod tests {
     #[test]
     fn parses_every_op() {
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":"latest","resume":{"2":7},"req":1}"#).unwrap();
-        assert_eq!(
-            f,
-            ClientFrame::Subscribe { topic: "t".into(), from: StartFrom::Latest, resume: [(2, 7)].into(), req: Some(json!(1)) }
-        );
+        assert_eq!(f, ClientFrame::Subscribe { topic: "t".into(), from: StartFrom::Latest, resume: [(2, 7)].into(), req: Some(json!(1)) });
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":{"time":1700000000000}}"#).unwrap();
         assert!(matches!(f, ClientFrame::Subscribe { from: StartFrom::Time(1_700_000_000_000), .. }), "{f:?}");
         for bad in [r#""middle""#, r#"{"time":-1}"#, r#"{"time":"x"}"#, r#"{"at":5}"#, "5", r#"{"time":9223372036854775808}"#] {

@@ -77,7 +77,12 @@ mod tests {
     fn an_exact_name_wins_then_the_longest_prefix() {
         let policies = RedeliveryPolicies::new(
             policy(&[], 16),
-            vec![("orders*".into(), policy(&[], 3)), ("orders.eu*".into(), policy(&[], 5)), ("orders.eu.vip".into(), policy(&[], 9)), ("*".into(), policy(&[], 2))],
+            vec![
+                ("orders*".into(), policy(&[], 3)),
+                ("orders.eu*".into(), policy(&[], 5)),
+                ("orders.eu.vip".into(), policy(&[], 9)),
+                ("*".into(), policy(&[], 2)),
+            ],
         );
         let attempts = |topic: &str| policies.for_topic(topic).max_attempts;
         assert_eq!(attempts("orders.eu.vip"), 9);

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use super::backend::Event;
 use super::in_flight::InFlightView;
 use super::names::TopicName;
-use super::backend::Event;
 use super::offsets::DeadLetter;
 use super::window::WindowPermit;
 
@@ -71,7 +71,8 @@ impl ControlInbox {
         match self.queue.lock().unwrap().as_mut() {
             Some(queue) => {
                 let describes = queue.iter().filter(|m| matches!(m, SessionControl::Describe(_))).count();
-                let closes = queue.iter().filter(|m| matches!(m, SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. })).count();
+                let closes =
+                    queue.iter().filter(|m| matches!(m, SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. })).count();
                 let keep = match &message {
                     SessionControl::Describe(_) => describes < DESCRIBES_QUEUED,
                     // At most one per topic waiting (a later count includes the earlier ones).

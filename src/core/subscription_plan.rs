@@ -92,7 +92,11 @@ impl Dispatcher {
             let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
             let stored = match remembered {
                 Some(known) => Some(known),
-                None => self.store.read(&OffsetKey::new(topic.clone(), client_id.clone(), partition)).map_err(store_frame_error)?.map(|r| (r.committed, r.last_acked)),
+                None => self
+                    .store
+                    .read(&OffsetKey::new(topic.clone(), client_id.clone(), partition))
+                    .map_err(store_frame_error)?
+                    .map(|r| (r.committed, r.last_acked)),
             };
             known.push(stored);
         }
@@ -207,5 +211,4 @@ impl Dispatcher {
         }
         Ok(starts)
     }
-
 }

@@ -74,9 +74,7 @@ fn decode_token(auth: &AuthConfig, token: &str, now_secs: u64) -> Result<Claims,
     if auth.jwt_max_lifetime_secs > 0 {
         validation.required_spec_claims.insert("exp".into());
     }
-    let claims = decode::<Claims>(token, &DecodingKey::from_secret(auth.jwt_secret.as_bytes()), &validation)
-        .map_err(|e| format!("invalid token: {e}"))?
-        .claims;
+    let claims = decode::<Claims>(token, &DecodingKey::from_secret(auth.jwt_secret.as_bytes()), &validation).map_err(|e| format!("invalid token: {e}"))?.claims;
     if auth.jwt_max_lifetime_secs > 0 {
         let exp = claims.exp.unwrap_or(u64::MAX);
         if exp.saturating_sub(now_secs) > auth.jwt_max_lifetime_secs {
@@ -99,9 +97,8 @@ pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &He
         return Ok(Access::default());
     }
     let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message);
-    let token = query_token
-        .or_else(|| bearer(headers))
-        .ok_or_else(|| unauthorized("a token is required: ?token=<JWT> or Authorization: Bearer <JWT>".into()))?;
+    let token =
+        query_token.or_else(|| bearer(headers)).ok_or_else(|| unauthorized("a token is required: ?token=<JWT> or Authorization: Bearer <JWT>".into()))?;
     let claims = decode_token(auth, token, now_secs()).map_err(unauthorized)?;
     if claims.sub != client_id.as_str() {
         return Err(ApiError::new(
@@ -121,7 +118,12 @@ pub async fn require_publish_right(State(app): State<AppState>, request: Request
         return next.run(request).await;
     }
     let Some(token) = bearer(request.headers()) else {
-        return ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "Authorization: Bearer <auth.admin_token or a JWT with a publish claim> is required").into_response();
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "Authorization: Bearer <auth.admin_token or a JWT with a publish claim> is required",
+        )
+        .into_response();
     };
     if constant_time_eq(token.as_bytes(), auth.admin_token.as_bytes()) {
         return next.run(request).await;
@@ -152,7 +154,13 @@ mod tests {
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
     fn auth(audience: &str, issuer: &str, max_lifetime: u64) -> AuthConfig {
-        AuthConfig { jwt_secret: SECRET.into(), jwt_audience: audience.into(), jwt_issuer: issuer.into(), jwt_max_lifetime_secs: max_lifetime, ..Default::default() }
+        AuthConfig {
+            jwt_secret: SECRET.into(),
+            jwt_audience: audience.into(),
+            jwt_issuer: issuer.into(),
+            jwt_max_lifetime_secs: max_lifetime,
+            ..Default::default()
+        }
     }
 
     fn token(claims: serde_json::Value) -> String {

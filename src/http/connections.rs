@@ -133,7 +133,9 @@ impl Refusal {
     /// The whole HTTP answer: status line, headers and the error body, then the connection closes.
     fn response(self) -> Vec<u8> {
         let (status, code, message) = match self {
-            Refusal::Capacity => ("503 Service Unavailable", "unavailable", "this instance has no room for more connections; retry later or use another instance"),
+            Refusal::Capacity => {
+                ("503 Service Unavailable", "unavailable", "this instance has no room for more connections; retry later or use another instance")
+            }
             Refusal::PerIp => ("429 Too Many Requests", "limit_exceeded", "too many connections from this address (limits.max_connections_per_ip)"),
         };
         let body = format!(r#"{{"error":{{"code":"{code}","message":"{message}"}}}}"#);
@@ -193,7 +195,14 @@ impl Throttled {
 
 /// Serves `router` on `listener` until `stop` is cancelled, then lets every connection finish
 /// its request in flight (graceful shutdown) and returns once all have closed.
-pub async fn serve(listener: TcpListener, tls: Option<Arc<Tls>>, router: Router, limits: ConnectionLimits, counts: Arc<ConnectionCounts>, stop: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    router: Router,
+    limits: ConnectionLimits,
+    counts: Arc<ConnectionCounts>,
+    stop: CancellationToken,
+) {
     let connections = TaskTracker::new();
     let started = Instant::now();
     let (refused_log, accept_log) = (Throttled::new(), Throttled::new());

@@ -72,7 +72,10 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
     let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
     let after = query
         .get("after")
-        .map(|text| DeadLetterId::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}"))))
+        .map(|text| {
+            DeadLetterId::parse(text)
+                .ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition#offset), got {text:?}")))
+        })
         .transpose()?;
     Ok(DeadLetterQuery {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
@@ -127,7 +130,11 @@ pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<Redri
         None => None,
         Some(text) => match DeadLetterId::parse(text) {
             Some(id) if id.key.topic == topic && id.key.client_id == client_id => Some(id),
-            _ => return Err(ApiError::bad_request(format!("after must be the `next` of a previous answer for this topic and client ({topic}#{client_id}#partition#offset), got {text:?}"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "after must be the `next` of a previous answer for this topic and client ({topic}#{client_id}#partition#offset), got {text:?}"
+                )))
+            }
         },
     };
     let query = DeadLetterQuery { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: body.partition, after, limit };

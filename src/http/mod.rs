@@ -108,12 +108,10 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = axum::body::Bytes::from_request(request, state)
-            .await
-            .map_err(|e| {
-                let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ErrorCode::LimitExceeded } else { ErrorCode::BadRequest };
-                ApiError::new(e.status(), code, e.body_text())
-            })?;
+        let bytes = axum::body::Bytes::from_request(request, state).await.map_err(|e| {
+            let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ErrorCode::LimitExceeded } else { ErrorCode::BadRequest };
+            ApiError::new(e.status(), code, e.body_text())
+        })?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("body is not of this route's shape: {e}")))
     }
 }

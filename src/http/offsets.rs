@@ -70,7 +70,10 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
     let after = query
         .get("after")
-        .map(|text| OffsetKey::parse(text).ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition), got {text:?}"))))
+        .map(|text| {
+            OffsetKey::parse(text)
+                .ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous page (topic#client_id#partition), got {text:?}")))
+        })
         .transpose()?;
     let filter = OffsetFilter {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
@@ -184,7 +187,9 @@ pub async fn reset(
     let log_end = d.backend.log_bounds(&tp).await?.log_end;
     let offset = match (body.offset, body.time) {
         (Some(offset), None) => offset,
-        (None, Some(time_ms)) if time_ms > MAX_TIME_MS => return Err(ApiError::bad_request(format!("time must be at most {MAX_TIME_MS} (epoch ms), got {time_ms}"))),
+        (None, Some(time_ms)) if time_ms > MAX_TIME_MS => {
+            return Err(ApiError::bad_request(format!("time must be at most {MAX_TIME_MS} (epoch ms), got {time_ms}")))
+        }
         (None, Some(time_ms)) => d.backend.offset_for_time(&tp, time_ms).await?,
         _ => return Err(ApiError::bad_request("give either \"offset\" or \"time\" (epoch ms)")),
     };

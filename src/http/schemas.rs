@@ -196,15 +196,11 @@ pub struct ClientOffsets {
 pub enum ResetOffset {
     /// The new committed offset: at most the partition's `log_end` (400 above it).
     #[schema(title = "by offset")]
-    Offset {
-        offset: u64,
-    },
+    Offset { offset: u64 },
     /// Epoch ms: the new committed offset is the partition's first offset stamped at or after it
     /// (the log end when every event is older).
     #[schema(title = "by time")]
-    Time {
-        time: u64,
-    },
+    Time { time: u64 },
 }
 
 #[derive(serde::Serialize, ToSchema)]
@@ -447,9 +443,22 @@ pub struct GapRange {
 #[serde(tag = "type")]
 pub enum ServerFrame {
     /// First frame of every session.
-    Welcome { session_id: String, client_id: String, instance: String, ack_timeout_ms: u64, max_in_flight: u64 },
-    Subscribed { topic: String, req: Option<Req>, partitions: Vec<SubscribedPartition> },
-    Unsubscribed { topic: String, req: Option<Req> },
+    Welcome {
+        session_id: String,
+        client_id: String,
+        instance: String,
+        ack_timeout_ms: u64,
+        max_in_flight: u64,
+    },
+    Subscribed {
+        topic: String,
+        req: Option<Req>,
+        partitions: Vec<SubscribedPartition>,
+    },
+    Unsubscribed {
+        topic: String,
+        req: Option<Req>,
+    },
     /// One delivery. `payload` when the value is JSON, else `payload_base64`.
     Event {
         delivery_id: String,
@@ -471,14 +480,30 @@ pub enum ServerFrame {
         payload_base64: Option<String>,
     },
     /// Committed offsets `{"<topic>": {"<partition>": offset}}` of every partition the ack touched.
-    AckOk { req: Req, committed: BTreeMap<String, BTreeMap<String, u64>> },
-    Pong { req: Option<Req> },
+    AckOk {
+        req: Req,
+        committed: BTreeMap<String, BTreeMap<String, u64>>,
+    },
+    Pong {
+        req: Option<Req>,
+    },
     /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
-    Gap { topic: String, partition: u32, from: u64, to: u64 },
+    Gap {
+        topic: String,
+        partition: u32,
+        from: u64,
+        to: u64,
+    },
     /// The instance is draining: the session closes next with 1012; reconnect (through
     /// `/session/recommend`) after `after_ms`.
-    Reconnect { after_ms: u64 },
+    Reconnect {
+        after_ms: u64,
+    },
     /// The connection stays open. Close codes: 1001 shutdown, 1012 draining, 1008 auth, 1009 frame too large,
     /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client.
-    Error { code: ErrorCodeName, message: String, req: Option<Req> },
+    Error {
+        code: ErrorCodeName,
+        message: String,
+        req: Option<Req>,
+    },
 }

@@ -149,13 +149,7 @@ fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
         (Some(_), Some(_)) => return Err("give payload or payload_base64, not both".into()),
         (None, None) => return Err("payload is required".into()),
     };
-    Ok(NewEvent {
-        key: event.key,
-        partition: event.partition,
-        headers: event.headers.unwrap_or_default().into_iter().collect(),
-        payload,
-        payload_is_json,
-    })
+    Ok(NewEvent { key: event.key, partition: event.partition, headers: event.headers.unwrap_or_default().into_iter().collect(), payload, payload_is_json })
 }
 
 #[utoipa::path(

@@ -32,7 +32,9 @@ fn to_u64(number: &serde_json::Number) -> Result<u64, String> {
     }
     match number.as_f64() {
         Some(f) if f.fract() == 0.0 && (0.0..=EXACT_FLOAT_LIMIT).contains(&f) => Ok(f as u64),
-        Some(f) if f.fract() == 0.0 && f > EXACT_FLOAT_LIMIT => Err(format!("{number} is written as a float above 2^53, where floats skip integers; write it without a fraction")),
+        Some(f) if f.fract() == 0.0 && f > EXACT_FLOAT_LIMIT => {
+            Err(format!("{number} is written as a float above 2^53, where floats skip integers; write it without a fraction"))
+        }
         _ => Err(format!("{number} is not a non-negative integer")),
     }
 }

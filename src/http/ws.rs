@@ -12,15 +12,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
 use super::auth::session_access;
-use super::lingering::PeerAddr;
 use super::error::ApiError;
+use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::access::Access;
 use crate::core::dispatcher::Registration;
 use crate::core::names::ClientId;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
 use crate::core::session::{run_session, Inbound, Outbound};
-
 
 #[utoipa::path(
     get,
@@ -61,10 +60,7 @@ pub async fn upgrade(
     }
     let remote = Some(remote);
     let max_frame = app.config.limits.max_frame_bytes;
-    ws.max_message_size(max_frame)
-        .max_frame_size(max_frame)
-        .read_buffer_size(app.config.limits.ws_read_buffer_bytes)
-        .on_upgrade(move |socket| async move {
+    ws.max_message_size(max_frame).max_frame_size(max_frame).read_buffer_size(app.config.limits.ws_read_buffer_bytes).on_upgrade(move |socket| async move {
         match app.dispatcher.register(client_id, remote) {
             // A task of its own, counted by the shutdown drain until the session ends: the
             // upgrade task (axum's future around this one) then ends at once instead of living
@@ -110,13 +106,12 @@ fn receive(message: Result<Message, axum::Error>) -> Received {
 /// Feeds a real WebSocket to a session.
 async fn serve_socket(app: AppState, registration: Registration, access: Access, socket: WebSocket) {
     let (sink, stream) = socket.split();
-    let inbound = stream
-        .map(receive)
-        .take_while(|r| ready(!matches!(r, Received::End)))
-        .filter_map(|r| ready(match r {
+    let inbound = stream.map(receive).take_while(|r| ready(!matches!(r, Received::End))).filter_map(|r| {
+        ready(match r {
             Received::Frame(frame) => Some(frame),
             Received::End => None,
-        }));
+        })
+    });
     let outbound = sink.with(|frame: Outbound| {
         ready(Ok::<_, axum::Error>(match frame {
             Outbound::Text(text) => Message::Text(text.into()),
@@ -137,7 +132,12 @@ fn is_too_large(e: &axum::Error) -> bool {
 /// (the drain window in seconds: by then this instance is gone or back).
 pub fn draining(config: &crate::config::Config) -> Response {
     let retry_after = config.server.drain_ms.div_ceil(1000).max(1).to_string();
-    let mut response = ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, crate::core::protocol::ErrorCode::Unavailable, "this instance is draining; connect to another (GET /session/recommend)").into_response();
+    let mut response = ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        crate::core::protocol::ErrorCode::Unavailable,
+        "this instance is draining; connect to another (GET /session/recommend)",
+    )
+    .into_response();
     if let Ok(value) = axum::http::HeaderValue::from_str(&retry_after) {
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
     }

@@ -5,7 +5,9 @@ use std::sync::Mutex;
 
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{
+    DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome,
+};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -151,10 +153,19 @@ impl OffsetStore for MemoryOffsetStore {
             false => (d.topic.as_str().to_string(), d.client_id.as_str().to_string(), d.partition, d.offset),
         };
         let after = query.after.as_ref().map(|id| {
-            let probe = DeadLetter { topic: id.key.topic.clone(), client_id: id.key.client_id.clone(), partition: id.key.partition, offset: id.offset, attempts: 0, reason: String::new(), at: 0 };
+            let probe = DeadLetter {
+                topic: id.key.topic.clone(),
+                client_id: id.key.client_id.clone(),
+                partition: id.key.partition,
+                offset: id.offset,
+                attempts: 0,
+                reason: String::new(),
+                at: 0,
+            };
             order(&probe)
         });
-        let mut rows: Vec<DeadLetter> = self.lock().dead_letters.iter().filter(|d| query.matches(d) && after.as_ref().is_none_or(|a| order(d) > *a)).cloned().collect();
+        let mut rows: Vec<DeadLetter> =
+            self.lock().dead_letters.iter().filter(|d| query.matches(d) && after.as_ref().is_none_or(|a| order(d) > *a)).cloned().collect();
         rows.sort_by_key(order);
         rows.truncate(query.limit + 1);
         Ok(DeadLetterPage::from_rows(rows, query.limit))

@@ -22,7 +22,9 @@ use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode,
 
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{
+    DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome,
+};
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// Raw `(key, value)` pairs read from a column family.
@@ -69,7 +71,8 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES]
+            .map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
         let store = Self { db, sync_writes, write_lock: Mutex::new(Generations::new()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
         for (cf, count) in [(CF_PUBLISHES, &store.publishes), (CF_REDRIVES, &store.redrives)] {
@@ -693,7 +696,9 @@ impl OffsetStore for RocksOffsetStore {
 
     fn remembered_publish(&self, topic: &TopicName, key: &IdempotencyKey) -> Result<Option<RememberedPublish>, StoreError> {
         match self.db.get_pinned_cf(&self.cf(CF_PUBLISHES)?, publish_key(topic, key)).map_err(io_err)? {
-            Some(bytes) => RememberedPublish::decode(&bytes).map(Some).ok_or_else(|| StoreError::Corrupt(format!("unreadable idempotency key {:?} of {topic}", key.as_str()))),
+            Some(bytes) => RememberedPublish::decode(&bytes)
+                .map(Some)
+                .ok_or_else(|| StoreError::Corrupt(format!("unreadable idempotency key {:?} of {topic}", key.as_str()))),
             None => Ok(None),
         }
     }
@@ -729,7 +734,8 @@ impl OffsetStore for RocksOffsetStore {
             let mut batch = WriteBatch::default();
             for key in chunk {
                 // Read again under the lock: a publish may have remembered the key anew since.
-                let still_expired = self.db.get_pinned_cf(&cf, key).map_err(io_err)?.is_some_and(|v| RememberedPublish::expires_at_of(&v).is_none_or(|at| at <= now));
+                let still_expired =
+                    self.db.get_pinned_cf(&cf, key).map_err(io_err)?.is_some_and(|v| RememberedPublish::expires_at_of(&v).is_none_or(|at| at <= now));
                 if still_expired {
                     batch.delete_cf(&cf, key);
                 }

@@ -29,7 +29,12 @@ async fn start() -> (tempfile::TempDir, InProcess) {
 
 /// The HTTP status and error code of a refused handshake.
 async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
-    let mut request = http().get(url).header("connection", "upgrade").header("upgrade", "websocket").header("sec-websocket-version", "13").header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+    let mut request = http()
+        .get(url)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
     if let Some(t) = bearer {
         request = request.bearer_auth(t);
     }
@@ -170,7 +175,9 @@ async fn stored_offset_with(base: &str, topic: &str, client: &str, admin_token: 
 #[tokio::test]
 async fn a_publish_claim_allows_publishing_to_its_topics_only() {
     let (_dir, gw) = start().await;
-    let post = |topic: &str, bearer: &str| http().post(format!("{}/topics/{topic}/events", gw.base)).bearer_auth(bearer.to_string()).json(&json!({"payload": 1})).send();
+    let post = |topic: &str, bearer: &str| {
+        http().post(format!("{}/topics/{topic}/events", gw.base)).bearer_auth(bearer.to_string()).json(&json!({"payload": 1})).send()
+    };
     let publisher = token(json!({"sub": "svc", "publish": ["orders.*"]}));
     assert_eq!(post("orders.eu", &publisher).await.unwrap().status(), 200);
     let refused = post("payments", &publisher).await.unwrap();

@@ -133,7 +133,13 @@ async fn idempotency_keys_are_bounded_and_expired_ones_make_room() {
     let clock = std::sync::Arc::new(ackgate::core::offsets::ManualClock::new(1_000_000));
     let gw = InProcess::start_with_clock(config, clock.clone()).await;
     let send = async |key: &str, n: u64| {
-        let response = http().post(format!("{}/topics/keys/events", gw.base)).header("Idempotency-Key", key).json(&json!({"partition": 0, "payload": {"n": n}})).send().await.unwrap();
+        let response = http()
+            .post(format!("{}/topics/keys/events", gw.base))
+            .header("Idempotency-Key", key)
+            .json(&json!({"partition": 0, "payload": {"n": n}}))
+            .send()
+            .await
+            .unwrap();
         (response.status().as_u16(), response.json::<serde_json::Value>().await.unwrap())
     };
     assert_eq!(send("a", 1).await.0, 200);
@@ -141,7 +147,12 @@ async fn idempotency_keys_are_bounded_and_expired_ones_make_room() {
     let (status, refused) = send("c", 3).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (429, Some("limit_exceeded")), "{refused}");
     assert_eq!(send("a", 1).await.0, 200, "a remembered key still answers at the limit");
-    let written: u64 = get_json(&format!("{}/topics", gw.base)).await.1["topics"][0]["partitions"].as_array().unwrap().iter().map(|p| p["log_end"].as_u64().unwrap()).sum::<u64>();
+    let written: u64 = get_json(&format!("{}/topics", gw.base)).await.1["topics"][0]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["log_end"].as_u64().unwrap())
+        .sum::<u64>();
     assert_eq!(written, 2, "only a and b were written");
     clock.advance(61_000);
     assert_eq!(send("c", 3).await.0, 200, "expired keys made room");

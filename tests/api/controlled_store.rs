@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ackgate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use ackgate::core::names::{ClientId, OffsetKey, TopicName};
-use ackgate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::offsets::{
+    DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome,
+};
 use ackgate::store::rocks::RocksOffsetStore;
 
 /// A switch that makes callers wait while it is held; while held, it can let a number of
@@ -169,7 +171,6 @@ impl ControlledStore {
     pub fn fail_writes(&self, failing: bool) {
         self.failing.store(failing, Ordering::SeqCst);
     }
-
 }
 
 /// Lets go of held offset writes, dead-letter writes and removals when dropped: a test that fails while holding

@@ -34,7 +34,9 @@ async fn all_pages(base: &str, filter: &str, limit: usize) -> Vec<(String, Strin
         assert_eq!(status, 200, "{page}");
         let list = page["dead_letters"].as_array().unwrap();
         assert!(list.len() <= limit);
-        rows.extend(list.iter().map(|d| (d["client_id"].as_str().unwrap().to_string(), d["topic"].as_str().unwrap().to_string(), d["offset"].as_u64().unwrap())));
+        rows.extend(
+            list.iter().map(|d| (d["client_id"].as_str().unwrap().to_string(), d["topic"].as_str().unwrap().to_string(), d["offset"].as_u64().unwrap())),
+        );
         match page.get("next") {
             Some(Value::String(next)) => {
                 assert_eq!(list.len(), limit, "a page with a next is full");
@@ -66,7 +68,10 @@ async fn dead_letters_come_in_pages_and_filter_by_client_from_the_index() {
     assert_eq!(all_pages(&gw.base, "", 1000).await, everything);
 
     let of_y = all_pages(&gw.base, "&client_id=y", 2).await;
-    assert_eq!(of_y, vec![("y".into(), "a".into(), 0), ("y".into(), "a".into(), 1), ("y".into(), "a".into(), 2), ("y".into(), "b".into(), 0), ("y".into(), "b".into(), 1)]);
+    assert_eq!(
+        of_y,
+        vec![("y".into(), "a".into(), 0), ("y".into(), "a".into(), 1), ("y".into(), "a".into(), 2), ("y".into(), "b".into(), 0), ("y".into(), "b".into(), 1)]
+    );
     assert_eq!(all_pages(&gw.base, "&client_id=x&topic=b", 1).await, vec![("x".into(), "b".into(), 0), ("x".into(), "b".into(), 1)]);
     let (_, first) = get_json(&format!("{}/admin/dead-letters?topic=a&client_id=x", gw.base)).await;
     assert_eq!(first["dead_letters"][2]["reason"], "bad 2");
@@ -131,7 +136,12 @@ async fn redrive(base: &str, topic: &str, client: &str, extra: Value) -> (u16, V
 async fn dead_letters_of(base: &str, topic: &str, client: &str) -> Vec<(u64, u64, String)> {
     let (status, page) = get_json(&format!("{base}/admin/dead-letters?topic={topic}&client_id={client}")).await;
     assert_eq!(status, 200, "{page}");
-    page["dead_letters"].as_array().unwrap().iter().map(|d| (d["offset"].as_u64().unwrap(), d["attempts"].as_u64().unwrap(), d["reason"].as_str().unwrap().to_string())).collect()
+    page["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["offset"].as_u64().unwrap(), d["attempts"].as_u64().unwrap(), d["reason"].as_str().unwrap().to_string()))
+        .collect()
 }
 
 /// Issue 25, redrive: dead letters sent again reach the live client as `redrive: true` events

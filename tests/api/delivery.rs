@@ -511,7 +511,8 @@ async fn a_topic_pattern_has_its_own_redelivery_rules() {
     let (_dir, data) = temp_dir();
     let mut config = test_config(&data);
     config.delivery.ack_timeout_ms = 60_000;
-    let rules = |attempts: u32| ackgate::config::TopicDeliveryConfig { ack_timeout_ms: Some(200), max_attempts: Some(attempts), redelivery_backoff_ms: Some(vec![]) };
+    let rules =
+        |attempts: u32| ackgate::config::TopicDeliveryConfig { ack_timeout_ms: Some(200), max_attempts: Some(attempts), redelivery_backoff_ms: Some(vec![]) };
     config.delivery.topics.insert("jobs.*".into(), rules(3));
     config.delivery.topics.insert("jobs.once".into(), rules(1));
     let gw = InProcess::start(config).await;

@@ -12,7 +12,8 @@ fn repo() -> PathBuf {
 /// README.md and every docs/*.md.
 fn documents() -> Vec<PathBuf> {
     let mut files = vec![repo().join("README.md")];
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs")).expect("docs/ exists").map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")).collect();
+    let mut docs: Vec<PathBuf> =
+        std::fs::read_dir(repo().join("docs")).expect("docs/ exists").map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")).collect();
     docs.sort();
     files.extend(docs);
     files

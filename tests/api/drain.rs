@@ -34,7 +34,15 @@ async fn a_drain_closes_sessions_spread_over_its_window_and_refuses_new_ones() {
     // Not ready, and no new session: 503 with Retry-After (the window, in seconds).
     let (status, ready) = get_json(&format!("{}/readyz", gw.base)).await;
     assert_eq!(status, 503, "{ready}");
-    let refused = http().get(format!("{}/ws?client_id=late", gw.base)).header("Connection", "Upgrade").header("Upgrade", "websocket").header("Sec-WebSocket-Version", "13").header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==").send().await.unwrap();
+    let refused = http()
+        .get(format!("{}/ws?client_id=late", gw.base))
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "websocket")
+        .header("Sec-WebSocket-Version", "13")
+        .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "3");
     let (_, again) = post_json(&format!("{}/admin/drain", gw.base), json!({})).await;

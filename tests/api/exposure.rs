@@ -148,7 +148,13 @@ async fn off_loopback_without_auth_refuses_to_start() {
     for key in ["auth.admin_token", "auth.jwt_secret", "auth.allow_anonymous"] {
         assert!(stderr.contains(key), "{key} named: {stderr}");
     }
-    let (code, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken").env("ACKGATE_AUTH__JWT_SECRET", "short"));
+    let (code, stderr) = exit_of(
+        Command::new(env!("CARGO_BIN_EXE_ackgate"))
+            .arg("--config")
+            .arg(&config)
+            .env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken")
+            .env("ACKGATE_AUTH__JWT_SECRET", "short"),
+    );
     assert_eq!(code, Some(2));
     assert!(stderr.contains("at least 32 bytes"), "{stderr}");
 

@@ -15,7 +15,8 @@ fn package_dir() -> PathBuf {
 
 /// Runs `program args` in the package directory; panics with its output unless it succeeds.
 async fn run(program: &'static str, args: &'static [&'static str], env: Vec<(&'static str, String)>) -> String {
-    let output = tokio::task::spawn_blocking(move || Command::new(program).args(args).envs(env).current_dir(package_dir()).output().expect("it runs")).await.unwrap();
+    let output =
+        tokio::task::spawn_blocking(move || Command::new(program).args(args).envs(env).current_dir(package_dir()).output().expect("it runs")).await.unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
     assert!(output.status.success(), "{program} {args:?} failed:\n{stdout}\n{stderr}");
     stdout + &stderr

@@ -21,12 +21,7 @@ fn kafka_config(data: &std::path::Path, broker: &TestBroker) -> ackgate::config:
 }
 
 fn consumer_in_group(broker: &TestBroker, group: &str) -> BaseConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap()
+    ClientConfig::new().set("bootstrap.servers", broker.bootstrap()).set("group.id", group).set("enable.auto.commit", "false").create().unwrap()
 }
 
 /// The committed offsets the broker holds for `group` on `topic`'s partitions.
@@ -123,10 +118,7 @@ async fn a_ten_second_broker_outage_keeps_sessions_open_and_loses_nothing() {
     assert_eq!(seen, (0..40).collect::<BTreeSet<u64>>(), "every event published before, during and after arrives once");
     client.send(json!({"op": "ping", "req": "flush"})).await;
     client.recv_type("pong").await;
-    wait_for("acks are committed to the log end", async || {
-        stored_offset(&gw.base, "outage", "survivor", 0).await.is_some_and(|r| r["committed"] == 40)
-    })
-    .await;
+    wait_for("acks are committed to the log end", async || stored_offset(&gw.base, "outage", "survivor", 0).await.is_some_and(|r| r["committed"] == 40)).await;
     gw.stop().await;
 }
 

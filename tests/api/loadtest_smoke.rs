@@ -58,7 +58,22 @@ fn loadtest_fails_a_run_whose_offsets_do_not_reach_the_log_end() {
 fn loadtest_takeover_smoke_one_of_two_instances_killed_nothing_lost() {
     let broker = crate::kafka_broker::TestBroker::start();
     let bootstrap = broker.bootstrap();
-    let summary = run(&["--brokers", &bootstrap, "--instances", "2", "--kill-instance-after", "1.5", "--clients", "4", "--events", "3000", "--rate", "1000", "--partitions", "2"]);
+    let summary = run(&[
+        "--brokers",
+        &bootstrap,
+        "--instances",
+        "2",
+        "--kill-instance-after",
+        "1.5",
+        "--clients",
+        "4",
+        "--events",
+        "3000",
+        "--rate",
+        "1000",
+        "--partitions",
+        "2",
+    ]);
     assert_eq!(summary["complete"], true, "{summary}");
     let killed = summary["killed_instance"].as_str().unwrap_or_default();
     assert!(killed.starts_with("gw-"), "{summary}");
@@ -79,8 +94,23 @@ fn loadtest_takeover_smoke_a_drained_instance_hands_its_followers_over_spread_ou
     let broker = crate::kafka_broker::TestBroker::start();
     let bootstrap = broker.bootstrap();
     let summary = run(&[
-        "--brokers", &bootstrap, "--instances", "3", "--kill-instance-after", "1.5", "--drain", "--clients", "30", "--events", "6000", "--rate", "1000",
-        "--partitions", "2", "--gateway-env", "ACKGATE_SERVER__DRAIN_MS=3000",
+        "--brokers",
+        &bootstrap,
+        "--instances",
+        "3",
+        "--kill-instance-after",
+        "1.5",
+        "--drain",
+        "--clients",
+        "30",
+        "--events",
+        "6000",
+        "--rate",
+        "1000",
+        "--partitions",
+        "2",
+        "--gateway-env",
+        "ACKGATE_SERVER__DRAIN_MS=3000",
     ]);
     assert_eq!(summary["complete"], true, "{summary}");
     let moved = summary["followers_moved"].as_str().unwrap_or_default();

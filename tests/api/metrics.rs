@@ -13,10 +13,7 @@ async fn scrape(base: &str) -> BTreeMap<String, f64> {
     let response = http().get(format!("{base}/metrics")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())))
-        .collect()
+    text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap()))).collect()
 }
 
 fn value(m: &BTreeMap<String, f64>, key: &str) -> f64 {

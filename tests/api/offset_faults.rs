@@ -499,7 +499,9 @@ async fn the_offsets_listing_comes_in_pages() {
     for topic in ["a", "b"] {
         for client in ["c1", "c2", "c3"] {
             for partition in 0..4 {
-                store.write_offset(OffsetWrite { key: key(topic, client, partition), committed: 1, last_acked: Some(0), updated_at: now, generation: 0 }).unwrap();
+                store
+                    .write_offset(OffsetWrite { key: key(topic, client, partition), committed: 1, last_acked: Some(0), updated_at: now, generation: 0 })
+                    .unwrap();
             }
         }
     }

@@ -74,11 +74,8 @@ fn prefix_scans_by_topic_by_client_and_both() {
         let writes: Vec<OffsetWrite> = (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1, generation: 0 }).collect();
         store.write_offsets(&writes).unwrap();
         let scan = |topic: Option<&str>, client: Option<&str>| -> Vec<String> {
-            let filter = OffsetFilter {
-                topic: topic.map(|t| TopicName::parse(t).unwrap()),
-                client_id: client.map(|c| ClientId::parse(c).unwrap()),
-                partition: None,
-            };
+            let filter =
+                OffsetFilter { topic: topic.map(|t| TopicName::parse(t).unwrap()), client_id: client.map(|c| ClientId::parse(c).unwrap()), partition: None };
             store.scan(&filter).unwrap().iter().map(|(k, _)| k.to_string()).collect()
         };
         assert_eq!(scan(Some("a"), None).len(), 6, "topic a holds clients bc and b, three partitions each");

@@ -94,7 +94,10 @@ fn every_protocol_route_is_documented_with_its_bodies_and_errors() {
                 for (name, link) in response["links"].as_object().into_iter().flatten() {
                     let target = &ids[link["operationId"].as_str().unwrap_or_else(|| panic!("link {name} names an operationId: {link}"))];
                     for parameter in link["parameters"].as_object().unwrap().keys() {
-                        assert!(target["parameters"].as_array().unwrap().iter().any(|p| p["name"] == parameter.as_str()), "link {name}: target has no parameter {parameter}");
+                        assert!(
+                            target["parameters"].as_array().unwrap().iter().any(|p| p["name"] == parameter.as_str()),
+                            "link {name}: target has no parameter {parameter}"
+                        );
                     }
                     links += 1;
                 }
@@ -104,7 +107,9 @@ fn every_protocol_route_is_documented_with_its_bodies_and_errors() {
     assert!(links >= 6, "the stateful links are documented ({links})");
     // Every client op and server frame type of PROTOCOL.md is described.
     let frames = serde_json::to_string(&schemas["ClientFrame"]).unwrap() + &serde_json::to_string(&schemas["ServerFrame"]).unwrap();
-    for name in ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"] {
+    for name in
+        ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"]
+    {
         assert!(frames.contains(&format!("\"{name}\"")), "frame {name} described");
     }
 }
@@ -182,7 +187,15 @@ async fn real_answers_have_the_documented_shapes() {
     config.delivery.max_attempts = 1;
     config.delivery.ack_timeout_ms = 100;
     let gw = InProcess::start(config).await;
-    let created = http().post(format!("{}/topics", gw.base)).json(&serde_json::json!({"name": "docs", "partitions": 2})).send().await.unwrap().json::<Value>().await.unwrap();
+    let created = http()
+        .post(format!("{}/topics", gw.base))
+        .json(&serde_json::json!({"name": "docs", "partitions": 2}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
     let published = publish(&gw.base, "docs", serde_json::json!({"events": [{"partition": 0, "payload": 1}, {"partition": 0, "payload": 2}]})).await;
     let mut client = WsClient::connect(gw.addr(), "doc-reader").await;
     client.subscribe("docs", serde_json::json!({})).await;

@@ -15,20 +15,11 @@ fn a_bad_config_stops_the_start_and_names_the_key() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("ack_timeout"), "{stderr}");
-    let output = Command::new(env!("CARGO_BIN_EXE_ackgate"))
-        .arg("--config")
-        .arg(dir.path().join("missing.toml"))
-        .output()
-        .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(dir.path().join("missing.toml")).output().unwrap();
     assert_eq!(output.status.code(), Some(2), "an explicit config path must exist");
     let empty = dir.path().join("empty.toml");
     std::fs::write(&empty, "").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_ackgate"))
-        .arg("--config")
-        .arg(&empty)
-        .env("ACKGATE_DELIVERY__RESET_POLICY", "sideways")
-        .output()
-        .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&empty).env("ACKGATE_DELIVERY__RESET_POLICY", "sideways").output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("delivery.reset_policy"), "environment overrides are validated too");
 }

@@ -66,7 +66,8 @@ impl TestRocketMq {
 
     /// The consumer offset the broker holds for `group` on a queue (`None`: it holds none).
     pub async fn consumer_offset(&self, group: &str, topic: &str, queue: u32) -> Option<i64> {
-        let ext = [("consumerGroup", group.to_string()), ("topic", topic.to_string()), ("queueId", queue.to_string()), ("setZeroIfNotFound", "false".to_string())];
+        let ext =
+            [("consumerGroup", group.to_string()), ("topic", topic.to_string()), ("queueId", queue.to_string()), ("setZeroIfNotFound", "false".to_string())];
         let r = self.call(&self.broker_addr().await, code::QUERY_CONSUMER_OFFSET, &ext).await;
         (r.code == 0).then(|| r.number("offset").unwrap())
     }

@@ -55,15 +55,19 @@ async fn fuzz(admin_token: Option<&str>) {
     // Three of them, so the list rarely comes back empty while one reconnects. (Whether the
     // stateful phase found a session at each step is not asserted: that is a race by design.)
     let addr = gw.addr;
-    let readers: Vec<_> = (0..3).map(|i| tokio::spawn(async move {
-        loop {
-            let mut live = WsClient::connect(addr, &format!("live-reader-{i}")).await;
-            // Not asserted: the fuzzer may have deleted the topic; the session lives on anyway.
-            live.send(json!({"op": "subscribe", "topic": "fuzz"})).await;
-            live.read_until_closed().await;
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })).collect();
+    let readers: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(async move {
+                loop {
+                    let mut live = WsClient::connect(addr, &format!("live-reader-{i}")).await;
+                    // Not asserted: the fuzzer may have deleted the topic; the session lives on anyway.
+                    live.send(json!({"op": "subscribe", "topic": "fuzz"})).await;
+                    live.read_until_closed().await;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
 
     // The gateway serves the document of its configuration: without security requirements
     // when auth is off (PROTOCOL.md, `/openapi.json`).

@@ -245,7 +245,10 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
     until.store(log.len(), Ordering::SeqCst);
 
     for (i, follower) in followers.into_iter().enumerate() {
-        tokio::time::timeout(Duration::from_secs(120), follower).await.unwrap_or_else(|_| panic!("follower-{i} did not receive everything: {:?}", seen[i].lock().unwrap().received.len())).unwrap();
+        tokio::time::timeout(Duration::from_secs(120), follower)
+            .await
+            .unwrap_or_else(|_| panic!("follower-{i} did not receive everything: {:?}", seen[i].lock().unwrap().received.len()))
+            .unwrap();
     }
     let mut moved = 0;
     let mut takeover = Vec::new();
@@ -330,7 +333,8 @@ async fn the_console_follows_a_takeover_in_a_real_browser() {
 
     let screenshot = std::env::temp_dir().join(format!("ackgate-takeover-{}.png", std::process::id()));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/takeover.mjs");
-    let mut node = Command::new("node").arg(script).arg(&urls[0]).arg(&urls[1]).arg(&screenshot).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("node runs");
+    let mut node =
+        Command::new("node").arg(script).arg(&urls[0]).arg(&urls[1]).arg(&screenshot).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("node runs");
     let stdout = node.stdout.take().unwrap();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {

@@ -31,7 +31,11 @@ fn trusting(trusted: &CertificateDer<'static>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(trusted.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     TlsConnector::from(Arc::new(config))
 }
 
@@ -44,7 +48,10 @@ async fn connect(addr: SocketAddr, tls: &TlsConnector) -> std::io::Result<TlsStr
 async fn https(addr: SocketAddr, tls: &TlsConnector, method: &str, path: &str, body: Option<Value>) -> std::io::Result<(u16, String)> {
     let mut stream = connect(addr, tls).await?;
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).await?;
     let mut answer = Vec::new();
     // The server may end without close_notify; what was read up to then is the answer.

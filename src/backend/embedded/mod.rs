@@ -132,7 +132,6 @@ impl EmbeddedLog {
 }
 
 impl LogState {
-
     fn recover_topics(&self) -> Result<(), BackendError> {
         let cf = self.cf(CF_TOPICS)?;
         let mut recovered = HashMap::new();
@@ -232,9 +231,8 @@ impl LogState {
         }
         let cf = self.cf(CF_TOPICS)?;
         self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
-        let logs = (0..partitions)
-            .map(|_| PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) })
-            .collect();
+        let logs =
+            (0..partitions).map(|_| PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) }).collect();
         self.topics.write().unwrap().insert(topic.clone(), logs);
         tracing::info!(%topic, partitions, "topic created");
         Ok(true)
@@ -246,7 +244,11 @@ impl LogState {
         let _guard = self.append_lock.lock().unwrap();
         let count = self.topics.read().unwrap().get(topic).map(|ps| ps.len() as u32).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         if partitions <= count {
-            return if partitions == count { Ok(false) } else { Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks"))) };
+            return if partitions == count {
+                Ok(false)
+            } else {
+                Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks")))
+            };
         }
         if partitions > 10_000 {
             return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
@@ -521,4 +523,3 @@ impl LogBackend for EmbeddedLog {
         true
     }
 }
-

@@ -35,7 +35,13 @@ impl LogState {
             let _guard = self.append_lock.lock().unwrap();
             // The same partition as scanned: not deleted and created again meanwhile (a new
             // topic has new `appended` notifiers), and not trimmed by anyone else.
-            let unchanged = self.topics.read().unwrap().get(&topic).and_then(|ps| ps.get(partition as usize)).is_some_and(|p| Arc::ptr_eq(&p.appended, &incarnation) && p.start == start);
+            let unchanged = self
+                .topics
+                .read()
+                .unwrap()
+                .get(&topic)
+                .and_then(|ps| ps.get(partition as usize))
+                .is_some_and(|p| Arc::ptr_eq(&p.appended, &incarnation) && p.start == start);
             if !unchanged {
                 continue;
             }
@@ -93,5 +99,4 @@ impl LogState {
         }
         Ok(undecodable_from.unwrap_or(keep_from))
     }
-
 }

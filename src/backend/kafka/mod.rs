@@ -175,9 +175,7 @@ impl KafkaLog {
         let (metadata, timeout) = (self.metadata.clone(), self.settings.request_timeout);
         move || {
             let metadata = metadata.clone();
-            Box::pin(async move {
-                blocking(move || metadata.fetch_metadata(None, timeout).map_err(kafka_err)).await.is_ok_and(|m| !m.brokers().is_empty())
-            })
+            Box::pin(async move { blocking(move || metadata.fetch_metadata(None, timeout).map_err(kafka_err)).await.is_ok_and(|m| !m.brokers().is_empty()) })
         }
     }
 
@@ -225,11 +223,8 @@ impl KafkaLog {
                 .collect::<Vec<_>>())
         })
         .await?;
-        let counts: Vec<(TopicName, u32)> = found
-            .into_iter()
-            .filter(|(name, _)| self.is_served(name))
-            .filter_map(|(name, count)| TopicName::parse(&name).ok().map(|t| (t, count)))
-            .collect();
+        let counts: Vec<(TopicName, u32)> =
+            found.into_iter().filter(|(name, _)| self.is_served(name)).filter_map(|(name, count)| TopicName::parse(&name).ok().map(|t| (t, count))).collect();
         let mut cache = self.partition_counts.lock().unwrap();
         if topic.is_none() {
             cache.clear();
@@ -296,7 +291,11 @@ impl LogBackend for KafkaLog {
     async fn add_partitions(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
         let count = self.partitions(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         if partitions <= count {
-            return if partitions == count { Ok(false) } else { Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks"))) };
+            return if partitions == count {
+                Ok(false)
+            } else {
+                Err(BackendError::InvalidInput(format!("{topic} has {count} partitions; a topic never shrinks")))
+            };
         }
         let wanted = NewPartitions::new(topic.as_str(), partitions as usize);
         let options = AdminOptions::new().operation_timeout(Some(self.settings.request_timeout));

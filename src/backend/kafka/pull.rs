@@ -288,7 +288,13 @@ fn to_event(message: &BorrowedMessage<'_>) -> Event {
     let headers = read_headers(message);
     if headers.dropped > 0 {
         crate::core::metrics::kafka_headers_dropped().increment(headers.dropped);
-        tracing::warn!(topic = message.topic(), partition = message.partition(), offset = message.offset(), dropped = headers.dropped, "Kafka record headers whose key is not UTF-8 dropped");
+        tracing::warn!(
+            topic = message.topic(),
+            partition = message.partition(),
+            offset = message.offset(),
+            dropped = headers.dropped,
+            "Kafka record headers whose key is not UTF-8 dropped"
+        );
     }
     Event {
         partition: message.partition() as u32,
@@ -343,7 +349,9 @@ fn read_headers(message: &BorrowedMessage<'_>) -> RecordHeaders {
         }
         for index in 0..rd::rd_kafka_header_cnt(native) {
             let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0usize);
-            if rd::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+            if rd::rd_kafka_header_get_all(native, index, &mut name, &mut value, &mut size) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                || name.is_null()
+            {
                 continue;
             }
             let key = std::ffi::CStr::from_ptr(name).to_bytes();

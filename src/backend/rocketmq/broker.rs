@@ -185,7 +185,16 @@ impl Broker {
     }
 
     /// Sends one message to a queue; answers its queue offset.
-    pub async fn send(&self, broker_addr: &str, producer_group: &str, topic: &str, queue_id: u32, properties: String, body: &[u8], timeout: Duration) -> Result<u64, BackendError> {
+    pub async fn send(
+        &self,
+        broker_addr: &str,
+        producer_group: &str,
+        topic: &str,
+        queue_id: u32,
+        properties: String,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u64, BackendError> {
         let now = SystemClock.now_ms();
         let ext = [
             ("producerGroup", producer_group.to_string()),
@@ -223,7 +232,16 @@ impl Broker {
 
     /// PULL from `offset`, never committing an offset for `group`. `wait` > 0 lets the broker
     /// hold the request until a message arrives (long polling).
-    pub async fn pull(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, offset: u64, max: usize, wait: Duration) -> Result<Pulled, BackendError> {
+    pub async fn pull(
+        &self,
+        broker_addr: &str,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Pulled, BackendError> {
         const FLAG_SUSPEND: i32 = 0x2;
         const FLAG_SUBSCRIPTION: i32 = 0x4;
         let suspend = if wait.is_zero() { 0 } else { FLAG_SUSPEND };
@@ -244,9 +262,7 @@ impl Broker {
         let r = self.call(broker_addr, code::PULL_MESSAGE, &ext, &[], self.timeout + wait).await?;
         let next = |r: &Response| r.number("nextBeginOffset").map(|n| n.max(0) as u64).unwrap_or(offset);
         match r.code {
-            response::SUCCESS => {
-                Ok(Pulled::Found { next: next(&r), messages: decode_messages(&r.body) })
-            }
+            response::SUCCESS => Ok(Pulled::Found { next: next(&r), messages: decode_messages(&r.body) }),
             response::PULL_NOT_FOUND | response::PULL_RETRY_IMMEDIATELY => Ok(Pulled::NotFound { next: next(&r) }),
             response::PULL_OFFSET_MOVED => Ok(Pulled::OffsetMoved { next: next(&r) }),
             _ => Err(refused("pull", &r)),
@@ -254,7 +270,16 @@ impl Broker {
     }
 
     /// POP from one queue (and, as the broker decides, from the group's retry topic).
-    pub async fn pop(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, max: usize, invisible: Duration, wait: Duration) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
+    pub async fn pop(
+        &self,
+        broker_addr: &str,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        max: usize,
+        invisible: Duration,
+        wait: Duration,
+    ) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
         let now = SystemClock.now_ms();
         let ext = [
             ("consumerGroup", group.to_string()),
@@ -298,7 +323,16 @@ impl Broker {
 
     /// CHANGE_MESSAGE_INVISIBLETIME: the message stays invisible `invisible` from now; answers
     /// the new pop time and revive queue (the handle changes with them).
-    pub async fn change_invisible_time(&self, broker_addr: &str, group: &str, topic: &str, queue_id: u32, extra_info: &str, offset: u64, invisible: Duration) -> Result<(u64, i64), BackendError> {
+    pub async fn change_invisible_time(
+        &self,
+        broker_addr: &str,
+        group: &str,
+        topic: &str,
+        queue_id: u32,
+        extra_info: &str,
+        offset: u64,
+        invisible: Duration,
+    ) -> Result<(u64, i64), BackendError> {
         let mut ext = receipt_fields(group, topic, queue_id, extra_info, offset);
         ext.push(("invisibleTime", invisible.as_millis().to_string()));
         let r = self.call(broker_addr, code::CHANGE_MESSAGE_INVISIBLETIME, &ext, &[], self.timeout).await?;
@@ -321,7 +355,8 @@ impl Broker {
     /// SEARCH_OFFSET_BY_TIMESTAMP with the lower boundary: the first offset of a queue stored at
     /// or after `time_ms`.
     pub async fn offset_for_time(&self, broker_addr: &str, topic: &str, queue_id: u32, time_ms: u64) -> Result<u64, BackendError> {
-        let fields = [("topic", topic.to_string()), ("queueId", queue_id.to_string()), ("timestamp", time_ms.to_string()), ("boundaryType", "LOWER".to_string())];
+        let fields =
+            [("topic", topic.to_string()), ("queueId", queue_id.to_string()), ("timestamp", time_ms.to_string()), ("boundaryType", "LOWER".to_string())];
         let r = self.call(broker_addr, code::SEARCH_OFFSET_BY_TIMESTAMP, &fields, &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("search offset by time", &r));

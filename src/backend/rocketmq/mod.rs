@@ -463,7 +463,11 @@ impl LogBackend for RocketMqLog {
             return Err(BackendError::InvalidInput(format!("topic {topic} is not in rocketmq.topics")));
         }
         if let Some(existing) = self.broker.route(topic.as_str()).await? {
-            return if existing.queues == partitions { Ok(false) } else { Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.queues))) };
+            return if existing.queues == partitions {
+                Ok(false)
+            } else {
+                Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.queues)))
+            };
         }
         let brokers = self.broker.brokers().await?;
         let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
@@ -530,8 +534,10 @@ impl LogBackend for RocketMqLog {
                     }
                     properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                     let properties = encode_properties(&properties);
-                    let offset =
-                        self.broker.send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, properties, &event.payload, self.settings.publish_timeout).await?;
+                    let offset = self
+                        .broker
+                        .send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, properties, &event.payload, self.settings.publish_timeout)
+                        .await?;
                     written.push((i, (queue, offset)));
                 }
                 Ok::<_, BackendError>(written)

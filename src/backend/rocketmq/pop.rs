@@ -25,7 +25,14 @@ use crate::core::names::TopicPartition;
 /// `checkpoint start offset, pop time, invisible time, revive queue, retry marker, broker, queue,
 /// queue offset`); a revived one carries its own (`POP_CK`) or lives in the group's retry topic,
 /// and is mapped back through its `UNIQ_KEY`. `None` when that key is unknown here.
-pub fn receipt(group: &str, broker_name: &str, polled: &TopicPartition, header: &PopHeader, m: &StoredMessage, positions: &Positions) -> Option<(TopicPartition, u64, Handle)> {
+pub fn receipt(
+    group: &str,
+    broker_name: &str,
+    polled: &TopicPartition,
+    header: &PopHeader,
+    m: &StoredMessage,
+    positions: &Positions,
+) -> Option<(TopicPartition, u64, Handle)> {
     let in_retry_topic = m.topic.starts_with("%RETRY%");
     let revived = in_retry_topic || m.property(POP_CK).is_some();
     let extra_info = match m.property(POP_CK) {
@@ -117,7 +124,8 @@ impl Ledger {
                         due.ack.extend(handles);
                     }
                     for (offset, handles) in by_offset.iter() {
-                        let extend = handles.iter().filter(|h| h.invisible_until > now_ms && h.invisible_until <= now_ms + margin_ms && h.retry_extend_at <= now_ms);
+                        let extend =
+                            handles.iter().filter(|h| h.invisible_until > now_ms && h.invisible_until <= now_ms + margin_ms && h.retry_extend_at <= now_ms);
                         due.extend.extend(extend.map(|h| (tp.clone(), *offset, h.clone())));
                     }
                 }

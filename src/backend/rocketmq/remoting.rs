@@ -67,9 +67,7 @@ impl Response {
 
     /// A numeric header field.
     pub fn number(&self, name: &str) -> Result<i64, RemotingError> {
-        self.field(name)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| RemotingError::Protocol(format!("response {} has no numeric {name}", self.code)))
+        self.field(name).and_then(|v| v.parse().ok()).ok_or_else(|| RemotingError::Protocol(format!("response {} has no numeric {name}", self.code)))
     }
 }
 
@@ -250,10 +248,9 @@ pub fn decode_frame(frame: &[u8]) -> Result<(i32, i32, Response), RemotingError>
     let header: serde_json::Value = serde_json::from_slice(header).map_err(|e| RemotingError::Protocol(format!("header: {e}")))?;
     let number = |name: &str| header.get(name).and_then(serde_json::Value::as_i64).unwrap_or(0) as i32;
     let ext = match header.get("extFields") {
-        Some(serde_json::Value::Object(fields)) => fields
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
-            .collect(),
+        Some(serde_json::Value::Object(fields)) => {
+            fields.iter().map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect()
+        }
         _ => HashMap::new(),
     };
     let response = Response {

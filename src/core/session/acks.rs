@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use super::{Session, Waiting};
 use crate::core::ack_tracker::AckEffect;
 use crate::core::client_state::{DeliveryRef, EventRef};
-use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::metrics::RedeliveryReason;
+use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{DeadLetter, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
@@ -44,7 +44,9 @@ impl Session {
             if self.access.topics.is_some() {
                 // A session that took over with a narrower token settles nothing outside it.
                 for id in ids {
-                    if let Some(topic) = DeliveryRef::parse(id.as_ref()).and_then(|d| client.topic_of(d.topic_slot())).filter(|t| !self.access.allows(t.as_str())) {
+                    if let Some(topic) =
+                        DeliveryRef::parse(id.as_ref()).and_then(|d| client.topic_of(d.topic_slot())).filter(|t| !self.access.allows(t.as_str()))
+                    {
                         return Err(forbidden(topic));
                     }
                 }
@@ -133,10 +135,7 @@ impl Session {
         if unknown.is_empty() {
             Ok(())
         } else {
-            Err(FrameError::new(
-                ErrorCode::UnknownDelivery,
-                format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", ")),
-            ))
+            Err(FrameError::new(ErrorCode::UnknownDelivery, format!("unknown delivery ids: {}; the other {valid} were acknowledged", unknown.join(", "))))
         }
     }
 

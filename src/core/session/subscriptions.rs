@@ -17,8 +17,8 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::subscription_plan::StartPoint;
 use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
+use crate::core::subscription_plan::StartPoint;
 
 impl Session {
     pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
@@ -28,10 +28,7 @@ impl Session {
         }
         let limit = self.d.settings.max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
-            return Err(FrameError::new(
-                ErrorCode::LimitExceeded,
-                format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)"),
-            ));
+            return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
         }
         // Subscribing again restarts the subscription from the committed offsets, but only once
         // the new one is planned: a re-subscribe that fails (backend down, a bad resume token,
@@ -63,7 +60,10 @@ impl Session {
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
-            partitions: starts.iter().map(|s| SubscribedPartition { partition: s.partition, from: s.from, gap: s.gap.map(|(from, to)| GapRange { from, to }) }).collect(),
+            partitions: starts
+                .iter()
+                .map(|s| SubscribedPartition { partition: s.partition, from: s.from, gap: s.gap.map(|(from, to)| GapRange { from, to }) })
+                .collect(),
         });
         for start in starts.iter().filter(|s| s.gap.is_some()) {
             self.d.report_gap(&self.info.client_id, &topic, start.partition, start.gap.expect("filtered"));
@@ -89,7 +89,8 @@ impl Session {
     fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken) {
         for start in starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
-            let plan = FeedPlan { reader, partition: start.partition, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
+            let plan =
+                FeedPlan { reader, partition: start.partition, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
             self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
     }

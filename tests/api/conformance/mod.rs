@@ -85,11 +85,8 @@ impl Harness {
         };
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let bootstrap = broker.lock().unwrap().bootstrap();
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-            rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
-        let topic = NewTopic::new(name, partitions as i32, TopicReplication::Fixed(1))
-            .set("cleanup.policy", "delete")
-            .set("retention.ms", "1000");
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+        let topic = NewTopic::new(name, partitions as i32, TopicReplication::Fixed(1)).set("cleanup.policy", "delete").set("retention.ms", "1000");
         let created = admin.create_topics([&topic], &AdminOptions::new()).await.unwrap();
         assert!(created[0].is_ok(), "create {name}: {created:?}");
     }
@@ -105,7 +102,9 @@ impl Harness {
     pub async fn cut_log(&self, base: &str, topic: &str, partition: u32, before: u64) {
         match &self.backend {
             Backend::Embedded => self.clock.advance(self.config().embedded.retention_secs * 1000 + 1000),
-            Backend::RocketMq(..) => panic!("rocketmq-rust deletes commit log files only after hours (fileReservedTime); the retention body does not run on it"),
+            Backend::RocketMq(..) => {
+                panic!("rocketmq-rust deletes commit log files only after hours (fileReservedTime); the retention body does not run on it")
+            }
             Backend::Kafka(broker) => {
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 publish(base, topic, json!({"partition": partition, "payload": {"kept": true}})).await;
@@ -491,7 +490,8 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let rows: Vec<(&str, u64, u64)> = listed["gaps"].as_array().unwrap().iter().map(|g| (g["client_id"].as_str().unwrap(), g["from"].as_u64().unwrap(), g["to"].as_u64().unwrap())).collect();
+    let rows: Vec<(&str, u64, u64)> =
+        listed["gaps"].as_array().unwrap().iter().map(|g| (g["client_id"].as_str().unwrap(), g["from"].as_u64().unwrap(), g["to"].as_u64().unwrap())).collect();
     assert_eq!(rows, vec![("early", 3, start), ("token", 1, start)], "{listed}");
     let (status, early) = get_json(&format!("{}/admin/gaps?client_id=early&limit=1", gw.base)).await;
     assert_eq!((status, early["gaps"].as_array().unwrap().len()), (200, 1), "{early}");
