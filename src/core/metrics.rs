@@ -58,6 +58,74 @@ pub const PUBLISH_REPLAYS: &str = "ackgate_publish_replays_total";
 pub const GAPS: &str = "ackgate_gaps_total";
 pub const GAP_EVENTS: &str = "ackgate_gap_events_total";
 pub const DEAD_LETTERS_REDRIVEN: &str = "ackgate_dead_letters_redriven_total";
+pub const ROCKETMQ_POPPED: &str = "ackgate_rocketmq_popped_total";
+pub const ROCKETMQ_UNMAPPED_REVIVED: &str = "ackgate_rocketmq_unmapped_revived_total";
+pub const ROCKETMQ_PENDING_HANDLES: &str = "ackgate_rocketmq_pending_handles";
+pub const ROCKETMQ_BROKER_ACKS: &str = "ackgate_rocketmq_broker_acks_total";
+pub const ROCKETMQ_INVISIBLE_EXTENSIONS: &str = "ackgate_rocketmq_invisible_extensions_total";
+
+/// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
+/// that a scrape shows no other).
+pub const ALL: [&str; 29] = [
+    SESSIONS,
+    IN_FLIGHT,
+    PULL_LAG,
+    "ackgate_deliveries_total",
+    "ackgate_redeliveries_total",
+    "ackgate_acks_total",
+    "ackgate_dead_letters_total",
+    ACK_LATENCY,
+    "ackgate_offset_writes_total",
+    "ackgate_broker_acks_total",
+    "ackgate_pull_events_total",
+    OFFSETS_ABOVE_LOG_END,
+    TRANSIENT_LOG_ENDS,
+    CONNECTIONS,
+    CONNECTIONS_REFUSED,
+    UNDECODABLE_RECORDS,
+    KAFKA_HEADERS_DROPPED,
+    GAPS,
+    GAP_EVENTS,
+    DEAD_LETTERS_REDRIVEN,
+    PUBLISH_REPLAYS,
+    "ackgate_ws_frames_total",
+    HTTP_REQUESTS,
+    HTTP_DURATION,
+    ROCKETMQ_POPPED,
+    ROCKETMQ_UNMAPPED_REVIVED,
+    ROCKETMQ_PENDING_HANDLES,
+    ROCKETMQ_BROKER_ACKS,
+    ROCKETMQ_INVISIBLE_EXTENSIONS,
+];
+
+/// `ackgate_rocketmq_popped_total`: messages popped from the broker (POP mode).
+pub fn rocketmq_popped() -> Counter {
+    metrics::counter!(ROCKETMQ_POPPED)
+}
+
+/// `ackgate_rocketmq_unmapped_revived_total`: revived messages whose original position is unknown
+/// here, left to the broker.
+pub fn rocketmq_unmapped_revived() -> Counter {
+    metrics::counter!(ROCKETMQ_UNMAPPED_REVIVED)
+}
+
+/// `ackgate_rocketmq_pending_handles`: popped messages whose broker ACK is still to be sent.
+pub fn rocketmq_pending_handles() -> metrics::Gauge {
+    metrics::gauge!(ROCKETMQ_PENDING_HANDLES)
+}
+
+/// `ackgate_rocketmq_broker_acks_total{result=acked|retried|failed}`: ACK requests to the broker
+/// (POP mode), apart from `ackgate_broker_acks_total`, which counts the deferred ACKs handed to
+/// the backend once per event.
+pub fn rocketmq_broker_acks(result: &'static str) -> Counter {
+    metrics::counter!(ROCKETMQ_BROKER_ACKS, "result" => result)
+}
+
+/// `ackgate_rocketmq_invisible_extensions_total{result=ok|failed}`: invisible-time extensions of
+/// popped messages still unacknowledged.
+pub fn rocketmq_invisible_extensions(result: &'static str) -> Counter {
+    metrics::counter!(ROCKETMQ_INVISIBLE_EXTENSIONS, "result" => result)
+}
 
 /// `ackgate_dead_letters_redriven_total`: dead letters an operator marked for redrive (each
 /// request counts the ones it matched).
@@ -119,7 +187,10 @@ impl Metrics {
             "ackgate_offset_writes_total",
             "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)"
         );
-        describe_counter!("ackgate_broker_acks_total", "Deferred broker ACKs (ack_pulled_message) fired after durable offset writes");
+        describe_counter!(
+            "ackgate_broker_acks_total",
+            "Deferred broker ACKs (ack_pulled_message) handed to the backend after durable offset writes, by result: ok, skipped"
+        );
         describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
         describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end on two reads a second apart (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
         describe_counter!(
@@ -136,6 +207,11 @@ impl Metrics {
         describe_counter!(GAPS, "Gaps reported to clients (events retention removed before the client read them), per topic");
         describe_counter!(GAP_EVENTS, "Events in the gaps reported to clients, per topic");
         describe_counter!(DEAD_LETTERS_REDRIVEN, "Dead letters an operator marked to be delivered again (POST /admin/dead-letters/redrive)");
+        describe_counter!(ROCKETMQ_POPPED, "Messages popped from the RocketMQ broker (POP mode)");
+        describe_counter!(ROCKETMQ_UNMAPPED_REVIVED, "Revived RocketMQ messages whose original position is unknown here, left to the broker");
+        describe_gauge!(ROCKETMQ_PENDING_HANDLES, "Popped RocketMQ messages whose broker ACK is still to be sent");
+        describe_counter!(ROCKETMQ_BROKER_ACKS, "ACK requests to the RocketMQ broker (POP mode), by result: acked, retried, failed");
+        describe_counter!(ROCKETMQ_INVISIBLE_EXTENSIONS, "Invisible-time extensions of popped RocketMQ messages, by result: ok, failed");
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");

@@ -128,3 +128,13 @@ fn readme_stays_short() {
     let lines = std::fs::read_to_string(repo().join("README.md")).unwrap().lines().count();
     assert!(lines <= 260, "README.md has {lines} lines: move subjects to docs/ (issue 23)");
 }
+
+/// docs/operations.md's metric table names every metric of `core::metrics::ALL`, and no other.
+#[test]
+fn the_operations_guide_lists_every_metric_and_no_other() {
+    let text = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let listed: BTreeSet<&str> = text.lines().filter_map(|l| l.strip_prefix("| `ackgate_")).filter_map(|rest| rest.split('`').next()).collect();
+    let listed: BTreeSet<String> = listed.into_iter().map(|n| format!("ackgate_{n}")).collect();
+    let exported: BTreeSet<String> = ackgate::core::metrics::ALL.iter().map(|n| n.to_string()).collect();
+    assert_eq!(listed, exported);
+}

@@ -84,6 +84,14 @@ async fn metrics_move_with_a_real_exchange() {
     assert_eq!(value(&m, r#"ackgate_http_requests_total{route="/topics",status="200"}"#), 1.0);
     assert!(value(&m, r#"ackgate_http_request_duration_seconds_count{route="/topics/{topic}/events"}"#) >= 2.0);
 
+    // Nothing is exported that core/metrics.rs does not name (and docs/operations.md list).
+    for key in m.keys() {
+        let family = key.split('{').next().unwrap();
+        let family =
+            ["_bucket", "_count", "_sum"].iter().find_map(|s| family.strip_suffix(s).filter(|f| ackgate::core::metrics::ALL.contains(f))).unwrap_or(family);
+        assert!(ackgate::core::metrics::ALL.contains(&family), "{key} is not in core::metrics::ALL");
+    }
+
     // Every response carries a request id; a caller's own id is echoed.
     let response = http().get(format!("{}/healthz", gw.base)).header("x-request-id", "trace-42").send().await.unwrap();
     assert_eq!(response.headers()["x-request-id"], "trace-42");

@@ -175,7 +175,7 @@ async fn settle(base: &str) {
 }
 
 const POPPED: &str = "ackgate_rocketmq_popped_total";
-const BROKER_ACKED: &str = "ackgate_broker_acks_total{result=\"broker_acked\"}";
+const BROKER_ACKED: &str = "ackgate_rocketmq_broker_acks_total{result=\"acked\"}";
 
 async fn wait_for_metric(base: &str, name: &str, at_least: u64) {
     let started = Instant::now();
@@ -242,8 +242,8 @@ async fn pop_a_slow_live_client_gets_each_event_once_and_is_settled_late() {
     let events = client.recv_events(5).await;
     // Three invisible times pass while the client thinks (its ack timeout is 10 s).
     client.expect_silence(Duration::from_secs(7)).await;
-    let asked = metric(&gw.base, "ackgate_broker_invisible_extensions_total{result=\"ok\"}").await
-        + metric(&gw.base, "ackgate_broker_invisible_extensions_total{result=\"failed\"}").await;
+    let asked = metric(&gw.base, "ackgate_rocketmq_invisible_extensions_total{result=\"ok\"}").await
+        + metric(&gw.base, "ackgate_rocketmq_invisible_extensions_total{result=\"failed\"}").await;
     assert!(asked >= 1.0, "the gateway asked the broker to extend the invisible time");
     client.ack_confirmed(&ids(&events), "late").await;
     settle(&gw.base).await;

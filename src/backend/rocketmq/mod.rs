@@ -249,7 +249,7 @@ impl RocketMqLog {
             let Some((original_tp, original_offset, handle)) = self.handle_of(&route, tp, &header, &message) else {
                 continue;
             };
-            metrics::counter!("ackgate_rocketmq_popped_total").increment(1);
+            crate::core::metrics::rocketmq_popped().increment(1);
             self.ledger.record(&original_tp, original_offset, handle);
             let revived = message.property(POP_CK).is_some() || message.topic.starts_with('%');
             if !revived && original_tp == *tp {
@@ -284,7 +284,7 @@ impl RocketMqLog {
     fn handle_of(&self, route: &Route, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
         let popped = pop::receipt(&self.settings.consumer_group, &route.broker_name, polled, header, m, &self.positions);
         if popped.is_none() {
-            metrics::counter!("ackgate_rocketmq_unmapped_revived_total").increment(1);
+            crate::core::metrics::rocketmq_unmapped_revived().increment(1);
             tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
         }
         popped
@@ -293,7 +293,7 @@ impl RocketMqLog {
     /// One round of broker ACKs and invisible-time extensions.
     async fn settle_handles(&self) {
         let Some(floor) = self.ack_floor.get() else { return };
-        metrics::gauge!("ackgate_rocketmq_pending_handles").set(self.ledger.len() as f64);
+        crate::core::metrics::rocketmq_pending_handles().set(self.ledger.len() as f64);
         let tps = self.ledger.partitions();
         if tps.is_empty() {
             return;
@@ -318,16 +318,16 @@ impl RocketMqLog {
         for attempt in 1..=BROKER_ACK_ATTEMPTS {
             match self.broker.ack(&addr, &self.settings.consumer_group, &handle.topic, handle.queue_id, &handle.extra_info, handle.queue_offset).await {
                 Ok(()) => {
-                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_acked").increment(1);
+                    crate::core::metrics::rocketmq_broker_acks("acked").increment(1);
                     return;
                 }
                 Err(e) if attempt < BROKER_ACK_ATTEMPTS => {
-                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_retried").increment(1);
+                    crate::core::metrics::rocketmq_broker_acks("retried").increment(1);
                     tracing::warn!(topic = %handle.topic, queue = handle.queue_id, offset = handle.queue_offset, attempt, error = %e, "broker ACK failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
                 }
                 Err(e) => {
-                    metrics::counter!("ackgate_broker_acks_total", "result" => "broker_failed").increment(1);
+                    crate::core::metrics::rocketmq_broker_acks("failed").increment(1);
                     tracing::error!(topic = %handle.topic, queue = handle.queue_id, offset = handle.queue_offset, error = %e, "broker ACK failed; the broker will redeliver the message (clients that acked it do not get it again)");
                 }
             }
@@ -343,7 +343,7 @@ impl RocketMqLog {
             .await;
         match changed {
             Ok((pop_time, revive_qid)) => {
-                metrics::counter!("ackgate_broker_invisible_extensions_total", "result" => "ok").increment(1);
+                crate::core::metrics::rocketmq_invisible_extensions("ok").increment(1);
                 let fields: Vec<&str> = handle.extra_info.split(' ').collect();
                 let (marker, broker_name) = (fields.get(4).copied().unwrap_or("0"), fields.get(5).copied().unwrap_or_default());
                 // The new checkpoint covers this one message: its start offset is the message's.
@@ -358,7 +358,7 @@ impl RocketMqLog {
                 self.ledger.replace(tp, offset, &handle, new);
             }
             Err(e) => {
-                metrics::counter!("ackgate_broker_invisible_extensions_total", "result" => "failed").increment(1);
+                crate::core::metrics::rocketmq_invisible_extensions("failed").increment(1);
                 tracing::warn!(%tp, offset, error = %e, "extending a popped message's invisible time failed; the broker may redeliver it");
                 // Not again every round: once more after a pause, while the handle is still valid.
                 let retry_extend_at = SystemClock.now_ms() + EXTEND_RETRY_PAUSE.as_millis() as u64;
