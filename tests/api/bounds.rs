@@ -158,3 +158,42 @@ async fn idempotency_keys_are_bounded_and_expired_ones_make_room() {
     assert_eq!(send("c", 3).await.0, 200, "expired keys made room");
     gw.stop().await;
 }
+
+/// A session over `limits.max_sessions` gets an `error` `limit_exceeded`, then close 1013 (try
+/// again later: not final), as docs/protocol.md says; one more is admitted once a place is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_the_limit_gets_limit_exceeded_then_close_1013() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_sessions = 1;
+    let gw = InProcess::start(config).await;
+    let first = WsClient::connect(gw.addr(), "first").await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws?client_id=second", gw.addr())).await.expect("the upgrade is answered");
+    let error = match tokio::time::timeout(WAIT, ws.next()).await.expect("answered") {
+        Some(Ok(Message::Text(text))) => serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        other => panic!("expected an error frame, got {other:?}"),
+    };
+    assert_eq!((error["type"].as_str(), error["code"].as_str()), (Some("error"), Some("limit_exceeded")), "{error}");
+    let close = loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.expect("closed in time") {
+            Some(Ok(Message::Close(Some(frame)))) => break u16::from(frame.code),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(close, ackgate::core::protocol::close_code::TRY_AGAIN_LATER);
+    assert_eq!(close, 1013);
+    first.close().await;
+    let mut admitted = None;
+    for _ in 0..100 {
+        admitted = WsClient::try_connect(gw.addr(), "second").await;
+        if admitted.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(admitted.is_some(), "a freed place admits the next session");
+    gw.stop().await;
+}
