@@ -305,7 +305,9 @@ pub trait OffsetStore: Send + Sync + 'static {
     fn redrives(&self, topic: &TopicName, client_id: &ClientId, after: Option<&DeadLetterId>, limit: usize) -> Result<Vec<DeadLetter>, StoreError>;
 
     /// A redriven dead letter is done with: acknowledged (`again` is `None`: the dead letter
-    /// goes), or given up on again (it is replaced by `again`, unmarked). One atomic write.
+    /// goes), or given up on again (it is replaced by `again`, unmarked). One atomic write, and
+    /// none when it is no longer marked (settled already by another session, or removed with its
+    /// dead letter): an acknowledged dead letter never comes back.
     fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError>;
 
     /// How many dead letters are marked for redrive: a subscribe looks for its own only when

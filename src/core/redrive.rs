@@ -62,20 +62,25 @@ async fn scan_marks(d: &Dispatcher, scan: &RedriveScan, window: &Window, control
                 continue;
             }
             let tp = TopicPartition::new(scan.topic.clone(), dead.partition);
-            let read = d.backend.poll(&tp, ReadFrom::Offset(dead.offset), 1, READ_WAIT).await.map_err(|e| e.to_string())?;
-            match read.into_iter().next() {
-                Some(event) if event.offset == dead.offset && !event.undecodable => {
+            let read = match read_one(d, &tp, dead.offset).await {
+                Ok(read) => read,
+                Err(e) => {
+                    // This mark stays for the next scan; the others go on.
+                    tracing::warn!(client_id = %dead.client_id, %tp, offset = dead.offset, error = %e, "a dead letter could not be read for its redrive; it stays marked");
+                    continue;
+                }
+            };
+            match read {
+                Read::Event(event) => {
                     let permit = window.acquire(event.payload.len()).await;
                     let redriven = RedrivenEvent { topic: scan.topic.clone(), subscription: scan.subscription, dead, event: Arc::new(event), permit };
                     if !control.send(SessionControl::Redriven(Box::new(redriven))) {
                         return Ok(()); // the session ended
                     }
                 }
-                read => {
-                    // Retention removed it, or it cannot be decoded: it stays a dead letter, no
-                    // longer marked, with a reason that tells the operator why.
-                    let undecodable = read.is_some_and(|e| e.offset == dead.offset);
-                    let reason = if undecodable { dead.reason.clone() } else { GONE_FROM_LOG.to_string() };
+                Read::Gone | Read::Undecodable => {
+                    // It stays a dead letter, no longer marked, with a reason that says why.
+                    let reason = if matches!(read, Read::Gone) { GONE_FROM_LOG.to_string() } else { dead.reason.clone() };
                     tracing::warn!(client_id = %dead.client_id, topic = %dead.topic, partition = dead.partition, offset = dead.offset, %reason, "a dead letter cannot be redriven");
                     let again = DeadLetter { reason, at: d.clock.now_ms(), ..dead };
                     let store = d.store.clone();
@@ -86,6 +91,28 @@ async fn scan_marks(d: &Dispatcher, scan: &RedriveScan, window: &Window, control
         if last_page {
             return Ok(());
         }
+    }
+}
+
+/// What the log holds at a dead letter's offset.
+enum Read {
+    Event(super::backend::Event),
+    /// Retention (or compaction) removed it.
+    Gone,
+    Undecodable,
+}
+
+/// Reads the event at `offset`. An empty answer is not taken as "gone" (a Kafka catch-up read
+/// may simply not have arrived within `READ_WAIT`): only an offset below the log start, or the
+/// log answering with a later offset, is; anything else is an error, and the mark stays.
+async fn read_one(d: &Dispatcher, tp: &TopicPartition, offset: u64) -> Result<Read, String> {
+    let read = d.backend.poll(tp, ReadFrom::Offset(offset), 1, READ_WAIT).await.map_err(|e| e.to_string())?;
+    match read.into_iter().next() {
+        Some(event) if event.offset == offset && event.undecodable => Ok(Read::Undecodable),
+        Some(event) if event.offset == offset => Ok(Read::Event(event)),
+        Some(_) => Ok(Read::Gone),
+        None if offset < d.backend.log_bounds(tp).await.map_err(|e| e.to_string())?.log_start => Ok(Read::Gone),
+        None => Err(format!("no event read at offset {offset} within {READ_WAIT:?}")),
     }
 }
 

@@ -35,6 +35,7 @@ pub const MAX_PAGE: usize = 1000;
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
@@ -126,17 +127,16 @@ pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<Redri
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {limit}")));
     }
-    let after = match body.after.as_deref() {
-        None => None,
-        Some(text) => match DeadLetterId::parse(text) {
-            Some(id) if id.key.topic == topic && id.key.client_id == client_id => Some(id),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "after must be the `next` of a previous answer for this topic and client ({topic}#{client_id}#partition#offset), got {text:?}"
-                )))
-            }
-        },
-    };
+    // Any dead letter's name is a position in the store's order: one of another topic or client
+    // only starts the page before or after this client's dead letters.
+    let after = body
+        .after
+        .as_deref()
+        .map(|text| {
+            DeadLetterId::parse(text)
+                .ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous answer (topic#client_id#partition#offset), got {text:?}")))
+        })
+        .transpose()?;
     let query = DeadLetterQuery { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: body.partition, after, limit };
     let store = app.dispatcher.store.clone();
     let (redriven, next) = tokio::task::spawn_blocking(move || -> Result<_, crate::core::offsets::StoreError> {

@@ -287,6 +287,7 @@ pub struct DeadLetterList {
 
 /// Which dead letters to deliver again: one page of a client's dead letters on a topic.
 #[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RedriveRequest {
     #[schema(pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)]
     pub topic: String,

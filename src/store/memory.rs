@@ -209,7 +209,9 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn settle_redrive(&self, id: &DeadLetterId, again: Option<&DeadLetter>) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        inner.redrives.remove(id);
+        if !inner.redrives.remove(id) {
+            return Ok(()); // settled already: an acknowledged dead letter never comes back
+        }
         inner.dead_letters.retain(|d| d.id() != *id);
         inner.dead_letters.extend(again.cloned());
         Ok(())

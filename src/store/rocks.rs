@@ -139,24 +139,30 @@ impl RocksOffsetStore {
     /// returns how many.
     fn remove_dead_letter_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<usize, StoreError> {
         let (cf, index_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, self.cf(CF_REDRIVES)?);
-        // Marks are looked for only while there are some (a mark made meanwhile for a key removed
-        // here is found stale and dropped by `redrives`).
-        let _serialized = (self.redrives.load(Ordering::Relaxed) > 0).then(|| self.lock_writes());
-        let mut batch = WriteBatch::default();
-        let (mut removed, mut unmarked) = (0, 0);
-        for key in keys {
-            batch.delete_cf(&cf, key);
-            if let Some(id) = decode_dead_letter_key(key) {
-                batch.delete_cf(&index_cf, dead_letter_index_key(&id));
+        let keys: Vec<&[u8]> = keys.collect();
+        let mut removed = 0;
+        // In chunks, as every removal: a retention sweep never holds ack writes back for more
+        // than one chunk.
+        for chunk in keys.chunks(REMOVE_CHUNK) {
+            // Marks are looked for only while there are some (a mark made meanwhile for a key
+            // removed here is found stale and dropped by `redrives`).
+            let serialized = (self.redrives.load(Ordering::Relaxed) > 0).then(|| self.lock_writes());
+            let mut batch = WriteBatch::default();
+            let mut unmarked = 0;
+            for key in chunk {
+                batch.delete_cf(&cf, key);
+                if let Some(id) = decode_dead_letter_key(key) {
+                    batch.delete_cf(&index_cf, dead_letter_index_key(&id));
+                }
+                if serialized.is_some() && self.db.get_pinned_cf(&redrives_cf, key).map_err(io_err)?.is_some() {
+                    batch.delete_cf(&redrives_cf, key);
+                    unmarked += 1;
+                }
+                removed += 1;
             }
-            if _serialized.is_some() && self.db.get_pinned_cf(&redrives_cf, key).map_err(io_err)?.is_some() {
-                batch.delete_cf(&redrives_cf, key);
-                unmarked += 1;
-            }
-            removed += 1;
+            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.redrives.fetch_sub(unmarked, Ordering::Relaxed);
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
-        self.redrives.fetch_sub(unmarked, Ordering::Relaxed);
         Ok(removed)
     }
 
@@ -627,7 +633,11 @@ impl OffsetStore for RocksOffsetStore {
         let _serialized = self.lock_writes();
         let (main_cf, index_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, self.cf(CF_REDRIVES)?);
         let key = dead_letter_key(id);
-        let marked = self.db.get_pinned_cf(&redrives_cf, &key).map_err(io_err)?.is_some();
+        // Settled already (by another session's ack or exhaustion), or removed with its dead
+        // letter: nothing to do, and an acknowledged dead letter never comes back.
+        if self.db.get_pinned_cf(&redrives_cf, &key).map_err(io_err)?.is_none() {
+            return Ok(());
+        }
         let mut batch = WriteBatch::default();
         batch.delete_cf(&redrives_cf, &key);
         match again {
@@ -641,9 +651,7 @@ impl OffsetStore for RocksOffsetStore {
             }
         }
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
-        if marked {
-            self.redrives.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.redrives.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 

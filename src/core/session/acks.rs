@@ -58,16 +58,26 @@ impl Session {
                     continue;
                 };
                 if delivery.event().is_redrive() {
-                    // Outside the floor: its ack removes the dead letter. One no longer in flight
-                    // was acknowledged already (a no-op), if its topic is the client's at all.
-                    match self.in_flight.remove(&delivery.event()) {
-                        Some(settled) => {
-                            self.waiting.remove(&delivery.event());
-                            redriven.push((delivery.event(), settled.topic));
+                    // Outside the floor: its ack removes the dead letter.
+                    let event = delivery.event();
+                    let Some(topic) = client.topic_of(delivery.topic_slot()).cloned() else {
+                        unknown.push(id);
+                        continue;
+                    };
+                    match self.in_flight.get(&event) {
+                        // The current id or an earlier one (this session's, or a taken-over
+                        // session's: sequence numbers are the instance's, so any id of it has one
+                        // up to the current); never one not issued yet.
+                        Some(current) if delivery.seq <= current.seq => {
+                            self.in_flight.remove(&event);
+                            self.waiting.remove(&event);
+                            redriven.push((event, topic));
                             acked += 1;
                         }
-                        None if client.topic_of(delivery.topic_slot()).is_none() => unknown.push(id),
-                        None => {}
+                        Some(_) => unknown.push(id),
+                        // Not in flight here: another session of the client delivered it, or it
+                        // was acknowledged already. Settled if still marked, else a no-op.
+                        None => redriven.push((event, topic)),
                     }
                     continue;
                 }

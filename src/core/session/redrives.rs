@@ -21,14 +21,14 @@ use crate::core::FastMap;
 pub(super) struct Redrives {
     /// Topics whose scan runs, each with whether another scan was asked for meanwhile.
     scanning: FastMap<TopicName, bool>,
-    /// Attempts recorded with each in-flight redriven event's dead letter: a redrive that is
+    /// The attempts recorded with each in-flight redriven event's dead letter: a redrive that is
     /// given up on again records them plus its own.
-    prior_attempts: FastMap<EventRef, u32>,
+    in_flight: FastMap<EventRef, u32>,
 }
 
 impl Redrives {
     pub(super) fn prior_attempts(&self, at: &EventRef) -> Option<u32> {
-        self.prior_attempts.get(at).copied()
+        self.in_flight.get(at).copied()
     }
 }
 
@@ -44,7 +44,7 @@ impl Session {
         }
         redrives.scanning.insert(topic.clone(), false);
         let slot = subscription.slot | REDRIVE_SLOT;
-        let skip = redrives.prior_attempts.keys().filter(|at| at.slot == slot).map(|at| (at.partition, at.offset)).collect();
+        let skip = redrives.in_flight.keys().filter(|at| at.slot == slot).map(|at| (at.partition, at.offset)).collect();
         let scan = RedriveScan { topic: topic.clone(), client_id: self.info.client_id.clone(), subscription: subscription.id, skip };
         let (d, window, control, cancel) = (self.d.clone(), self.window.clone(), self.control.clone(), subscription.cancel.clone());
         self.d.tasks.spawn(scan_redrives(d, scan, window, control, cancel));
@@ -75,7 +75,7 @@ impl Session {
         self.push_event(&topic, seq, 1, &event, at);
         let (delivered_at, now_ms) = (Instant::now(), self.d.clock.now_ms());
         self.in_flight.insert(at, Delivery { seq, topic, attempt: 1, event, delivered_at, permit }, ack_timeout, delivered_at, now_ms);
-        self.redrives.get_or_insert_with(Default::default).prior_attempts.insert(at, dead.attempts);
+        self.redrives.get_or_insert_with(Default::default).in_flight.insert(at, dead.attempts);
         self.d.metrics.delivered(1);
         self.info.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
@@ -83,10 +83,11 @@ impl Session {
 
     /// The attempts recorded with a redriven event's dead letter (it leaves the session's view).
     pub(super) fn take_prior_attempts(&mut self, at: &EventRef) -> u32 {
-        self.redrives.as_mut().and_then(|r| r.prior_attempts.remove(at)).unwrap_or(0)
+        self.redrives.as_mut().and_then(|r| r.in_flight.remove(at)).unwrap_or(0)
     }
 
-    /// Acknowledged redriven events: their dead letters go, durably, before the ack is answered.
+    /// Acknowledged redriven events: their dead letters go, durably, before the ack is answered
+    /// (those no longer marked stay as they are: settled already).
     pub(super) async fn settle_redriven(&mut self, acked: Vec<(EventRef, TopicName)>) -> Result<(), FrameError> {
         let mut ids = Vec::with_capacity(acked.len());
         for (at, topic) in acked {
@@ -102,7 +103,7 @@ impl Session {
     pub(super) fn release_redrives(&mut self, topic: &TopicName, slot: u32) {
         if let Some(redrives) = self.redrives.as_mut() {
             redrives.scanning.remove(topic);
-            redrives.prior_attempts.retain(|at, _| at.slot != slot | REDRIVE_SLOT);
+            redrives.in_flight.retain(|at, _| at.slot != slot | REDRIVE_SLOT);
         }
         self.in_flight.release_slot(slot | REDRIVE_SLOT);
     }
