@@ -26,8 +26,6 @@ use super::redelivery::RedeliveryPolicies;
 use super::session_control::{ControlInbox, SessionControl};
 use super::window::Window;
 
-/// Partitions whose log bounds a subscribe asks the backend for at once.
-
 /// Where a client with no stored offset starts (`delivery.reset_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetPolicy {

@@ -56,6 +56,12 @@ pub struct ControlInbox {
     wake: Notify,
 }
 
+impl Default for ControlInbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ControlInbox {
     pub fn new() -> Self {
         Self { queue: Mutex::new(Some(VecDeque::new())), wake: Notify::new() }

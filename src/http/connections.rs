@@ -10,6 +10,7 @@
 //! - between requests of a keep-alive connection: `server.idle_timeout_ms`, but once bytes of
 //!   the next request arrive, that head too must be whole within the header-read timeout;
 //! - while a request is being handled, none (a publish may take as long as the backend does).
+//!
 //! An upgraded connection (a WebSocket) leaves this module: its session has its own keepalive.
 
 use std::collections::HashMap;
@@ -71,7 +72,7 @@ pub fn raise_descriptor_limit() -> Option<u64> {
             }
         }
     }
-    Some(limit.rlim_cur as u64)
+    Some(limit.rlim_cur)
 }
 
 /// `limits.max_connections`, lowered to what the descriptor limit allows (with a reserve for
@@ -247,10 +248,11 @@ pub async fn serve(
         connections.spawn(async move {
             match tls {
                 None => serve_connection(stream, remote, router, &limits, stop).await,
-                Some(tls) => match tls.handshake(stream, limits.tls_handshake_timeout).await {
-                    Some(stream) => serve_connection(stream, remote, router, &limits, stop).await,
-                    None => {}
-                },
+                Some(tls) => {
+                    if let Some(stream) = tls.handshake(stream, limits.tls_handshake_timeout).await {
+                        serve_connection(stream, remote, router, &limits, stop).await
+                    }
+                }
             }
         });
     }

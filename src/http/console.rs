@@ -50,6 +50,18 @@ pub async fn index() -> Response {
     serve("index.html")
 }
 
+#[utoipa::path(
+    get,
+    path = "/static/{file}",
+    operation_id = "static_file",
+    tag = "console",
+    summary = "A file of the console: index.html, console.js, console.css, or ackgate.js (the JS client, clients/js)",
+    params(("file" = String, Path, description = "file name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 64, example = "ackgate.js")),
+    responses(
+        (status = 200, description = "the file", body = String, content_type = "text/javascript"),
+        (status = 404, description = "not_found: no such file", body = crate::http::schemas::ErrorBody),
+    )
+)]
 pub async fn static_file(Path(name): Path<String>) -> Response {
     serve(&name)
 }

@@ -60,6 +60,7 @@ pub const MAX_PAGE: usize = 10_000;
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
@@ -112,6 +113,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
@@ -169,6 +171,8 @@ pub struct ResetBody {
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 404, description = "unknown_topic, or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: the client has a live session", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: body over limits.max_body_bytes", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn reset(
@@ -224,6 +228,7 @@ fn live(client_id: &ClientId) -> ApiError {
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: the client has a live session", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {

@@ -27,7 +27,7 @@ use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recomm
         offsets::list, offsets::client_view, offsets::reset, offsets::delete,
         sessions::list, sessions::detail, sessions::disconnect,
         dead_letters::list, dead_letters::redrive, gaps::list, drain::drain, recommend::recommend,
-        health::healthz, health::readyz, metrics::scrape, console::index, ws::upgrade, document_route,
+        health::healthz, health::readyz, metrics::scrape, console::index, console::static_file, ws::upgrade, document_route,
     ),
     components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, Req)),
     modifiers(&AdminToken)

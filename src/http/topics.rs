@@ -207,6 +207,7 @@ pub struct CreateTopic {
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: exists with another partition count", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: body over limits.max_body_bytes", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
     )
 )]

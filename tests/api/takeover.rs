@@ -256,7 +256,7 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
         let s = s.lock().unwrap();
         assert_eq!(s.received, log, "follower-{i} received every event of the log");
         assert!(s.below_token.is_empty(), "follower-{i} got events below the token it presented: {:?}", s.below_token);
-        let on_victim = s.instances.iter().any(|n| *n == victim_name);
+        let on_victim = s.instances.contains(&victim_name);
         if on_victim && s.instances.last() != Some(&victim_name) {
             moved += 1;
             if let Some(back) = s.back_at {

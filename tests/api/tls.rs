@@ -170,10 +170,10 @@ async fn a_missing_or_half_configured_certificate_stops_the_start_with_a_clear_e
         (output.status.success(), String::from_utf8_lossy(&output.stderr).to_string())
     };
     let missing = dir.path().join("absent.pem").display().to_string();
-    let (ok, stderr) = run(&[("ACKGATE_SERVER__TLS_CERT".into(), missing.clone()), ("ACKGATE_SERVER__TLS_KEY".into(), missing)]);
+    let (ok, stderr) = run(&[("ACKGATE_SERVER__TLS_CERT", missing.clone()), ("ACKGATE_SERVER__TLS_KEY", missing)]);
     assert!(!ok);
     assert!(stderr.contains("server.tls_cert") && stderr.contains("absent.pem"), "{stderr}");
-    let (ok, stderr) = run(&[("ACKGATE_SERVER__TLS_CERT".into(), "cert.pem".into())]);
+    let (ok, stderr) = run(&[("ACKGATE_SERVER__TLS_CERT", "cert.pem".into())]);
     assert!(!ok);
     assert!(stderr.contains("server.tls_cert and server.tls_key"), "{stderr}");
 }

@@ -172,7 +172,7 @@ impl RocketMqLog {
         // An offset below the log start (or past a hole) is moved once by the broker's answer.
         for _ in 0..2 {
             match self.broker.pull(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, offset, max, wait).await? {
-                Pulled::Found { messages, .. } => return Ok(self.into_events(tp, messages, offset, max)),
+                Pulled::Found { messages, .. } => return Ok(self.to_events(tp, messages, offset, max)),
                 Pulled::NotFound { next } | Pulled::OffsetMoved { next } if next > offset => offset = next,
                 Pulled::NotFound { .. } | Pulled::OffsetMoved { .. } => return Ok(Vec::new()),
             }
@@ -183,7 +183,7 @@ impl RocketMqLog {
     /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position. A message that
     /// does not decode becomes an undecodable stand-in at the offset after the previous event
     /// (every subscriber dead-letters it and goes on); nothing after it is trusted.
-    fn into_events(&self, tp: &TopicPartition, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
+    fn to_events(&self, tp: &TopicPartition, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
         let mut events: Vec<Event> = Vec::new();
         for decoded in messages {
             if events.len() >= max {
@@ -265,7 +265,7 @@ impl RocketMqLog {
         };
         self.popped_to.lock().unwrap().insert(tp.clone(), pop_position.max(popped_to));
         if fresh.first().is_some_and(|m| m.queue_offset == cursor) {
-            let mut events = self.into_events(tp, fresh.into_iter().map(Ok).collect(), cursor, max);
+            let mut events = self.to_events(tp, fresh.into_iter().map(Ok).collect(), cursor, max);
             // Only the run contiguous from the cursor; anything after a hole is read by PULL.
             let contiguous = events.iter().enumerate().take_while(|(i, e)| e.offset == cursor + *i as u64).count();
             events.truncate(contiguous);

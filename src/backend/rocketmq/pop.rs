@@ -160,10 +160,13 @@ impl Ledger {
     }
 }
 
+/// Original position by `UNIQ_KEY`, and the keys in arrival order (the oldest go first).
+type PositionsByKey = (HashMap<String, (TopicPartition, u64)>, VecDeque<String>);
+
 /// `UNIQ_KEY` -> original `topic#partition` and offset, for the most recent `capacity` messages.
 pub struct Positions {
     capacity: usize,
-    inner: Mutex<(HashMap<String, (TopicPartition, u64)>, VecDeque<String>)>,
+    inner: Mutex<PositionsByKey>,
 }
 
 impl Positions {
