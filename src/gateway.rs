@@ -192,6 +192,7 @@ impl Gateway {
     pub async fn build_with_store(config: Config, clock: Arc<dyn Clock>, store: Option<Arc<dyn OffsetStore>>) -> anyhow::Result<Self> {
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
+        crate::data_format::check_or_write(&data_dir)?;
         let store = match store {
             Some(store) => store,
             None => open_store(&config, &data_dir)?,

@@ -3,6 +3,7 @@
 //! # Layout
 //!
 //! - `config`: `config.toml` + `ACKGATE_SECTION__KEY` overrides, validated at start.
+//! - `data_format`: the data_dir's format version (`<data_dir>/FORMAT`), checked at start.
 //! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
 //!   - `names`: validated topic / client names and the collision-free offset key;
 //!   - `protocol`: WebSocket frames (parse / write), error and close codes;
@@ -41,6 +42,7 @@ pub mod backend;
 pub mod cluster;
 pub mod config;
 pub mod core;
+pub mod data_format;
 pub mod gateway;
 pub mod http;
 pub mod store;
