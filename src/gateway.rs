@@ -14,11 +14,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 use crate::cluster::{Cluster, Instance};
-use crate::config::Config;
+use crate::config::{Config, OffsetStoreKind};
 use crate::core::ack_floor::LiveClientsAckFloor;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
-use crate::core::dispatcher::{DeliverySettings, Dispatcher, ResetPolicy};
+use crate::core::dispatcher::{DeliverySettings, Dispatcher};
 use crate::core::idempotency::IdempotentPublisher;
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets, Clock, OffsetStore, SystemClock};
@@ -145,7 +145,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         redelivery: RedeliveryPolicies::new(default, by_pattern),
         max_in_flight: d.max_in_flight,
         max_in_flight_bytes: d.max_in_flight_bytes,
-        reset_policy: if d.reset_policy == "latest" { ResetPolicy::Latest } else { ResetPolicy::Earliest },
+        reset_policy: d.reset_policy,
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_sessions: config.limits.max_sessions,
@@ -169,9 +169,9 @@ fn host_name() -> String {
 }
 
 fn open_store(config: &Config, data_dir: &Path) -> anyhow::Result<Arc<dyn OffsetStore>> {
-    Ok(match config.offsets.store.as_str() {
-        "memory" => Arc::new(MemoryOffsetStore::new()),
-        _ => Arc::new(
+    Ok(match config.offsets.store {
+        OffsetStoreKind::Memory => Arc::new(MemoryOffsetStore::new()),
+        OffsetStoreKind::RocksDb => Arc::new(
             RocksOffsetStore::open(data_dir, config.offsets.sync_writes).with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
         ),
     })

@@ -1,8 +1,10 @@
 //! `ackgate [--config PATH]`: run the gateway until SIGINT or SIGTERM.
 //! `ackgate openapi`: print the OpenAPI document (the content of `openapi/openapi.json`).
+//! `ackgate config-template [--markdown]`: print `config.toml` (or `docs/configuration.md`).
 
 use std::path::{Path, PathBuf};
 
+use ackgate::config::LogFormat;
 use clap::Parser;
 
 // The gateway allocates a little per frame and per event; mimalloc halves what glibc's malloc
@@ -27,13 +29,19 @@ struct Cli {
 enum Command {
     /// Print the OpenAPI document and exit (`ackgate openapi > openapi/openapi.json`).
     Openapi,
+    /// Print every config key with its default and description, as TOML (the repository's
+    /// `config.toml`) or, with --markdown, as `docs/configuration.md`.
+    ConfigTemplate {
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
-fn init_logs(format: &str) {
+fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    if format == "json" {
+    if format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();
@@ -52,9 +60,16 @@ async fn stop_signal() {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Openapi) = cli.command {
-        print!("{}", ackgate::http::openapi::document());
-        return std::process::ExitCode::SUCCESS;
+    match cli.command {
+        Some(Command::Openapi) => {
+            print!("{}", ackgate::http::openapi::document());
+            return std::process::ExitCode::SUCCESS;
+        }
+        Some(Command::ConfigTemplate { markdown }) => {
+            print!("{}", if markdown { ackgate::config::template::markdown() } else { ackgate::config::template::toml() });
+            return std::process::ExitCode::SUCCESS;
+        }
+        None => {}
     }
     // The default path may be absent (all defaults); an explicit one must exist.
     let required = cli.config != Path::new("config.toml");
@@ -65,7 +80,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    init_logs(&config.server.log_format);
+    init_logs(config.server.log_format);
     let gateway = match ackgate::Gateway::build(config).await {
         Ok(gateway) => gateway,
         Err(e) => {

@@ -12,12 +12,12 @@ pub mod embedded;
 pub mod kafka;
 pub mod rocketmq;
 
-use crate::config::Config;
+use crate::config::{BackendKind, Config};
 use crate::core::backend::LogBackend;
 use crate::core::offsets::Clock;
 use embedded::{EmbeddedLog, EmbeddedLogSettings};
 use kafka::{KafkaLog, KafkaSettings};
-use rocketmq::{RocketMqLog, RocketMqMode, RocketMqSettings};
+use rocketmq::{RocketMqLog, RocketMqSettings};
 
 /// The partition of a keyed event on backends that choose it themselves (embedded, RocketMQ):
 /// 32-bit FNV-1a of the key: stable, so a key maps to the same partition across restarts.
@@ -36,7 +36,7 @@ pub enum Backend {
 
 impl Backend {
     pub async fn open(config: &Config, data_dir: &Path, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        if config.storage.backend == "kafka" {
+        if config.storage.backend == BackendKind::Kafka {
             let k = &config.kafka;
             let settings = KafkaSettings {
                 bootstrap_servers: k.bootstrap_servers.clone(),
@@ -49,10 +49,10 @@ impl Backend {
             let log = KafkaLog::open(data_dir, settings).await.with_context(|| format!("connecting to Kafka at {}", k.bootstrap_servers))?;
             return Ok(Self::Kafka(Arc::new(log)));
         }
-        if config.storage.backend == "rocketmq" {
+        if config.storage.backend == BackendKind::RocketMq {
             let r = &config.rocketmq;
             let settings = RocketMqSettings {
-                mode: if r.mode == "pull" { RocketMqMode::Pull } else { RocketMqMode::Pop },
+                mode: r.mode,
                 namesrv_addr: r.namesrv_addr.clone(),
                 topics: r.topics.clone(),
                 consumer_group: r.consumer_group.clone(),

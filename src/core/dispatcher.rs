@@ -27,7 +27,8 @@ use super::session_control::{ControlInbox, SessionControl};
 use super::window::Window;
 
 /// Where a client with no stored offset starts (`delivery.reset_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ResetPolicy {
     Earliest,
     Latest,

@@ -43,14 +43,14 @@ async fn consume(addr: std::net::SocketAddr, client_id: &str, seen: &mut BTreeSe
     client.close().await;
 }
 
-/// Rounds of the embedded-log crash test in one run (`ACKGATE_CRASH_ROUNDS` overrides).
+/// Rounds of the embedded-log crash test in one run (`ACKGATE_DEV_CRASH_ROUNDS` overrides).
 const CRASH_ROUNDS: usize = 20;
 
 /// The same crash, 20 times in a row on one build, each round killing the process at another
 /// point of the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_loses_nothing_and_never_moves_offsets_back() {
-    let rounds = std::env::var("ACKGATE_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(CRASH_ROUNDS);
+    let rounds = std::env::var("ACKGATE_DEV_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(CRASH_ROUNDS);
     for round in 0..rounds {
         eprintln!("crash round {} of {rounds}", round + 1);
         sigkill_mid_stream_at(&[], 300 + 97 * round).await;
@@ -193,7 +193,7 @@ async fn ack_and_reconnect(addr: std::net::SocketAddr, received: Received) {
 /// from there to the log end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_with_overlapping_traffic_loses_nothing() {
-    let rounds = std::env::var("ACKGATE_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(CRASH_ROUNDS);
+    let rounds = std::env::var("ACKGATE_DEV_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(CRASH_ROUNDS);
     for round in 0..rounds {
         eprintln!("overlapping crash round {} of {rounds}", round + 1);
         sigkill_with_overlapping_traffic(&[], Duration::from_millis(400 + 53 * round as u64)).await;

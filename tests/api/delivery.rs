@@ -378,7 +378,7 @@ async fn a_failed_resubscribe_keeps_the_running_subscription() {
 async fn partitions_added_to_a_topic_reach_its_subscribers() {
     let (_dir, data) = temp_dir();
     let mut config = test_config(&data);
-    config.delivery.reset_policy = "latest".into();
+    config.delivery.reset_policy = ackgate::config::ResetPolicy::Latest;
     let gw = InProcess::start(config).await;
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
     assert_eq!(created.status(), 200);

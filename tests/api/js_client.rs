@@ -32,7 +32,7 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     config.server.drain_ms = 500;
     config.cluster.peers = vec![a.base.clone()];
     let b = InProcess::start(config).await;
-    let env = vec![("ACKGATE_A", a.base.clone()), ("ACKGATE_B", b.base.clone())];
+    let env = vec![("ACKGATE_DEV_A", a.base.clone()), ("ACKGATE_DEV_B", b.base.clone())];
     let out = run("node", &["--experimental-websocket", "--test", "test/"], env).await;
     assert!(out.contains("# fail 0") && out.contains("# pass 6"), "{out}");
     a.stop().await;

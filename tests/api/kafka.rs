@@ -15,7 +15,7 @@ use crate::support::*;
 
 fn kafka_config(data: &std::path::Path, broker: &TestBroker) -> ackgate::config::Config {
     let mut config = test_config(data);
-    config.storage.backend = "kafka".into();
+    config.storage.backend = ackgate::config::BackendKind::Kafka;
     config.kafka.bootstrap_servers = broker.bootstrap();
     config
 }
@@ -266,7 +266,7 @@ async fn partitions_added_at_the_broker_reach_live_subscriptions() {
     let (_dir, data) = temp_dir();
     let mut config = kafka_config(&data, &broker);
     config.kafka.metadata_refresh_ms = 200;
-    config.delivery.reset_policy = "latest".into();
+    config.delivery.reset_policy = ackgate::config::ResetPolicy::Latest;
     let gw = InProcess::start(config).await;
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
     assert_eq!(created.status(), 200);

@@ -13,10 +13,10 @@ pub struct TestBroker {
     child: Option<Child>,
 }
 
-/// The tansu binary: `ACKGATE_TANSU`, else where `scripts/kafka-test-broker install` puts it.
+/// The tansu binary: `ACKGATE_DEV_TANSU`, else where `scripts/kafka-test-broker install` puts it.
 fn binary() -> PathBuf {
-    let path = std::env::var_os("ACKGATE_TANSU").map(PathBuf::from).unwrap_or_else(|| {
-        let root = std::env::var_os("ACKGATE_TANSU_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.cache/ackgate/tansu"));
+    let path = std::env::var_os("ACKGATE_DEV_TANSU").map(PathBuf::from).unwrap_or_else(|| {
+        let root = std::env::var_os("ACKGATE_DEV_TANSU_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.cache/ackgate/tansu"));
         root.join("bin/tansu")
     });
     assert!(path.exists(), "Kafka test broker missing at {}: run `scripts/kafka-test-broker install`", path.display());
@@ -53,7 +53,7 @@ impl TestBroker {
             .current_dir(self.dir.path())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("ACKGATE_TANSU_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() })
+            .stderr(if std::env::var_os("ACKGATE_DEV_TANSU_LOGS").is_some() { Stdio::inherit() } else { Stdio::null() })
             .spawn()
             .expect("tansu starts");
         self.child = Some(child);

@@ -17,9 +17,9 @@ const GROUP: &str = "ackgate-test";
 
 fn pull_config(data: &std::path::Path, broker: &TestRocketMq) -> ackgate::config::Config {
     let mut config = test_config(data);
-    config.storage.backend = "rocketmq".into();
+    config.storage.backend = ackgate::config::BackendKind::RocketMq;
     config.rocketmq.namesrv_addr = broker.namesrv();
-    config.rocketmq.mode = "pull".into();
+    config.rocketmq.mode = ackgate::config::RocketMqMode::Pull;
     config.rocketmq.consumer_group = GROUP.into();
     config
 }

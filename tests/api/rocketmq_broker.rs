@@ -40,8 +40,8 @@ impl TestRocketMq {
             .arg(script())
             .arg(verb)
             .arg(self.port.to_string())
-            .env("ACKGATE_ROCKETMQ_DATA", self.dir.path())
-            .env("ACKGATE_ROCKETMQ_BROKER_EXTRA", &self.extra)
+            .env("ACKGATE_DEV_ROCKETMQ_DATA", self.dir.path())
+            .env("ACKGATE_DEV_ROCKETMQ_BROKER_EXTRA", &self.extra)
             .status()
             .expect("scripts/rocketmq-test-broker runs");
         assert!(status.success() || verb == "stop", "rocketmq-test-broker {verb} failed: see {}", self.dir.path().display());

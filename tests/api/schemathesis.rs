@@ -20,7 +20,7 @@ use crate::support::*;
 const SEED: &str = "20261201";
 
 fn st() -> PathBuf {
-    let venv = std::env::var_os("ACKGATE_SCHEMATHESIS_VENV").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.cache/ackgate/venv-schemathesis"));
+    let venv = std::env::var_os("ACKGATE_DEV_SCHEMATHESIS_VENV").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.cache/ackgate/venv-schemathesis"));
     let st = venv.join("bin/st");
     assert!(st.exists(), "schemathesis missing at {}: run `scripts/schemathesis install`", st.display());
     st

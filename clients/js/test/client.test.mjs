@@ -1,16 +1,16 @@
-// ackgate-client against real gateways: ACKGATE_A and ACKGATE_B are the http base URLs of two
+// ackgate-client against real gateways: ACKGATE_DEV_A and ACKGATE_DEV_B are the http base URLs of two
 // running instances (tests/api/js_client.rs starts them, each with its own embedded log; B names
 // A in cluster.peers, and the last test drains B).
 //
-//   ACKGATE_A=http://127.0.0.1:8080 ACKGATE_B=http://127.0.0.1:8081 node --experimental-websocket --test test/
+//   ACKGATE_DEV_A=http://127.0.0.1:8080 ACKGATE_DEV_B=http://127.0.0.1:8081 node --experimental-websocket --test test/
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import { AckgateClient, AckgateError } from "../ackgate.js";
 
-const A = process.env.ACKGATE_A;
-const B = process.env.ACKGATE_B;
-if (!A || !B) throw new Error("set ACKGATE_A and ACKGATE_B to two gateways' http base URLs");
+const A = process.env.ACKGATE_DEV_A;
+const B = process.env.ACKGATE_DEV_B;
+if (!A || !B) throw new Error("set ACKGATE_DEV_A and ACKGATE_DEV_B to two gateways' http base URLs");
 const ws = (base) => `${base.replace(/^http/, "ws")}/ws`;
 
 async function call(method, url, body) {

@@ -44,13 +44,7 @@ const BROKER_ACK_ATTEMPTS: u32 = 3;
 /// A failed invisible-time extension is tried again after this pause.
 const EXTEND_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RocketMqMode {
-    /// RocketMQ 5.x POP with the deferred broker ACK.
-    Pop,
-    /// RocketMQ 4.x PULL with a self-managed cursor.
-    Pull,
-}
+pub use crate::config::RocketMqMode;
 
 /// Settings of the RocketMQ backend (from the `[rocketmq]` config section).
 #[derive(Debug, Clone)]

@@ -57,12 +57,12 @@ impl Harness {
     pub fn config(&self) -> Config {
         let mut config = test_config(&self.data);
         if let Backend::Kafka(broker) = &self.backend {
-            config.storage.backend = "kafka".into();
+            config.storage.backend = ackgate::config::BackendKind::Kafka;
             config.kafka.bootstrap_servers = broker.lock().unwrap().bootstrap();
         } else if let Backend::RocketMq(broker, mode) = &self.backend {
-            config.storage.backend = "rocketmq".into();
+            config.storage.backend = ackgate::config::BackendKind::RocketMq;
             config.rocketmq.namesrv_addr = broker.namesrv();
-            config.rocketmq.mode = mode.to_string();
+            config.rocketmq.mode = if *mode == "pull" { ackgate::config::RocketMqMode::Pull } else { ackgate::config::RocketMqMode::Pop };
         } else {
             // Log retention runs often, so `cut_log` below only has to wait for it; an hour of
             // log retention is far below the offsets' (a week), so moving the clock past the
