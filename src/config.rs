@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::core::dispatcher::ResetPolicy;
+pub use crate::core::delivery_settings::ResetPolicy;
 
 mod environment;
 pub mod template;

@@ -2,19 +2,23 @@
 //!
 //! # Layout
 //!
-//! - `config`: `config.toml` + `ACKGATE_SECTION__KEY` overrides, validated at start.
+//! - `config`: `config.toml` + `ACKGATE_SECTION__KEY` overrides (`config::environment`),
+//!   validated at start; `config::template` prints `config.toml` and its docs from the doc comments.
 //! - `data_format`: the data_dir's format version (`<data_dir>/FORMAT`), checked at start.
 //! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
 //!   - `names`: validated topic / client names and the collision-free offset key;
 //!   - `protocol`: WebSocket frames (parse / write), error and close codes;
-//!   - `offsets`: the `OffsetStore` trait (CAS-max), records, retention sweep, clocks;
+//!   - `offsets`: the `OffsetStore` trait (CAS-max) and its records; `dead_letters`: dead letters
+//!     and gaps as the store keeps them; `offset_retention`: expiry and the sweep; `clock`;
 //!   - `backend`: the `LogBackend` trait (pull layer) and events;
 //!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
 //!   - `reader`: one shared partition reader per `topic#partition`;
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `ack_floor`: per partition, how far its live clients have durably acked (when a
 //!     backend may acknowledge an event at its broker);
-//!   - `dispatcher`: session registry, takeover, gaps reported, draining;
+//!   - `dispatcher`: the shared state of every session: takeover, gaps reported, draining;
+//!     `session_registry`: what it knows of each session and client; `delivery_settings`: its
+//!     knobs; `frame_errors`: backend and store failures as error frames;
 //!   - `subscription_plan`: where each partition of a subscription starts (stored offset,
 //!     token, `from`, time), its gaps and trackers;
 //!   - `redelivery`: ack timeout, backoff and attempts per topic; `drain`: closing an

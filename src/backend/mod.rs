@@ -14,7 +14,7 @@ pub mod rocketmq;
 
 use crate::config::{BackendKind, Config};
 use crate::core::backend::LogBackend;
-use crate::core::offsets::Clock;
+use crate::core::clock::Clock;
 use embedded::{EmbeddedLog, EmbeddedLogSettings};
 use kafka::{KafkaLog, KafkaSettings};
 use rocketmq::{RocketMqLog, RocketMqSettings};

@@ -2,16 +2,17 @@
 //! to the smallest committed offset among the clients known for it, so nothing pulled but not yet
 //! acknowledged before a crash is skipped. Partitions without known clients keep their
 //! checkpointed cursor, or start where the reset policy says. Committed offsets above the log end
-//! are lowered to it on the way (`offsets::lower_to_log_end`), once a second read confirms the
+//! are lowered to it on the way (`offset_retention::lower_to_log_end`), once a second read confirms the
 //! low end (`core::log_end`).
 
 use std::collections::HashMap;
 
 use super::backend::{BackendError, LogBackend, PartitionBounds};
-use super::dispatcher::ResetPolicy;
+use super::delivery_settings::ResetPolicy;
 use super::log_end;
 use super::names::{OffsetKey, TopicName, TopicPartition};
-use super::offsets::{lower_to_log_end, OffsetFilter, OffsetStore};
+use super::offset_retention::lower_to_log_end;
+use super::offsets::{OffsetFilter, OffsetStore};
 
 /// Offsets above the log end named one by one per topic before a summary line.
 const LOGGED_PER_TOPIC: usize = 10;

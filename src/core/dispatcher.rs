@@ -5,142 +5,27 @@
 //! and the rules that pick where a subscription starts. Sessions themselves run in
 //! `core::session`, one task each.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::backend::{BackendError, LogBackend};
-use super::client_state::ClientState;
+use super::backend::LogBackend;
+use super::clock::Clock;
+use super::dead_letters::Gap;
+use super::delivery_settings::DeliverySettings;
 use super::metrics::Metrics;
 use super::names::{ClientId, TopicName};
 use super::offset_writer::OffsetWriter;
-use super::offsets::{Clock, Gap, OffsetStore, StoreError};
+use super::offsets::{OffsetStore, StoreError};
 use super::protocol::{ErrorCode, FrameError};
 use super::reader::Readers;
-use super::redelivery::RedeliveryPolicies;
 use super::session_control::{ControlInbox, SessionControl};
+use super::session_registry::{Registration, Registry, SessionEntry, SessionInfo, SessionStats};
 use super::window::Window;
-
-/// Where a client with no stored offset starts (`delivery.reset_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ResetPolicy {
-    Earliest,
-    Latest,
-}
-
-/// Delivery knobs (the `[delivery]` and `[limits]` config sections).
-#[derive(Debug, Clone)]
-pub struct DeliverySettings {
-    /// Ack timeout, backoff and attempts, per topic.
-    pub redelivery: RedeliveryPolicies,
-    pub max_in_flight: usize,
-    /// Payload bytes of a session's unacknowledged deliveries.
-    pub max_in_flight_bytes: u32,
-    pub reset_policy: ResetPolicy,
-    /// A session whose window stays full this long is closed with 4003; zero disables.
-    pub slow_client_timeout: Duration,
-    pub max_subscriptions_per_session: usize,
-    pub max_sessions: usize,
-    /// Live sessions subscribed to one topic on this instance.
-    pub max_clients_per_topic: usize,
-    /// Offline clients whose ack state (attempt counts of unacknowledged events) is kept.
-    pub max_offline_clients: usize,
-    /// Events each partition reader keeps for its subscribers.
-    pub reader_buffer_events: usize,
-    /// Payload bytes each partition reader keeps at most.
-    pub reader_buffer_bytes: usize,
-    /// Events read from the log at once.
-    pub fetch_batch: usize,
-    /// How often a session pings its peer; zero disables pings and the dead-peer check.
-    pub ping_interval: Duration,
-    /// A session that heard nothing from its peer this long ends as a dead peer.
-    pub pong_timeout: Duration,
-}
-
-/// Counters of one session, readable without asking its task.
-#[derive(Debug, Default)]
-pub struct SessionStats {
-    pub in_flight: AtomicUsize,
-    pub delivered: AtomicU64,
-    pub acked: AtomicU64,
-    pub redelivered: AtomicU64,
-    /// Epoch ms of the last ack, 0 before the first.
-    pub last_ack_at: AtomicU64,
-}
-
-/// What the registry knows of one live session.
-pub struct SessionInfo {
-    pub session_id: String,
-    pub client_id: ClientId,
-    pub remote_addr: Option<SocketAddr>,
-    /// Registration order on this instance (the newer of two sessions has the larger number).
-    pub number: u64,
-    /// Epoch ms.
-    pub connected_at: u64,
-    pub stats: SessionStats,
-    pub subscriptions: Mutex<Vec<TopicName>>,
-    /// Its in-flight window, shared with its feeders: the admin view reads whether it is full
-    /// as it is now (a feeder may start waiting for room without the session doing anything).
-    pub window: Arc<Window>,
-}
-
-struct SessionEntry {
-    info: Arc<SessionInfo>,
-    control: Arc<ControlInbox>,
-}
-
-/// What a new session gets from `Dispatcher::register`.
-pub struct Registration {
-    pub info: Arc<SessionInfo>,
-    pub control: Arc<ControlInbox>,
-    pub client: Arc<Mutex<ClientState>>,
-}
-
-#[derive(Default)]
-struct Registry {
-    sessions: HashMap<String, SessionEntry>,
-    by_client: HashMap<ClientId, String>,
-    clients: HashMap<ClientId, Arc<Mutex<ClientState>>>,
-    /// Live sessions subscribed to each topic.
-    subscribers: HashMap<TopicName, usize>,
-    /// Topics being deleted: nobody may subscribe to them meanwhile.
-    deleting: HashSet<TopicName>,
-    /// Offline clients whose ack state is kept (they left with unacknowledged deliveries, whose
-    /// attempt counts continue if they come back), oldest first; at most
-    /// `limits.max_offline_clients`.
-    offline: BTreeMap<u64, ClientId>,
-    offline_since: HashMap<ClientId, u64>,
-    next_offline: u64,
-    /// Session tasks still running per client, from `register` to the very end of the task: a
-    /// session taken over keeps running until it has closed, and its client counts as live (no
-    /// reset, delete or sweep) until none runs (PROTOCOL.md, "session").
-    running: HashMap<ClientId, usize>,
-    /// All running session tasks: what `limits.max_sessions` bounds.
-    running_total: usize,
-    /// Clients whose stored offsets an operator is changing (`change_offline_client`): none of
-    /// their sessions may start meanwhile.
-    changing: HashSet<ClientId>,
-    /// Partition counts as `core::partition_watch` last read them (`partitions_grown`): a
-    /// subscription planned from an older count catches up with it.
-    grown: HashMap<TopicName, u32>,
-}
-
-impl Registry {
-    /// Forgets the kept state of offline clients beyond `limit`, oldest first.
-    fn keep_offline_within(&mut self, limit: usize) {
-        while self.offline.len() > limit {
-            let Some((_, client)) = self.offline.pop_first() else { return };
-            self.offline_since.remove(&client);
-            self.clients.remove(&client);
-        }
-    }
-}
 
 /// A topic claimed for deletion (`Dispatcher::claim_topic_for_deletion`); dropping it lets
 /// sessions subscribe to the name again.
@@ -501,18 +386,4 @@ impl Dispatcher {
         let registry = self.registry();
         registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session)
     }
-}
-
-pub fn backend_frame_error(e: BackendError) -> FrameError {
-    match e {
-        BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
-        BackendError::InvalidInput(m) | BackendError::UnknownPartition(m) => FrameError::new(ErrorCode::BadFrame, m),
-        BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
-        // The detail (broker addresses, file paths) goes to the log, not to the client.
-        BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m),
-    }
-}
-
-pub fn store_frame_error(e: StoreError) -> FrameError {
-    FrameError::unavailable("the offset store", e)
 }

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::backend::{BackendError, LogBackend, NewEvent};
+use super::clock::Clock;
 use super::names::TopicName;
-use super::offsets::{Clock, OffsetStore, StoreError};
+use super::offsets::{OffsetStore, StoreError};
 
 /// The value of an `Idempotency-Key` header: 1 to 128 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

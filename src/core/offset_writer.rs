@@ -182,9 +182,11 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+    use crate::core::clock::SystemClock;
+    use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
     use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
     use crate::core::names::{ClientId, OffsetKey, TopicName};
-    use crate::core::offsets::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, StoreError, SystemClock};
+    use crate::core::offsets::{OffsetFilter, OffsetRecord, StoreError};
     use crate::store::memory::MemoryOffsetStore;
 
     /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.

@@ -1,12 +1,11 @@
-//! The ack layer: committed offsets per `topic#client_id#partition`, and their retention.
+//! The ack layer: committed offsets per `topic#client_id#partition` and the store that keeps them
+//! (with the dead letters and gaps, `dead_letters.rs`; their expiry is `offset_retention.rs`).
 //!
 //! A committed offset is the next offset the client has not acknowledged (Kafka's convention).
 //! Writes are CAS-max: `OffsetStore::write_offsets` never lowers a stored offset, so a replay after
 //! a restart cannot drag a fast client back. Only `reset` moves an offset backwards.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use super::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use super::idempotency::{IdempotencyKey, RememberedPublish};
 use super::names::{ClientId, OffsetKey, TopicName};
 
@@ -103,125 +102,6 @@ impl OffsetFilter {
         self.topic.as_ref().is_none_or(|t| *t == key.topic)
             && self.client_id.as_ref().is_none_or(|c| *c == key.client_id)
             && self.partition.is_none_or(|p| p == key.partition)
-    }
-}
-
-/// An event that will never be delivered again to one client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    pub topic: TopicName,
-    pub client_id: ClientId,
-    pub partition: u32,
-    pub offset: u64,
-    /// Deliveries made before giving up.
-    pub attempts: u32,
-    /// `max_attempts`, or the reason the client gave with `term`.
-    pub reason: String,
-    /// Epoch ms.
-    pub at: u64,
-}
-
-impl DeadLetter {
-    pub fn id(&self) -> DeadLetterId {
-        DeadLetterId { key: OffsetKey::new(self.topic.clone(), self.client_id.clone(), self.partition), offset: self.offset }
-    }
-}
-
-/// Events a client will never receive because the log no longer held them when it read there
-/// (retention removed them): offsets `from`..`to`-1 of one partition, reported to the client as
-/// `subscribed.partitions[].gap` or a `gap` frame (PROTOCOL.md) and kept for the admin view.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gap {
-    pub topic: TopicName,
-    pub client_id: ClientId,
-    pub partition: u32,
-    pub from: u64,
-    pub to: u64,
-    /// Epoch ms.
-    pub at: u64,
-}
-
-impl Gap {
-    /// Named like a dead letter, by the first offset missing: `topic#client_id#partition#from`.
-    pub fn id(&self) -> DeadLetterId {
-        DeadLetterId { key: OffsetKey::new(self.topic.clone(), self.client_id.clone(), self.partition), offset: self.from }
-    }
-}
-
-/// A page of gaps, in topic, client, partition and `from` order.
-#[derive(Debug, Clone, Default)]
-pub struct GapPage {
-    pub gaps: Vec<Gap>,
-    pub next: Option<DeadLetterId>,
-}
-
-/// Names one dead letter: `topic#client_id#partition#offset` (`#` is in neither name, so the form
-/// is unambiguous). The paging cursor of `GET /admin/dead-letters`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeadLetterId {
-    pub key: OffsetKey,
-    pub offset: u64,
-}
-
-impl std::fmt::Display for DeadLetterId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}#{}", self.key, self.offset)
-    }
-}
-
-impl DeadLetterId {
-    pub fn parse(text: &str) -> Option<Self> {
-        let mut parts = text.split('#');
-        let (topic, client, partition, offset) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some() {
-            return None;
-        }
-        let key = OffsetKey::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?);
-        Some(Self { key, offset: offset.parse().ok()? })
-    }
-}
-
-/// One page of dead letters. Ordered by topic, client, partition and offset; by client first
-/// when only `client_id` filters (the store answers that from a client-ordered index).
-#[derive(Debug, Clone)]
-pub struct DeadLetterQuery {
-    pub topic: Option<TopicName>,
-    pub client_id: Option<ClientId>,
-    /// Only with `topic` and `client_id` (the redrive route's filter).
-    pub partition: Option<u32>,
-    /// Start after this one (the previous page's `next`).
-    pub after: Option<DeadLetterId>,
-    pub limit: usize,
-}
-
-impl DeadLetterQuery {
-    pub fn matches(&self, dead: &DeadLetter) -> bool {
-        self.topic.as_ref().is_none_or(|t| *t == dead.topic)
-            && self.client_id.as_ref().is_none_or(|c| *c == dead.client_id)
-            && self.partition.is_none_or(|p| p == dead.partition)
-    }
-
-    /// True when the page is ordered by client first.
-    pub fn by_client(&self) -> bool {
-        self.topic.is_none() && self.client_id.is_some()
-    }
-}
-
-/// A page of dead letters; `next` is set when more follow (the `after` of the next page).
-#[derive(Debug, Clone, Default)]
-pub struct DeadLetterPage {
-    pub dead_letters: Vec<DeadLetter>,
-    pub next: Option<DeadLetterId>,
-}
-
-impl DeadLetterPage {
-    /// From up to `limit + 1` rows in page order: the extra row only says that more follow.
-    pub fn from_rows(mut rows: Vec<DeadLetter>, limit: usize) -> Self {
-        let next = (rows.len() > limit).then(|| {
-            rows.truncate(limit);
-            rows.last().map(DeadLetter::id)
-        });
-        Self { dead_letters: rows, next: next.flatten() }
     }
 }
 
@@ -351,95 +231,6 @@ pub trait OffsetStore: Send + Sync + 'static {
     }
 }
 
-/// Wall clock in epoch milliseconds; injectable so tests can move time.
-pub trait Clock: Send + Sync + 'static {
-    fn now_ms(&self) -> u64;
-}
-
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-    }
-}
-
-/// A clock that moves only when told to (tests).
-pub struct ManualClock(AtomicU64);
-
-impl ManualClock {
-    pub fn new(now_ms: u64) -> Self {
-        Self(AtomicU64::new(now_ms))
-    }
-
-    pub fn advance(&self, ms: u64) {
-        self.0.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// True when a record has not been written for longer than `retention_ms`. Computed from the
-/// stored `updated_at` only, never from when the record was loaded; an unknown time never expires.
-pub fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool {
-    record.updated_at != UNKNOWN_TIME && now_ms.saturating_sub(record.updated_at) > retention_ms
-}
-
-/// A committed offset above its partition's log end is never trusted (the log lost its tail in
-/// a power loss, or the topic was recreated outside ackgate): it would skip the events published
-/// next at the reused offsets. It is lowered to `log_end`, logged with the key and both numbers,
-/// and counted (the caller logs: boot alignment may lower millions and logs a summary). Besides
-/// the admin reset, the only way an offset goes down.
-pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, log_end: u64, now_ms: u64) -> Result<OffsetRecord, StoreError> {
-    super::metrics::offsets_above_log_end().increment(1);
-    store.reset(key, log_end, now_ms)
-}
-
-/// Removes the offsets of clients that stayed away longer than `retention_ms` (0: never).
-/// Clients for which `is_live` answers true (a live session on this instance) never expire.
-/// Returns how many went.
-pub fn sweep_expired_offsets(store: &dyn OffsetStore, now_ms: u64, retention_ms: u64, is_live: impl Fn(&ClientId) -> bool) -> Result<usize, StoreError> {
-    if retention_ms == 0 {
-        return Ok(0);
-    }
-    let mut expired = Vec::new();
-    store.scan_each(&OffsetFilter::default(), &mut |key, record| {
-        if is_expired(&record, now_ms, retention_ms) {
-            expired.push((key, record.updated_at));
-        }
-    })?;
-    // Asked after the scan: `is_live` takes the session registry's lock. A client may still
-    // connect between here and the removal: its subscribe touches (or writes) its records first,
-    // and a record changed since the scan is not removed.
-    expired.retain(|(key, _)| !is_live(&key.client_id));
-    store.remove_unchanged(&expired)
-}
-
-/// Marks every stored offset of `clients` as seen at `now_ms` (one client-prefix scan each, then
-/// one batch), so retention counts from then. Returns how many records were touched.
-pub fn touch_client_offsets(store: &dyn OffsetStore, clients: &[ClientId], now_ms: u64) -> Result<usize, StoreError> {
-    let mut keys = Vec::new();
-    for client in clients {
-        let filter = OffsetFilter { client_id: Some(client.clone()), ..Default::default() };
-        store.scan_each(&filter, &mut |key, _| keys.push(key))?;
-    }
-    if keys.is_empty() {
-        return Ok(0);
-    }
-    store.touch(&keys, now_ms)
-}
-
-/// How often live clients' offsets are marked as seen: a quarter of the retention, at most a
-/// minute, so a client live when the gateway dies has nearly all of its retention after it
-/// (KAFKA-8069: a restart must never shorten it). `None` when offsets never expire.
-pub fn live_touch_period_ms(retention_ms: u64) -> Option<u64> {
-    (retention_ms > 0).then(|| (retention_ms / 4).clamp(1, 60_000))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,16 +245,5 @@ mod tests {
         let short = OffsetRecord::decode(&record.encode()[..17]).unwrap();
         assert_eq!((short.committed, short.updated_at), (10, UNKNOWN_TIME));
         assert_eq!(OffsetRecord::decode(&[9, 0, 0]), None);
-    }
-
-    #[test]
-    fn expiry_uses_stored_time_and_never_expires_unknown_time() {
-        let day = 86_400_000;
-        let at = |updated_at| OffsetRecord { committed: 1, last_acked: Some(0), updated_at };
-        assert!(!is_expired(&at(UNKNOWN_TIME), u64::MAX, day), "sentinel must never expire (KAFKA-8069)");
-        assert!(!is_expired(&at(10 * day), 10 * day + day, day));
-        assert!(is_expired(&at(10 * day), 10 * day + day + 1, day));
-        // A clock behind the stored time (skew) is not an expiry.
-        assert!(!is_expired(&at(10 * day), 0, day));
     }
 }

@@ -13,9 +13,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::ReadFrom;
+use super::dead_letters::{DeadLetter, DeadLetterId};
 use super::dispatcher::Dispatcher;
 use super::names::{ClientId, TopicName, TopicPartition};
-use super::offsets::{DeadLetter, DeadLetterId, StoreError};
+use super::offsets::StoreError;
 use super::session_control::{ControlInbox, RedrivenEvent, SessionControl};
 use super::window::Window;
 use super::FastSet;

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::backend::Event;
+use super::dead_letters::DeadLetter;
 use super::in_flight::InFlightView;
 use super::names::TopicName;
-use super::offsets::DeadLetter;
 use super::window::WindowPermit;
 
 /// `Describe` requests a session may have waiting (more are answered "no answer" at once).

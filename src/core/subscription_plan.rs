@@ -9,10 +9,13 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::ack_tracker::{AckTracker, Epoch};
 use super::backend::PartitionBounds;
 use super::client_state::ClientState;
-use super::dispatcher::{backend_frame_error, store_frame_error, Dispatcher, ResetPolicy};
+use super::delivery_settings::ResetPolicy;
+use super::dispatcher::Dispatcher;
+use super::frame_errors::{backend_frame_error, store_frame_error};
 use super::log_end;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
-use super::offsets::{lower_to_log_end, OffsetWrite, StoreError};
+use super::offset_retention::lower_to_log_end;
+use super::offsets::{OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, StartFrom};
 
 /// Partitions whose bounds (and times) are asked at once: on Kafka each is a broker round trip.

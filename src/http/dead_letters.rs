@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{AppState, JsonBody};
+use crate::core::dead_letters::{DeadLetterId, DeadLetterQuery};
 use crate::core::names::{ClientId, TopicName};
-use crate::core::offsets::{DeadLetterId, DeadLetterQuery};
 
 /// Dead letters per page unless `limit` says otherwise, and the most one page holds.
 pub const DEFAULT_PAGE: usize = 100;

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::core::dispatcher::SessionInfo;
 use crate::core::session_control::SessionControl;
+use crate::core::session_registry::SessionInfo;
 
 /// How long the detail route waits for a session to list its deliveries.
 const DESCRIBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

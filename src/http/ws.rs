@@ -16,10 +16,10 @@ use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::access::Access;
-use crate::core::dispatcher::Registration;
 use crate::core::names::ClientId;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
 use crate::core::session::{run_session, Inbound, Outbound};
+use crate::core::session_registry::Registration;
 
 #[utoipa::path(
     get,

@@ -3,11 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{
-    DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome,
-};
+use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {

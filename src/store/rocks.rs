@@ -20,11 +20,10 @@ use std::sync::Mutex;
 
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch, WriteOptions};
 
+use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{
-    DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome,
-};
+use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// Raw `(key, value)` pairs read from a column family.

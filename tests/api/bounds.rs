@@ -130,7 +130,7 @@ async fn idempotency_keys_are_bounded_and_expired_ones_make_room() {
     let mut config = test_config(&data);
     config.publish.idempotency_max_keys = 2;
     config.publish.idempotency_window_secs = 60;
-    let clock = std::sync::Arc::new(ackgate::core::offsets::ManualClock::new(1_000_000));
+    let clock = std::sync::Arc::new(ackgate::core::clock::ManualClock::new(1_000_000));
     let gw = InProcess::start_with_clock(config, clock.clone()).await;
     let send = async |key: &str, n: u64| {
         let response = http()

@@ -83,7 +83,7 @@ async fn instances_agree_spread_clients_and_skip_a_dead_peer() {
 /// Failed before the fix: gw-0 kept recommending the not-ready gw-1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_is_not_ready_gets_no_clients() {
-    use ackgate::core::offsets::SystemClock;
+    use ackgate::core::clock::SystemClock;
     use std::sync::Arc;
 
     let ports = [free_port(), free_port()];

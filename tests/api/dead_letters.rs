@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ackgate::core::offsets::{Clock, ManualClock, SystemClock};
+use ackgate::core::clock::{Clock, ManualClock, SystemClock};
 use serde_json::{json, Value};
 
 use crate::support::*;

@@ -413,7 +413,7 @@ async fn a_catch_up_read_behind_retention_gets_a_gap_frame() {
     config.delivery.max_in_flight = 2;
     config.delivery.reader_buffer_events = 1;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let clock = std::sync::Arc::new(ackgate::core::offsets::ManualClock::new(now));
+    let clock = std::sync::Arc::new(ackgate::core::clock::ManualClock::new(now));
     let gw = InProcess::start_with_clock(config, clock.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let mut slow = WsClient::connect(gw.addr(), "slow").await;

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use ackgate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
 use ackgate::core::backend::LogBackend;
+use ackgate::core::clock::{Clock, ManualClock, SystemClock};
 use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
-use ackgate::core::offsets::{Clock, ManualClock, OffsetStore, OffsetWrite, SystemClock};
+use ackgate::core::offsets::{OffsetStore, OffsetWrite};
 use ackgate::core::reader::Readers;
 use ackgate::store::rocks::RocksOffsetStore;
 use ackgate::Gateway;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ackgate::core::offsets::{Clock, ManualClock, SystemClock};
+use ackgate::core::clock::{Clock, ManualClock, SystemClock};
 use serde_json::json;
 
 use crate::support::*;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ackgate::config::Config;
-use ackgate::core::offsets::Clock;
+use ackgate::core::clock::Clock;
 use ackgate::gateway::GatewayHandle;
 use ackgate::Gateway;
 use futures_util::{SinkExt, StreamExt};

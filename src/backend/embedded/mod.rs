@@ -24,8 +24,8 @@ mod tests;
 
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
+use crate::core::clock::Clock;
 use crate::core::names::{topic_prefix, TopicName, TopicPartition};
-use crate::core::offsets::Clock;
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// One item of a RocksDB iterator.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::core::offsets::ManualClock;
+use crate::core::clock::ManualClock;
 
 const DAY_MS: u64 = 86_400_000;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::message::{decode_messages, Decoded};
 use super::remoting::{code, response, Remoting, RemotingError, Response};
 use crate::core::backend::BackendError;
-use crate::core::offsets::{Clock, SystemClock};
+use crate::core::clock::{Clock, SystemClock};
 
 /// Where a topic lives: its one master broker and its queue count.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,8 +27,8 @@ pub mod remoting;
 
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{AckFloor, BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
+use crate::core::clock::{Clock, SystemClock};
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::offsets::{Clock, SystemClock};
 pub use broker::{Broker, Pulled, Route};
 use message::{encode_properties, is_property_safe, is_system_property, Decoded, StoredMessage, Undecodable, KEYS, POP_CK, UNIQ_KEY};
 use pop::{Handle, Ledger, Positions};

@@ -12,10 +12,11 @@ use tokio::time::Instant;
 use super::{Session, Waiting};
 use crate::core::ack_tracker::AckEffect;
 use crate::core::client_state::{DeliveryRef, EventRef};
+use crate::core::dead_letters::DeadLetter;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_writer::WriteRequest;
-use crate::core::offsets::{DeadLetter, OffsetWrite, StoreError};
+use crate::core::offsets::{OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
 

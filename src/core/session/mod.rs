@@ -16,15 +16,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::access::Access;
 use crate::core::client_state::{ClientState, EventRef};
-use crate::core::dispatcher::{Dispatcher, Registration, SessionInfo};
+use crate::core::dispatcher::Dispatcher;
 use crate::core::feeder::FedBatch;
 use crate::core::in_flight::InFlightWindow;
 use crate::core::names::TopicName;
+use crate::core::offset_retention::touch_client_offsets;
 use crate::core::offset_writer::WriteRequest;
-use crate::core::offsets::{touch_client_offsets, StoreError};
+use crate::core::offsets::StoreError;
 use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
 use crate::core::session_control::SessionControl;
+use crate::core::session_registry::{Registration, SessionInfo};
 use crate::core::window::Window;
 use crate::core::FastMap;
 

@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use super::Session;
 use crate::core::client_state::{EventRef, REDRIVE_SLOT};
+use crate::core::dead_letters::DeadLetterId;
 use crate::core::in_flight::Delivery;
 use crate::core::names::{OffsetKey, TopicName};
-use crate::core::offsets::DeadLetterId;
 use crate::core::protocol::FrameError;
 use crate::core::redrive::{blocking, scan_redrives, RedriveScan};
 use crate::core::session_control::RedrivenEvent;

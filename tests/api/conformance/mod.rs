@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ackgate::config::Config;
-use ackgate::core::offsets::ManualClock;
+use ackgate::core::clock::ManualClock;
 use serde_json::{json, Value};
 
 use crate::kafka_broker::TestBroker;
@@ -200,7 +200,7 @@ pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Ha
     let between = match &h.backend {
         Backend::Embedded => {
             h.clock.advance(10_000);
-            ackgate::core::offsets::Clock::now_ms(h.clock.as_ref())
+            ackgate::core::clock::Clock::now_ms(h.clock.as_ref())
         }
         _ => {
             tokio::time::sleep(Duration::from_millis(1100)).await;

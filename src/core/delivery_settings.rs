@@ -1,0 +1,43 @@
+//! The delivery knobs a dispatcher runs with (from the `[delivery]`, `[limits]` and `[server]`
+//! config sections, converted once at start).
+
+use std::time::Duration;
+
+use super::redelivery::RedeliveryPolicies;
+
+/// Where a client with no stored offset starts (`delivery.reset_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResetPolicy {
+    Earliest,
+    Latest,
+}
+
+/// Delivery knobs (the `[delivery]` and `[limits]` config sections).
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    /// Ack timeout, backoff and attempts, per topic.
+    pub redelivery: RedeliveryPolicies,
+    pub max_in_flight: usize,
+    /// Payload bytes of a session's unacknowledged deliveries.
+    pub max_in_flight_bytes: u32,
+    pub reset_policy: ResetPolicy,
+    /// A session whose window stays full this long is closed with 4003; zero disables.
+    pub slow_client_timeout: Duration,
+    pub max_subscriptions_per_session: usize,
+    pub max_sessions: usize,
+    /// Live sessions subscribed to one topic on this instance.
+    pub max_clients_per_topic: usize,
+    /// Offline clients whose ack state (attempt counts of unacknowledged events) is kept.
+    pub max_offline_clients: usize,
+    /// Events each partition reader keeps for its subscribers.
+    pub reader_buffer_events: usize,
+    /// Payload bytes each partition reader keeps at most.
+    pub reader_buffer_bytes: usize,
+    /// Events read from the log at once.
+    pub fetch_batch: usize,
+    /// How often a session pings its peer; zero disables pings and the dead-peer check.
+    pub ping_interval: Duration,
+    /// A session that heard nothing from its peer this long ends as a dead peer.
+    pub pong_timeout: Duration,
+}

@@ -1,0 +1,92 @@
+//! What the dispatcher knows of the sessions of this instance: one entry per live session, the
+//! client each belongs to (one current session per client_id; a newer one takes over), the
+//! session tasks still running per client, and the ack state kept for offline clients.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+
+use super::client_state::ClientState;
+use super::names::{ClientId, TopicName};
+use super::session_control::ControlInbox;
+use super::window::Window;
+
+/// Counters of one session, readable without asking its task.
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    pub in_flight: AtomicUsize,
+    pub delivered: AtomicU64,
+    pub acked: AtomicU64,
+    pub redelivered: AtomicU64,
+    /// Epoch ms of the last ack, 0 before the first.
+    pub last_ack_at: AtomicU64,
+}
+
+/// What the registry knows of one live session.
+pub struct SessionInfo {
+    pub session_id: String,
+    pub client_id: ClientId,
+    pub remote_addr: Option<SocketAddr>,
+    /// Registration order on this instance (the newer of two sessions has the larger number).
+    pub number: u64,
+    /// Epoch ms.
+    pub connected_at: u64,
+    pub stats: SessionStats,
+    pub subscriptions: Mutex<Vec<TopicName>>,
+    /// Its in-flight window, shared with its feeders: the admin view reads whether it is full
+    /// as it is now (a feeder may start waiting for room without the session doing anything).
+    pub window: Arc<Window>,
+}
+
+pub(super) struct SessionEntry {
+    pub(super) info: Arc<SessionInfo>,
+    pub(super) control: Arc<ControlInbox>,
+}
+
+/// What a new session gets from `Dispatcher::register`.
+pub struct Registration {
+    pub info: Arc<SessionInfo>,
+    pub control: Arc<ControlInbox>,
+    pub client: Arc<Mutex<ClientState>>,
+}
+
+#[derive(Default)]
+pub(super) struct Registry {
+    pub(super) sessions: HashMap<String, SessionEntry>,
+    pub(super) by_client: HashMap<ClientId, String>,
+    pub(super) clients: HashMap<ClientId, Arc<Mutex<ClientState>>>,
+    /// Live sessions subscribed to each topic.
+    pub(super) subscribers: HashMap<TopicName, usize>,
+    /// Topics being deleted: nobody may subscribe to them meanwhile.
+    pub(super) deleting: HashSet<TopicName>,
+    /// Offline clients whose ack state is kept (they left with unacknowledged deliveries, whose
+    /// attempt counts continue if they come back), oldest first; at most
+    /// `limits.max_offline_clients`.
+    pub(super) offline: BTreeMap<u64, ClientId>,
+    pub(super) offline_since: HashMap<ClientId, u64>,
+    pub(super) next_offline: u64,
+    /// Session tasks still running per client, from `register` to the very end of the task: a
+    /// session taken over keeps running until it has closed, and its client counts as live (no
+    /// reset, delete or sweep) until none runs (PROTOCOL.md, "session").
+    pub(super) running: HashMap<ClientId, usize>,
+    /// All running session tasks: what `limits.max_sessions` bounds.
+    pub(super) running_total: usize,
+    /// Clients whose stored offsets an operator is changing (`change_offline_client`): none of
+    /// their sessions may start meanwhile.
+    pub(super) changing: HashSet<ClientId>,
+    /// Partition counts as `core::partition_watch` last read them (`partitions_grown`): a
+    /// subscription planned from an older count catches up with it.
+    pub(super) grown: HashMap<TopicName, u32>,
+}
+
+impl Registry {
+    /// Forgets the kept state of offline clients beyond `limit`, oldest first.
+    pub(super) fn keep_offline_within(&mut self, limit: usize) {
+        while self.offline.len() > limit {
+            let Some((_, client)) = self.offline.pop_first() else { return };
+            self.offline_since.remove(&client);
+            self.clients.remove(&client);
+        }
+    }
+}
