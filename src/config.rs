@@ -452,7 +452,7 @@ pub struct AuthConfig {
 
 /// The smallest `auth.jwt_secret`: an HS256 key shorter than the hash is guessable offline from
 /// any one token.
-pub const MIN_JWT_SECRET_BYTES: usize = 32;
+const MIN_JWT_SECRET_BYTES: usize = 32;
 
 impl ServerConfig {
     /// True when `listen` is a loopback address (only this machine can connect).
@@ -561,7 +561,7 @@ impl Config {
 pub const ENV_PREFIX: &str = "ACKGATE_";
 
 /// Pauses in one backoff list at most.
-pub const MAX_BACKOFF_STEPS: usize = 64;
+const MAX_BACKOFF_STEPS: usize = 64;
 
 impl Config {
     /// `delivery.redelivery_backoff_ms` and `[delivery.topics."<pattern>"]`.

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 /// The version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 1;
 const FILE: &str = "FORMAT";
 const PREFIX: &str = "ackgate data ";
 

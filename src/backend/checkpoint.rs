@@ -54,7 +54,7 @@ impl PullCursors {
 
 /// Reads a checkpoint file; a missing file is an empty checkpoint. Lines that do not parse are
 /// skipped with a warning rather than failing the start.
-pub fn read_checkpoint(path: &Path) -> io::Result<BTreeMap<TopicPartition, u64>> {
+fn read_checkpoint(path: &Path) -> io::Result<BTreeMap<TopicPartition, u64>> {
     let text = match fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
@@ -80,7 +80,7 @@ fn parse_line(line: &str) -> Option<(TopicPartition, u64)> {
 }
 
 /// Replaces the checkpoint file atomically.
-pub fn write_checkpoint(path: &Path, cursors: &BTreeMap<TopicPartition, u64>) -> io::Result<()> {
+fn write_checkpoint(path: &Path, cursors: &BTreeMap<TopicPartition, u64>) -> io::Result<()> {
     let mut text = String::from("# ackgate pull offsets: topic#partition=next offset to pull\n");
     for (tp, offset) in cursors {
         text.push_str(&format!("{tp}={offset}\n"));

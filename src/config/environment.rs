@@ -6,7 +6,7 @@
 use super::{Config, ENV_PREFIX};
 
 /// Variables with this prefix belong to the scripts and tests, never to the gateway's config.
-pub const DEV_PREFIX: &str = "ACKGATE_DEV_";
+const DEV_PREFIX: &str = "ACKGATE_DEV_";
 
 /// `ACKGATE_KAFKA__PROPERTIES__<NAME>` sets one librdkafka property, dots written as `_`
 /// (`ACKGATE_KAFKA__PROPERTIES__SASL_PASSWORD` is `sasl.password`): secrets come from the

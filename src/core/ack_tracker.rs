@@ -73,7 +73,7 @@ impl AckTracker {
     }
 
     /// True when `offset` needs no delivery: below the floor, or delivered and acknowledged.
-    pub fn is_acked(&self, offset: u64) -> bool {
+    fn is_acked(&self, offset: u64) -> bool {
         offset < self.delivered_end && !self.pending.contains_key(&offset)
     }
 

@@ -99,7 +99,7 @@ impl EventRef {
 
 /// Trackers a client keeps before the idle ones of topics it no longer uses go
 /// (`ClientState::forget_unused`).
-pub const TRACKERS_KEPT: usize = 1024;
+const TRACKERS_KEPT: usize = 1024;
 
 /// Per-client acknowledgement state, shared by the client's sessions on this instance.
 #[derive(Debug, Default)]

@@ -39,9 +39,9 @@ impl IdempotencyKey {
 }
 
 /// SHA-256 of a request body.
-pub type BodyDigest = [u8; 32];
+type BodyDigest = [u8; 32];
 
-pub fn body_digest(body: &[u8]) -> BodyDigest {
+fn body_digest(body: &[u8]) -> BodyDigest {
     let digest = ring::digest::digest(&ring::digest::SHA256, body);
     digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
 }

@@ -11,7 +11,7 @@ use super::backend::{BackendError, LogBackend, PartitionBounds};
 use super::names::TopicPartition;
 
 /// How long a low log end is given to come back before offsets above it are lowered.
-pub const RECHECK: Duration = Duration::from_secs(1);
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// The bounds of `tps` read again after `RECHECK` (one wait for all of them).
 pub async fn read_again(backend: &dyn LogBackend, tps: &[TopicPartition]) -> Result<Vec<PartitionBounds>, BackendError> {

@@ -145,10 +145,6 @@ impl OffsetKey {
         }
         Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?))
     }
-
-    pub fn topic_partition(&self) -> TopicPartition {
-        TopicPartition::new(self.topic.clone(), self.partition)
-    }
 }
 
 /// The display form `topic#client_id#partition` used in REST answers and logs.

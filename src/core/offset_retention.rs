@@ -7,7 +7,7 @@ use super::offsets::{OffsetFilter, OffsetRecord, OffsetStore, StoreError, UNKNOW
 
 /// True when a record has not been written for longer than `retention_ms`. Computed from the
 /// stored `updated_at` only, never from when the record was loaded; an unknown time never expires.
-pub fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool {
+fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool {
     record.updated_at != UNKNOWN_TIME && now_ms.saturating_sub(record.updated_at) > retention_ms
 }
 

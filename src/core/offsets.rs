@@ -10,7 +10,7 @@ use super::idempotency::{IdempotencyKey, RememberedPublish};
 use super::names::{ClientId, OffsetKey, TopicName};
 
 /// Version byte at the start of every stored record value, so the format can change later.
-pub const RECORD_FORMAT_VERSION: u8 = 1;
+const RECORD_FORMAT_VERSION: u8 = 1;
 
 /// `updated_at` value that means "unknown". Such a record is never considered expired: treating a
 /// sentinel as a real timestamp is exactly the KAFKA-8069 bug (offsets expired right after load).

@@ -117,7 +117,7 @@ impl FrameError {
 
 /// A short id naming one error answer in the log: unique per process (a counter), and unlikely
 /// to repeat across restarts (mixed with the start time).
-pub fn incident_id() -> String {
+fn incident_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static STARTED: OnceLock<u64> = OnceLock::new();
@@ -167,9 +167,9 @@ impl From<StartFromWire> for StartFrom {
 }
 
 /// Longest redelivery delay a `nack` may ask for: one day.
-pub const MAX_NACK_DELAY_MS: u64 = 86_400_000;
+const MAX_NACK_DELAY_MS: u64 = 86_400_000;
 /// Longest `term` reason kept with a dead letter (PROTOCOL.md: at most 1 KiB).
-pub const MAX_TERM_REASON_BYTES: usize = 1024;
+const MAX_TERM_REASON_BYTES: usize = 1024;
 
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
@@ -351,19 +351,6 @@ impl ClientFrame {
             | Self::Extend { req, .. }
             | Self::Term { req, .. }
             | Self::Ping { req } => req.as_ref(),
-        }
-    }
-
-    /// The op name, for logs and metrics.
-    pub fn op(&self) -> &'static str {
-        match self {
-            Self::Subscribe { .. } => "subscribe",
-            Self::Unsubscribe { .. } => "unsubscribe",
-            Self::Ack { .. } => "ack",
-            Self::Nack { .. } => "nack",
-            Self::Extend { .. } => "extend",
-            Self::Term { .. } => "term",
-            Self::Ping { .. } => "ping",
         }
     }
 }

@@ -26,7 +26,7 @@ const PAGE: usize = 64;
 /// How long one read of a dead letter's event may wait for the log (a Kafka catch-up fetch).
 const READ_WAIT: Duration = Duration::from_secs(1);
 /// The reason a mark is dropped with when the log no longer holds its event.
-pub const GONE_FROM_LOG: &str = "redrive: the log no longer holds this event";
+const GONE_FROM_LOG: &str = "redrive: the log no longer holds this event";
 
 /// One scan of a client's redrive marks on one topic, for one subscription of a session.
 pub struct RedriveScan {

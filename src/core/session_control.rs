@@ -13,7 +13,7 @@ use super::names::TopicName;
 use super::window::WindowPermit;
 
 /// `Describe` requests a session may have waiting (more are answered "no answer" at once).
-pub const DESCRIBES_QUEUED: usize = 16;
+const DESCRIBES_QUEUED: usize = 16;
 
 /// Messages to a running session from outside its task.
 #[derive(Debug)]

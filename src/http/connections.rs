@@ -151,7 +151,7 @@ impl ConnectionCounts {
     }
 
     /// Takes a slot for a connection from `ip`, or says why there is none.
-    pub fn admit(self: &Arc<Self>, ip: IpAddr, limits: &ConnectionLimits) -> Result<ConnectionSlot, Refusal> {
+    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &ConnectionLimits) -> Result<ConnectionSlot, Refusal> {
         if self.open.fetch_add(1, Ordering::Relaxed) >= limits.max_connections {
             self.open.fetch_sub(1, Ordering::Relaxed);
             return Err(Refusal::Capacity);

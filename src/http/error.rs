@@ -39,7 +39,7 @@ impl ApiError {
 }
 
 /// The HTTP status of each error code.
-pub fn status_of(code: ErrorCode) -> StatusCode {
+fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::BadFrame | ErrorCode::BadRequest | ErrorCode::InvalidName => StatusCode::BAD_REQUEST,
         ErrorCode::UnknownTopic | ErrorCode::NotFound | ErrorCode::UnknownDelivery => StatusCode::NOT_FOUND,

@@ -23,7 +23,7 @@ const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.0
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// A gauge not set for this long is dropped from the scrape output.
-pub const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Installs the process-wide Prometheus recorder (once; later gateways in the same process share
 /// it). Must run before the dispatcher registers its metric handles.

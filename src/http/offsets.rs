@@ -141,7 +141,7 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
 }
 
 /// The largest `time` taken (epoch ms): what Kafka's ListOffsets and RocketMQ carry (an i64).
-pub const MAX_TIME_MS: u64 = i64::MAX as u64;
+const MAX_TIME_MS: u64 = i64::MAX as u64;
 
 /// `{"offset"}` or `{"time": epoch_ms}`, exactly one.
 #[derive(Deserialize)]

@@ -58,7 +58,7 @@ pub fn document() -> String {
 /// The document for a gateway running without `auth.admin_token`: no route needs a credential,
 /// so none names a security requirement (a client generated from it, or a fuzzer, would
 /// otherwise send a token nobody asked for, or expect 401s that never come).
-pub fn document_without_auth() -> String {
+fn document_without_auth() -> String {
     let mut doc: serde_json::Value = serde_json::from_str(&document()).expect("the document is JSON");
     if let Some(paths) = doc["paths"].as_object_mut() {
         for operation in paths.values_mut().filter_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut()) {

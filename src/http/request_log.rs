@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-pub const REQUEST_ID: &str = "x-request-id";
+const REQUEST_ID: &str = "x-request-id";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 

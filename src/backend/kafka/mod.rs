@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,7 +66,6 @@ pub struct KafkaLog {
     partition_counts: Mutex<HashMap<TopicName, u32>>,
     /// Result of the last reachability probe (readiness, fast `unavailable` on publish).
     reachable: Arc<AtomicBool>,
-    broker_acks: AtomicU64,
     stop: CancellationToken,
 }
 
@@ -148,7 +147,6 @@ impl KafkaLog {
             cursors,
             partition_counts: Mutex::new(HashMap::new()),
             reachable: Arc::new(AtomicBool::new(false)),
-            broker_acks: AtomicU64::new(0),
             stop: CancellationToken::new(),
             settings,
         };
@@ -163,11 +161,6 @@ impl KafkaLog {
         log.reachable.store(true, Ordering::SeqCst);
         log.spawn_reachability_monitor();
         Ok(log)
-    }
-
-    /// Deferred broker ACKs counted so far (they do nothing on a log).
-    pub fn broker_acks(&self) -> u64 {
-        self.broker_acks.load(Ordering::Relaxed)
     }
 
     /// A probe that asks the cluster for its broker list.
@@ -404,7 +397,6 @@ impl LogBackend for KafkaLog {
 
     fn ack_pulled_message(&self, _tp: &TopicPartition, _offset: u64) {
         // Kafka keeps no per-message state for us to acknowledge: progress is ackgate's own.
-        self.broker_acks.fetch_add(1, Ordering::Relaxed);
     }
 
     fn checkpoint(&self) -> Result<(), BackendError> {

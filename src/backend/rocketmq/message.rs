@@ -188,7 +188,7 @@ fn decode_one(mut m: &[u8]) -> Result<StoredMessage, String> {
 }
 
 /// `name \x01 value \x02 ...`
-pub fn decode_properties(bytes: &[u8]) -> HashMap<String, String> {
+fn decode_properties(bytes: &[u8]) -> HashMap<String, String> {
     bytes
         .split(|b| *b == PROPERTY_SEPARATOR)
         .filter_map(|entry| {

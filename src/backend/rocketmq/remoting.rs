@@ -198,7 +198,7 @@ async fn read_responses(addr: String, mut reader: tokio::net::tcp::OwnedReadHalf
 }
 
 /// Encodes a request frame (JSON header).
-pub fn encode_request(code: i32, opaque: i32, ext: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+fn encode_request(code: i32, opaque: i32, ext: &[(&str, String)], body: &[u8]) -> Vec<u8> {
     let ext: serde_json::Map<String, serde_json::Value> = ext.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.clone()))).collect();
     let header = serde_json::json!({
         "code": code,
@@ -237,7 +237,7 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<(
 }
 
 /// Decodes a frame after its length prefix.
-pub fn decode_frame(frame: &[u8]) -> Result<(i32, i32, Response), RemotingError> {
+fn decode_frame(frame: &[u8]) -> Result<(i32, i32, Response), RemotingError> {
     let marked = frame.get(..4).ok_or_else(|| RemotingError::Protocol("frame shorter than its header length".into()))?;
     let marked = u32::from_be_bytes(marked.try_into().expect("4 bytes"));
     if marked >> 24 != 0 {
