@@ -69,7 +69,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// HTTP and WebSocket address. Keep 127.0.0.1 unless auth is on (docs/security.md, "Before you expose it").
+    /// HTTP and WebSocket address, ip:port. Keep 127.0.0.1 unless auth is on (docs/security.md,
+    /// "Before you expose it").
     pub listen: String,
     /// Name in `welcome` frames and /session/recommend; empty = host name + port.
     pub instance_id: String,
@@ -145,7 +146,7 @@ impl Default for ServerConfig {
 pub struct StorageConfig {
     /// "embedded" (a RocksDB log, zero setup), "kafka" or "rocketmq".
     pub backend: BackendKind,
-    /// RocksDB databases (log/, offsets/) and the pull checkpoint file live here.
+    /// RocksDB databases (log/, offsets/) and the pull checkpoint file live here (not empty).
     pub data_dir: PathBuf,
 }
 
@@ -181,9 +182,10 @@ impl Default for EmbeddedConfig {
 pub struct KafkaConfig {
     /// Kafka brokers, "host:port,host:port", for storage.backend = "kafka".
     pub bootstrap_servers: String,
-    /// Topics served; empty serves every topic of the cluster except internal "__*" ones.
+    /// Topics served (valid topic names); empty serves every topic of the cluster except internal
+    /// "__*" ones.
     pub topics: Vec<String>,
-    /// Replication factor of topics created through POST /topics.
+    /// Replication factor of topics created through POST /topics (at least 1).
     pub replication_factor: i32,
     /// Bound of metadata, watermark and admin requests; also how long start waits for a broker.
     pub request_timeout_ms: u64,
@@ -222,10 +224,11 @@ pub struct RocketMqConfig {
     pub mode: RocketMqMode,
     /// Name server, "host:port", for storage.backend = "rocketmq".
     pub namesrv_addr: String,
-    /// Topics served; empty serves every topic the name server knows except system ones.
+    /// Topics served (valid topic names); empty serves every topic the name server knows except
+    /// system ones.
     pub topics: Vec<String>,
     /// Consumer group named in POP and PULL requests (the protocol needs one); never used to commit an
-    /// offset. Give each ackgate deployment its own.
+    /// offset. Give each ackgate deployment its own. 1 to 255 characters.
     pub consumer_group: String,
     /// POP: a popped event stays invisible this long before the broker redelivers it; ackgate extends
     /// it while a live client still owes the ack (at least 1000).
