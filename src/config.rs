@@ -117,6 +117,9 @@ pub struct ServerConfig {
     /// A WebSocket from which nothing (a pong or a frame) arrived for this long is a dead peer: its
     /// session ends and its deliveries are released. Above ws_ping_interval_ms.
     pub ws_pong_timeout_ms: u64,
+    /// A Server-Sent Events stream (GET /sse) gets a comment line (": ka") this often, so proxies
+    /// do not close it while idle and a peer that went away is found by the failed write.
+    pub sse_keepalive_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -137,6 +140,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: 60_000,
             ws_ping_interval_ms: 25_000,
             ws_pong_timeout_ms: 60_000,
+            sse_keepalive_ms: 15_000,
         }
     }
 }
@@ -521,6 +525,7 @@ impl Config {
             ("server.idle_timeout_ms", self.server.idle_timeout_ms),
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
             ("server.tls_handshake_timeout_ms", self.server.tls_handshake_timeout_ms),
+            ("server.sse_keepalive_ms", self.server.sse_keepalive_ms),
             ("publish.idempotency_window_secs", self.publish.idempotency_window_secs),
             ("publish.idempotency_max_keys", self.publish.idempotency_max_keys as u64),
         ]
@@ -543,6 +548,7 @@ impl Config {
             ("delivery.slow_client_timeout_ms", self.delivery.slow_client_timeout_ms),
             ("limits.close_drain_ms", self.limits.close_drain_ms),
             ("server.tls_handshake_timeout_ms", self.server.tls_handshake_timeout_ms),
+            ("server.sse_keepalive_ms", self.server.sse_keepalive_ms),
             ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
             ("server.idle_timeout_ms", self.server.idle_timeout_ms),
             ("server.ws_ping_interval_ms", self.server.ws_ping_interval_ms),

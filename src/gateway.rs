@@ -262,7 +262,7 @@ impl Gateway {
             config.publish.idempotency_window_secs,
             config.publish.idempotency_max_keys,
         ));
-        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher };
+        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher, sse: Default::default() };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 

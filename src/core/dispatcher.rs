@@ -24,7 +24,7 @@ use super::offsets::{OffsetStore, StoreError};
 use super::protocol::{ErrorCode, FrameError};
 use super::reader::Readers;
 use super::session_control::{ControlInbox, SessionControl};
-use super::session_registry::{Registration, Registry, SessionEntry, SessionInfo, SessionStats};
+use super::session_registry::{Registration, Registry, SessionEntry, SessionInfo, SessionStats, Transport};
 use super::window::Window;
 
 /// A topic claimed for deletion (`Dispatcher::claim_topic_for_deletion`); dropping it lets
@@ -134,7 +134,7 @@ impl Dispatcher {
 
     /// Registers a new session of `client_id`. A live session of the same client is told to close
     /// with 4001; the new one shares its ack state, so in-flight events go to the new session.
-    pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>) -> Result<Registration, FrameError> {
+    pub fn register(&self, client_id: ClientId, remote_addr: Option<SocketAddr>, transport: Transport) -> Result<Registration, FrameError> {
         if self.draining.is_cancelled() {
             return Err(FrameError::new(ErrorCode::Unavailable, "this instance is draining; connect to another (GET /session/recommend)"));
         }
@@ -164,6 +164,7 @@ impl Dispatcher {
             session_id: session_id.clone(),
             client_id: client_id.clone(),
             remote_addr,
+            transport,
             number: n,
             connected_at: self.clock.now_ms(),
             stats: SessionStats::default(),

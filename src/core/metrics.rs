@@ -175,7 +175,7 @@ pub fn offsets_above_log_end() -> Counter {
 impl Metrics {
     /// Registers every handle with the installed recorder (or no-op handles without one).
     pub fn register() -> Self {
-        describe_gauge!(SESSIONS, "Live WebSocket sessions on this instance");
+        describe_gauge!(SESSIONS, "Live sessions on this instance, by transport (websocket, sse)");
         describe_gauge!(IN_FLIGHT, "Unacknowledged deliveries across sessions");
         describe_gauge!(PULL_LAG, "Events in the log not yet pulled, per topic and partition");
         describe_counter!("ackgate_deliveries_total", "Events pushed to sessions (first deliveries and redeliveries)");

@@ -23,11 +23,32 @@ pub struct SessionStats {
     pub last_ack_at: AtomicU64,
 }
 
+/// How a session's client is connected: the same session over either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    WebSocket,
+    /// Server-Sent Events down, frames POSTed up (`http::sse`).
+    Sse,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 2] = [Transport::WebSocket, Transport::Sse];
+
+    /// The name in `/admin/sessions` and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::WebSocket => "websocket",
+            Transport::Sse => "sse",
+        }
+    }
+}
+
 /// What the registry knows of one live session.
 pub struct SessionInfo {
     pub session_id: String,
     pub client_id: ClientId,
     pub remote_addr: Option<SocketAddr>,
+    pub transport: Transport,
     /// Registration order on this instance (the newer of two sessions has the larger number).
     pub number: u64,
     /// Epoch ms.

@@ -16,6 +16,7 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{ACK_LATENCY, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
+use crate::core::session_registry::Transport;
 
 /// Histogram buckets in seconds: 50 us to 10 s.
 const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
@@ -71,7 +72,10 @@ pub fn upkeep() {
 pub async fn scrape(State(app): State<AppState>) -> Response {
     let d = &app.dispatcher;
     let sessions = d.sessions();
-    metrics::gauge!(SESSIONS).set(sessions.len() as f64);
+    for transport in Transport::ALL {
+        let count = sessions.iter().filter(|s| s.transport == transport).count();
+        metrics::gauge!(SESSIONS, "transport" => transport.as_str()).set(count as f64);
+    }
     let in_flight: usize = sessions.iter().map(|s| s.stats.in_flight.load(Ordering::Relaxed)).sum();
     metrics::gauge!(IN_FLIGHT).set(in_flight as f64);
     metrics::gauge!(CONNECTIONS).set(app.connections.open() as f64);

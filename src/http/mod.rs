@@ -1,5 +1,6 @@
 //! The HTTP edge: one `router(state)` shared by the binary and the tests. Each REST resource has
-//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`; every
+//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`, Server-Sent
+//! Events in `sse`; every
 //! accepted connection drains before it closes (`lingering`).
 
 pub mod auth;
@@ -19,6 +20,7 @@ pub mod recommend;
 pub mod request_log;
 pub mod schemas;
 pub mod sessions;
+pub mod sse;
 pub mod tls;
 pub mod topics;
 pub mod whole_number;
@@ -49,6 +51,8 @@ pub struct AppState {
     pub exposure: Arc<exposure::Exposure>,
     /// Publishes with an `Idempotency-Key`.
     pub publisher: Arc<crate::core::idempotency::IdempotentPublisher>,
+    /// Server-Sent Events sessions, where their POSTed frames go.
+    pub sse: Arc<sse::SseSessions>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -67,6 +71,8 @@ pub fn router(state: AppState) -> Router {
         .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))
+        .route("/sse", get(sse::open))
+        .route("/sse/{session_id}/frames", post(sse::frames))
         // The admin token, or a JWT whose `publish` claim allows the topic.
         .route("/topics/{topic}/events", post(topics::publish).layer(publish))
         // Creating and deleting topics change what every client sees: admin, like publishing.

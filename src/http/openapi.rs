@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::schemas::*;
 use super::AppState;
-use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recommend, sessions, topics, ws};
+use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recommend, sessions, sse, topics, ws};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,7 +27,7 @@ use super::{console, dead_letters, drain, gaps, health, metrics, offsets, recomm
         offsets::list, offsets::client_view, offsets::reset, offsets::delete,
         sessions::list, sessions::detail, sessions::disconnect,
         dead_letters::list, dead_letters::redrive, gaps::list, drain::drain, recommend::recommend,
-        health::healthz, health::readyz, metrics::scrape, console::index, console::static_file, ws::upgrade, document_route,
+        health::healthz, health::readyz, metrics::scrape, console::index, console::static_file, ws::upgrade, sse::open, sse::frames, document_route,
     ),
     components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, Req)),
     modifiers(&AdminToken)

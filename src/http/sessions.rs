@@ -29,8 +29,7 @@ fn session_json(info: &SessionInfo) -> Value {
         "redelivered": stats.redelivered.load(Ordering::Relaxed),
         "last_ack_at": (last_ack > 0).then_some(last_ack),
         "window_full": info.window.is_full(),
-        // Every session is a WebSocket one until Server-Sent Events are served (PROTOCOL.md).
-        "transport": "websocket",
+        "transport": info.transport.as_str(),
     })
 }
 

@@ -19,7 +19,7 @@ use crate::core::access::Access;
 use crate::core::names::ClientId;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
 use crate::core::session::{run_session, Inbound, Outbound};
-use crate::core::session_registry::Registration;
+use crate::core::session_registry::{Registration, Transport};
 
 #[utoipa::path(
     get,
@@ -61,7 +61,7 @@ pub async fn upgrade(
     let remote = Some(remote);
     let max_frame = app.config.limits.max_frame_bytes;
     ws.max_message_size(max_frame).max_frame_size(max_frame).read_buffer_size(app.config.limits.ws_read_buffer_bytes).on_upgrade(move |socket| async move {
-        match app.dispatcher.register(client_id, remote) {
+        match app.dispatcher.register(client_id, remote, Transport::WebSocket) {
             // A task of its own, counted by the shutdown drain until the session ends: the
             // upgrade task (axum's future around this one) then ends at once instead of living
             // as long as the session (README "Where the memory goes").

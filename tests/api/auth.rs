@@ -44,8 +44,8 @@ async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
     (status, body["error"]["code"].as_str().unwrap_or_default().to_string())
 }
 
-async fn connect_with(addr: std::net::SocketAddr, client_id: &str, token: &str) -> WsClient {
-    WsClient::connect_url(&format!("ws://{addr}/ws?client_id={client_id}&token={token}")).await
+async fn connect_with(addr: std::net::SocketAddr, client_id: &str, token: &str) -> TestClient {
+    TestClient::connect_url(&format!("ws://{addr}/ws?client_id={client_id}&token={token}")).await
 }
 
 #[tokio::test]
@@ -65,7 +65,7 @@ async fn the_handshake_needs_a_valid_token_for_that_client() {
     assert_eq!(client.welcome["client_id"], "alice");
     client.close().await;
     // The Authorization header works as well as the query parameter.
-    let client = WsClient::connect_with_bearer(gw.addr(), "alice", &alices).await;
+    let client = TestClient::connect_with_bearer(gw.addr(), "alice", &alices).await;
     assert_eq!(client.welcome["client_id"], "alice");
     gw.stop().await;
 }

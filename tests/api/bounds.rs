@@ -18,7 +18,7 @@ async fn a_thousand_clients_come_and_go_and_leave_bounded_state() {
     let d = gw.handle.dispatcher.clone();
     for i in 0..1000 {
         // Each client leaves with its event unacknowledged: its ack state is worth keeping.
-        let mut client = WsClient::connect(gw.addr(), &format!("visitor-{i}")).await;
+        let mut client = TestClient::connect(gw.addr(), &format!("visitor-{i}")).await;
         client.subscribe("shared", json!({})).await;
         client.recv_type("event").await;
         client.close().await;
@@ -35,10 +35,10 @@ async fn a_thousand_clients_come_and_go_and_leave_bounded_state() {
     assert!(d.client_states() >= 90, "the most recent offline clients are kept: {}", d.client_states());
 
     // The newest offline client kept its attempt count; the oldest was forgotten.
-    let mut newest = WsClient::connect(gw.addr(), "visitor-999").await;
+    let mut newest = TestClient::connect(gw.addr(), "visitor-999").await;
     newest.subscribe("shared", json!({})).await;
     assert_eq!(newest.recv_type("event").await["attempt"], 2);
-    let mut oldest = WsClient::connect(gw.addr(), "visitor-0").await;
+    let mut oldest = TestClient::connect(gw.addr(), "visitor-0").await;
     oldest.subscribe("shared", json!({})).await;
     assert_eq!(oldest.recv_type("event").await["attempt"], 1);
     assert_eq!(d.readers.len(), 2, "readers come back with subscribers");
@@ -56,7 +56,7 @@ async fn the_window_is_bounded_in_bytes() {
     assert_eq!(created.status(), 200);
     let events: Vec<_> = (0..5).map(|_| json!({"payload": big})).collect();
     publish(&gw.base, "big", json!({ "events": events })).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("big", json!({})).await;
     let first = client.recv_events(2).await;
     client.expect_silence(Duration::from_millis(300)).await;
@@ -97,7 +97,7 @@ async fn sessions_that_never_read_pin_about_their_window_in_bytes() {
     let before = gw.rss_kib();
     let mut stalled = Vec::new();
     for i in 0..SESSIONS {
-        let mut client = WsClient::connect(gw.addr, &format!("never-reads-{i}")).await;
+        let mut client = TestClient::connect(gw.addr, &format!("never-reads-{i}")).await;
         client.subscribe("big", json!({"from": "earliest"})).await;
         stalled.push(client); // held, never read again
     }
@@ -169,7 +169,7 @@ async fn a_session_over_the_limit_gets_limit_exceeded_then_close_1013() {
     let mut config = test_config(&data);
     config.limits.max_sessions = 1;
     let gw = InProcess::start(config).await;
-    let first = WsClient::connect(gw.addr(), "first").await;
+    let first = TestClient::connect(gw.addr(), "first").await;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws?client_id=second", gw.addr())).await.expect("the upgrade is answered");
     let error = match tokio::time::timeout(WAIT, ws.next()).await.expect("answered") {
         Some(Ok(Message::Text(text))) => serde_json::from_str::<serde_json::Value>(&text).unwrap(),
@@ -188,7 +188,7 @@ async fn a_session_over_the_limit_gets_limit_exceeded_then_close_1013() {
     first.close().await;
     let mut admitted = None;
     for _ in 0..100 {
-        admitted = WsClient::try_connect(gw.addr(), "second").await;
+        admitted = TestClient::try_connect(gw.addr(), "second").await;
         if admitted.is_some() {
             break;
         }

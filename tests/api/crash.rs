@@ -33,7 +33,7 @@ fn assert_not_behind(now: &BTreeMap<(String, u64), u64>, before: &BTreeMap<(Stri
 
 /// Receives and acks until every client has seen `until` events in total (or the socket dies).
 async fn consume(addr: std::net::SocketAddr, client_id: &str, seen: &mut BTreeSet<u64>, until: usize) {
-    let mut client = WsClient::connect(addr, client_id).await;
+    let mut client = TestClient::connect(addr, client_id).await;
     client.subscribe("stream", json!({})).await;
     while seen.len() < until {
         let event: Value = client.recv_type("event").await;
@@ -80,7 +80,7 @@ async fn sigkill_mid_stream_at(env: &[(&str, &str)], acks_before_kill: usize) {
     for (i, name) in CLIENTS.iter().enumerate() {
         consume(gw.addr, name, &mut seen[i], 2_000 + 1_000 * i).await;
     }
-    let mut client = WsClient::connect(gw.addr, "crash-a").await;
+    let mut client = TestClient::connect(gw.addr, "crash-a").await;
     client.subscribe("stream", json!({})).await;
     for _ in 0..acks_before_kill {
         let event = client.recv_type("event").await;
@@ -144,7 +144,7 @@ async fn publish_until(base: String, stop: std::sync::Arc<std::sync::atomic::Ato
 /// Acks every event at once but one in 37, whose ack waits for the next such event: a gap is
 /// open at any moment, and acks arrive out of order. Runs until the gateway is gone.
 async fn ack_with_a_gap_open(addr: std::net::SocketAddr, received: Received) {
-    let Some(mut client) = WsClient::try_connect(addr, "gappy").await else { return };
+    let Some(mut client) = TestClient::try_connect(addr, "gappy").await else { return };
     if !client.try_send(json!({"op": "subscribe", "topic": "stream"})).await {
         return;
     }
@@ -167,7 +167,7 @@ async fn ack_with_a_gap_open(addr: std::net::SocketAddr, received: Received) {
 /// is gone.
 async fn ack_and_reconnect(addr: std::net::SocketAddr, received: Received) {
     for session in 0u64.. {
-        let Some(mut client) = WsClient::try_connect(addr, "restless").await else { return };
+        let Some(mut client) = TestClient::try_connect(addr, "restless").await else { return };
         if !client.try_send(json!({"op": "subscribe", "topic": "stream"})).await {
             return;
         }
@@ -230,7 +230,7 @@ async fn sigkill_with_overlapping_traffic(env: &[(&str, &str)], run_for: Duratio
             panic!("{name}: committed {committed}, but offset {missing} was never received");
         }
         // A new session starts at the committed offset and delivers every offset from there.
-        let mut client = WsClient::connect(gw.addr, name).await;
+        let mut client = TestClient::connect(gw.addr, name).await;
         assert_eq!(client.subscribe("stream", json!({})).await["partitions"][0]["from"], committed, "{name}");
         let mut next = committed;
         while next < log_end {
@@ -258,7 +258,7 @@ pub async fn confirmed_ack_survives_sigkill(env: &[(&str, &str)]) {
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "confirmed", "partitions": 1})).send().await.unwrap();
     assert_eq!(created.status(), 200);
     publish_numbered(&gw.base, "confirmed", 1, 0, 50).await;
-    let mut client = WsClient::connect(gw.addr, "sure").await;
+    let mut client = TestClient::connect(gw.addr, "sure").await;
     client.subscribe("confirmed", json!({})).await;
     let events = client.recv_events(50).await;
     // Plain acks for the first 40 (batched, not yet confirmed), then a confirmed one for 40..45.
@@ -287,7 +287,7 @@ async fn after_a_crash_the_pull_cursor_restarts_at_the_committed_offset() {
     let env = [("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "50")];
     let gw = Process::start(&data, &env);
     publish_numbered(&gw.base, "t", 1, 0, 20).await;
-    let mut client = WsClient::connect(gw.addr, "c").await;
+    let mut client = TestClient::connect(gw.addr, "c").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(20).await;
     client.ack_confirmed(&ids(&events[..5]), "five").await;
@@ -301,7 +301,7 @@ async fn after_a_crash_the_pull_cursor_restarts_at_the_committed_offset() {
     let gw = Process::start(&data, &env);
     let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
     assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 5, "{topics}");
-    let mut client = WsClient::connect(gw.addr, "c").await;
+    let mut client = TestClient::connect(gw.addr, "c").await;
     assert_eq!(client.subscribe("t", json!({})).await["partitions"][0]["from"], 5);
     let again: Vec<u64> = client.recv_events(15).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
     assert_eq!(again, (5..20).collect::<Vec<u64>>());

@@ -10,7 +10,7 @@ use crate::support::*;
 
 /// Connects `client`, subscribes to `topic` and terms its first `n` events.
 async fn term_events(addr: std::net::SocketAddr, client: &str, topic: &str, n: usize) {
-    let mut ws = WsClient::connect(addr, client).await;
+    let mut ws = TestClient::connect(addr, client).await;
     ws.subscribe(topic, json!({})).await;
     for event in ws.recv_events(n).await {
         ws.send(json!({"op": "term", "delivery_id": id(&event), "reason": format!("bad {}", event["offset"])})).await;
@@ -89,7 +89,7 @@ async fn a_term_reason_over_one_kib_is_refused_and_nothing_is_dead_lettered() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
-    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    let mut ws = TestClient::connect(gw.addr(), "c").await;
     ws.subscribe("t", json!({})).await;
     let event = ws.recv_type("event").await;
     ws.send(json!({"op": "term", "delivery_id": id(&event), "reason": "r".repeat(1025), "req": "t1"})).await;
@@ -154,7 +154,7 @@ async fn redriven_dead_letters_reach_the_live_client_and_an_ack_removes_them() {
     config.delivery.max_attempts = 2;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    let mut ws = TestClient::connect(gw.addr(), "c").await;
     ws.subscribe("t", json!({})).await;
     let events = ws.recv_events(5).await;
     ws.ack_confirmed(&[id(&events[0]), id(&events[1])], "a").await;
@@ -203,7 +203,7 @@ async fn redriven_dead_letters_reach_the_live_client_and_an_ack_removes_them() {
     assert_eq!(kept, vec![(4, 3, "max_attempts".to_string())]);
     // No longer marked: a new subscription of the client does not get it again unasked.
     ws.close().await;
-    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    let mut ws = TestClient::connect(gw.addr(), "c").await;
     ws.subscribe("t", json!({})).await;
     ws.expect_silence(std::time::Duration::from_millis(500)).await;
     gw.stop().await;
@@ -229,7 +229,7 @@ async fn a_redrive_for_an_offline_client_comes_at_its_next_subscribe_after_a_res
     gw.stop().await;
 
     let gw = InProcess::start(test_config(&data)).await;
-    let mut ws = WsClient::connect(gw.addr(), "c").await;
+    let mut ws = TestClient::connect(gw.addr(), "c").await;
     ws.subscribe("t", json!({})).await;
     let mut again = ws.recv_events(3).await;
     again.sort_by_key(|e| e["offset"].as_u64());
@@ -283,7 +283,7 @@ async fn a_redrive_is_acknowledged_by_its_own_ids_also_across_a_takeover() {
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     term_events(gw.addr(), "c", "t", 1).await;
-    let mut first = WsClient::connect(gw.addr(), "c").await;
+    let mut first = TestClient::connect(gw.addr(), "c").await;
     first.subscribe("t", json!({})).await;
     assert_eq!(redrive(&gw.base, "t", "c", json!({})).await.1, json!({"redriven": 1}));
     let old = first.recv_type("event").await;
@@ -294,7 +294,7 @@ async fn a_redrive_is_acknowledged_by_its_own_ids_also_across_a_takeover() {
     assert_eq!((answer["code"].as_str(), answer["req"].as_str()), (Some("unknown_delivery"), Some("f")), "{answer}");
     assert_eq!(dead_letters_of(&gw.base, "t", "c").await.len(), 1, "a forged id settles nothing");
 
-    let mut second = WsClient::connect(gw.addr(), "c").await;
+    let mut second = TestClient::connect(gw.addr(), "c").await;
     assert_eq!(first.close_code().await, 4001);
     second.subscribe("t", json!({})).await;
     let new = second.recv_type("event").await;

@@ -12,7 +12,7 @@ async fn publish_receive_ack_moves_the_committed_offset_to_log_end() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "orders", 1, 0, 3).await;
-    let mut client = WsClient::connect(gw.addr(), "alice").await;
+    let mut client = TestClient::connect(gw.addr(), "alice").await;
     assert_eq!(client.welcome["client_id"], "alice");
     assert_eq!(client.welcome["max_in_flight"], 1000);
     let subscribed = client.subscribe("orders", json!({})).await;
@@ -43,7 +43,7 @@ async fn out_of_order_acks_keep_the_floor_until_the_gap_closes() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "c1").await;
+    let mut client = TestClient::connect(gw.addr(), "c1").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(10).await;
     let later = ids(&events[1..]);
@@ -64,7 +64,7 @@ async fn fan_out_delivers_every_event_to_every_client() {
     publish_numbered(&gw.base, "fan", 2, 0, 20).await;
     publish(&gw.base, "fan", json!({"events": (0..20).map(|i| json!({"partition": 1, "payload": i})).collect::<Vec<_>>()})).await;
     for name in ["a", "b"] {
-        let mut client = WsClient::connect(gw.addr(), name).await;
+        let mut client = TestClient::connect(gw.addr(), name).await;
         client.subscribe("fan", json!({})).await;
         let events = client.recv_events(40).await;
         let seen: BTreeSet<(u64, u64)> = events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap())).collect();
@@ -84,7 +84,7 @@ async fn unacked_events_are_redelivered_after_the_timeout_and_late_acks_count() 
     config.delivery.ack_timeout_ms = 1000;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
-    let mut client = WsClient::connect(gw.addr(), "slow").await;
+    let mut client = TestClient::connect(gw.addr(), "slow").await;
     client.subscribe("t", json!({})).await;
     let first = client.recv_type("event").await;
     let second = client.recv_type("event").await;
@@ -105,7 +105,7 @@ async fn nack_redelivers_and_term_and_max_attempts_make_dead_letters() {
     config.delivery.max_attempts = 2;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(3).await;
     // 0: nack -> redelivered at once with attempt 2, then acked.
@@ -169,7 +169,7 @@ async fn extend_keeps_a_delivery_from_being_redelivered() {
     config.delivery.ack_timeout_ms = 1500;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let event = client.recv_type("event").await;
     for _ in 0..8 {
@@ -190,7 +190,7 @@ async fn a_full_window_stops_pushing_until_acks_arrive() {
     config.delivery.max_in_flight = 3;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "w").await;
+    let mut client = TestClient::connect(gw.addr(), "w").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(3).await;
     client.expect_silence(Duration::from_millis(800)).await;
@@ -218,10 +218,10 @@ async fn start_points_follow_from_resume_and_committed() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut latest = WsClient::connect(gw.addr(), "latest").await;
+    let mut latest = TestClient::connect(gw.addr(), "latest").await;
     let sub = latest.subscribe("t", json!({"from": "latest"})).await;
     assert_eq!(sub["partitions"][0]["from"], 5);
-    let mut resumed = WsClient::connect(gw.addr(), "resumed").await;
+    let mut resumed = TestClient::connect(gw.addr(), "resumed").await;
     let sub = resumed.subscribe("t", json!({"resume": {"0": 3}})).await;
     assert_eq!(sub["partitions"][0]["from"], 3);
     assert_eq!(resumed.recv_type("event").await["offset"], 3);
@@ -232,7 +232,7 @@ async fn start_points_follow_from_resume_and_committed() {
     assert_eq!(stored_offset(&gw.base, "t", "latest", 0).await.unwrap()["committed"], 5);
     // A resume token below the stored committed offset does not move it back.
     latest.close().await;
-    let mut again = WsClient::connect(gw.addr(), "latest").await;
+    let mut again = TestClient::connect(gw.addr(), "latest").await;
     let sub = again.subscribe("t", json!({"resume": {"0": 1}})).await;
     assert_eq!(sub["partitions"][0]["from"], 5);
     gw.stop().await;
@@ -243,7 +243,7 @@ async fn resubscribing_redelivers_only_unacknowledged_events() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(5).await;
     let later = ids(&events[1..]);
@@ -266,9 +266,9 @@ async fn a_slow_client_does_not_hold_back_a_fast_one() {
     config.delivery.max_in_flight = 2;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 0).await;
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
-    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    let mut fast = TestClient::connect(gw.addr(), "fast").await;
     fast.subscribe("t", json!({})).await;
     publish(&gw.base, "t", json!({"events": (0..100).map(|i| json!({"payload": i})).collect::<Vec<_>>()})).await;
     for expected in 0..100u64 {
@@ -296,10 +296,10 @@ async fn takeover_closes_the_old_session_and_hands_in_flight_events_over() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
-    let mut old = WsClient::connect(gw.addr(), "same").await;
+    let mut old = TestClient::connect(gw.addr(), "same").await;
     old.subscribe("t", json!({})).await;
     old.recv_events(2).await;
-    let mut new = WsClient::connect(gw.addr(), "same").await;
+    let mut new = TestClient::connect(gw.addr(), "same").await;
     assert_eq!(old.close_code().await, 4001);
     new.subscribe("t", json!({})).await;
     let events = new.recv_events(2).await;
@@ -323,7 +323,7 @@ async fn a_client_acking_steadily_behind_a_backlog_is_never_slow() {
     config.delivery.slow_client_timeout_ms = 1000;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 300).await;
-    let mut steady = WsClient::connect(gw.addr(), "steady").await;
+    let mut steady = TestClient::connect(gw.addr(), "steady").await;
     steady.subscribe("t", json!({})).await;
     // About 10 ms per ack: 300 events take about 3 s, three times the slow-client limit, with
     // the window full at every moment (a backlog of hundreds behind it).
@@ -340,7 +340,7 @@ async fn a_client_acking_steadily_behind_a_backlog_is_never_slow() {
     }
 
     // A client that stops acking with a full window is closed with 4003.
-    let mut stalled = WsClient::connect(gw.addr(), "stalled").await;
+    let mut stalled = TestClient::connect(gw.addr(), "stalled").await;
     stalled.subscribe("t", json!({})).await;
     let first = stalled.recv_events(10).await;
     stalled.send(json!({"op": "ack", "delivery_ids": ids(&first[..5])})).await;
@@ -356,7 +356,7 @@ async fn a_failed_resubscribe_keeps_the_running_subscription() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let first = client.recv_type("event").await;
     client.send(json!({"op": "subscribe", "topic": "t", "resume": {"99": 0}, "req": "again"})).await;
@@ -382,9 +382,9 @@ async fn partitions_added_to_a_topic_reach_its_subscribers() {
     let gw = InProcess::start(config).await;
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
     assert_eq!(created.status(), 200);
-    let mut live = WsClient::connect(gw.addr(), "live").await;
+    let mut live = TestClient::connect(gw.addr(), "live").await;
     live.subscribe("grows", json!({})).await;
-    let mut away = WsClient::connect(gw.addr(), "away").await;
+    let mut away = TestClient::connect(gw.addr(), "away").await;
     away.subscribe("grows", json!({})).await;
     away.close().await;
     let topic = ackgate::core::names::TopicName::parse("grows").unwrap();
@@ -394,7 +394,7 @@ async fn partitions_added_to_a_topic_reach_its_subscribers() {
     let event = live.recv_type("event").await;
     assert_eq!((event["partition"].as_u64(), event["offset"].as_u64()), (Some(3), Some(0)), "{event}");
     live.ack_confirmed(&[id(&event)], "a").await;
-    let mut back = WsClient::connect(gw.addr(), "away").await;
+    let mut back = TestClient::connect(gw.addr(), "away").await;
     let sub = back.subscribe("grows", json!({})).await;
     assert_eq!(sub["partitions"][3]["from"], 0, "not skipped to the log end: {sub}");
     assert_eq!(back.recv_type("event").await["partition"], 3);
@@ -416,7 +416,7 @@ async fn a_catch_up_read_behind_retention_gets_a_gap_frame() {
     let clock = std::sync::Arc::new(ackgate::core::clock::ManualClock::new(now));
     let gw = InProcess::start_with_clock(config, clock.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
     let first = slow.recv_events(2).await;
     clock.advance(3_601_000);
@@ -466,7 +466,7 @@ async fn redeliveries_wait_the_backoff_of_their_attempt() {
     config.delivery.redelivery_backoff_ms = vec![1500, 2500];
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
-    let mut client = WsClient::connect(gw.addr(), "backoff").await;
+    let mut client = TestClient::connect(gw.addr(), "backoff").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(2).await;
     let started = std::time::Instant::now();
@@ -519,7 +519,7 @@ async fn a_topic_pattern_has_its_own_redelivery_rules() {
     for topic in ["jobs.once", "jobs.retry", "slow"] {
         publish(&gw.base, topic, json!({"partition": 0, "payload": 1})).await;
     }
-    let mut client = WsClient::connect(gw.addr(), "rules").await;
+    let mut client = TestClient::connect(gw.addr(), "rules").await;
     for topic in ["jobs.once", "jobs.retry", "slow"] {
         // Events of the first subscriptions come in between: read below with the rest.
         client.send(json!({"op": "subscribe", "topic": topic})).await;

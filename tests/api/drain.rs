@@ -17,7 +17,7 @@ async fn a_drain_closes_sessions_spread_over_its_window_and_refuses_new_ones() {
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     let mut closing = Vec::new();
     for i in 0..CLIENTS {
-        let mut client = WsClient::connect(gw.addr(), &format!("c{i}")).await;
+        let mut client = TestClient::connect(gw.addr(), &format!("c{i}")).await;
         client.subscribe("t", json!({})).await;
         let event = client.recv_type("event").await;
         client.ack_confirmed(&[id(&event)], "a").await;

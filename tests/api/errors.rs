@@ -8,7 +8,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::support::*;
 
-async fn expect_error(client: &mut WsClient, frame: &str, code: &str) -> Value {
+async fn expect_error(client: &mut TestClient, frame: &str, code: &str) -> Value {
     client.send_text(frame).await;
     let answer = client.recv().await;
     assert_eq!((answer["type"].as_str(), answer["code"].as_str()), (Some("error"), Some(code)), "{frame} -> {answer}");
@@ -24,7 +24,7 @@ async fn bad_frames_get_error_codes_and_the_session_stays_open() {
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     publish_numbered(&gw.base, "u", 1, 0, 0).await;
-    let mut c = WsClient::connect(gw.addr(), "bad").await;
+    let mut c = TestClient::connect(gw.addr(), "bad").await;
     expect_error(&mut c, "not json", "bad_frame").await;
     let e = expect_error(&mut c, r#"{"op":"teleport","req":"r9"}"#, "bad_frame").await;
     assert_eq!(e["req"], "r9", "req is echoed on errors");
@@ -46,7 +46,7 @@ async fn bad_frames_get_error_codes_and_the_session_stays_open() {
     let event = c.recv_type("event").await;
     expect_error(&mut c, r#"{"op":"subscribe","topic":"u"}"#, "limit_exceeded").await;
     // A second client on the same topic is over limits.max_clients_per_topic = 1.
-    let mut other = WsClient::connect(gw.addr(), "other").await;
+    let mut other = TestClient::connect(gw.addr(), "other").await;
     let e = expect_error(&mut other, r#"{"op":"subscribe","topic":"t"}"#, "limit_exceeded").await;
     assert!(e["message"].as_str().unwrap().contains("max_clients_per_topic"));
     other.subscribe("u", json!({})).await;
@@ -84,7 +84,7 @@ async fn a_frame_over_the_limit_closes_with_1009() {
     let mut config = test_config(&data);
     config.limits.max_frame_bytes = 1024;
     let gw = InProcess::start(config).await;
-    let mut c = WsClient::connect(gw.addr(), "big").await;
+    let mut c = TestClient::connect(gw.addr(), "big").await;
     c.send(json!({"op": "ping", "req": "x".repeat(2000)})).await;
     assert_eq!(c.close_code().await, 1009);
     gw.stop().await;
@@ -152,7 +152,7 @@ async fn operator_disconnect_slow_client_and_shutdown_close_codes() {
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
     // 4002: an operator disconnects the session.
-    let mut c = WsClient::connect(gw.addr(), "op").await;
+    let mut c = TestClient::connect(gw.addr(), "op").await;
     let session_id = c.welcome["session_id"].as_str().unwrap().to_string();
     let response = http().delete(format!("{}/admin/sessions/{session_id}", gw.base)).send().await.unwrap();
     assert_eq!(response.status(), 200);
@@ -170,12 +170,12 @@ async fn operator_disconnect_slow_client_and_shutdown_close_codes() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // 4003: the window stays full longer than allowed.
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
     slow.recv_type("event").await;
     assert_eq!(slow.close_code().await, 4003);
     // 1001: the gateway shuts down.
-    let mut last = WsClient::connect(gw.addr(), "last").await;
+    let mut last = TestClient::connect(gw.addr(), "last").await;
     let stop = tokio::spawn(gw.stop());
     assert_eq!(last.close_code().await, 1001);
     stop.await.unwrap();
@@ -218,7 +218,7 @@ async fn rest_errors_are_4xx_with_the_error_body() {
     check(404, "unknown_topic")(send(client.get(format!("{base}/admin/offsets/nope/c"))).await);
     check(404, "not_found")(send(client.get(format!("{base}/admin/sessions/nope"))).await);
     // 409 while the client is live or the topic is subscribed.
-    let mut live = WsClient::connect(gw.addr(), "live").await;
+    let mut live = TestClient::connect(gw.addr(), "live").await;
     live.subscribe("t", json!({})).await;
     check(409, "conflict")(send(client.put(format!("{base}/admin/offsets/t/live/0")).json(&json!({"offset": 0}))).await);
     check(409, "conflict")(send(client.delete(format!("{base}/admin/offsets/t/live"))).await);

@@ -50,7 +50,7 @@ async fn a_cross_site_page_cannot_open_a_session_or_skip_a_backlog() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "orders", 1, 0, 5).await;
-    let mut alice = WsClient::connect(gw.addr(), "alice").await;
+    let mut alice = TestClient::connect(gw.addr(), "alice").await;
     alice.subscribe("orders", json!({})).await;
     let first = alice.recv_type("event").await;
     alice.ack_confirmed(&[id(&first)], "a").await;
@@ -206,7 +206,7 @@ async fn slow_and_idle_connections_are_closed_before_auth() {
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"), "answered first");
     assert!(started.elapsed() >= Duration::from_millis(300), "kept for the idle timeout, not only the header-read one");
     // A real session outlives both: its own keepalive governs it.
-    let mut session = WsClient::connect(addr, "kept").await;
+    let mut session = TestClient::connect(addr, "kept").await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     session.send(json!({"op": "ping", "req": 1})).await;
     assert_eq!(session.recv_type("pong").await["req"], 1);
@@ -248,8 +248,8 @@ async fn connections_beyond_the_caps_are_refused_at_once() {
     config.limits.max_connections_per_ip = 2;
     let gw = InProcess::start(config).await;
     let addr = gw.addr();
-    let _a = WsClient::connect(addr, "a").await;
-    let _b = WsClient::connect(addr, "b").await;
+    let _a = TestClient::connect(addr, "a").await;
+    let _b = TestClient::connect(addr, "b").await;
     let mut third = TcpStream::connect(addr).await.unwrap();
     let answer = String::from_utf8_lossy(&until_closed(&mut third).await).to_string();
     assert!(answer.starts_with("HTTP/1.1 429") && answer.contains("limit_exceeded"), "{answer}");
@@ -270,8 +270,8 @@ async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     // A peer that keeps reading answers the pings (tungstenite does) and stays, idle or not.
-    let mut alive = WsClient::connect(gw.addr(), "alive").await;
-    let mut gone = WsClient::connect(gw.addr(), "gone").await;
+    let mut alive = TestClient::connect(gw.addr(), "alive").await;
+    let mut gone = TestClient::connect(gw.addr(), "gone").await;
     gone.subscribe("t", json!({})).await;
     let first = gone.recv_type("event").await;
     assert_eq!(first["attempt"], 1);
@@ -281,7 +281,7 @@ async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
     let clients: Vec<&str> = sessions["sessions"].as_array().unwrap().iter().map(|s| s["client_id"].as_str().unwrap()).collect();
     assert_eq!(clients, vec!["alive"], "the silent peer's session ended, the reading one stays");
     // Its delivery was released, not held for the ack timeout (30 s): it comes again at once.
-    let mut back = WsClient::connect(gw.addr(), "gone").await;
+    let mut back = TestClient::connect(gw.addr(), "gone").await;
     back.subscribe("t", json!({})).await;
     let again = back.recv_type("event").await;
     assert_eq!((again["offset"].as_u64(), again["attempt"].as_u64()), (Some(0), Some(2)));
@@ -302,7 +302,7 @@ async fn an_undecodable_event_is_dead_lettered_and_the_partition_goes_on() {
     // Bits flipped on disk: the event at offset 1 no longer decodes.
     flip_bits_of_events(&data, &[1]);
     let gw = InProcess::start(test_config(&data)).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(2).await;
     let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
@@ -347,7 +347,7 @@ async fn undecodable_events_at_both_ends_of_a_partition_do_not_stop_the_start() 
     config.embedded.retention_check_interval_ms = 50;
     config.embedded.retention_bytes_per_partition = 1 << 20;
     let gw = InProcess::start(config).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let event = client.recv_type("event").await;
     assert_eq!(event["offset"], 1);

@@ -61,19 +61,8 @@ async fn ready(base: &str) -> bool {
     http().get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
 }
 
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(60) {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 /// Receives events and acks each, recording payload numbers, until `seen` holds `until` numbers.
-async fn consume_into(client: &mut WsClient, seen: &mut BTreeSet<u64>, until: usize) {
+async fn consume_into(client: &mut TestClient, seen: &mut BTreeSet<u64>, until: usize) {
     while seen.len() < until {
         let event: Value = client.recv_type("event").await;
         seen.insert(event["payload"]["n"].as_u64().unwrap());
@@ -87,7 +76,7 @@ async fn a_ten_second_broker_outage_keeps_sessions_open_and_loses_nothing() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(kafka_config(&data, &broker)).await;
     publish_numbered(&gw.base, "outage", 1, 0, 20).await;
-    let mut client = WsClient::connect(gw.addr(), "survivor").await;
+    let mut client = TestClient::connect(gw.addr(), "survivor").await;
     client.subscribe("outage", json!({})).await;
     let mut seen = BTreeSet::new();
     consume_into(&mut client, &mut seen, 10).await;
@@ -160,7 +149,7 @@ async fn only_the_configured_topics_are_served_and_unknown_topics_are_not_create
     let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
     let names: Vec<&str> = topics["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["served"]);
-    let mut client = WsClient::connect(gw.addr(), "limited").await;
+    let mut client = TestClient::connect(gw.addr(), "limited").await;
     client.subscribe("served", json!({})).await;
     client.send(json!({"op": "subscribe", "topic": "hidden", "req": "h"})).await;
     assert_eq!(client.recv_type("error").await["code"], "unknown_topic");
@@ -209,7 +198,7 @@ async fn odd_record_headers_never_stop_a_partition() {
     send(OwnedHeaders::new().insert(Header { key: "blob", value: Some(&[0xffu8, 0x00][..]) }), 2).await;
     send(OwnedHeaders::new().insert(Header::<&str> { key: "nothing", value: None }), 3).await;
 
-    let mut client = WsClient::connect(gw.addr(), "reader").await;
+    let mut client = TestClient::connect(gw.addr(), "reader").await;
     client.subscribe("odd-headers", json!({"from": "earliest"})).await;
     let events = client.recv_events(4).await;
     let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
@@ -270,9 +259,9 @@ async fn partitions_added_at_the_broker_reach_live_subscriptions() {
     let gw = InProcess::start(config).await;
     let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "grows", "partitions": 2})).send().await.unwrap();
     assert_eq!(created.status(), 200);
-    let mut live = WsClient::connect(gw.addr(), "live").await;
+    let mut live = TestClient::connect(gw.addr(), "live").await;
     assert_eq!(live.subscribe("grows", json!({})).await["partitions"].as_array().unwrap().len(), 2);
-    let mut away = WsClient::connect(gw.addr(), "away").await;
+    let mut away = TestClient::connect(gw.addr(), "away").await;
     away.subscribe("grows", json!({})).await;
     away.close().await;
 
@@ -285,7 +274,7 @@ async fn partitions_added_at_the_broker_reach_live_subscriptions() {
     assert_eq!((event["partition"].as_u64(), event["offset"].as_u64()), (Some(3), Some(0)), "{event}");
     live.ack_confirmed(&[id(&event)], "a").await;
 
-    let mut back = WsClient::connect(gw.addr(), "away").await;
+    let mut back = TestClient::connect(gw.addr(), "away").await;
     let sub = back.subscribe("grows", json!({})).await;
     assert_eq!(sub["partitions"][3]["from"], 0, "not skipped to the log end: {sub}");
     assert_eq!(back.recv_type("event").await["partition"], 3);

@@ -27,6 +27,7 @@ mod restart;
 mod rocketmq;
 mod rocketmq_broker;
 mod schemathesis;
+mod sse;
 mod support;
 mod takeover;
 mod tls;

@@ -28,9 +28,9 @@ async fn metrics_move_with_a_real_exchange() {
     let gw = Process::start(&data, &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "1000")]);
     publish_numbered(&gw.base, "m", 1, 0, 3).await;
     let before = scrape(&gw.base).await;
-    assert_eq!(value(&before, "ackgate_sessions"), 0.0);
+    assert_eq!(value(&before, "ackgate_sessions{transport=\"websocket\"}"), 0.0);
 
-    let mut client = WsClient::connect(gw.addr, "m1").await;
+    let mut client = TestClient::connect(gw.addr, "m1").await;
     client.subscribe("m", json!({})).await;
     let first = client.recv_events(3).await;
     client.ack_confirmed(&[id(&first[0])], "a0").await;
@@ -50,14 +50,14 @@ async fn metrics_move_with_a_real_exchange() {
     publish(&gw.base, "m", json!({"partition": 0, "payload": {"n": 3}})).await;
     assert_eq!(client.recv_type("event").await["offset"], 3);
     client.close().await;
-    let mut again = WsClient::connect(gw.addr, "m1").await;
+    let mut again = TestClient::connect(gw.addr, "m1").await;
     again.subscribe("m", json!({})).await;
     let redelivered = again.recv_type("event").await;
     assert_eq!((redelivered["offset"].as_u64(), redelivered["attempt"].as_u64()), (Some(3), Some(2)));
     again.ack_confirmed(&[id(&redelivered)], "a3").await;
 
     let m = scrape(&gw.base).await;
-    assert_eq!(value(&m, "ackgate_sessions"), 1.0);
+    assert_eq!(value(&m, "ackgate_sessions{transport=\"websocket\"}"), 1.0);
     assert_eq!(value(&m, "ackgate_in_flight"), 0.0);
     // 3 first deliveries + nack + timeout + offset 3 twice.
     assert_eq!(value(&m, "ackgate_deliveries_total"), 7.0);
@@ -121,5 +121,5 @@ async fn metrics_move_with_a_real_exchange() {
         }
     }
     assert!(gone, "the pull lag of a deleted topic stays in /metrics");
-    assert!(scrape(&gw.base).await.contains_key("ackgate_sessions"), "gauges set at every scrape stay");
+    assert!(scrape(&gw.base).await.contains_key("ackgate_sessions{transport=\"sse\"}"), "gauges set at every scrape stay");
 }

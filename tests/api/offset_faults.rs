@@ -52,7 +52,7 @@ async fn put_offset(base: &str, topic: &str, client: &str, partition: u32, offse
 /// then leaves; the held writes are let go 500 ms later.
 async fn end_a_session_with_its_acks_held(gw: &InProcess, store: &Arc<ControlledStore>) {
     publish_numbered(&gw.base, "t", 1, 0, 5).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(5).await;
     store.hold_writes();
@@ -79,7 +79,7 @@ async fn a_reset_after_a_session_ends_is_not_undone_by_its_queued_acks() {
     // Long after the held writes were let go: the operator's row stands.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 0, "a late ack write raised the reset offset");
-    let mut again = WsClient::connect(gw.addr(), "c").await;
+    let mut again = TestClient::connect(gw.addr(), "c").await;
     assert_eq!(again.subscribe("t", json!({})).await["partitions"][0]["from"], 0);
     assert_eq!(again.recv_type("event").await["offset"], 0, "the reset replays from 0");
     gw.stop().await;
@@ -103,7 +103,7 @@ async fn a_deleted_topic_recreated_by_a_publish_starts_clean_for_its_old_clients
     if let Some(row) = stored_offset(&gw.base, "t", "c", 0).await {
         assert_eq!(row["committed"], 0, "the old topic's offset landed on the new topic: {row}");
     }
-    let mut again = WsClient::connect(gw.addr(), "c").await;
+    let mut again = TestClient::connect(gw.addr(), "c").await;
     assert_eq!(again.subscribe("t", json!({})).await["partitions"][0]["from"], 0);
     let offsets: Vec<u64> = again.recv_events(3).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, vec![0, 1, 2], "every event of the new topic reaches the old client");
@@ -134,7 +134,7 @@ async fn a_committed_offset_above_the_log_end_is_lowered_at_boot() {
     assert_eq!(row["committed"], 10, "boot alignment lowers an offset above the log end: {row}");
     assert!(above_log_end_count(&gw.base).await >= 1.0);
     publish(&gw.base, "t", json!({"partition": 0, "payload": "after"})).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     assert_eq!(client.subscribe("t", json!({})).await["partitions"][0]["from"], 10);
     assert_eq!(client.recv_type("event").await["offset"], 10);
     gw.stop().await;
@@ -151,7 +151,7 @@ async fn a_committed_offset_above_the_log_end_is_lowered_at_subscribe() {
     let before = above_log_end_count(&gw.base).await;
     let write = OffsetWrite { key: key("t", "c", 0), committed: 1000, last_acked: Some(999), updated_at: SystemClock.now_ms(), generation: 0 };
     store.write_offset(write).unwrap();
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     let sub = client.subscribe("t", json!({})).await;
     assert_eq!(sub["partitions"][0]["from"], 10, "starts at the log end, not at 1000: {sub}");
     assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 10);
@@ -272,7 +272,7 @@ async fn ack_ok_only_reports_what_is_durable_after_a_failed_write() {
     let store = ControlledStore::open(&data);
     let gw = start_with(test_config(&data), store.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     let event = client.recv_type("event").await;
     store.fail_writes(true);
@@ -305,7 +305,7 @@ async fn a_taken_over_session_keeps_its_client_live_until_it_has_finished() {
     config.limits.max_sessions = 1;
     let gw = start_with(config, store.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
-    let mut old = WsClient::connect(gw.addr(), "c").await;
+    let mut old = TestClient::connect(gw.addr(), "c").await;
     old.subscribe("t", json!({})).await;
     let first = old.recv_type("event").await;
     let _let_go = LetGo(store.clone());
@@ -315,7 +315,7 @@ async fn a_taken_over_session_keeps_its_client_live_until_it_has_finished() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The newer session takes over (the client had one running session: allowed at the limit),
     // then ends while the old one is still running.
-    let newer = WsClient::connect(gw.addr(), "c").await;
+    let newer = TestClient::connect(gw.addr(), "c").await;
     newer.close().await;
     let started = std::time::Instant::now();
     while get_json(&format!("{}/admin/sessions", gw.base)).await.1["sessions"] != json!([]) {
@@ -378,7 +378,7 @@ async fn a_client_that_connects_during_a_sweep_keeps_its_offsets() {
     let gateway = Gateway::build_with_store(config, clock.clone(), Some(store.clone())).await.expect("gateway builds");
     let gw = InProcess::from_gateway(gateway);
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
-    let mut first = WsClient::connect(gw.addr(), "c").await;
+    let mut first = TestClient::connect(gw.addr(), "c").await;
     first.subscribe("t", json!({})).await;
     let events = first.recv_events(3).await;
     first.ack_confirmed(&ids(&events[..2]), "two").await;
@@ -392,7 +392,7 @@ async fn a_client_that_connects_during_a_sweep_keeps_its_offsets() {
     let sweep = std::thread::spawn(move || handle.sweep_offsets_now());
     // Let the sweep scan and check liveness; it then waits to remove.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut back = WsClient::connect(gw.addr(), "c").await;
+    let mut back = TestClient::connect(gw.addr(), "c").await;
     assert_eq!(back.subscribe("t", json!({})).await["partitions"][0]["from"], 2);
     store.hold_removals(false);
     let swept = tokio::task::spawn_blocking(move || sweep.join().unwrap()).await.unwrap().unwrap();
@@ -417,7 +417,7 @@ async fn a_dead_letter_whose_write_failed_is_tried_again() {
     let gw = start_with(config, store.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     store.fail_dead_letters(true);
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     client.recv_type("event").await;
     // Not acked: after 200 ms it is due for a dead letter, whose write fails.
@@ -456,7 +456,7 @@ async fn an_older_session_never_feeds_the_tracker_of_a_newer_subscription() {
     config.delivery.max_attempts = 2;
     let gw = start_with(config, store.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 8).await;
-    let mut a = WsClient::connect(gw.addr(), "c").await;
+    let mut a = TestClient::connect(gw.addr(), "c").await;
     a.subscribe("t", json!({})).await;
     let events = a.recv_events(8).await;
     // Event 0 reaches its last attempt now; its next redelivery is a dead letter.
@@ -477,7 +477,7 @@ async fn an_older_session_never_feeds_the_tracker_of_a_newer_subscription() {
     // test's own task. B's plan puts its tracker in place and waits in its touch of the client's
     // records; 300 ms later A's dead letter is written and A goes on with 5; 900 ms after that
     // B's plan goes on.
-    let mut b = WsClient::connect(gw.addr(), "c").await;
+    let mut b = TestClient::connect(gw.addr(), "c").await;
     store.hold_touches_for(Duration::from_millis(1200));
     b.send(json!({"op": "subscribe", "topic": "t", "resume": {"0": 3}})).await;
     store.release_dead_letters_after(Duration::from_millis(300));
@@ -548,7 +548,7 @@ async fn an_operator_reset_on_a_slow_disk_holds_up_no_other_client() {
     while store.resets_waiting() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut other = WsClient::connect(gw.addr(), "other").await;
+    let mut other = TestClient::connect(gw.addr(), "other").await;
     other.subscribe("t", json!({"from": "earliest"})).await;
     assert_eq!(other.recv_events(3).await.len(), 3);
     assert!(store.resets_waiting() == 1 && !resetting.is_finished(), "other was served only after the reset's write ended");

@@ -197,7 +197,7 @@ async fn real_answers_have_the_documented_shapes() {
         .await
         .unwrap();
     let published = publish(&gw.base, "docs", serde_json::json!({"events": [{"partition": 0, "payload": 1}, {"partition": 0, "payload": 2}]})).await;
-    let mut client = WsClient::connect(gw.addr(), "doc-reader").await;
+    let mut client = TestClient::connect(gw.addr(), "doc-reader").await;
     client.subscribe("docs", serde_json::json!({})).await;
     let events = client.recv_events(2).await;
     client.ack_confirmed(&[id(&events[0])], "one").await; // the other times out into a dead letter

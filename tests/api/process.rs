@@ -31,7 +31,7 @@ async fn sigterm_drains_sessions_with_1012_and_checkpoints() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &[("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "3600000")]);
     publish_numbered(&gw.base, "t", 1, 0, 3).await;
-    let mut client = WsClient::connect(gw.addr, "c").await;
+    let mut client = TestClient::connect(gw.addr, "c").await;
     client.subscribe("t", json!({})).await;
     for _ in 0..3 {
         let event = client.recv_type("event").await;
@@ -67,7 +67,7 @@ async fn sigterm_drains_sessions_with_1012_and_checkpoints() {
 async fn sigterm_without_a_drain_window_closes_sessions_with_1001() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &[("ACKGATE_SERVER__DRAIN_MS", "0")]);
-    let mut client = WsClient::connect(gw.addr, "c").await;
+    let mut client = TestClient::connect(gw.addr, "c").await;
     let closing = tokio::spawn(async move { client.close_code().await });
     let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
     assert_eq!(closing.await.unwrap(), 1001);
@@ -78,7 +78,7 @@ async fn sigterm_without_a_drain_window_closes_sessions_with_1001() {
 async fn json_logs_are_one_object_per_line() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &[("ACKGATE_SERVER__LOG_FORMAT", "json")]);
-    let client = WsClient::connect(gw.addr, "json-logs").await;
+    let client = TestClient::connect(gw.addr, "json-logs").await;
     client.close().await;
     let logs = gw.logs.clone();
     assert!(gw.terminate().success());

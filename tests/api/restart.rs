@@ -14,7 +14,7 @@ async fn only_the_floor_is_durable_delivery_resumes_at_the_gap_after_restart() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "gap").await;
+    let mut client = TestClient::connect(gw.addr(), "gap").await;
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(10).await;
     assert_eq!(client.ack_confirmed(&ids(&events[1..]), "r").await["committed"], json!({"t": {"0": 0}}));
@@ -22,7 +22,7 @@ async fn only_the_floor_is_durable_delivery_resumes_at_the_gap_after_restart() {
     gw.stop().await;
 
     let gw = InProcess::start(test_config(&data)).await;
-    let mut client = WsClient::connect(gw.addr(), "gap").await;
+    let mut client = TestClient::connect(gw.addr(), "gap").await;
     let sub = client.subscribe("t", json!({})).await;
     assert_eq!(sub["partitions"][0]["from"], 0);
     let first = client.recv_type("event").await;
@@ -48,12 +48,12 @@ async fn a_replay_after_restart_never_lowers_a_fast_clients_offset() {
     let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
     assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 3);
     // ...and the replay for the slow client leaves the fast one where it was.
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("t", json!({})).await;
     let replay = slow.recv_events(7).await;
     assert_eq!(replay[0]["offset"], 3);
     slow.ack_confirmed(&ids(&replay), "s2").await;
-    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    let mut fast = TestClient::connect(gw.addr(), "fast").await;
     let sub = fast.subscribe("t", json!({})).await;
     assert_eq!(sub["partitions"][0]["from"], 10);
     fast.expect_silence(Duration::from_millis(300)).await;
@@ -68,7 +68,7 @@ async fn the_pull_checkpoint_is_written_at_shutdown_and_read_at_start() {
     let gw = InProcess::start(test_config(&data)).await;
     publish_numbered(&gw.base, "t", 2, 0, 6).await;
     publish_numbered(&gw.base, "unread", 1, 0, 6).await;
-    let mut client = WsClient::connect(gw.addr(), "c").await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
     client.subscribe("t", json!({})).await;
     client.recv_events(6).await;
     client.close().await;
@@ -105,7 +105,7 @@ async fn offsets_survive_a_sweep_right_after_restart_and_expire_only_past_retent
     assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 0, "nothing expires right after a restart");
     let (_, all) = get_json(&format!("{}/admin/offsets", gw.base)).await;
     assert_eq!(all["offsets"].as_array().unwrap().len(), 2);
-    let mut present = WsClient::connect(gw.addr(), "present").await;
+    let mut present = TestClient::connect(gw.addr(), "present").await;
     clock.advance(day_ms + 2000);
     assert_eq!(gw.handle.sweep_offsets_now().unwrap(), 1);
     assert!(stored_offset(&gw.base, "t", "absent", 0).await.is_none(), "the absent client's offset expired");
@@ -144,7 +144,7 @@ async fn an_admin_reset_moves_an_offline_clients_offset_back_and_it_replays() {
     assert_eq!((reset["key"].as_str(), reset["committed"].as_u64()), (Some("t#replayer#0"), Some(2)));
     let (_, view) = get_json(&format!("{}/admin/offsets/t/replayer", gw.base)).await;
     assert_eq!((view["partitions"][0]["committed"].as_u64(), view["partitions"][0]["lag"].as_u64()), (Some(2), Some(3)));
-    let mut client = WsClient::connect(gw.addr(), "replayer").await;
+    let mut client = TestClient::connect(gw.addr(), "replayer").await;
     assert_eq!(client.subscribe("t", json!({})).await["partitions"][0]["from"], 2);
     let replay = client.recv_events(3).await;
     assert_eq!(replay.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![2, 3, 4]);
@@ -171,7 +171,7 @@ async fn head_subscribers_do_not_pay_for_a_client_left_behind() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &[]);
     publish_numbered(&gw.base, "t", 1, 0, 200).await;
-    let mut absent = WsClient::connect(gw.addr, "absent").await;
+    let mut absent = TestClient::connect(gw.addr, "absent").await;
     absent.subscribe("t", json!({})).await;
     absent.close().await;
     consume_and_ack(gw.addr, "head", "t", 200).await.close().await;
@@ -183,11 +183,11 @@ async fn head_subscribers_do_not_pay_for_a_client_left_behind() {
     let before = pulled_events(&gw.base).await;
     let mut heads = Vec::new();
     for i in 0..5 {
-        let mut client = WsClient::connect(gw.addr, &format!("head-{i}")).await;
+        let mut client = TestClient::connect(gw.addr, &format!("head-{i}")).await;
         client.subscribe("t", json!({"from": "latest"})).await;
         heads.push(client);
     }
-    let mut head = WsClient::connect(gw.addr, "head").await;
+    let mut head = TestClient::connect(gw.addr, "head").await;
     assert_eq!(head.subscribe("t", json!({})).await["partitions"][0]["from"], 200);
     heads.push(head);
     publish(&gw.base, "t", json!({"partition": 0, "payload": "new"})).await;
@@ -197,7 +197,7 @@ async fn head_subscribers_do_not_pay_for_a_client_left_behind() {
     let pulled = pulled_events(&gw.base).await - before;
     assert!(pulled <= 1.0, "{pulled} events pulled to deliver one new event");
     // The absent client still gets everything from its offset, read by offset.
-    let mut absent = WsClient::connect(gw.addr, "absent").await;
+    let mut absent = TestClient::connect(gw.addr, "absent").await;
     assert_eq!(absent.subscribe("t", json!({})).await["partitions"][0]["from"], 0);
     let offsets: Vec<u64> = absent.recv_events(201).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, (0..201).collect::<Vec<u64>>());

@@ -101,7 +101,7 @@ async fn pull_mode_never_leaves_an_offset_on_the_broker_and_resumes_from_its_che
     let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
     assert_eq!(topics["topics"][0]["partitions"][0]["pull_offset"], 20, "resumed from the checkpoint: {topics}");
     publish_n(&gw.base, "pulled", 20, 25).await;
-    let mut client = WsClient::connect(gw.addr(), "acker").await;
+    let mut client = TestClient::connect(gw.addr(), "acker").await;
     client.subscribe("pulled", json!({})).await;
     let events = client.recv_events(5).await;
     assert_eq!(events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect::<Vec<_>>(), (20..25).collect::<Vec<_>>());
@@ -131,7 +131,7 @@ async fn pop_acknowledges_at_the_broker_only_after_the_client_and_exactly_once()
     let gw = Process::start(&data, &env);
     create_topic(&gw.base, "popped", 1).await;
     publish_n(&gw.base, "popped", 0, 1).await;
-    let mut client = WsClient::connect(gw.addr, "reader").await;
+    let mut client = TestClient::connect(gw.addr, "reader").await;
     client.subscribe("popped", json!({})).await;
     let first = client.recv_events(1).await;
     wait_for_metric(&gw.base, POPPED, 1).await;
@@ -199,14 +199,14 @@ async fn pop_sigkill_before_the_client_acks_redelivers_and_loses_nothing() {
     let gw = Process::start(&data, &env);
     create_topic(&gw.base, "killed", 1).await;
     publish_n(&gw.base, "killed", 0, 30).await;
-    let mut client = WsClient::connect(gw.addr, "victim").await;
+    let mut client = TestClient::connect(gw.addr, "victim").await;
     client.subscribe("killed", json!({})).await;
     let first = client.recv_events(30).await;
     client.ack_confirmed(&ids(&first[..10]), "ten").await;
     gw.kill9();
 
     let gw = Process::start(&data, &env);
-    let mut client = WsClient::connect(gw.addr, "victim").await;
+    let mut client = TestClient::connect(gw.addr, "victim").await;
     let subscribed = client.subscribe("killed", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 10);
     let again = client.recv_events(20).await;
@@ -237,7 +237,7 @@ async fn pop_a_slow_live_client_gets_each_event_once_and_is_settled_late() {
     let gw = Process::start(&data, &env);
     create_topic(&gw.base, "slow", 1).await;
     publish_n(&gw.base, "slow", 0, 5).await;
-    let mut client = WsClient::connect(gw.addr, "slowpoke").await;
+    let mut client = TestClient::connect(gw.addr, "slowpoke").await;
     client.subscribe("slow", json!({})).await;
     let events = client.recv_events(5).await;
     // Three invisible times pass while the client thinks (its ack timeout is 10 s).

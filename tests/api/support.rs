@@ -225,27 +225,115 @@ pub async fn metric(base: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map_or(0.0, |v| v.parse().unwrap())
 }
 
-/// A WebSocket client speaking PROTOCOL.md frames.
-pub struct WsClient {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+/// A client speaking PROTOCOL.md frames over a WebSocket or over Server-Sent Events (frames
+/// POSTed to the session's `ack_url`, their answers read back as if they came down the stream).
+pub struct TestClient {
+    conn: Conn,
     pub welcome: Value,
 }
 
-impl WsClient {
+enum Conn {
+    Ws(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
+    Sse(Box<SseConn>),
+}
+
+/// What a client reads next.
+#[derive(Debug)]
+enum Received {
+    Frame(Value),
+    Close(u16),
+    /// The connection ended without a close frame.
+    Ended,
+    Timeout,
+}
+
+/// The reading half of an SSE session and where its frames go.
+pub struct SseConn {
+    response: reqwest::Response,
+    buffer: String,
+    base: String,
+    ack_url: String,
+    /// POST answers and parsed stream messages not read yet, in order.
+    pending: std::collections::VecDeque<Received>,
+    /// The `id:` of the last event message (the resume token).
+    pub last_event_id: Option<String>,
+}
+
+impl SseConn {
+    async fn receive(&mut self, within: Duration) -> Received {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(received) = self.pending.pop_front() {
+                return received;
+            }
+            if let Some(end) = self.buffer.find("\n\n") {
+                let message: String = self.buffer.drain(..end + 2).collect();
+                if let Some(received) = self.parse(&message) {
+                    return received;
+                }
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, self.response.chunk()).await {
+                Err(_) => return Received::Timeout,
+                Ok(Ok(Some(chunk))) => self.buffer.push_str(std::str::from_utf8(&chunk).expect("the stream is UTF-8")),
+                Ok(_) => return Received::Ended,
+            }
+        }
+    }
+
+    /// One SSE message; `None` for a comment (keepalive).
+    fn parse(&mut self, message: &str) -> Option<Received> {
+        let (mut event, mut data) = (None, None);
+        for line in message.lines() {
+            if let Some(v) = line.strip_prefix("event: ") {
+                event = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data = Some(serde_json::from_str::<Value>(v).expect("data is JSON"));
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                self.last_event_id = Some(v.to_string());
+            }
+        }
+        let data = data?;
+        Some(match event.as_deref() {
+            Some("close") => Received::Close(data["code"].as_u64().unwrap() as u16),
+            Some(kind) => {
+                assert_eq!(data["type"], kind, "the event name is the frame's type");
+                Received::Frame(data)
+            }
+            None => panic!("an SSE message without event: {message:?}"),
+        })
+    }
+
+    /// POSTs frames; their answers are read next. `None` when the POST is refused (the status).
+    async fn post(&mut self, body: String) -> Result<(), (u16, Value)> {
+        let response = http().post(format!("{}{}", self.base, self.ack_url)).body(body).send().await.map_err(|_| (0, Value::Null))?;
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if status != 200 {
+            return Err((status, answer));
+        }
+        for frame in answer.as_array().expect("the answer is an array") {
+            self.pending.push_back(Received::Frame(frame.clone()));
+        }
+        Ok(())
+    }
+}
+
+impl TestClient {
     pub async fn connect(addr: SocketAddr, client_id: &str) -> Self {
         Self::connect_url(&format!("ws://{addr}/ws?client_id={client_id}")).await
     }
 
     pub async fn connect_url(url: &str) -> Self {
         let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("websocket connects");
-        Self::welcomed(ws).await
+        Self::welcomed(Conn::Ws(Box::new(ws))).await
     }
 
     /// `connect` that answers `None` instead of failing (a gateway that may be gone).
     pub async fn try_connect(addr: SocketAddr, client_id: &str) -> Option<Self> {
         let url = format!("ws://{addr}/ws?client_id={client_id}");
         let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url)).await.ok()?.ok()?;
-        let mut client = Self { ws, welcome: Value::Null };
+        let mut client = Self { conn: Conn::Ws(Box::new(ws)), welcome: Value::Null };
         client.welcome = client.try_recv(WAIT).await.filter(|w| w["type"] == "welcome")?;
         Some(client)
     }
@@ -256,51 +344,107 @@ impl WsClient {
         let mut request = format!("ws://{addr}/ws?client_id={client_id}").into_client_request().unwrap();
         request.headers_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
         let (ws, _) = tokio_tungstenite::connect_async(request).await.expect("websocket connects");
-        Self::welcomed(ws).await
+        Self::welcomed(Conn::Ws(Box::new(ws))).await
     }
 
-    async fn welcomed(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
-        let mut client = Self { ws, welcome: Value::Null };
+    /// A session over Server-Sent Events: `GET /sse?client_id=...&<query>` with `headers`.
+    pub async fn connect_sse(addr: SocketAddr, client_id: &str, query: &str, headers: &[(&str, &str)]) -> Self {
+        match Self::try_connect_sse(addr, client_id, query, headers).await {
+            Ok(client) => client,
+            Err((status, body)) => panic!("GET /sse answered {status}: {body}"),
+        }
+    }
+
+    /// `connect_sse` that answers the refusal (status and JSON body) instead of failing.
+    pub async fn try_connect_sse(addr: SocketAddr, client_id: &str, query: &str, headers: &[(&str, &str)]) -> Result<Self, (u16, Value)> {
+        let base = format!("http://{addr}");
+        let mut request = http().get(format!("{base}/sse?client_id={client_id}&{query}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.map_err(|e| (0, json!(e.to_string())))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err((status, response.json().await.unwrap_or(Value::Null)));
+        }
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let sse = SseConn { response, buffer: String::new(), base, ack_url: String::new(), pending: Default::default(), last_event_id: None };
+        let mut client = Self::welcomed(Conn::Sse(Box::new(sse))).await;
+        let ack_url = client.welcome["ack_url"].as_str().expect("the SSE welcome has an ack_url").to_string();
+        if let Conn::Sse(sse) = &mut client.conn {
+            sse.ack_url = ack_url;
+        }
+        Ok(client)
+    }
+
+    async fn welcomed(conn: Conn) -> Self {
+        let mut client = Self { conn, welcome: Value::Null };
         client.welcome = client.recv().await;
         assert_eq!(client.welcome["type"], "welcome", "first frame is welcome");
         client
     }
 
-    pub async fn send(&mut self, frame: Value) {
-        self.ws.send(Message::Text(frame.to_string().into())).await.unwrap();
+    /// The SSE half of this client (panics on a WebSocket one).
+    pub fn sse(&mut self) -> &mut SseConn {
+        match &mut self.conn {
+            Conn::Sse(sse) => sse,
+            Conn::Ws(_) => panic!("not an SSE client"),
+        }
     }
 
+    async fn receive(&mut self, within: Duration) -> Received {
+        match &mut self.conn {
+            Conn::Sse(sse) => sse.receive(within).await,
+            Conn::Ws(ws) => loop {
+                return match tokio::time::timeout(within, ws.next()).await {
+                    Err(_) => Received::Timeout,
+                    Ok(Some(Ok(Message::Text(text)))) => Received::Frame(serde_json::from_str(text.as_str()).unwrap()),
+                    Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+                    Ok(Some(Ok(Message::Close(Some(frame))))) => Received::Close(u16::from(frame.code)),
+                    Ok(Some(Ok(Message::Close(None)))) => Received::Close(u16::from(CloseCode::Status)),
+                    Ok(_) => Received::Ended,
+                };
+            },
+        }
+    }
+
+    pub async fn send(&mut self, frame: Value) {
+        self.send_text(&frame.to_string()).await;
+    }
+
+    /// Sends one frame's text as it is (over SSE: POSTed as the one element of an array).
     pub async fn send_text(&mut self, text: &str) {
-        self.ws.send(Message::Text(text.to_string().into())).await.unwrap();
+        assert!(self.try_send_text(text).await, "the frame could not be sent");
+    }
+
+    async fn try_send_text(&mut self, text: &str) -> bool {
+        match &mut self.conn {
+            Conn::Ws(ws) => ws.send(Message::Text(text.to_string().into())).await.is_ok(),
+            Conn::Sse(sse) => sse.post(format!("[{text}]")).await.is_ok(),
+        }
     }
 
     /// Next JSON frame; fails the test on close or silence.
     pub async fn recv(&mut self) -> Value {
-        loop {
-            let message = tokio::time::timeout(WAIT, self.ws.next()).await.expect("a frame arrives in time");
-            match message {
-                Some(Ok(Message::Text(text))) => return serde_json::from_str(text.as_str()).unwrap(),
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                other => panic!("expected a text frame, got {other:?}"),
-            }
+        match self.receive(WAIT).await {
+            Received::Frame(frame) => frame,
+            Received::Timeout => panic!("a frame did not arrive in time"),
+            other => panic!("expected a text frame, got {other:?}"),
         }
     }
 
     /// Next JSON frame within `within`; `None` on close, error or silence (a client that keeps
     /// going while the gateway is killed under it).
     pub async fn try_recv(&mut self, within: Duration) -> Option<Value> {
-        loop {
-            match tokio::time::timeout(within, self.ws.next()).await.ok()?? {
-                Ok(Message::Text(text)) => return serde_json::from_str(text.as_str()).ok(),
-                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
-                _ => return None,
-            }
+        match self.receive(within).await {
+            Received::Frame(frame) => Some(frame),
+            _ => None,
         }
     }
 
     /// `send` that answers false instead of failing when the connection is gone.
     pub async fn try_send(&mut self, frame: Value) -> bool {
-        self.ws.send(Message::Text(frame.to_string().into())).await.is_ok()
+        self.try_send_text(&frame.to_string()).await
     }
 
     /// Next frame of `kind`, skipping others (e.g. events while waiting for an ack_ok).
@@ -324,28 +468,24 @@ impl WsClient {
 
     /// Nothing arrives for `quiet`.
     pub async fn expect_silence(&mut self, quiet: Duration) {
-        if let Ok(frame) = tokio::time::timeout(quiet, self.ws.next()).await {
-            panic!("expected silence, got {frame:?}");
+        match self.receive(quiet).await {
+            Received::Timeout => {}
+            other => panic!("expected silence, got {other:?}"),
         }
     }
 
     /// Reads and discards frames, with no deadline, until the connection ends (a background
     /// reader that keeps a session live).
     pub async fn read_until_closed(&mut self) {
-        while let Some(Ok(message)) = self.ws.next().await {
-            if message.is_close() {
-                return;
-            }
-        }
+        while let Received::Frame(_) | Received::Timeout = self.receive(Duration::from_secs(86_400)).await {}
     }
 
-    /// Waits for the close frame and returns its code.
+    /// Waits for the close frame (over SSE: the `close` message) and returns its code.
     pub async fn close_code(&mut self) -> u16 {
         loop {
-            match tokio::time::timeout(WAIT, self.ws.next()).await.expect("close arrives in time") {
-                Some(Ok(Message::Close(Some(frame)))) => return u16::from(frame.code),
-                Some(Ok(Message::Close(None))) => return u16::from(CloseCode::Status),
-                Some(Ok(_)) => continue,
+            match self.receive(WAIT).await {
+                Received::Close(code) => return code,
+                Received::Frame(_) => continue,
                 other => panic!("expected a close frame, got {other:?}"),
             }
         }
@@ -371,15 +511,33 @@ impl WsClient {
         }
     }
 
-    pub async fn close(mut self) {
-        let _ = self.ws.close(None).await;
+    pub async fn close(self) {
+        match self.conn {
+            Conn::Ws(mut ws) => {
+                let _ = WebSocketStream::close(&mut ws, None).await;
+            }
+            // Dropping the response closes the connection: the gateway ends the session.
+            Conn::Sse(sse) => drop(sse),
+        }
     }
+}
+
+/// Polls `check` until it holds (60 s at most: a deadline for a hang, never a measured time).
+pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting until {what}");
 }
 
 /// Connects `client_id`, subscribes to `topic`, receives `n` events and acks them all with a
 /// receipt; returns the still-open client.
-pub async fn consume_and_ack(addr: SocketAddr, client_id: &str, topic: &str, n: usize) -> WsClient {
-    let mut client = WsClient::connect(addr, client_id).await;
+pub async fn consume_and_ack(addr: SocketAddr, client_id: &str, topic: &str, n: usize) -> TestClient {
+    let mut client = TestClient::connect(addr, client_id).await;
     client.subscribe(topic, json!({})).await;
     let events = client.recv_events(n).await;
     client.ack_confirmed(&ids(&events), "all").await;

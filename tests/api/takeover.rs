@@ -285,7 +285,7 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
         stale.insert(p, committed.and_then(|r| r["committed"].as_u64()).unwrap_or(0));
     }
     assert!(token.iter().any(|(p, t)| *t > stale[p]), "the killed instance's stored offsets are stale: {stale:?} vs token {token:?}");
-    let mut back = WsClient::connect(restarted.addr, &mover).await;
+    let mut back = TestClient::connect(restarted.addr, &mover).await;
     let resume: serde_json::Map<String, Value> = token.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
     let subscribed = back.subscribe(TOPIC, json!({ "resume": resume })).await;
     for p in subscribed["partitions"].as_array().unwrap() {

@@ -44,6 +44,13 @@ pub enum Inbound {
     TooLarge,
     /// A sign of life that is not a frame of the protocol (a WebSocket pong or ping).
     Alive,
+    /// Frames sent together by a transport that answers them itself (a Server-Sent Events
+    /// session's POST): handled in order like text frames, and what the session sends in answer
+    /// to them goes back through `answer`, not down the stream.
+    Frames {
+        texts: Vec<String>,
+        answer: tokio::sync::oneshot::Sender<Vec<String>>,
+    },
 }
 
 /// What the session hands the transport.
@@ -358,6 +365,7 @@ impl Session {
             }
             Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
             Some(Inbound::Alive) => Step::Continue,
+            Some(Inbound::Frames { texts, answer }) => Box::pin(self.on_frames(texts, answer)).await,
             None => Step::End,
         }
     }
@@ -446,6 +454,22 @@ impl Session {
             return Step::Close(close_code::SLOW_CLIENT, "slow client: no ack while the in-flight window was full");
         }
         Step::Continue
+    }
+
+    /// Every frame the session queues while it handles these is an answer to them: events come
+    /// from feeders and timers, other branches of the session loop, so none is queued meanwhile.
+    async fn on_frames(&mut self, texts: Vec<String>, answer: tokio::sync::oneshot::Sender<Vec<String>>) -> Step {
+        let mark = self.out.len();
+        let mut step = Step::Continue;
+        for text in &texts {
+            step = self.on_text(text).await;
+            if !matches!(step, Step::Continue) {
+                break;
+            }
+        }
+        let answers = self.out.split_off(mark).into_iter().filter_map(|frame| if let Outbound::Text(text) = frame { Some(text) } else { None }).collect();
+        let _ = answer.send(answers);
+        step
     }
 
     async fn on_text(&mut self, text: &str) -> Step {

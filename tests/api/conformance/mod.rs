@@ -213,14 +213,14 @@ pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Ha
         publish_to(&gw.base, "timed", partition, 10, 2).await;
         assert_eq!(log_end_reaches(&gw.base, "timed", partition, 5).await, 5);
     }
-    let mut client = WsClient::connect(gw.addr(), "by-time").await;
+    let mut client = TestClient::connect(gw.addr(), "by-time").await;
     let subscribed = client.subscribe("timed", json!({"from": {"time": between}})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 3}, {"partition": 1, "from": 3}]), "{subscribed}");
     let mut got = numbers(&client.recv_events(4).await);
     got.sort();
     assert_eq!(got, vec![10, 10, 11, 11]);
     client.close().await;
-    let mut early = WsClient::connect(gw.addr(), "from-zero").await;
+    let mut early = TestClient::connect(gw.addr(), "from-zero").await;
     let subscribed = early.subscribe("timed", json!({"from": {"time": 0}})).await;
     assert_eq!(subscribed["partitions"][1]["from"], 0, "{subscribed}");
     early.close().await;
@@ -303,7 +303,7 @@ pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
     assert_eq!(log_end_reaches(&gw.base, "orders", 1, 5).await, 5);
     assert_eq!(bounds(&gw.base, "orders", 0).await.1, 0);
 
-    let mut client = WsClient::connect(gw.addr(), "fields").await;
+    let mut client = TestClient::connect(gw.addr(), "fields").await;
     let subscribed = client.subscribe("orders", json!({})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}, {"partition": 1, "from": 0}]));
     let events = client.recv_events(5).await;
@@ -323,7 +323,7 @@ pub async fn subscribe_receives_everything_and_acks_commit(h: &Harness) {
     create_topic(&gw.base, "feed", 2).await;
     publish_to(&gw.base, "feed", 0, 0, 10).await;
     publish_to(&gw.base, "feed", 1, 10, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "reader").await;
+    let mut client = TestClient::connect(gw.addr(), "reader").await;
     client.subscribe("feed", json!({})).await;
     let events = client.recv_events(20).await;
     let mut seen = numbers(&events);
@@ -346,7 +346,7 @@ pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
     let gw = h.start().await;
     create_topic(&gw.base, "jobs", 1).await;
     publish_to(&gw.base, "jobs", 0, 0, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "worker").await;
+    let mut client = TestClient::connect(gw.addr(), "worker").await;
     client.subscribe("jobs", json!({})).await;
     let events = client.recv_events(10).await;
     client.ack_confirmed(&ids(&events[..6]), "six").await;
@@ -354,7 +354,7 @@ pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
     gw.stop().await;
 
     let gw = h.start().await;
-    let mut client = WsClient::connect(gw.addr(), "worker").await;
+    let mut client = TestClient::connect(gw.addr(), "worker").await;
     let subscribed = client.subscribe("jobs", json!({})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 6}]));
     let events = client.recv_events(4).await;
@@ -385,9 +385,9 @@ pub async fn an_admin_rewind_replays_from_the_new_offset(h: &Harness) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(reset.expect("reset accepted once offline")["committed"], 2);
-    let mut steady = WsClient::connect(gw.addr(), "steady").await;
+    let mut steady = TestClient::connect(gw.addr(), "steady").await;
     steady.subscribe("audit", json!({})).await;
-    let mut rewound = WsClient::connect(gw.addr(), "rewound").await;
+    let mut rewound = TestClient::connect(gw.addr(), "rewound").await;
     let subscribed = rewound.subscribe("audit", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 2);
     let replayed = rewound.recv_events(6).await;
@@ -407,7 +407,7 @@ pub async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset(h: &H
     create_topic(&gw.base, "ledger", 1).await;
     publish_to(&gw.base, "ledger", 0, 0, 12).await;
     consume_and_ack(gw.addr(), "fast", "ledger", 12).await.close().await;
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("ledger", json!({})).await;
     let events = slow.recv_events(12).await;
     slow.ack_confirmed(&ids(&events[..5]), "five").await;
@@ -417,10 +417,10 @@ pub async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset(h: &H
 
     let gw = h.start().await;
     assert_eq!(bounds(&gw.base, "ledger", 0).await.2, Some(5), "pull cursor aligned to the slowest client");
-    let mut slow = WsClient::connect(gw.addr(), "slow").await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
     slow.subscribe("ledger", json!({})).await;
     assert_eq!(numbers(&slow.recv_events(7).await), (5..12).collect::<Vec<_>>());
-    let mut fast = WsClient::connect(gw.addr(), "fast").await;
+    let mut fast = TestClient::connect(gw.addr(), "fast").await;
     let subscribed = fast.subscribe("ledger", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 12);
     fast.expect_silence(Duration::from_millis(300)).await;
@@ -433,14 +433,14 @@ pub async fn a_resume_token_starts_at_the_larger_of_token_and_stored_offset(h: &
     create_topic(&gw.base, "ticks", 2).await;
     publish_to(&gw.base, "ticks", 0, 0, 10).await;
     publish_to(&gw.base, "ticks", 1, 100, 10).await;
-    let mut client = WsClient::connect(gw.addr(), "mobile").await;
+    let mut client = TestClient::connect(gw.addr(), "mobile").await;
     client.subscribe("ticks", json!({})).await;
     let events = client.recv_events(20).await;
     let on_p1: Vec<&Value> = events.iter().filter(|e| e["partition"] == 1).collect();
     client.ack_confirmed(&on_p1[..4].iter().map(|e| id(e)).collect::<Vec<_>>(), "p1").await;
     client.close().await;
 
-    let mut client = WsClient::connect(gw.addr(), "mobile").await;
+    let mut client = TestClient::connect(gw.addr(), "mobile").await;
     let subscribed = client.subscribe("ticks", json!({"resume": {"0": 7, "1": 2}})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 7}, {"partition": 1, "from": 4}]));
     let mut got = numbers(&client.recv_events(3 + 6).await);
@@ -455,7 +455,7 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
     let gw = h.start().await;
     h.create_topic_with_retention(&gw.base, "metrics", 1).await;
     publish_to(&gw.base, "metrics", 0, 0, 10).await;
-    let mut early = WsClient::connect(gw.addr(), "early").await;
+    let mut early = TestClient::connect(gw.addr(), "early").await;
     early.subscribe("metrics", json!({})).await;
     let events = early.recv_events(10).await;
     early.ack_confirmed(&ids(&events[..3]), "three").await;
@@ -473,7 +473,7 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
         ("late", json!({}), None),
         ("token", json!({"resume": {"0": 1}}), Some(json!({"from": 1, "to": start}))),
     ] {
-        let mut client = WsClient::connect(gw.addr(), name).await;
+        let mut client = TestClient::connect(gw.addr(), name).await;
         let subscribed = client.subscribe("metrics", extra).await;
         assert_eq!(subscribed["partitions"][0]["from"], start, "{name} starts at the log start");
         assert_eq!(subscribed["partitions"][0].get("gap"), gap.as_ref(), "{name}: {subscribed}");

@@ -1,0 +1,386 @@
+//! Server-Sent Events: `GET /sse?client_id=ID&topics=T1,T2` streams a session's frames as
+//! `text/event-stream`, and `POST /sse/{session_id}/frames` takes its client frames (a JSON
+//! array) and answers with the frames the session sent for them. The session is the same task a
+//! WebSocket gets (`core::session`); this file adapts the two HTTP halves to it.
+//!
+//! Every `event` message carries an `id:` that is the session's resume token when it was written:
+//! the client's durable committed offsets of its subscribed topics, as base64url of
+//! `{"<topic>": {"<partition>": offset}}`. A browser's EventSource sends it back as
+//! `Last-Event-ID` when it reconnects, on any instance.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::session_access;
+use super::error::ApiError;
+use super::lingering::PeerAddr;
+use super::AppState;
+use crate::core::dispatcher::Dispatcher;
+use crate::core::names::{ClientId, TopicName};
+use crate::core::offsets::OffsetFilter;
+use crate::core::protocol::ErrorCode;
+use crate::core::session::{run_session, Inbound, Outbound};
+use crate::core::session_registry::{SessionInfo, Transport};
+
+/// POSTed batches a session may have queued (each waits for its answer, so few are).
+const INBOUND_QUEUED: usize = 16;
+/// Frames the session may queue ahead of the stream: beyond them its writes wait, and a client
+/// that stops reading meets the slow-client limit, as on a WebSocket.
+const OUTBOUND_QUEUED: usize = 256;
+/// Frames written in one chunk of the stream at most (one resume token each chunk).
+const FRAMES_PER_CHUNK: usize = 256;
+
+/// The SSE sessions of this instance, by session id: where a POST finds its session.
+#[derive(Default)]
+pub struct SseSessions {
+    sessions: Mutex<HashMap<String, SseSession>>,
+}
+
+#[derive(Clone)]
+struct SseSession {
+    client_id: ClientId,
+    frames: mpsc::Sender<Inbound>,
+}
+
+impl SseSessions {
+    fn get(&self, session_id: &str) -> Option<SseSession> {
+        self.sessions.lock().unwrap().get(session_id).cloned()
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/sse",
+    operation_id = "open_sse",
+    tag = "websocket",
+    summary = "Open a session over Server-Sent Events (text/event-stream; client frames by POST to its ack_url)",
+    params(
+        ("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("topics" = Option<String>, Query, description = "topics to subscribe to at once, comma-separated"),
+        ("from" = Option<String>, Query, description = "committed (default), earliest or latest: where a partition without a stored offset or token starts"),
+        ("resume" = Option<String>, Query, description = "a resume token (an event's id); the Last-Event-ID header wins"),
+        ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)"),
+        ("Last-Event-ID" = Option<String>, Header, description = "the resume token EventSource sends when it reconnects"),
+    ),
+    responses(
+        (status = 200, description = "text/event-stream: welcome (with ack_url), subscribed per topic, then event, gap, reconnect, error and close messages; event messages carry the resume token as id", content_type = "text/event-stream"),
+        (status = 400, description = "invalid_name, bad_request (a resume token or from that does not decode)", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
+        (status = 429, description = "limit_exceeded: limits.max_sessions", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the instance is draining (Retry-After) or the client's offsets are being changed", body = crate::http::schemas::ErrorBody),
+    )
+)]
+pub async fn open(
+    State(app): State<AppState>,
+    ConnectInfo(PeerAddr(remote)): ConnectInfo<PeerAddr>,
+    headers: HeaderMap,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Response {
+    match start(app, remote, &headers, query) {
+        Ok(response) => response,
+        Err(refused) => *refused,
+    }
+}
+
+fn start(
+    app: AppState,
+    remote: std::net::SocketAddr,
+    headers: &HeaderMap,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, Box<Response>> {
+    let Query(query) = query.map_err(|e| Box::new(ApiError::bad_request(e.body_text()).into_response()))?;
+    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
+        Some(Ok(client_id)) => client_id,
+        Some(Err(e)) => return Err(Box::new(ApiError::invalid_name(e.0).into_response())),
+        None => return Err(Box::new(ApiError::invalid_name("the client_id query parameter is required").into_response())),
+    };
+    let access = session_access(&app.config.auth, query.get("token").map(String::as_str), headers, &client_id).map_err(|e| Box::new(e.into_response()))?;
+    let subscribes = initial_subscribes(&query, headers).map_err(|e| Box::new(e.into_response()))?;
+    if app.dispatcher.draining.is_cancelled() {
+        return Err(Box::new(super::ws::draining(&app.config)));
+    }
+    let registration = app.dispatcher.register(client_id.clone(), Some(remote), Transport::Sse).map_err(|e| Box::new(ApiError::from(e).into_response()))?;
+    let info = registration.info.clone();
+    let session_id = info.session_id.clone();
+
+    let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUED);
+    for frame in subscribes {
+        // The queue is new and larger than any subscription list allowed through here.
+        let _ = inbound_tx.try_send(Inbound::Text(frame));
+    }
+    let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_QUEUED);
+    // Cancelled when the response body is dropped (the client went away): the session's
+    // inbound ends with it, so the session ends at once instead of at its next write.
+    let stream_gone = CancellationToken::new();
+    let inbound = futures_util::stream::unfold(inbound_rx, |mut rx| async move { rx.recv().await.map(|frame| (frame, rx)) })
+        .take_until(stream_gone.clone().cancelled_owned());
+    let outbound = futures_util::sink::unfold(outbound_tx, |tx, frame: Outbound| async move { tx.send(frame).await.map(|()| tx) });
+
+    app.sse.sessions.lock().unwrap().insert(session_id.clone(), SseSession { client_id, frames: inbound_tx.clone() });
+    let (dispatcher, sessions) = (app.dispatcher.clone(), app.sse.clone());
+    app.dispatcher.tasks.spawn(async move {
+        run_session(dispatcher, registration, access, Box::pin(inbound), Box::pin(outbound)).await;
+        sessions.sessions.lock().unwrap().remove(&session_id);
+    });
+
+    let writer = StreamWriter {
+        d: app.dispatcher.clone(),
+        info,
+        frames: outbound_rx,
+        alive: inbound_tx,
+        keepalive: tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(app.config.server.sse_keepalive_ms),
+            Duration::from_millis(app.config.server.sse_keepalive_ms),
+        ),
+        ended: false,
+        _gone: stream_gone.drop_guard(),
+    };
+    let body = futures_util::stream::unfold(writer, |mut writer| async move { writer.next_chunk().await.map(|chunk| (Ok::<_, Infallible>(chunk), writer)) });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // nginx buffers responses unless told otherwise; a buffered stream delivers nothing live.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// The `subscribe` frames for `topics=`, with `from` and each topic's part of the resume token
+/// (`Last-Event-ID`, else `resume=`).
+fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
+    let from = query.get("from").map(String::as_str).filter(|f| !f.is_empty()).unwrap_or("committed");
+    if !matches!(from, "committed" | "earliest" | "latest") {
+        return Err(ApiError::bad_request(format!("from must be committed, earliest or latest, got {from:?}")));
+    }
+    let header_token = headers.get("last-event-id").map(|v| v.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text")));
+    let token = match header_token.transpose()?.filter(|t| !t.is_empty()).or(query.get("resume").map(String::as_str)) {
+        Some(text) => decode_resume_token(text)?,
+        None => BTreeMap::new(),
+    };
+    let mut frames = Vec::new();
+    for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty()) {
+        let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
+        let mut frame = json!({"op": "subscribe", "topic": topic.as_str(), "from": from});
+        if let Some(resume) = token.get(topic.as_str()) {
+            frame["resume"] = json!(resume);
+        }
+        frames.push(frame.to_string());
+    }
+    Ok(frames)
+}
+
+/// A resume token: base64url (no padding) of `{"<topic>": {"<partition>": offset}}`.
+pub fn decode_resume_token(text: &str) -> Result<BTreeMap<String, BTreeMap<u32, u64>>, ApiError> {
+    let bad = |why: &str| ApiError::bad_request(format!("the resume token does not decode: {why}"));
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')).map_err(|_| bad("not base64url"))?;
+    let parsed: BTreeMap<String, BTreeMap<String, u64>> = serde_json::from_slice(&bytes).map_err(|_| bad("not {\"<topic>\": {\"<partition>\": offset}}"))?;
+    let mut token = BTreeMap::new();
+    for (topic, partitions) in parsed {
+        TopicName::parse(&topic).map_err(|_| bad("a topic name is invalid"))?;
+        let mut offsets = BTreeMap::new();
+        for (partition, offset) in partitions {
+            offsets.insert(partition.parse::<u32>().map_err(|_| bad("a partition is not a number"))?, offset);
+        }
+        token.insert(topic, offsets);
+    }
+    Ok(token)
+}
+
+fn encode_resume_token(token: &BTreeMap<String, BTreeMap<String, u64>>) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).unwrap_or_default())
+}
+
+/// Turns a session's outbound frames into the event stream.
+struct StreamWriter {
+    d: Arc<Dispatcher>,
+    info: Arc<SessionInfo>,
+    frames: mpsc::Receiver<Outbound>,
+    /// The session's inbound, for the sign of life a keepalive probe gets back: the stream
+    /// itself is how an SSE peer is known to be there (a write to a gone peer drops the body).
+    alive: mpsc::Sender<Inbound>,
+    keepalive: tokio::time::Interval,
+    ended: bool,
+    _gone: tokio_util::sync::DropGuard,
+}
+
+impl StreamWriter {
+    /// The next piece of the stream: the frames queued now (one resume token for all of them),
+    /// or a keepalive comment; `None` once the session has closed.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
+        let first = tokio::select! {
+            frame = self.frames.recv() => frame,
+            _ = self.keepalive.tick() => return Some(Bytes::from_static(b": ka\n\n")),
+        };
+        let Some(first) = first else {
+            self.ended = true;
+            return None;
+        };
+        let mut frames = vec![first];
+        while frames.len() < FRAMES_PER_CHUNK {
+            match self.frames.try_recv() {
+                Ok(frame) => frames.push(frame),
+                Err(_) => break,
+            }
+        }
+        let mut token = None;
+        let mut chunk = String::new();
+        for frame in frames {
+            match frame {
+                Outbound::Text(json) => {
+                    let kind = frame_type(&json);
+                    chunk.push_str("event: ");
+                    chunk.push_str(kind);
+                    chunk.push('\n');
+                    if kind == "event" {
+                        let token = token.get_or_insert_with(|| self.resume_token());
+                        chunk.push_str("id: ");
+                        chunk.push_str(token);
+                        chunk.push('\n');
+                    }
+                    chunk.push_str("data: ");
+                    if kind == "welcome" {
+                        // The welcome object plus where to POST client frames.
+                        chunk.push_str(json.strip_suffix('}').unwrap_or(&json));
+                        chunk.push_str(&format!(",\"ack_url\":\"/sse/{}/frames\"}}", self.info.session_id));
+                    } else {
+                        chunk.push_str(&json);
+                    }
+                    chunk.push_str("\n\n");
+                }
+                Outbound::Ping => {
+                    let _ = self.alive.try_send(Inbound::Alive);
+                    chunk.push_str(": ka\n\n");
+                }
+                Outbound::Close(code, reason) => {
+                    chunk.push_str(&format!("event: close\ndata: {}\n\n", json!({"code": code, "reason": reason})));
+                    self.ended = true;
+                    break;
+                }
+            }
+        }
+        Some(Bytes::from(chunk))
+    }
+
+    /// The client's committed offsets of its subscribed topics as the store holds them now.
+    fn resume_token(&self) -> String {
+        let topics = self.info.subscriptions.lock().unwrap().clone();
+        let mut token: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for topic in topics {
+            let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(self.info.client_id.clone()), partition: None };
+            let partitions = token.entry(topic.to_string()).or_default();
+            let read = self.d.store.scan_each(&filter, &mut |key, record| {
+                partitions.insert(key.partition.to_string(), record.committed);
+            });
+            if let Err(e) = read {
+                tracing::warn!(session_id = %self.info.session_id, error = %e, "resume token: the offset store could not be read");
+            }
+        }
+        encode_resume_token(&token)
+    }
+}
+
+/// The `type` of a server frame: every frame the session writes starts with it.
+fn frame_type(json: &str) -> &str {
+    json.strip_prefix("{\"type\":\"").and_then(|rest| rest.split_once('"')).map_or("message", |(kind, _)| kind)
+}
+
+#[utoipa::path(
+    post,
+    path = "/sse/{session_id}/frames",
+    operation_id = "post_sse_frames",
+    tag = "websocket",
+    summary = "Client frames of a Server-Sent Events session; answers the frames the session sent for them",
+    params(("session_id" = String, Path, description = "the session's id (its welcome's ack_url)"), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
+    request_body(content = Vec<Object>, description = "a JSON array of client frames (ack, nack, extend, term, subscribe, unsubscribe, ping)"),
+    responses(
+        (status = 200, description = "a JSON array of the server frames answering them, in order (ack_ok once durable, error, subscribed, ...)", body = Vec<Object>),
+        (status = 400, description = "bad_request: the body is not a JSON array of objects", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "unauthorized", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "forbidden: the credentials are another client's", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "not_found: no such session on this instance (it ended, or lives on another): reconnect the stream", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: more than limits.max_batch_events frames, or one over limits.max_frame_bytes", body = crate::http::schemas::ErrorBody),
+    )
+)]
+pub async fn frames(
+    State(app): State<AppState>,
+    Path(session_id): Path<String>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let gone = || ApiError::not_found(format!("no session {session_id:?} on this instance (it ended, or lives on another): reconnect the stream"));
+    let session = app.sse.get(&session_id).ok_or_else(gone)?;
+    session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &session.client_id)?;
+    let frames: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body is a JSON array of client frames: {e}")))?;
+    let limits = &app.config.limits;
+    let too_large = |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, message);
+    if frames.len() > limits.max_batch_events {
+        return Err(too_large(format!("{} frames in one POST; at most {} (limits.max_batch_events)", frames.len(), limits.max_batch_events)));
+    }
+    let mut texts = Vec::with_capacity(frames.len());
+    for (i, frame) in frames.into_iter().enumerate() {
+        let text = frame.get();
+        if text.len() > limits.max_frame_bytes {
+            return Err(too_large(format!("frame {i} has {} bytes; at most {} (limits.max_frame_bytes)", text.len(), limits.max_frame_bytes)));
+        }
+        if !text.starts_with('{') {
+            return Err(ApiError::bad_request(format!("frame {i} is not a JSON object")));
+        }
+        texts.push(text.to_string());
+    }
+    let (answer, answered) = oneshot::channel();
+    session.frames.send(Inbound::Frames { texts, answer }).await.map_err(|_| gone())?;
+    let answers = answered.await.map_err(|_| gone())?;
+    let mut body = String::with_capacity(2 + answers.iter().map(|a| a.len() + 1).sum::<usize>());
+    body.push('[');
+    body.push_str(&answers.join(","));
+    body.push(']');
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_tokens_round_trip_and_bad_ones_are_refused() {
+        let token: BTreeMap<String, BTreeMap<String, u64>> = [("orders".to_string(), [("0".to_string(), 7), ("3".to_string(), u64::MAX)].into())].into();
+        let decoded = decode_resume_token(&encode_resume_token(&token)).unwrap();
+        assert_eq!(decoded["orders"], BTreeMap::from([(0, 7), (3, u64::MAX)]));
+        for bad in ["%%%", "e30", "bnVsbA", "eyJhIjp7IngiOjF9fQ", "eyJhIjp7IjAiOi0xfX0", "eyJiYWQgbmFtZSI6e319"] {
+            // %%% not base64; {} decodes (no topics); null; {"a":{"x":1}}; {"a":{"0":-1}}; {"bad name":{}}
+            let result = decode_resume_token(bad);
+            if bad == "e30" {
+                assert!(result.unwrap().is_empty());
+            } else {
+                assert!(result.is_err(), "{bad} was accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn frame_types_come_from_the_frame() {
+        assert_eq!(frame_type(r#"{"type":"event","delivery_id":"x"}"#), "event");
+        assert_eq!(frame_type(r#"{"type":"ack_ok"}"#), "ack_ok");
+        assert_eq!(frame_type("{}"), "message");
+    }
+}

@@ -1,0 +1,299 @@
+//! Server-Sent Events (issue 24): the same sessions over `GET /sse` and `POST
+//! /sse/{id}/frames`. The delivery body runs on both transports; the rest checks what only SSE
+//! has: resume tokens as event ids, `Last-Event-ID`, and the POST's limits and credentials.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::kafka_broker::TestBroker;
+use crate::support::*;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Transport {
+    WebSocket,
+    Sse,
+}
+
+async fn connect(transport: Transport, addr: SocketAddr, client_id: &str) -> TestClient {
+    match transport {
+        Transport::WebSocket => TestClient::connect(addr, client_id).await,
+        Transport::Sse => TestClient::connect_sse(addr, client_id, "", &[]).await,
+    }
+}
+
+fn other(transport: Transport) -> Transport {
+    if transport == Transport::Sse {
+        Transport::WebSocket
+    } else {
+        Transport::Sse
+    }
+}
+
+/// Subscribe, deliver, ack, nack, redelivery after a timeout, a dead letter, release on close,
+/// and takeover (4001) by a session of the other transport and back.
+async fn delivery_body(transport: Transport) {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.embedded.default_partitions = 1;
+    config.delivery.ack_timeout_ms = 400;
+    config.delivery.max_attempts = 3;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "d", 1, 0, 3).await;
+
+    let mut client = connect(transport, gw.addr(), "c1").await;
+    let subscribed = client.subscribe("d", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 0);
+    let events = client.recv_events(3).await;
+    assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2]);
+    let ok = client.ack_confirmed(&[id(&events[0])], "a0").await;
+    assert_eq!(ok["committed"], json!({"d": {"0": 1}}));
+
+    // A nack redelivers at once, with the next attempt.
+    client.send(json!({"op": "nack", "delivery_id": id(&events[1])})).await;
+    let again = client.recv_type("event").await;
+    assert_eq!((again["offset"].as_u64(), again["attempt"].as_u64()), (Some(1), Some(2)));
+    client.send(json!({"op": "ack", "delivery_ids": [id(&again)]})).await;
+
+    // Offset 2 is never acked: redelivered after each timeout, then a dead letter.
+    for attempt in 2..=3 {
+        let redelivered = client.recv_type("event").await;
+        assert_eq!((redelivered["offset"].as_u64(), redelivered["attempt"].as_u64()), (Some(2), Some(attempt)));
+    }
+    wait_for("offset 2 becomes a dead letter", async || {
+        let (_, dead) = get_json(&format!("{}/admin/dead-letters?topic=d&client_id=c1", gw.base)).await;
+        dead["dead_letters"].as_array().is_some_and(|d| d.len() == 1 && d[0]["offset"] == 2)
+    })
+    .await;
+    wait_for("the dead letter counts as acknowledged", async || stored_offset(&gw.base, "d", "c1", 0).await.is_some_and(|r| r["committed"] == 3)).await;
+
+    // Released on close: a new session of the client gets the unacked event again.
+    publish_numbered(&gw.base, "d", 1, 0, 1).await;
+    let pending = client.recv_type("event").await;
+    assert_eq!((pending["offset"].as_u64(), pending["attempt"].as_u64()), (Some(3), Some(1)));
+    client.close().await;
+    let mut client = connect(transport, gw.addr(), "c1").await;
+    client.subscribe("d", json!({})).await;
+    let released = client.recv_type("event").await;
+    assert_eq!((released["offset"].as_u64(), released["attempt"].as_u64()), (Some(3), Some(2)));
+
+    // Takeover by a session of the other transport, then back.
+    let mut taker = connect(other(transport), gw.addr(), "c1").await;
+    assert_eq!(client.close_code().await, 4001, "{transport:?} taken over by {:?}", other(transport));
+    taker.subscribe("d", json!({})).await;
+    let moved = taker.recv_type("event").await;
+    assert_eq!(moved["offset"], 3, "the taken-over session's delivery moves to its successor");
+    taker.ack_confirmed(&[id(&moved)], "moved").await;
+    let mut back = connect(transport, gw.addr(), "c1").await;
+    assert_eq!(taker.close_code().await, 4001, "{:?} taken over by {transport:?}", other(transport));
+    back.subscribe("d", json!({})).await;
+    publish_numbered(&gw.base, "d", 1, 0, 1).await;
+    let last = back.recv_type("event").await;
+    assert_eq!((last["offset"].as_u64(), last["attempt"].as_u64()), (Some(4), Some(1)));
+    back.ack_confirmed(&[id(&last)], "last").await;
+    assert_eq!(stored_offset(&gw.base, "d", "c1", 0).await.unwrap()["committed"], 5);
+    back.close().await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_over_websocket() {
+    delivery_body(Transport::WebSocket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_over_sse() {
+    delivery_body(Transport::Sse).await;
+}
+
+fn decode_token(token: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap()).unwrap()
+}
+
+fn encode_token(token: &Value) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+/// Every event's id is the durable committed offsets; a reconnect with it as `Last-Event-ID`
+/// starts each partition at the larger of it and the stored offset; a bad one is 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.embedded.default_partitions = 1;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "r", 1, 0, 4).await;
+
+    let mut client = TestClient::connect_sse(gw.addr(), "resumer", "topics=r", &[]).await;
+    let subscribed = client.recv().await;
+    assert_eq!((subscribed["type"].as_str(), subscribed["topic"].as_str()), (Some("subscribed"), Some("r")));
+    let events = client.recv_events(4).await;
+    client.ack_confirmed(&[id(&events[0]), id(&events[1])], "two").await;
+    publish_numbered(&gw.base, "r", 1, 0, 1).await;
+    client.recv_type("event").await;
+    let token = client.sse().last_event_id.clone().expect("event messages carry an id");
+    assert_eq!(decode_token(&token), BTreeMap::from([("r".to_string(), BTreeMap::from([("0".to_string(), 2)]))]));
+    client.close().await;
+
+    // What EventSource does when the stream breaks: the same URL with Last-Event-ID.
+    let mut client = TestClient::connect_sse(gw.addr(), "resumer", "topics=r", &[("last-event-id", &token)]).await;
+    client.recv_type("subscribed").await;
+    let offsets: Vec<u64> = client.recv_events(3).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![2, 3, 4]);
+    client.close().await;
+    // A token ahead of the stored offset wins (it is the client's own progress); `resume=` works too.
+    let ahead = encode_token(&json!({"r": {"0": 4}}));
+    let mut client = TestClient::connect_sse(gw.addr(), "resumer", &format!("topics=r&resume={ahead}"), &[]).await;
+    assert_eq!(client.recv_type("subscribed").await["partitions"][0]["from"], 4);
+    assert_eq!(client.recv_type("event").await["offset"], 4);
+    client.close().await;
+
+    for (query, header) in [("topics=r", "not base64!"), ("topics=r", "bnVsbA"), ("topics=r&resume=eyJyIjp7IngiOjF9fQ", ""), ("topics=r&from=middle", "")] {
+        let headers: Vec<(&str, &str)> = if header.is_empty() { vec![] } else { vec![("last-event-id", header)] };
+        let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "resumer", query, &headers).await else {
+            panic!("{query} / {header} was accepted");
+        };
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{query} / {header}: {body}");
+    }
+    let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "resumer", "topics=bad%20name", &[]).await else { panic!("a bad topic was accepted") };
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_name")));
+    gw.stop().await;
+}
+
+/// The POST of frames: its shape, its limits, and whose session it may reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frame_posts_are_checked() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_batch_events = 2;
+    config.limits.max_frame_bytes = 200;
+    config.auth.jwt_secret = "s".repeat(32);
+    let gw = InProcess::start(config).await;
+    let token = |sub: &str| {
+        let key = jsonwebtoken::EncodingKey::from_secret("s".repeat(32).as_bytes());
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &json!({"sub": sub}), &key).unwrap()
+    };
+    let mine = token("alice");
+    let mut client = TestClient::connect_sse(gw.addr(), "alice", &format!("token={mine}"), &[]).await;
+    let url = format!("{}{}", gw.base, client.welcome["ack_url"].as_str().unwrap());
+    let post = async |body: &str, bearer: Option<&str>| {
+        let mut request = http().post(&url).body(body.to_string());
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap())
+    };
+    let ping = r#"{"op":"ping","req":1}"#;
+    let (status, answer) = post(&format!("[{ping}]"), Some(&mine)).await;
+    assert_eq!((status, answer), (200, json!([{"type": "pong", "req": 1}])));
+    let checks = [
+        (format!("[{ping}]"), None, 401, "unauthorized"),
+        (format!("[{ping}]"), Some(token("mallory")), 403, "forbidden"),
+        (ping.to_string(), Some(mine.clone()), 400, "bad_request"),
+        ("[1]".to_string(), Some(mine.clone()), 400, "bad_request"),
+        ("not json".to_string(), Some(mine.clone()), 400, "bad_request"),
+        (format!("[{ping},{ping},{ping}]"), Some(mine.clone()), 413, "limit_exceeded"),
+        (format!(r#"[{{"op":"ping","req":"{}"}}]"#, "x".repeat(300)), Some(mine.clone()), 413, "limit_exceeded"),
+    ];
+    for (body, bearer, status, code) in checks {
+        let (got, answer) = post(&body, bearer.as_deref()).await;
+        assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{body:.60}: {answer}");
+    }
+    // A frame the session refuses is answered in the array, as the WebSocket would.
+    let (status, answer) = post(r#"[{"op":"ack","delivery_ids":["9.9.9.9"],"req":"x"},{"op":"nope"}]"#, Some(&mine)).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer.as_array().unwrap().iter().map(|f| f["code"].as_str().unwrap()).collect::<Vec<_>>(), vec!["unknown_delivery", "bad_frame"]);
+    // Another instance's (or an ended) session: 404, so the client reconnects the stream.
+    let (status, answer) =
+        http().post(format!("{}/sse/s0-0/frames", gw.base)).bearer_auth(&mine).body("[]").send().await.map(|r| (r.status().as_u16(), r)).unwrap();
+    assert_eq!((status, answer.json::<Value>().await.unwrap()["error"]["code"].clone()), (404, json!("not_found")));
+    client.expect_silence(Duration::from_millis(200)).await;
+    client.close().await;
+    wait_for("the ended session's POSTs are 404", async || post("[]", Some(&mine)).await.0 == 404).await;
+    gw.stop().await;
+}
+
+/// The admin view, the metric and the operator's disconnect (4002) see SSE sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_and_disconnect_sse_sessions() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_SERVER__SSE_KEEPALIVE_MS", "100")]);
+    let mut client = TestClient::connect_sse(gw.addr, "watched", "", &[]).await;
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(sessions["sessions"][0]["transport"], "sse");
+    assert_eq!(metric(&gw.base, "ackgate_sessions{transport=\"sse\"}").await, 1.0);
+    assert_eq!(metric(&gw.base, "ackgate_sessions{transport=\"websocket\"}").await, 0.0);
+    // Keepalive comments are not frames.
+    client.expect_silence(Duration::from_millis(400)).await;
+    let session_id = client.welcome["session_id"].as_str().unwrap().to_string();
+    let deleted = http().delete(format!("{}/admin/sessions/{session_id}", gw.base)).send().await.unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    assert_eq!(client.close_code().await, 4002);
+    wait_for("the session is gone", async || metric(&gw.base, "ackgate_sessions{transport=\"sse\"}").await == 0.0).await;
+}
+
+/// An SSE client through a SIGKILL: it reconnects with `Last-Event-ID` (the id of the last event
+/// it read) to `next` (the restarted gateway, or another instance on the same log). Nothing is
+/// lost, and nothing below the token is delivered again.
+async fn sigkill_then_resume(env: &[(&str, &str)], to_another_instance: bool) {
+    const EVENTS: u64 = 300;
+    let (_dir, data) = temp_dir();
+    let (_dir_b, data_b) = temp_dir();
+    let gw = Process::start(&data, env);
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "k", "partitions": 2})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish_range = async |base: &str, range: std::ops::Range<u64>| {
+        let events: Vec<Value> = range.map(|n| json!({"key": format!("k{n}"), "payload": {"n": n}})).collect();
+        publish(base, "k", json!({ "events": events })).await;
+    };
+
+    // Published in rounds while the client reads and acks, so that later event lines carry the
+    // acks of earlier rounds in their ids (an id is the committed offsets when it was written).
+    let mut seen = BTreeSet::new();
+    let mut client = TestClient::connect_sse(gw.addr, "survivor", "topics=k", &[]).await;
+    for round in 0..4 {
+        publish_range(&gw.base, round * 30..(round + 1) * 30).await;
+        while seen.len() < (round as usize + 1) * 30 {
+            let event = client.recv_type("event").await;
+            seen.insert(event["payload"]["n"].as_u64().unwrap());
+            client.send(json!({"op": "ack", "delivery_ids": [id(&event)]})).await;
+        }
+    }
+    publish_range(&gw.base, 120..EVENTS).await;
+    for _ in 0..10 {
+        let event = client.recv_type("event").await;
+        seen.insert(event["payload"]["n"].as_u64().unwrap());
+    }
+    let token = client.sse().last_event_id.clone().unwrap();
+    gw.kill9();
+    let floor: BTreeMap<u32, u64> = decode_token(&token)["k"].iter().map(|(p, o)| (p.parse().unwrap(), *o)).collect();
+    assert!(floor.values().sum::<u64>() > 0, "acks were durable before the kill: {floor:?}");
+
+    let next = if to_another_instance { Process::start(&data_b, env) } else { Process::start(&data, env) };
+    let mut client = TestClient::connect_sse(next.addr, "survivor", "topics=k", &[("last-event-id", &token)]).await;
+    while seen.len() < EVENTS as usize {
+        let event = client.recv_type("event").await;
+        let (partition, offset) = (event["partition"].as_u64().unwrap() as u32, event["offset"].as_u64().unwrap());
+        assert!(offset >= floor[&partition], "{partition}#{offset} is below the token {floor:?}");
+        seen.insert(event["payload"]["n"].as_u64().unwrap());
+        client.send(json!({"op": "ack", "delivery_ids": [id(&event)]})).await;
+    }
+    assert_eq!(seen, (0..EVENTS).collect::<BTreeSet<_>>());
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_client_resumes_after_sigkill_on_the_restarted_gateway() {
+    sigkill_then_resume(&[], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_client_resumes_after_sigkill_on_another_instance_on_kafka() {
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    sigkill_then_resume(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)], true).await;
+}
