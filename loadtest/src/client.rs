@@ -1,6 +1,7 @@
-//! One WebSocket consumer: subscribes, records every offset it receives, and acknowledges each
-//! event in the chosen mode. Socket writes are batched: acks are fed while frames are already
-//! waiting and flushed once the socket has nothing more to read.
+//! One consumer, over a WebSocket or Server-Sent Events: subscribes, records every offset it
+//! receives, and acknowledges each event in the chosen mode. Writes are batched: acks are fed
+//! while frames are already waiting and flushed once nothing more is there to read (over SSE,
+//! one POST of every frame fed).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -15,6 +16,13 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::MaybeTlsStream;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Transport {
+    Websocket,
+    /// `GET /sse` down, `POST /sse/{id}/frames` up.
+    Sse,
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum AckMode {
@@ -106,6 +114,142 @@ pub async fn connect(ws_url: &str, client_id: &str) -> anyhow::Result<Ws> {
     Ok(ws)
 }
 
+/// A consumer's connection: a WebSocket, or an SSE stream with its frames POSTed.
+pub enum Connection {
+    Ws(Box<Ws>),
+    Sse(Box<SseConnection>),
+}
+
+pub struct SseConnection {
+    http: reqwest::Client,
+    stream: reqwest::Response,
+    buffer: Vec<u8>,
+    frames_url: String,
+    /// Frames fed and not yet POSTed.
+    unsent: Vec<String>,
+    /// POST answers, read before the stream.
+    answers: std::collections::VecDeque<String>,
+}
+
+/// What a consumer reads next.
+enum Incoming {
+    Text(String),
+    Closed(String),
+}
+
+/// Opens a session over `transport` at `base` (`http://host:port`), welcomed.
+pub async fn connect_over(transport: Transport, base: &str, client_id: &str) -> anyhow::Result<Connection> {
+    match transport {
+        Transport::Websocket => Ok(Connection::Ws(Box::new(connect(&format!("{}/ws", base.replacen("http", "ws", 1)), client_id).await?))),
+        Transport::Sse => {
+            let http = reqwest::Client::new();
+            let stream = http.get(format!("{base}/sse?client_id={client_id}")).send().await.with_context(|| format!("connecting {client_id}"))?;
+            if !stream.status().is_success() {
+                bail!("{client_id}: GET /sse answered {}", stream.status());
+            }
+            let mut sse = SseConnection { http, stream, buffer: Vec::new(), frames_url: String::new(), unsent: Vec::new(), answers: Default::default() };
+            let Incoming::Text(welcome) = sse.recv().await? else { bail!("{client_id}: closed before its welcome") };
+            let welcome: Value = serde_json::from_str(&welcome)?;
+            let ack_url = welcome["ack_url"].as_str().with_context(|| format!("{client_id}: welcome without ack_url: {welcome}"))?;
+            sse.frames_url = format!("{base}{ack_url}");
+            Ok(Connection::Sse(Box::new(sse)))
+        }
+    }
+}
+
+impl SseConnection {
+    async fn recv(&mut self) -> anyhow::Result<Incoming> {
+        loop {
+            if let Some(answer) = self.answers.pop_front() {
+                return Ok(Incoming::Text(answer));
+            }
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let message: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let message = std::str::from_utf8(&message)?;
+                let mut data = None;
+                let mut closed = false;
+                for line in message.lines() {
+                    if let Some(text) = line.strip_prefix("data: ") {
+                        data = Some(text.to_string());
+                    } else if line == "event: close" {
+                        closed = true;
+                    }
+                }
+                match (data, closed) {
+                    (Some(data), true) => return Ok(Incoming::Closed(data)),
+                    (Some(data), false) => return Ok(Incoming::Text(data)),
+                    // A keepalive comment.
+                    (None, _) => continue,
+                }
+            }
+            match self.stream.chunk().await? {
+                Some(chunk) => self.buffer.extend_from_slice(&chunk),
+                None => bail!("the event stream ended"),
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        if self.unsent.is_empty() {
+            return Ok(());
+        }
+        let body = format!("[{}]", self.unsent.join(","));
+        self.unsent.clear();
+        let response = self.http.post(&self.frames_url).body(body).send().await?;
+        if !response.status().is_success() {
+            bail!("POST of frames answered {}", response.status());
+        }
+        let answers: Vec<Box<serde_json::value::RawValue>> = serde_json::from_slice(&response.bytes().await?)?;
+        self.answers.extend(answers.into_iter().map(|a| a.get().to_string()));
+        Ok(())
+    }
+}
+
+impl Connection {
+    async fn recv(&mut self) -> anyhow::Result<Incoming> {
+        match self {
+            Connection::Ws(ws) => loop {
+                match ws.next().await {
+                    Some(Ok(Message::Text(text))) => return Ok(Incoming::Text(text.as_str().to_owned())),
+                    Some(Ok(Message::Close(frame))) => return Ok(Incoming::Closed(format!("{frame:?}"))),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(e.into()),
+                    None => bail!("socket ended"),
+                }
+            },
+            Connection::Sse(sse) => sse.recv().await,
+        }
+    }
+
+    async fn feed(&mut self, text: String) -> anyhow::Result<()> {
+        match self {
+            Connection::Ws(ws) => Ok(ws.feed(Message::Text(text.into())).await?),
+            Connection::Sse(sse) => {
+                sse.unsent.push(text);
+                Ok(())
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        match self {
+            Connection::Ws(ws) => Ok(ws.flush().await?),
+            Connection::Sse(sse) => sse.flush().await,
+        }
+    }
+
+    async fn send(&mut self, text: String) -> anyhow::Result<()> {
+        self.feed(text).await?;
+        self.flush().await
+    }
+
+    async fn close(self) {
+        if let Connection::Ws(mut ws) = self {
+            let _ = Ws::close(&mut ws, None).await;
+        }
+    }
+}
+
 async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
     loop {
         match ws.next().await {
@@ -145,14 +289,14 @@ struct Paced {
     t: Option<u64>,
 }
 
-pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerResult> {
+pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<ConsumerResult> {
     let mut received = Received::default();
     let mut latency_us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut subscribe = json!({"op": "subscribe", "topic": plan.topic, "req": "sub"});
     if let Some(from) = plan.from {
         subscribe["from"] = json!(from);
     }
-    ws.send(Message::Text(subscribe.to_string().into())).await?;
+    ws.send(subscribe.to_string()).await?;
     let mut pending_ids: Vec<String> = Vec::new();
     // Confirmed mode: the ack waiting for its ack_ok, and when it was sent.
     let mut awaiting: Option<(u64, Instant)> = None;
@@ -160,19 +304,18 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
     let mut unsent: std::collections::VecDeque<String> = Default::default();
     loop {
         let acked_before = received.acked;
-        let Some(message) = ws.next().await else { bail!("{}: socket ended", plan.client_id) };
+        let message = ws.recv().await.with_context(|| format!("{}: reading", plan.client_id))?;
         let mut batch = vec![message];
-        while let Some(Some(more)) = ws.next().now_or_never() {
-            batch.push(more);
+        while let Some(more) = ws.recv().now_or_never() {
+            batch.push(more?);
             if batch.len() >= 1024 {
                 break;
             }
         }
         for message in batch {
-            let text = match message? {
-                Message::Text(text) => text,
-                Message::Close(frame) => bail!("{}: closed by the gateway: {frame:?}", plan.client_id),
-                _ => continue,
+            let text = match message {
+                Incoming::Text(text) => text,
+                Incoming::Closed(frame) => bail!("{}: closed by the gateway: {frame}", plan.client_id),
             };
             let text = text.as_str();
             {
@@ -194,7 +337,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
                     }
                     match plan.mode {
                         AckMode::Each => {
-                            ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{}"}}"#, event.delivery_id).into())).await?;
+                            ws.feed(format!(r#"{{"op":"ack","delivery_id":"{}"}}"#, event.delivery_id)).await?;
                             received.acked += 1;
                         }
                         AckMode::Batch => pending_ids.push(event.delivery_id.to_string()),
@@ -218,7 +361,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
                     let id = frame.delivery_id.unwrap_or_default().to_string();
                     match plan.mode {
                         AckMode::Each => {
-                            ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#).into())).await?;
+                            ws.feed(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#)).await?;
                             received.acked += 1;
                         }
                         AckMode::Batch => pending_ids.push(id),
@@ -247,7 +390,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
             AckMode::Each => {}
             AckMode::Batch => {
                 for chunk in pending_ids.chunks(plan.ack_batch) {
-                    ws.feed(Message::Text(json!({"op": "ack", "delivery_ids": chunk}).to_string().into())).await?;
+                    ws.feed(json!({"op": "ack", "delivery_ids": chunk}).to_string()).await?;
                     received.acked += chunk.len() as u64;
                 }
                 pending_ids.clear();
@@ -257,7 +400,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
                     if let Some(id) = unsent.pop_front() {
                         let req = next_req;
                         next_req += 1;
-                        ws.feed(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}","req":{req}}}"#).into())).await?;
+                        ws.feed(format!(r#"{{"op":"ack","delivery_id":"{id}","req":{req}}}"#)).await?;
                         awaiting = Some((req, Instant::now()));
                     }
                 }
@@ -274,7 +417,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Ws) -> anyhow::Result<ConsumerR
         }
     }
     finish(&mut ws, &mut received).await?;
-    let _ = ws.close(None).await;
+    ws.close().await;
     Ok(ConsumerResult { received, latency_us })
 }
 
@@ -290,10 +433,13 @@ pub async fn ping(ws: &mut Ws) -> anyhow::Result<()> {
 
 /// Sends `ping` and waits for `pong`: every ack sent before it has been processed (frames of a
 /// session are handled in order) and queued for the offset writer.
-async fn finish(ws: &mut Ws, received: &mut Received) -> anyhow::Result<()> {
-    ws.send(Message::Text(json!({"op": "ping", "req": "done"}).to_string().into())).await?;
+async fn finish(ws: &mut Connection, received: &mut Received) -> anyhow::Result<()> {
+    ws.send(json!({"op": "ping", "req": "done"}).to_string()).await?;
     loop {
-        let frame = next_json(ws).await?;
+        let frame: Value = match ws.recv().await? {
+            Incoming::Text(text) => serde_json::from_str(&text)?,
+            Incoming::Closed(frame) => bail!("closed by the gateway: {frame}"),
+        };
         match frame["type"].as_str() {
             Some("pong") => return Ok(()),
             Some("event") => {
@@ -301,7 +447,7 @@ async fn finish(ws: &mut Ws, received: &mut Received) -> anyhow::Result<()> {
                 received.deliveries += 1;
                 received.redeliveries += 1;
                 let id = frame["delivery_id"].as_str().unwrap_or_default();
-                ws.send(Message::Text(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#).into())).await?;
+                ws.send(format!(r#"{{"op":"ack","delivery_id":"{id}"}}"#)).await?;
             }
             _ => {}
         }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use client::AckMode;
+use client::{AckMode, Transport};
 use gateway::{Gateway, Launch};
 
 #[derive(Parser, Clone)]
@@ -58,6 +58,10 @@ pub struct Cli {
     /// Size of each event's JSON payload.
     #[arg(long, default_value_t = 100)]
     pub payload_bytes: usize,
+    /// How the consumers of the throughput, rate and broadcast shapes connect: a WebSocket, or
+    /// Server-Sent Events with their frames POSTed (one POST per batch of frames read).
+    #[arg(long, value_enum, default_value_t = Transport::Websocket)]
+    pub transport: Transport,
     /// How clients acknowledge.
     #[arg(long, value_enum, default_value_t = AckMode::Each)]
     pub ack: AckMode,

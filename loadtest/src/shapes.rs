@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
-use crate::client::{self, ConsumerPlan};
+use crate::client::{self, ConsumerPlan, Transport};
 use crate::gateway::Gateway;
 use crate::report::{Progress, Summary};
 use crate::Cli;
@@ -187,6 +187,8 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             cli.ack
         )
     };
+    // Named only when it is not the default, so earlier WebSocket figures keep their shape names.
+    let shape = if cli.transport == Transport::Sse { format!("{shape}, over SSE") } else { shape };
     let mut summary = Summary::new(shape);
     let mut expected: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
     for (topic, _, _) in &assignments {
@@ -216,7 +218,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let connecting = (planned.len() > 1000).then(|| Progress::start("connected", connected.clone(), planned.len() as u64));
     let mut sockets = Vec::with_capacity(planned.len());
     for chunk in planned.chunks(200) {
-        let opened = futures_util::future::join_all(chunk.iter().map(|(_, client_id, _)| client::connect(&gateway.ws, client_id))).await;
+        let opened = futures_util::future::join_all(chunk.iter().map(|(_, client_id, _)| client::connect_over(cli.transport, &gateway.base, client_id))).await;
         for ((topic, client_id, count), ws) in chunk.iter().zip(opened) {
             sockets.push((topic.clone(), client_id.clone(), *count, ws?));
             connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
