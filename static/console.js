@@ -214,7 +214,7 @@ async function refreshAdmin() {
       }),
     );
     fillTable("sessions", sessions.sessions, [
-      (s) => s.session_id, (s) => s.client_id, (s) => s.subscriptions.join(", "), (s) => s.in_flight,
+      (s) => s.session_id, (s) => s.client_id, (s) => s.transport, (s) => s.subscriptions.join(", "), (s) => s.in_flight,
       (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,
     ]);
     fillTable("offsets", offsets.offsets, [

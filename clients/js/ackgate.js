@@ -27,6 +27,16 @@
 // subscription started. The new instance starts at the larger of that and its own stored
 // offset: nothing confirmed comes back, nothing unconfirmed is skipped. After an operator's
 // disconnect (4002) no token is sent: the operator may have reset the client's offsets.
+//
+// Transports (`transport`): "websocket" (the default), "sse" or "auto". Over Server-Sent Events
+// the session's frames come down `GET /sse` (an EventSource) and the client's go up as JSON
+// arrays POSTed to the welcome's `ack_url`, one POST in flight at a time, the frames queued
+// meanwhile sent together by the next. Every `event` message's id is the session's resume token
+// (base64url of {"<topic>": {"<partition>": offset}}, durable); the client keeps it in the same
+// per-topic map as the confirmed acks, and a reconnect opens the stream with `topics=` and
+// `resume=` so the session subscribes again as it starts. "auto" tries a WebSocket and falls back
+// to SSE when the socket fails before its welcome; once it fell back, the client stays on SSE.
+// The rest of the client only sees a transport: `isOpen()`, `send(frame)`, `close(code, reason)`.
 
 /** Closes after which a client must not reconnect by itself: 1008 auth, 4001 taken over. */
 export const FINAL_CLOSES = new Set([1008, 4001]);
@@ -37,9 +47,39 @@ export const FINAL_SUBSCRIBE_ERRORS = new Set(["unknown_topic", "forbidden", "in
 /** Close 4002: disconnected by an operator. */
 const OPERATOR_CLOSE = 4002;
 
+/** The transports `options.transport` names. */
+const TRANSPORTS = new Set(["websocket", "sse", "auto"]);
+
+/** The frames an SSE stream names (`event:`); EventSource hands a listener only the names it asked for. */
+const SSE_EVENTS = ["welcome", "subscribed", "event", "gap", "reconnect", "error", "pong", "ack_ok", "unsubscribed", "close", "message"];
+
+/** A longer query than this reopens a stream without its topics (they are subscribed by POST). */
+const MAX_SSE_QUERY = 6000;
+
+/** How long a POST's 404 waits for the stream's own close (a takeover's 4001 must win). */
+const GONE_GRACE_MS = 1000;
+
 /** "ws://host:8080/ws" -> "http://host:8080". */
 function httpBase(wsUrl) {
   return wsUrl.replace(/^ws/, "http").replace(/\/ws\/?$/, "").replace(/\/+$/, "");
+}
+
+/** `{"<topic>": {"<partition>": offset}}` -> an SSE resume token (base64url, no padding). */
+function encodeToken(token) {
+  let binary = "";
+  for (const byte of new TextEncoder().encode(JSON.stringify(token))) binary += String.fromCharCode(byte);
+  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+/** An SSE resume token (an event's id) -> `{"<topic>": {"<partition>": offset}}`; null if it is not one. */
+function decodeToken(text) {
+  try {
+    const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((text.length + 3) % 4));
+    const token = JSON.parse(new TextDecoder().decode(Uint8Array.from(binary, (c) => c.charCodeAt(0))));
+    return token && typeof token === "object" ? token : null;
+  } catch {
+    return null;
+  }
 }
 
 export class AckgateError extends Error {
@@ -49,6 +89,156 @@ export class AckgateError extends Error {
   }
 }
 
+// A transport carries the frames of one session. It reports through `hooks`: `frame(frame)` for
+// each server frame, `error(detail)` when the connection fails, `close({code, reason})` once at
+// its end, and (SSE only) `refused(frames, code, message)` for a POST the gateway refused and
+// `resume(offsets)` for each event's resume token. It has `isOpen()`, `send(frame)`, `close(code,
+// reason)` and `ended` (settled once `close` was reported).
+
+/** Frames both ways on one WebSocket. */
+function webSocketTransport(url, query, hooks, WebSocketClass) {
+  let socket = null;
+  let endedNow;
+  const transport = {
+    kind: "websocket",
+    ended: new Promise((resolve) => (endedNow = resolve)),
+    isOpen: () => socket?.readyState === (WebSocketClass?.OPEN ?? 1),
+    send: (frame) => socket?.send(JSON.stringify(frame)),
+    close: (code, reason) => socket?.close(code, reason),
+  };
+  try {
+    socket = new WebSocketClass(`${url}?${query}`);
+  } catch (error) {
+    // Refused at once (no WebSocket here, a URL the page may not open): a failed connection.
+    setTimeout(() => {
+      hooks.error(error.message);
+      hooks.close({ code: 1006, reason: error.message });
+      endedNow();
+    });
+    return transport;
+  }
+  socket.onmessage = (message) => hooks.frame(JSON.parse(message.data));
+  socket.onerror = () => hooks.error();
+  socket.onclose = (close) => {
+    hooks.close({ code: close.code, reason: close.reason });
+    endedNow();
+  };
+  return transport;
+}
+
+/**
+ * Server-Sent Events: the session's frames come down `GET /sse` (an EventSource); the client's
+ * go up as JSON arrays POSTed to the welcome's `ack_url`, one POST in flight at a time (frames
+ * queued meanwhile go together in the next). Any failure of the stream ends the transport: the
+ * client reconnects by itself (EventSource's own reconnect would open a session without the
+ * subscriptions made by POST).
+ */
+function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) {
+  const base = httpBase(url);
+  const aborter = new AbortController();
+  let source = null;
+  let ackUrl = null; // known from the welcome
+  let ended = false;
+  let gone = false; // a POST found no session: the stream's close is awaited a moment
+  let queue = [];
+  let posting = false;
+  let flushing = false;
+  let endedNow;
+  const end = (close) => {
+    if (ended) return;
+    ended = true;
+    queue = [];
+    source?.close(); // else EventSource reconnects by itself
+    aborter.abort();
+    hooks.close(close);
+    endedNow();
+  };
+  const lost = (reason) => {
+    if (gone || ended) return;
+    gone = true;
+    queue = [];
+    setTimeout(() => end({ code: 1006, reason }), GONE_GRACE_MS);
+  };
+  const schedule = () => {
+    if (flushing || posting || ackUrl === null || queue.length === 0) return;
+    flushing = true;
+    queueMicrotask(flush);
+  };
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  async function flush() {
+    flushing = false;
+    if (ended || gone || posting || queue.length === 0) return;
+    posting = true;
+    const frames = queue.splice(0, maxBatch);
+    try {
+      const response = await fetch(`${base}${ackUrl}`, { method: "POST", headers, body: JSON.stringify(frames), signal: aborter.signal });
+      if (response.status === 404) return lost("the session is gone (POST 404)");
+      const answer = await response.json().catch(() => null);
+      if (ended) return;
+      if (response.ok && Array.isArray(answer)) {
+        for (const frame of answer) {
+          if (ended) return;
+          hooks.frame(frame);
+        }
+      } else {
+        const error = answer?.error || {};
+        hooks.refused(frames, error.code || "unavailable", error.message || `POST ${ackUrl}: HTTP ${response.status}`);
+      }
+    } catch (error) {
+      if (!ended) lost(`POST ${ackUrl} failed: ${error.message}`);
+      return;
+    } finally {
+      posting = false;
+    }
+    schedule();
+  }
+  const transport = {
+    kind: "sse",
+    ended: new Promise((resolve) => (endedNow = resolve)),
+    isOpen: () => ackUrl !== null && !ended && !gone,
+    send(frame) {
+      if (ended || gone) return;
+      queue.push(frame);
+      schedule();
+    },
+    close: (code, reason) => end({ code, reason }),
+  };
+  try {
+    source = new EventSourceClass(`${base}/sse?${query}`);
+  } catch (error) {
+    setTimeout(() => {
+      hooks.error(error.message);
+      end({ code: 1006, reason: error.message });
+    });
+    return transport;
+  }
+  for (const name of SSE_EVENTS) {
+    source.addEventListener(name, (message) => {
+      if (ended) return;
+      // `error` is also EventSource's own event (no data): the stream failed or ended.
+      if (name === "error" && typeof message.data !== "string") {
+        hooks.error();
+        end({ code: 1006, reason: "the event stream failed" });
+        return;
+      }
+      const frame = JSON.parse(message.data);
+      if (name === "close") {
+        end({ code: frame.code, reason: frame.reason ?? "" });
+        return;
+      }
+      if (frame.type === "welcome") ackUrl = frame.ack_url ?? `/sse/${encodeURIComponent(frame.session_id)}/frames`;
+      if (frame.type === "event" && message.lastEventId) {
+        const resume = decodeToken(message.lastEventId);
+        if (resume) hooks.resume(resume);
+      }
+      hooks.frame(frame);
+      schedule();
+    });
+  }
+  return transport;
+}
+
 export class AckgateClient {
   /**
    * @param {string} url the /ws URL without query, e.g. "ws://host:8080/ws"
@@ -56,12 +246,20 @@ export class AckgateClient {
    */
   constructor(url, options) {
     if (!options?.clientId) throw new TypeError("options.clientId is required");
+    if (options.transport !== undefined && !TRANSPORTS.has(options.transport)) {
+      throw new TypeError(`options.transport is "websocket", "sse" or "auto", not ${JSON.stringify(options.transport)}`);
+    }
+    if (options.transport === "sse" && !(options.EventSource ?? globalThis.EventSource)) {
+      throw new TypeError('transport "sse" needs an EventSource: this runtime has none, pass options.EventSource');
+    }
     this.url = url;
     this.options = options;
-    this.socket = null;
+    this.transport = null; // the current transport (webSocketTransport or sseTransport)
+    this.sseChosen = false; // "auto" fell back to SSE: it stays there
     this.welcome = null;
     this.nextReq = 1;
-    this.pending = new Map();
+    this.pending = new Map(); // req (or "sub:<topic>" for a stream's own subscribe) -> promise
+    this.initial = new Map(); // SSE: topic -> its subscribe by the stream's URL, answered without req
     this.inFlight = new Map(); // delivery_id -> event
     this.subscriptions = new Map(); // topic -> the options it was subscribed with
     this.known = new Set([httpBase(url), ...(options.peers || []).map((u) => u.replace(/\/+$/, ""))]);
@@ -76,51 +274,127 @@ export class AckgateClient {
     this.committed = this.#loadToken(); // topic -> partition -> durable committed offset
   }
 
-  /** Opens the socket; resolves with the welcome frame. */
+  /** Opens the session; resolves with the welcome frame. */
   connect() {
     this.closedHere = false;
     return this.#open(this.url);
   }
 
-  async #open(url) {
-    const query = new URLSearchParams({ client_id: this.options.clientId });
+  /**
+   * Opens a session on `url` over the transport in use; "auto" falls back to SSE when the
+   * WebSocket fails before its welcome. `resubscribing`: an SSE stream subscribes to the topics
+   * (with their tokens) as it starts.
+   */
+  async #open(url, resubscribing = false) {
     const token = this.options.tokenProvider ? await this.options.tokenProvider() : this.options.token;
+    const kind = this.sseChosen ? "sse" : (this.options.transport ?? "websocket");
+    if (kind !== "auto") return this.#openWith(kind, url, token, resubscribing);
+    try {
+      return await this.#openWith("websocket", url, token, resubscribing);
+    } catch (error) {
+      await this.transport?.ended; // the failed socket's close is handled first
+      if (this.closedHere || FINAL_CLOSES.has(this.lastClose) || !(this.options.EventSource ?? globalThis.EventSource)) throw error;
+      const welcome = await this.#openWith("sse", url, token, resubscribing);
+      this.sseChosen = true;
+      return welcome;
+    }
+  }
+
+  #openWith(kind, url, token, resubscribing) {
+    const query = new URLSearchParams({ client_id: this.options.clientId });
     if (token) query.set("token", token);
+    this.initial = new Map();
+    if (kind === "sse" && resubscribing) this.#streamSubscribes(query);
     return new Promise((resolve, reject) => {
-      const socket = new WebSocket(`${url}?${query}`);
-      this.socket = socket;
+      let transport = null;
       let welcomed = false;
-      socket.onmessage = (message) => {
-        if (socket !== this.socket) return;
-        const frame = JSON.parse(message.data);
-        if (frame.type === "welcome") {
-          welcomed = true;
-          this.url = url;
-          this.known.add(httpBase(url));
-          this.welcome = frame;
-          resolve(frame);
-        }
-        this.#dispatch(frame);
+      const current = () => transport === this.transport;
+      const hooks = {
+        frame: (frame) => {
+          if (!current()) return;
+          if (frame.type === "welcome") {
+            welcomed = true;
+            this.url = url;
+            this.known.add(httpBase(url));
+            this.welcome = frame;
+            resolve(frame);
+          }
+          this.#dispatch(frame);
+        },
+        error: (detail) => {
+          const what = kind === "sse" ? `SSE connection to ${httpBase(url)}/sse` : `WebSocket connection to ${url}`;
+          if (!welcomed) reject(new AckgateError("unavailable", `${what} failed${detail ? `: ${detail}` : ""}`));
+        },
+        close: (close) => {
+          if (!current()) return;
+          this.lastClose = close.code;
+          this.#failPending(`socket closed (${close.code})`);
+          // Deliveries of the old session are gone with it; their offsets stay unacknowledged in
+          // the resume token until they come again and are acknowledged.
+          this.inFlight.clear();
+          this.unconfirmed.clear();
+          if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
+          const final = this.closedHere || FINAL_CLOSES.has(close.code) || this.options.reconnect === false;
+          this.options.onClose?.({ code: close.code, reason: close.reason, final });
+          if (!welcomed) reject(new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
+          else if (!final) this.#reconnect();
+          if (final) this.#endEvents();
+        },
+        refused: (frames, code, message) => {
+          if (!current()) return;
+          let unanswered = false;
+          for (const { req } of frames) {
+            const waiting = req !== undefined && this.pending.get(req);
+            if (waiting) {
+              this.pending.delete(req);
+              waiting.reject(new AckgateError(code, message));
+            } else unanswered = true;
+          }
+          // Frames without req (plain acks: redelivered later) are reported as an error frame.
+          if (unanswered) this.options.onError?.({ type: "error", code, message });
+        },
+        resume: (committed) => {
+          if (current()) this.#advance(committed);
+        },
       };
-      socket.onerror = () => {
-        if (!welcomed) reject(new AckgateError("unavailable", `WebSocket connection to ${url} failed`));
-      };
-      socket.onclose = (close) => {
-        if (socket !== this.socket) return;
-        this.lastClose = close.code;
-        this.#failPending(`socket closed (${close.code})`);
-        // Deliveries of the old session are gone with it; their offsets stay unacknowledged in
-        // the resume token until they come again and are acknowledged.
-        this.inFlight.clear();
-        this.unconfirmed.clear();
-        if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
-        const final = this.closedHere || FINAL_CLOSES.has(close.code) || this.options.reconnect === false;
-        this.options.onClose?.({ code: close.code, reason: close.reason, final });
-        if (!welcomed) reject(new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
-        else if (!final) this.#reconnect();
-        if (final) this.#endEvents();
-      };
+      transport =
+        kind === "sse"
+          ? sseTransport(url, query, hooks, {
+              EventSourceClass: this.options.EventSource ?? globalThis.EventSource,
+              token,
+              maxBatch: Math.max(1, this.options.maxBatchFrames ?? 10000),
+            })
+          : webSocketTransport(url, query, hooks, this.options.WebSocket ?? globalThis.WebSocket);
+      this.transport = transport;
     });
+  }
+
+  /**
+   * SSE: the stream itself subscribes again (`topics=`, `from=`, `resume=` in its URL), which
+   * answers on the stream without `req`: one `subscribed` or `error` per topic, in order. The
+   * topics whose `from` differs from the first one's (or is a time) are subscribed by POST.
+   */
+  #streamSubscribes(query) {
+    const fromOf = ([, options]) => options.from ?? "committed";
+    const entries = [...this.subscriptions];
+    const from = entries.map(fromOf).find((f) => typeof f === "string");
+    if (from === undefined) return;
+    const topics = entries.filter((entry) => fromOf(entry) === from).map(([topic]) => topic);
+    const token = {};
+    for (const topic of topics) {
+      if (Object.keys(this.committed[topic] || {}).length > 0) token[topic] = this.resumeToken(topic);
+    }
+    const extended = new URLSearchParams(query);
+    extended.set("topics", topics.join(","));
+    if (from !== "committed") extended.set("from", from);
+    if (Object.keys(token).length > 0) extended.set("resume", encodeToken(token));
+    if (extended.toString().length > MAX_SSE_QUERY) return;
+    for (const [key, value] of extended) query.set(key, value);
+    for (const topic of topics) {
+      const answered = new Promise((resolve, reject) => this.pending.set(`sub:${topic}`, { resolve, reject }));
+      answered.catch(() => {}); // awaited by #resubscribe once the stream is welcomed
+      this.initial.set(topic, answered);
+    }
   }
 
   /** Reconnects until it succeeds or a final close: recommend, connect, resubscribe with tokens. */
@@ -143,13 +417,13 @@ export class AckgateClient {
         this.options.onReconnect?.({ attempt, delayMs, url });
         let welcome;
         try {
-          welcome = await this.#open(named);
+          welcome = await this.#open(named, true);
         } catch (error) {
           // The instance named is unreachable (the one that answered may not have noticed it
           // died yet): the instance that answered is alive, so use it. Not after a final close.
           if (answered === named || FINAL_CLOSES.has(this.lastClose)) throw error;
           url = answered;
-          welcome = await this.#open(answered);
+          welcome = await this.#open(answered, true);
         }
         await this.#resubscribe();
         this.options.onReconnect?.({ attempt, url, welcome });
@@ -158,8 +432,8 @@ export class AckgateClient {
       } catch (error) {
         this.options.onReconnect?.({ attempt, delayMs, url, error: error.message });
         if (FINAL_CLOSES.has(this.lastClose)) break;
-        // A socket that opened but could not resubscribe is dropped before the next attempt.
-        if (this.socket?.readyState === WebSocket.OPEN) this.socket.close(1000, "resubscribe failed");
+        // A session that opened but could not resubscribe is dropped before the next attempt.
+        if (this.transport?.isOpen()) this.transport.close(1000, "resubscribe failed");
       }
     }
     this.reconnecting = false;
@@ -169,7 +443,9 @@ export class AckgateClient {
   async #resubscribe() {
     for (const [topic, options] of [...this.subscriptions]) {
       try {
-        await this.subscribe(topic, { ...options, resume: this.resumeToken(topic) });
+        const byStream = this.initial.get(topic);
+        if (byStream) this.#subscribed(topic, options.from, await byStream);
+        else await this.subscribe(topic, { ...options, resume: this.resumeToken(topic) });
       } catch (error) {
         if (!FINAL_SUBSCRIBE_ERRORS.has(error.code)) throw error;
         this.subscriptions.delete(topic);
@@ -205,13 +481,18 @@ export class AckgateClient {
     const token = resume ?? (this.options.storage ? this.committed[topic] : undefined);
     if (token && Object.keys(token).length > 0) frame.resume = token;
     const subscribed = await this.#request(frame);
+    this.#subscribed(topic, from, subscribed);
+    return subscribed;
+  }
+
+  /** Remembers a subscription and where each of its partitions starts. */
+  #subscribed(topic, from, subscribed) {
     this.subscriptions.set(topic, from ? { from } : {});
     const committed = (this.committed[topic] ||= {});
     for (const { partition, from: start } of subscribed.partitions || []) {
       committed[partition] = Math.max(committed[partition] ?? 0, start);
     }
     this.#saveToken();
-    return subscribed;
   }
 
   unsubscribe(topic) {
@@ -239,7 +520,7 @@ export class AckgateClient {
     }
     const frame = list.length === 1 ? { op: "ack", delivery_id: list[0] } : { op: "ack", delivery_ids: list };
     if (!due) {
-      if (this.socket?.readyState === WebSocket.OPEN) this.#send(frame);
+      if (this.transport?.isOpen()) this.#send(frame);
       this.#armTrailing(every);
       return Promise.resolve();
     }
@@ -267,7 +548,7 @@ export class AckgateClient {
     this.trailing = setTimeout(() => {
       this.trailing = null;
       const ids = [...new Set(this.unconfirmed.values())];
-      if (ids.length === 0 || this.socket?.readyState !== WebSocket.OPEN) return;
+      if (ids.length === 0 || !this.transport?.isOpen()) return;
       // Acking an acknowledged event again is a no-op that still reports the durable floor.
       this.#confirming(ids);
       this.#request(ids.length === 1 ? { op: "ack", delivery_id: ids[0] } : { op: "ack", delivery_ids: ids }).catch(() => {});
@@ -320,7 +601,7 @@ export class AckgateClient {
     this.closedHere = true;
     clearTimeout(this.trailing);
     this.trailing = null;
-    this.socket?.close(1000, "bye");
+    this.transport?.close(1000, "bye");
   }
 
   /**
@@ -332,11 +613,11 @@ export class AckgateClient {
   }
 
   #send(frame) {
-    this.socket.send(JSON.stringify(frame));
+    this.transport?.send(frame);
   }
 
   #request(frame) {
-    if (this.socket?.readyState !== WebSocket.OPEN) {
+    if (!this.transport?.isOpen()) {
       return Promise.reject(new AckgateError("closed", "not connected"));
     }
     const req = this.nextReq++;
@@ -372,6 +653,36 @@ export class AckgateClient {
     }
   }
 
+  /** Durable committed offsets (an `ack_ok`, an SSE event's id) move the resume tokens up. */
+  #advance(offsets) {
+    let moved = false;
+    for (const [topic, partitions] of Object.entries(offsets)) {
+      const committed = (this.committed[topic] ||= {});
+      for (const [partition, offset] of Object.entries(partitions)) {
+        if (offset > (committed[partition] ?? 0) || committed[partition] === undefined) {
+          committed[partition] = Math.max(committed[partition] ?? 0, offset);
+          moved = true;
+        }
+      }
+    }
+    // Every SSE event carries a token: the storage is written only when one moved.
+    if (moved) this.#saveToken();
+  }
+
+  /** The request `frame` answers, taken from `pending`. */
+  #waiting(frame) {
+    let key = frame.req;
+    if (key === undefined && this.initial.size > 0) {
+      // SSE: the stream's own subscribes are answered in order without req: `subscribed` names
+      // its topic, an `error` is the first one still waiting.
+      if (frame.type === "subscribed") key = `sub:${frame.topic}`;
+      else if (frame.type === "error") key = [...this.pending.keys()].find((k) => typeof k === "string" && k.startsWith("sub:"));
+    }
+    const waiting = key !== undefined && this.pending.get(key);
+    if (waiting) this.pending.delete(key);
+    return waiting;
+  }
+
   /** After an operator's disconnect: the operator may have moved the offsets; no token stands. */
   #forgetTokens() {
     this.committed = {};
@@ -394,16 +705,9 @@ export class AckgateClient {
       this.reconnectAfterMs = frame.after_ms;
       return;
     }
-    if (frame.type === "ack_ok") {
-      for (const [topic, partitions] of Object.entries(frame.committed || {})) {
-        const committed = (this.committed[topic] ||= {});
-        for (const [partition, offset] of Object.entries(partitions)) committed[partition] = Math.max(committed[partition] ?? 0, offset);
-      }
-      this.#saveToken();
-    }
-    const waiting = frame.req !== undefined && this.pending.get(frame.req);
+    if (frame.type === "ack_ok") this.#advance(frame.committed || {});
+    const waiting = this.#waiting(frame);
     if (waiting) {
-      this.pending.delete(frame.req);
       if (frame.type === "error") waiting.reject(new AckgateError(frame.code, frame.message));
       else waiting.resolve(frame);
     } else if (frame.type === "error") {

@@ -28,6 +28,8 @@ export interface WelcomeFrame {
   instance: string;
   ack_timeout_ms: number;
   max_in_flight: number;
+  /** Over Server-Sent Events only: where the client's frames are POSTed (a path on the gateway). */
+  ack_url?: string;
 }
 
 export interface SubscribedFrame {
@@ -83,6 +85,30 @@ export type ServerFrame =
   | { type: "gap"; topic: string; partition: number; from: number; to: number }
   | { type: "reconnect"; after_ms: number };
 
+/**
+ * How the client reaches its session: a WebSocket (the default), Server-Sent Events (`GET /sse`
+ * down, client frames POSTed up), or `auto`: a WebSocket, falling back to SSE for good when the
+ * socket fails before its welcome.
+ */
+export type Transport = "websocket" | "sse" | "auto";
+
+/** What the client uses of an EventSource (the browser's, or one passed as `EventSource`). */
+export interface EventSourceLike {
+  readonly readyState: number;
+  addEventListener(type: string, listener: (event: any) => void): void;
+  close(): void;
+}
+
+/** What the client uses of a WebSocket (the runtime's, or one passed as `WebSocket`). */
+export interface WebSocketLike {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onmessage: ((event: any) => void) | null;
+  onerror: ((event: any) => void) | null;
+  onclose: ((event: any) => void) | null;
+}
+
 /** What `storage` needs: `sessionStorage` and `localStorage` have it. */
 export interface TokenStorage {
   getItem(key: string): string | null;
@@ -92,7 +118,15 @@ export interface TokenStorage {
 export interface AckgateClientOptions {
   /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`). */
   clientId: string;
-  /** A JWT, when the gateway has `auth.jwt_secret`. */
+  /** `websocket` (default), `sse` or `auto` (a WebSocket, else Server-Sent Events). `sse` without an EventSource throws. */
+  transport?: Transport;
+  /** The EventSource constructor for `sse` and `auto` (default `globalThis.EventSource`; Node has none). */
+  EventSource?: new (url: string) => EventSourceLike;
+  /** The WebSocket constructor (default `globalThis.WebSocket`). */
+  WebSocket?: new (url: string) => WebSocketLike;
+  /** SSE: at most this many client frames per POST (default 10000, the gateway's `limits.max_batch_events`). */
+  maxBatchFrames?: number;
+  /** A JWT, when the gateway has `auth.jwt_secret` (in the URL; SSE POSTs send it as `Authorization: Bearer`). */
   token?: string;
   /** Called before each connect (and reconnect) for a fresh JWT; wins over `token`. */
   tokenProvider?: () => string | Promise<string>;
@@ -108,7 +142,7 @@ export interface AckgateClientOptions {
   backoffMs?: number;
   maxBackoffMs?: number;
   onEvent?: (event: EventFrame) => void;
-  /** An `error` frame that answers no request. */
+  /** An `error` frame that answers no request (over SSE also a refused POST of frames without one, e.g. plain acks). */
   onError?: (frame: ErrorFrame) => void;
   onClose?: (close: { code: number; reason: string; final: boolean }) => void;
   onFrame?: (frame: ServerFrame) => void;
@@ -123,7 +157,7 @@ export declare const FINAL_SUBSCRIBE_ERRORS: Set<ErrorCode>;
 
 export declare class AckgateError extends Error {
   constructor(code: string, message: string);
-  /** An error code of the protocol, or `closed` when the socket closed or was not open. */
+  /** An error code of the protocol (over SSE also of a refused POST), or `closed` when the session closed or was not open. */
   code: ErrorCode | "closed";
 }
 
@@ -131,6 +165,7 @@ export declare class AckgateClient {
   constructor(url: string, options: AckgateClientOptions);
   /** The last welcome frame. */
   welcome: WelcomeFrame | null;
+  /** Opens the session over the `transport`; resolves with its welcome (`ack_url` set when SSE carries it). */
   connect(): Promise<WelcomeFrame>;
   subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken }): Promise<SubscribedFrame>;
   unsubscribe(topic: string): Promise<{ type: "unsubscribed"; topic: string }>;

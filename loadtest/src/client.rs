@@ -127,6 +127,9 @@ pub struct SseConnection {
     frames_url: String,
     /// Frames fed and not yet POSTed.
     unsent: Vec<String>,
+    /// The POST under way: one at a time, as a browser client does, while the stream is read on
+    /// (waiting for each answer before reading on would make every batch of acks a round trip).
+    posting: Option<tokio::task::JoinHandle<anyhow::Result<Vec<String>>>>,
     /// POST answers, read before the stream.
     answers: std::collections::VecDeque<String>,
 }
@@ -147,7 +150,8 @@ pub async fn connect_over(transport: Transport, base: &str, client_id: &str) -> 
             if !stream.status().is_success() {
                 bail!("{client_id}: GET /sse answered {}", stream.status());
             }
-            let mut sse = SseConnection { http, stream, buffer: Vec::new(), frames_url: String::new(), unsent: Vec::new(), answers: Default::default() };
+            let mut sse =
+                SseConnection { http, stream, buffer: Vec::new(), frames_url: String::new(), unsent: Vec::new(), posting: None, answers: Default::default() };
             let Incoming::Text(welcome) = sse.recv().await? else { bail!("{client_id}: closed before its welcome") };
             let welcome: Value = serde_json::from_str(&welcome)?;
             let ack_url = welcome["ack_url"].as_str().with_context(|| format!("{client_id}: welcome without ack_url: {welcome}"))?;
@@ -182,26 +186,37 @@ impl SseConnection {
                     (None, _) => continue,
                 }
             }
-            match self.stream.chunk().await? {
-                Some(chunk) => self.buffer.extend_from_slice(&chunk),
-                None => bail!("the event stream ended"),
+            let (stream, posting) = (&mut self.stream, &mut self.posting);
+            tokio::select! {
+                chunk = stream.chunk() => match chunk? {
+                    Some(chunk) => self.buffer.extend_from_slice(&chunk),
+                    None => bail!("the event stream ended"),
+                },
+                answered = async { posting.as_mut().expect("guarded").await }, if posting.is_some() => {
+                    self.posting = None;
+                    self.answers.extend(answered??);
+                    self.start_post();
+                }
             }
         }
     }
 
-    async fn flush(&mut self) -> anyhow::Result<()> {
-        if self.unsent.is_empty() {
-            return Ok(());
+    /// POSTs the frames fed so far, unless a POST is under way (they go when it is answered).
+    fn start_post(&mut self) {
+        if self.posting.is_some() || self.unsent.is_empty() {
+            return;
         }
         let body = format!("[{}]", self.unsent.join(","));
         self.unsent.clear();
-        let response = self.http.post(&self.frames_url).body(body).send().await?;
-        if !response.status().is_success() {
-            bail!("POST of frames answered {}", response.status());
-        }
-        let answers: Vec<Box<serde_json::value::RawValue>> = serde_json::from_slice(&response.bytes().await?)?;
-        self.answers.extend(answers.into_iter().map(|a| a.get().to_string()));
-        Ok(())
+        let request = self.http.post(&self.frames_url).body(body);
+        self.posting = Some(tokio::spawn(async move {
+            let response = request.send().await?;
+            if !response.status().is_success() {
+                bail!("POST of frames answered {}", response.status());
+            }
+            let answers: Vec<Box<serde_json::value::RawValue>> = serde_json::from_slice(&response.bytes().await?)?;
+            Ok(answers.into_iter().map(|a| a.get().to_string()).collect())
+        }));
     }
 }
 
@@ -234,7 +249,10 @@ impl Connection {
     async fn flush(&mut self) -> anyhow::Result<()> {
         match self {
             Connection::Ws(ws) => Ok(ws.flush().await?),
-            Connection::Sse(sse) => sse.flush().await,
+            Connection::Sse(sse) => {
+                sse.start_post();
+                Ok(())
+            }
         }
     }
 

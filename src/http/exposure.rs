@@ -11,7 +11,7 @@
 //!   its own name and is refused. Elsewhere only when `server.allowed_hosts` is set.
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -142,6 +142,35 @@ fn can_act(method: &Method, path: &str) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || path == "/ws" || path == "/sse"
 }
 
+/// `GET /sse` and `POST /sse/{id}/frames`: a page of an allowed origin other than the gateway's
+/// reads the stream and POSTs frames cross-origin, which the browser allows only with CORS.
+fn is_sse(path: &str) -> bool {
+    path == "/sse" || path.starts_with("/sse/")
+}
+
+/// CORS for the SSE routes, for an Origin the check allows: the preflight of a POST of frames
+/// (JSON with `Authorization`) is answered here, and the answers name the origin.
+async fn sse_cors(exposure: &Exposure, request: Request, next: Next) -> Response {
+    if let Err(message) = exposure.check_origin(request.headers()) {
+        return ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response();
+    }
+    let origin = request.headers()[header::ORIGIN].clone();
+    let mut response = if request.method() == Method::OPTIONS {
+        let mut preflight = StatusCode::NO_CONTENT.into_response();
+        let headers = preflight.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type, last-event-id"));
+        headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        preflight
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(header::VARY, HeaderValue::from_static("origin"));
+    response
+}
+
 /// Middleware: refuses with 403 `forbidden` what the checks refuse, before auth and routing.
 pub async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let exposure = &app.exposure;
@@ -150,6 +179,7 @@ pub async fn guard(State(app): State<AppState>, request: Request, next: Next) ->
         verdict = exposure.check_origin(request.headers());
     }
     match verdict {
+        Ok(()) if is_sse(request.uri().path()) && request.headers().contains_key(header::ORIGIN) => sse_cors(exposure, request, next).await,
         Ok(()) => next.run(request).await,
         Err(message) => {
             tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), "refused by the Origin or Host check");

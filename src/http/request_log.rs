@@ -17,8 +17,9 @@ const REQUEST_ID: &str = "x-request-id";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Probes and scrapes are logged at debug: at info they would drown everything else.
-const QUIET_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// Probes, scrapes and an SSE session's frames are logged at debug: at info they would drown
+/// everything else (a WebSocket's frames are not logged one by one either).
+const QUIET_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/sse/{session_id}/frames"];
 
 fn request_id(request: &Request) -> String {
     let given = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok());

@@ -29,8 +29,7 @@ use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::dispatcher::Dispatcher;
-use crate::core::names::{ClientId, TopicName};
-use crate::core::offsets::OffsetFilter;
+use crate::core::names::{ClientId, OffsetKey, TopicName};
 use crate::core::protocol::ErrorCode;
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
@@ -40,8 +39,12 @@ const INBOUND_QUEUED: usize = 16;
 /// Frames the session may queue ahead of the stream: beyond them its writes wait, and a client
 /// that stops reading meets the slow-client limit, as on a WebSocket.
 const OUTBOUND_QUEUED: usize = 256;
-/// Frames written in one chunk of the stream at most (one resume token each chunk).
+/// Frames written in one chunk of the stream at most.
 const FRAMES_PER_CHUNK: usize = 256;
+/// How old the resume token in an event's id may be: reading it per chunk cost more than the
+/// delivery itself (a store read per partition), and an older token only means the events since
+/// come again after a reconnect, never a loss.
+const TOKEN_REFRESH: Duration = Duration::from_millis(100);
 
 /// The SSE sessions of this instance, by session id: where a POST finds its session.
 #[derive(Default)]
@@ -142,6 +145,7 @@ fn start(
         info,
         frames: outbound_rx,
         alive: inbound_tx,
+        token: None,
         keepalive: tokio::time::interval_at(
             tokio::time::Instant::now() + Duration::from_millis(app.config.server.sse_keepalive_ms),
             Duration::from_millis(app.config.server.sse_keepalive_ms),
@@ -213,6 +217,8 @@ struct StreamWriter {
     /// itself is how an SSE peer is known to be there (a write to a gone peer drops the body).
     alive: mpsc::Sender<Inbound>,
     keepalive: tokio::time::Interval,
+    /// The last resume token and when it was read.
+    token: Option<(tokio::time::Instant, String)>,
     ended: bool,
     _gone: tokio_util::sync::DropGuard,
 }
@@ -239,7 +245,6 @@ impl StreamWriter {
                 Err(_) => break,
             }
         }
-        let mut token = None;
         let mut chunk = String::new();
         for frame in frames {
             match frame {
@@ -249,9 +254,8 @@ impl StreamWriter {
                     chunk.push_str(kind);
                     chunk.push('\n');
                     if kind == "event" {
-                        let token = token.get_or_insert_with(|| self.resume_token());
                         chunk.push_str("id: ");
-                        chunk.push_str(token);
+                        chunk.push_str(self.resume_token().await);
                         chunk.push('\n');
                     }
                     chunk.push_str("data: ");
@@ -278,18 +282,35 @@ impl StreamWriter {
         Some(Bytes::from(chunk))
     }
 
-    /// The client's committed offsets of its subscribed topics as the store holds them now.
-    fn resume_token(&self) -> String {
+    /// The resume token: the client's committed offsets of its subscribed topics as the store
+    /// held them at most `TOKEN_REFRESH` ago.
+    async fn resume_token(&mut self) -> &str {
+        let now = tokio::time::Instant::now();
+        if self.token.as_ref().is_none_or(|(at, _)| now.duration_since(*at) >= TOKEN_REFRESH) {
+            self.token = Some((now, self.read_resume_token().await));
+        }
+        self.token.as_ref().map_or("", |(_, token)| token.as_str())
+    }
+
+    /// One point read per partition (a prefix scan would walk every version an acking client
+    /// left in the store's memtable).
+    async fn read_resume_token(&self) -> String {
         let topics = self.info.subscriptions.lock().unwrap().clone();
         let mut token: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for topic in topics {
-            let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(self.info.client_id.clone()), partition: None };
-            let partitions = token.entry(topic.to_string()).or_default();
-            let read = self.d.store.scan_each(&filter, &mut |key, record| {
-                partitions.insert(key.partition.to_string(), record.committed);
-            });
-            if let Err(e) = read {
-                tracing::warn!(session_id = %self.info.session_id, error = %e, "resume token: the offset store could not be read");
+            let partitions = match self.d.backend.partitions(&topic).await {
+                Ok(Some(n)) => n,
+                _ => continue,
+            };
+            let offsets = token.entry(topic.to_string()).or_default();
+            for partition in 0..partitions {
+                match self.d.store.read(&OffsetKey::new(topic.clone(), self.info.client_id.clone(), partition)) {
+                    Ok(Some(record)) => {
+                        offsets.insert(partition.to_string(), record.committed);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(session_id = %self.info.session_id, error = %e, "resume token: the offset store could not be read"),
+                }
             }
         }
         encode_resume_token(&token)

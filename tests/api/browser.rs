@@ -36,3 +36,48 @@ async fn the_console_subscribes_receives_and_acks_in_a_real_browser() {
     gw.stop().await;
     drop(dir);
 }
+
+/// Issue 24: the JS client on `transport: "sse"` in headless Chromium, on the browser's own
+/// EventSource (tests/browser/sse.mjs): it receives and acks events, the console lists its
+/// session as `sse`, and after the gateway is killed (SIGKILL) and started again at the same
+/// address the page reconnects by itself with `resume=`, receives what was published next, and
+/// nothing it acknowledged before comes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_over_sse_survives_a_gateway_restart_in_a_real_browser() {
+    use std::io::BufRead as _;
+    let (_dir, data) = temp_dir();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let gw = Process::start_at(&data, &listen, &[]);
+    let created = http().post(format!("{}/topics", gw.base)).json(&serde_json::json!({"name": "web-sse", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/sse.mjs");
+    let mut node = Command::new("node")
+        .arg(script)
+        .arg(&gw.base)
+        .env("ACKGATE_DEV_SSE_RESTART", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = node.stdout.take().unwrap();
+    std::thread::spawn(move || std::io::BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| drop(lines_tx.send(l))));
+    let mut seen = Vec::new();
+    let mut gw = Some(gw);
+    let mut restarted = None;
+    while let Some(line) = tokio::time::timeout(std::time::Duration::from_secs(120), lines.recv()).await.expect("the browser test goes on") {
+        if line == "ready for restart" {
+            gw.take().unwrap().kill9();
+            restarted = Some(Process::start_at(&data, &listen, &[]));
+        }
+        seen.push(line);
+    }
+    let output = tokio::task::spawn_blocking(move || node.wait_with_output().expect("node ends")).await.unwrap();
+    let out = seen.join("\n");
+    assert!(output.status.success(), "browser SSE test failed:\n{out}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(out.contains("(sse)") && out.contains("acked: 5 events") && out.contains("received after the restart: 5,6,7"), "{out}");
+    let restarted = restarted.expect("the gateway was restarted");
+    let row = stored_offset(&restarted.base, "web-sse", "browser-sse", 0).await.expect("the page's client has an offset");
+    assert_eq!(row["committed"], 8, "every event acked, across the restart");
+}

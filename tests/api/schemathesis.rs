@@ -87,7 +87,22 @@ async fn fuzz(admin_token: Option<&str>) {
         // no new sessions), as it must; tests/api/drain.rs covers it. `/ws` and `/sse` are
         // sessions, not requests (a stream that stays open): tests/api/sse.rs and the WebSocket
         // tests cover them; `POST /sse/{id}/frames` is fuzzed.
-        .args(["--url", &gw.base, "--checks", "all", "--exclude-path", "/ws", "--exclude-path", "/sse", "--exclude-path", "/admin/drain", "--seed", SEED, "--max-examples", "60"])
+        .args([
+            "--url",
+            &gw.base,
+            "--checks",
+            "all",
+            "--exclude-path",
+            "/ws",
+            "--exclude-path",
+            "/sse",
+            "--exclude-path",
+            "/admin/drain",
+            "--seed",
+            SEED,
+            "--max-examples",
+            "60",
+        ])
         .args(["--generation-database", "none"])
         .current_dir(dir.path());
     let bearer = admin_token.map(|t| format!("Authorization: Bearer {t}"));

@@ -132,6 +132,9 @@ async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
     assert_eq!((subscribed["type"].as_str(), subscribed["topic"].as_str()), (Some("subscribed"), Some("r")));
     let events = client.recv_events(4).await;
     client.ack_confirmed(&[id(&events[0]), id(&events[1])], "two").await;
+    // An id's token is read at most every 100 ms (TOKEN_REFRESH in http/sse.rs): past that, the
+    // next event's id has the ack.
+    tokio::time::sleep(Duration::from_millis(150)).await;
     publish_numbered(&gw.base, "r", 1, 0, 1).await;
     client.recv_type("event").await;
     let token = client.sse().last_event_id.clone().expect("event messages carry an id");
@@ -296,4 +299,55 @@ async fn an_sse_client_resumes_after_sigkill_on_another_instance_on_kafka() {
     let broker = TestBroker::start();
     let bootstrap = broker.bootstrap();
     sigkill_then_resume(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)], true).await;
+}
+
+/// A page of another site cannot open a stream as any client (the exposure rule of `/ws`), nor
+/// POST frames; a tool without an Origin (curl) can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_page_cannot_open_a_stream() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "victim", "topics=t", &[("origin", "https://evil.example")]).await else {
+        panic!("a foreign origin opened a stream");
+    };
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    let mut client = TestClient::connect_sse(gw.addr(), "victim", "", &[]).await;
+    let url = format!("{}{}", gw.base, client.welcome["ack_url"].as_str().unwrap());
+    let posted = http().post(&url).header("origin", "https://evil.example").body(r#"[{"op":"ping"}]"#).send().await.unwrap();
+    assert_eq!(posted.status(), 403);
+    client.send(json!({"op": "ping", "req": 1})).await;
+    assert_eq!(client.recv().await["type"], "pong");
+    client.close().await;
+    gw.stop().await;
+}
+
+/// A page of an allowed origin (another site of the operator's) reads the stream and POSTs frames
+/// cross-origin: CORS names the origin, and the preflight of the POST is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_origin_gets_cors_on_the_sse_routes() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec!["https://app.example".into()];
+    let gw = InProcess::start(config).await;
+    let origin = [("origin", "https://app.example")];
+    let client = TestClient::connect_sse(gw.addr(), "cors", "", &origin).await;
+    let url = format!("{}{}", gw.base, client.welcome["ack_url"].as_str().unwrap());
+    let preflight = http()
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization, content-type")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 204);
+    assert_eq!(preflight.headers()["access-control-allow-origin"], "https://app.example");
+    assert!(preflight.headers()["access-control-allow-headers"].to_str().unwrap().contains("authorization"));
+    let posted = http().post(&url).header("origin", "https://app.example").body(r#"[{"op":"ping","req":1}]"#).send().await.unwrap();
+    assert_eq!(posted.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(posted.json::<Value>().await.unwrap(), json!([{"type": "pong", "req": 1}]));
+    let refused = http().request(reqwest::Method::OPTIONS, &url).header("origin", "https://evil.example").send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    client.close().await;
+    gw.stop().await;
 }

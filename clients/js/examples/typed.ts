@@ -7,10 +7,15 @@ async function main(): Promise<void> {
     tokenProvider: async () => "jwt",
     storage: globalThis.sessionStorage,
     confirmEveryMs: 500,
+    // A WebSocket where it works, else Server-Sent Events (a proxy that drops WebSocket upgrades).
+    transport: "auto",
+    EventSource: globalThis.EventSource,
+    WebSocket: globalThis.WebSocket,
+    maxBatchFrames: 5000,
     onSubscriptionDropped: ({ topic, code }) => console.warn(`no longer subscribed to ${topic}: ${code}`),
   });
   const welcome = await client.connect();
-  console.log(welcome.session_id, welcome.max_in_flight);
+  console.log(welcome.session_id, welcome.max_in_flight, welcome.ack_url ? "over SSE" : "over a WebSocket");
   const subscribed = await client.subscribe("orders", { from: { time: Date.now() - 60_000 } });
   for (const { partition, from, gap } of subscribed.partitions) console.log(partition, from, gap?.to);
   for await (const event of client.events()) {

@@ -1,6 +1,7 @@
 // ackgate-client against real gateways: ACKGATE_DEV_A and ACKGATE_DEV_B are the http base URLs of two
 // running instances (tests/api/js_client.rs starts them, each with its own embedded log; B names
-// A in cluster.peers, and the last test drains B).
+// A in cluster.peers, and the last test drains B). The tests named "over SSE" run the client with
+// `transport: "sse"` on FetchEventSource below (Node has no EventSource).
 //
 //   ACKGATE_DEV_A=http://127.0.0.1:8080 ACKGATE_DEV_B=http://127.0.0.1:8081 node --experimental-websocket --test test/
 import { test } from "node:test";
@@ -51,6 +52,130 @@ const until = async (what, check) => {
 function memoryStorage() {
   const items = new Map();
   return { getItem: (k) => items.get(k) ?? null, setItem: (k, v) => items.set(k, String(v)) };
+}
+
+/** The live sessions of `clientId` on `base`. */
+async function sessionsOf(base, clientId) {
+  return (await call("GET", `${base}/admin/sessions`)).sessions.filter((s) => s.client_id === clientId);
+}
+
+/** An operator's disconnect (close 4002). */
+async function disconnect(base, sessionId) {
+  const response = await fetch(`${base}/admin/sessions/${sessionId}`, { method: "DELETE" });
+  if (!response.ok) throw new Error(`DELETE session ${sessionId}: ${response.status} ${await response.text()}`);
+}
+
+/** An SSE resume token (an event id, a `resume=`) decoded. */
+const decodeToken = (token) => JSON.parse(Buffer.from(token, "base64url").toString());
+
+/**
+ * A minimal EventSource on fetch's streaming body, as the browser's behaves for the client:
+ * named events (`event:`) with `data` and `lastEventId` to their addEventListener listeners,
+ * comments ignored, `readyState`, `close()`, and an `error` event (no data) when the answer is not
+ * an event stream (CLOSED) or the stream ends or breaks (CONNECTING). Unlike a browser's, it does
+ * not reconnect by itself. `drop()` cuts the connection as a network failure would.
+ */
+class FetchEventSource {
+  static CONNECTING = 0;
+  static OPEN = 1;
+  static CLOSED = 2;
+
+  constructor(url) {
+    this.url = String(url);
+    this.readyState = FetchEventSource.CONNECTING;
+    this.onopen = this.onmessage = this.onerror = null;
+    this.listeners = new Map();
+    this.closed = false;
+    this.aborter = new AbortController();
+    this.#read();
+  }
+
+  addEventListener(type, listener) {
+    if (!this.listeners.has(type)) this.listeners.set(type, new Set());
+    this.listeners.get(type).add(listener);
+  }
+
+  removeEventListener(type, listener) {
+    this.listeners.get(type)?.delete(listener);
+  }
+
+  close() {
+    this.closed = true;
+    this.readyState = FetchEventSource.CLOSED;
+    this.aborter.abort();
+  }
+
+  drop() {
+    this.aborter.abort();
+  }
+
+  #emit(event) {
+    if (this.closed) return;
+    for (const listener of [...(this.listeners.get(event.type) || [])]) listener.call(this, event);
+    if (["open", "message", "error"].includes(event.type)) this[`on${event.type}`]?.call(this, event);
+  }
+
+  #fail(state) {
+    if (this.closed) return;
+    this.readyState = state;
+    this.#emit({ type: "error" });
+  }
+
+  async #read() {
+    let response;
+    try {
+      response = await fetch(this.url, { headers: { Accept: "text/event-stream" }, signal: this.aborter.signal });
+    } catch {
+      return this.#fail(FetchEventSource.CONNECTING);
+    }
+    if (!response.ok || !(response.headers.get("content-type") || "").startsWith("text/event-stream")) {
+      response.body?.cancel().catch(() => {});
+      return this.#fail(FetchEventSource.CLOSED);
+    }
+    this.readyState = FetchEventSource.OPEN;
+    this.#emit({ type: "open" });
+    let buffer = "";
+    let type = "";
+    let data = [];
+    let lastEventId = "";
+    try {
+      for await (const chunk of response.body.pipeThrough(new TextDecoderStream())) {
+        buffer += chunk;
+        for (let end = buffer.indexOf("\n"); end >= 0; end = buffer.indexOf("\n")) {
+          const line = buffer.slice(0, end).replace(/\r$/, "");
+          buffer = buffer.slice(end + 1);
+          if (line === "") {
+            if (data.length > 0) this.#emit({ type: type || "message", data: data.join("\n"), lastEventId });
+            type = "";
+            data = [];
+            continue;
+          }
+          if (line.startsWith(":")) continue; // a keepalive comment
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (field === "event") type = value;
+          else if (field === "data") data.push(value);
+          else if (field === "id" && !value.includes("\0")) lastEventId = value;
+        }
+      }
+    } catch {
+      // Aborted (close, drop) or cut.
+    }
+    this.#fail(FetchEventSource.CONNECTING); // a browser would reconnect now
+  }
+}
+
+/** FetchEventSource, remembering every instance (its `url`, and to `drop()` it). */
+function recordingEventSource() {
+  const opened = [];
+  const EventSource = class extends FetchEventSource {
+    constructor(url) {
+      super(url);
+      opened.push(this);
+    }
+  };
+  return { EventSource, opened };
 }
 
 test("acks are plain, with one confirmed ack per partition at most every confirmEveryMs, and every ack lands", async () => {
@@ -172,6 +297,226 @@ test("with storage, the resume token survives a page reload", async () => {
   await forgetful.connect();
   assert.equal((await forgetful.subscribe("js-reload")).partitions[0].from, 0, "without storage the reset policy applies");
   forgetful.close();
+});
+
+test("over SSE: events arrive, plain acks land in order, a confirmed ack resolves, event ids move the token, POSTs are split and refused as the gateway says", async () => {
+  await topicWith(A, "sse-plain", 50);
+  const acksOk = [];
+  const { EventSource, opened } = recordingEventSource();
+  const client = new AckgateClient(ws(A), {
+    clientId: "sse-plain",
+    transport: "sse",
+    EventSource,
+    confirmEveryMs: 60_000,
+    onFrame: (f) => f.type === "ack_ok" && acksOk.push(f),
+  });
+  const clientEvents = client.events();
+  const welcome = await client.connect();
+  assert.equal(welcome.ack_url, `/sse/${welcome.session_id}/frames`);
+  const sessions = await sessionsOf(A, "sse-plain");
+  assert.deepEqual(sessions.map((s) => [s.session_id, s.transport]), [[welcome.session_id, "sse"]]);
+  await client.subscribe("sse-plain");
+  const events = await take(clientEvents, 50);
+  assert.deepEqual(events.map((e) => e.payload.n), [...Array(50).keys()]);
+  for (const event of events) await client.ack(event.delivery_id);
+  await client.ping(); // POSTed after every ack before it
+  await until("the plain acks' offset write", async () => (await call("GET", `${A}/admin/offsets/sse-plain/sse-plain`)).partitions[0].committed === 50);
+  assert.equal(acksOk.length, 1, "only the first ack of the minute was confirmed");
+  assert.deepEqual(client.resumeToken("sse-plain"), { 0: 1 }, "the token is what was confirmed");
+  // The next event's id is the session's resume token: the plain acks' durable offset (read by
+  // the gateway at most every 100 ms, so past that).
+  await new Promise((resolve) => setTimeout(resolve, 150));
+  await call("POST", `${A}/topics/sse-plain/events`, { payload: { n: 50 } });
+  const [next] = await take(clientEvents, 1);
+  assert.deepEqual(client.resumeToken("sse-plain"), { 0: 50 }, "the event id moved the token");
+  const ok = await client.ack(next.delivery_id, { confirm: true });
+  assert.deepEqual(ok.committed, { "sse-plain": { 0: 51 } });
+  assert.deepEqual(client.resumeToken("sse-plain"), { 0: 51 });
+
+  // More requests at once than a POST may carry (10000): split, all answered in order.
+  const pongs = await Promise.all(Array.from({ length: 10_001 }, () => client.ping()));
+  assert.ok(pongs.every((p) => p.type === "pong"));
+  // A request pending when the session closes, and one made after, reject with closed.
+  const pending = client.ping();
+  client.close();
+  await assert.rejects(pending, (e) => e instanceof AckgateError && e.code === "closed");
+  await assert.rejects(client.ping(), (e) => e instanceof AckgateError && e.code === "closed");
+  assert.equal(opened.length, 1);
+
+  // A POST over the gateway's limit is refused: each of its requests rejects with the error's code.
+  const greedy = new AckgateClient(ws(A), { clientId: "sse-greedy", transport: "sse", EventSource, maxBatchFrames: 20_000 });
+  await greedy.connect();
+  const refused = await Promise.allSettled(Array.from({ length: 10_001 }, () => greedy.ping()));
+  assert.ok(refused.every((r) => r.status === "rejected" && r.reason instanceof AckgateError && r.reason.code === "limit_exceeded"), "refused with limit_exceeded");
+  assert.equal((await greedy.ping()).type, "pong", "still connected");
+  greedy.close();
+});
+
+test("over SSE, a dropped stream is reopened with a fresh token, its topics and resume=, and nothing is lost", async () => {
+  await topicWith(A, "sse-resume", 10);
+  const { EventSource, opened } = recordingEventSource();
+  const storage = memoryStorage();
+  const reconnects = [];
+  let tokens = 0;
+  const client = new AckgateClient(ws(A), {
+    clientId: "sse-resume",
+    transport: "sse",
+    EventSource,
+    storage,
+    tokenProvider: async () => `jwt-${++tokens}`, // the test gateways check no JWT
+    backoffMs: 100,
+    maxBackoffMs: 100,
+    onReconnect: (r) => r.welcome && reconnects.push(r),
+  });
+  const clientEvents = client.events();
+  await client.connect();
+  await client.subscribe("sse-resume");
+  const first = await take(clientEvents, 10);
+  await client.ack(first.slice(0, 6).map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(client.resumeToken("sse-resume"), { 0: 6 });
+  opened[0].drop(); // what a network failure does: the stream errors while CONNECTING
+  await until("the reconnect", () => reconnects.length > 0);
+  assert.equal(opened.length, 2);
+  const url = new URL(opened[1].url);
+  assert.equal(url.pathname, "/sse");
+  assert.equal(url.searchParams.get("topics"), "sse-resume");
+  assert.deepEqual(decodeToken(url.searchParams.get("resume")), { "sse-resume": { 0: 6 } });
+  assert.equal(new URL(opened[0].url).searchParams.get("token"), "jwt-1");
+  assert.equal(url.searchParams.get("token"), "jwt-2", "the token provider is asked again");
+  const again = await take(clientEvents, 4);
+  assert.deepEqual(again.map((e) => e.offset), [6, 7, 8, 9], "the unacknowledged ones again, none of the acknowledged");
+  await call("POST", `${A}/topics/sse-resume/events`, { payload: { after: "drop" } });
+  const [next] = await take(clientEvents, 1);
+  assert.equal(next.offset, 10);
+  await client.ack([...again, next].map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(JSON.parse(storage.getItem("ackgate:sse-resume:resume")), { "sse-resume": { 0: 11 } }, "storage keeps the one per-topic map");
+  client.close();
+});
+
+test("over SSE, after an operator's disconnect (4002) the stream is reopened without resume=, and what was not acked comes again", async () => {
+  await topicWith(A, "sse-reset", 10);
+  const closes = [];
+  const { EventSource, opened } = recordingEventSource();
+  const client = new AckgateClient(ws(A), { clientId: "sse-reset", transport: "sse", EventSource, backoffMs: 100, maxBackoffMs: 100, onClose: (c) => closes.push(c) });
+  const clientEvents = client.events();
+  const welcome = await client.connect();
+  await client.subscribe("sse-reset");
+  const events = await take(clientEvents, 10);
+  await client.ack(events.slice(0, 5).map((e) => e.delivery_id), { confirm: true });
+  await disconnect(A, welcome.session_id);
+  await until("close 4002", () => closes.some((c) => c.code === 4002 && !c.final));
+  await until("the new stream", () => opened.length === 2);
+  const url = new URL(opened[1].url);
+  assert.equal(url.searchParams.get("topics"), "sse-reset");
+  assert.equal(url.searchParams.get("resume"), null, "no token after 4002");
+  const again = await take(clientEvents, 5);
+  assert.deepEqual(again.map((e) => e.offset), [5, 6, 7, 8, 9], "resumed at the stored offset");
+  client.close();
+});
+
+test("over SSE and WebSocket, a session of the same client takes over (4001) and the older client stops for good", async () => {
+  await topicWith(A, "sse-takeover", 3);
+  const { EventSource } = recordingEventSource();
+  const sseCloses = [];
+  const sseAttempts = [];
+  const sse = new AckgateClient(ws(A), {
+    clientId: "sse-takeover",
+    transport: "sse",
+    EventSource,
+    backoffMs: 100,
+    onClose: (c) => sseCloses.push(c),
+    onReconnect: (r) => sseAttempts.push(r),
+  });
+  const sseEvents = sse.events();
+  await sse.connect();
+  await sse.subscribe("sse-takeover");
+  const [first] = await take(sseEvents, 3);
+  await sse.ack(first.delivery_id, { confirm: true });
+
+  const wsCloses = [];
+  const wsAttempts = [];
+  const wsClient = new AckgateClient(ws(A), { clientId: "sse-takeover", backoffMs: 100, onClose: (c) => wsCloses.push(c), onReconnect: (r) => wsAttempts.push(r) });
+  const wsEvents = wsClient.events();
+  await wsClient.connect();
+  await until("4001 on the SSE client", () => sseCloses.some((c) => c.code === 4001 && c.final));
+  assert.deepEqual(await sseEvents.next(), { value: undefined, done: true }, "its events end");
+  await wsClient.subscribe("sse-takeover");
+  const moved = await take(wsEvents, 2);
+  assert.deepEqual(moved.map((e) => e.offset), [1, 2], "the unacknowledged deliveries moved to the WebSocket");
+  await new Promise((r) => setTimeout(r, 600));
+  assert.equal(sseAttempts.length, 0, "the SSE client did not reconnect");
+  assert.deepEqual((await sessionsOf(A, "sse-takeover")).map((s) => s.transport), ["websocket"]);
+
+  // And back: a new SSE client takes over from the WebSocket one.
+  const back = new AckgateClient(ws(A), { clientId: "sse-takeover", transport: "sse", EventSource });
+  const backEvents = back.events();
+  await back.connect();
+  await until("4001 on the WebSocket client", () => wsCloses.some((c) => c.code === 4001 && c.final));
+  await back.subscribe("sse-takeover");
+  const last = await take(backEvents, 2);
+  assert.deepEqual(last.map((e) => e.offset), [1, 2]);
+  const ok = await back.ack(last.map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(ok.committed, { "sse-takeover": { 0: 3 } });
+  await new Promise((r) => setTimeout(r, 600));
+  assert.equal(wsAttempts.length, 0, "the WebSocket client did not reconnect");
+  assert.deepEqual((await sessionsOf(A, "sse-takeover")).map((s) => s.transport), ["sse"]);
+  back.close();
+});
+
+test("auto falls back to SSE when the WebSocket cannot connect, and stays on SSE; where it can, auto is a WebSocket", async () => {
+  await topicWith(A, "sse-auto", 3);
+  const refused = [];
+  // A WebSocket a proxy refuses: it fails before any frame.
+  class RefusedWebSocket {
+    static OPEN = 1;
+    constructor(url) {
+      refused.push(url);
+      this.readyState = 0;
+      setTimeout(() => {
+        this.readyState = 3;
+        this.onerror?.({ type: "error" });
+        this.onclose?.({ code: 1006, reason: "" });
+      }, 10);
+    }
+    send() {
+      throw new Error("not open");
+    }
+    close() {}
+  }
+  const { EventSource, opened } = recordingEventSource();
+  const reconnects = [];
+  const client = new AckgateClient(ws(A), {
+    clientId: "sse-auto",
+    transport: "auto",
+    WebSocket: RefusedWebSocket,
+    EventSource,
+    backoffMs: 100,
+    maxBackoffMs: 100,
+    onReconnect: (r) => r.welcome && reconnects.push(r),
+  });
+  const clientEvents = client.events();
+  const welcome = await client.connect();
+  assert.deepEqual([refused.length, opened.length], [1, 1]);
+  assert.ok(welcome.ack_url, "the welcome came over SSE");
+  assert.deepEqual((await sessionsOf(A, "sse-auto")).map((s) => s.transport), ["sse"]);
+  await client.subscribe("sse-auto");
+  const events = await take(clientEvents, 3);
+  const ok = await client.ack(events.map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(ok.committed, { "sse-auto": { 0: 3 } });
+  // A reconnect goes straight to SSE.
+  await disconnect(A, welcome.session_id);
+  await until("the reconnect", () => reconnects.length > 0);
+  assert.deepEqual([refused.length, opened.length], [1, 2], "no WebSocket tried again");
+  await call("POST", `${A}/topics/sse-auto/events`, { payload: { after: "fallback" } });
+  const [next] = await take(clientEvents, 1);
+  assert.equal(next.offset, 3);
+  client.close();
+
+  const direct = new AckgateClient(ws(A), { clientId: "sse-auto-ws", transport: "auto", EventSource });
+  const directWelcome = await direct.connect();
+  assert.equal(directWelcome.ack_url, undefined, "the welcome came over a WebSocket");
+  assert.deepEqual((await sessionsOf(A, "sse-auto-ws")).map((s) => s.transport), ["websocket"]);
+  direct.close();
 });
 
 test("when its instance goes away the client follows /session/recommend to a peer and resumes there", async () => {
