@@ -21,7 +21,8 @@ fn a_bad_config_stops_the_start_and_names_the_key() {
     std::fs::write(&empty, "").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&empty).env("ACKGATE_DELIVERY__RESET_POLICY", "sideways").output().unwrap();
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("delivery.reset_policy"), "environment overrides are validated too");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("reset_policy") && stderr.contains("sideways") && stderr.contains("earliest"), "environment overrides are validated too: {stderr}");
 }
 
 /// SIGTERM drains (issue 25): the session gets a `reconnect` frame and close 1012, then the
