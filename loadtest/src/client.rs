@@ -170,11 +170,15 @@ impl SseConnection {
             if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
                 let message: Vec<u8> = self.buffer.drain(..end + 2).collect();
                 let message = std::str::from_utf8(&message)?;
-                let mut data = None;
+                let mut data: Option<String> = None;
                 let mut closed = false;
                 for line in message.lines() {
                     if let Some(text) = line.strip_prefix("data: ") {
-                        data = Some(text.to_string());
+                        // Several data lines are one value joined with newlines.
+                        data = Some(match data {
+                            Some(before) => format!("{before}\n{text}"),
+                            None => text.to_string(),
+                        });
                     } else if line == "event: close" {
                         closed = true;
                     }

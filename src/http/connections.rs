@@ -365,9 +365,30 @@ async fn route(router: Router, activity: Arc<Activity>, remote: SocketAddr, requ
     let mut request = request.map(Body::new);
     request.extensions_mut().insert(ConnectInfo(PeerAddr(remote)));
     let mut router = router;
-    let response = router.call(request).await;
-    activity.request_done();
-    response
+    let response = router.call(request).await?;
+    let streaming = response.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        activity.request_done();
+        return Ok(response);
+    }
+    // A Server-Sent Events stream is a request still being answered for as long as its body
+    // runs: the idle timeout must not cut it (its keepalive comments are writes, not requests).
+    let done = RequestDone(activity);
+    Ok(response.map(|body| {
+        Body::from_stream(futures_util::StreamExt::map(body.into_data_stream(), move |chunk| {
+            let _ = &done;
+            chunk
+        }))
+    }))
+}
+
+/// Counts a request done when dropped (with the body of a streamed answer).
+struct RequestDone(Arc<Activity>);
+
+impl Drop for RequestDone {
+    fn drop(&mut self) {
+        self.0.request_done();
+    }
 }
 
 async fn serve_connection<IO>(io: IO, remote: SocketAddr, router: Router, limits: &ConnectionLimits, stop: CancellationToken)

@@ -120,9 +120,10 @@ fn start(
     let info = registration.info.clone();
     let session_id = info.session_id.clone();
 
-    let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUED);
+    // Room for every initial subscribe (the session refuses those past its limit, each with an
+    // error frame) besides the POSTed batches.
+    let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUED + subscribes.len());
     for frame in subscribes {
-        // The queue is new and larger than any subscription list allowed through here.
         let _ = inbound_tx.try_send(Inbound::Text(frame));
     }
     let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_QUEUED);
@@ -258,15 +259,13 @@ impl StreamWriter {
                         chunk.push_str(self.resume_token().await);
                         chunk.push('\n');
                     }
-                    chunk.push_str("data: ");
-                    if kind == "welcome" {
+                    let data = if kind == "welcome" {
                         // The welcome object plus where to POST client frames.
-                        chunk.push_str(json.strip_suffix('}').unwrap_or(&json));
-                        chunk.push_str(&format!(",\"ack_url\":\"/sse/{}/frames\"}}", self.info.session_id));
+                        format!("{},\"ack_url\":\"/sse/{}/frames\"}}", json.strip_suffix('}').unwrap_or(&json), self.info.session_id)
                     } else {
-                        chunk.push_str(&json);
-                    }
-                    chunk.push_str("\n\n");
+                        json
+                    };
+                    push_data(&mut chunk, &data);
                 }
                 Outbound::Ping => {
                     let _ = self.alive.try_send(Inbound::Alive);
@@ -315,6 +314,17 @@ impl StreamWriter {
         }
         encode_resume_token(&token)
     }
+}
+
+/// `data:` lines for `text`: a payload stored as sent may hold line breaks (pretty-printed
+/// JSON), and each needs its own `data:` line (the browser joins them with a newline again).
+fn push_data(chunk: &mut String, text: &str) {
+    for line in text.split(['\r', '\n']) {
+        chunk.push_str("data: ");
+        chunk.push_str(line);
+        chunk.push('\n');
+    }
+    chunk.push('\n');
 }
 
 /// The `type` of a server frame: every frame the session writes starts with it.
@@ -396,6 +406,19 @@ mod tests {
                 assert!(result.is_err(), "{bad} was accepted");
             }
         }
+    }
+
+    /// A pretty-printed payload keeps one SSE message: each line gets its own `data:`, and the
+    /// lines joined with newlines are the JSON again (whitespace only changes).
+    #[test]
+    fn line_breaks_in_a_frame_stay_inside_its_message() {
+        let mut chunk = String::new();
+        push_data(&mut chunk, "{\"type\":\"event\",\"payload\":{\n\"a\":\r\n1\r}}");
+        assert_eq!(chunk.matches("\n\n").count(), 1, "one message: {chunk:?}");
+        assert!(chunk.ends_with("\n\n"));
+        let data: Vec<&str> = chunk.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        let joined: serde_json::Value = serde_json::from_str(&data.join("\n")).unwrap();
+        assert_eq!(joined["payload"]["a"], 1);
     }
 
     #[test]

@@ -351,3 +351,28 @@ async fn an_allowed_origin_gets_cors_on_the_sse_routes() {
     client.close().await;
     gw.stop().await;
 }
+
+/// A stream is an answer still being written: `server.idle_timeout_ms` (meant for keep-alive
+/// connections between requests) must not cut it. It did: every SSE session ended after a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_outlives_the_idle_timeout() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.idle_timeout_ms = 300;
+    config.server.sse_keepalive_ms = 100;
+    config.embedded.default_partitions = 1;
+    let gw = InProcess::start(config).await;
+    publish(&gw.base, "p", json!({"payload": {"first": 1}})).await;
+    let mut client = TestClient::connect_sse(gw.addr(), "patient", "topics=p", &[]).await;
+    assert_eq!(client.recv_type("event").await["offset"], 0);
+    client.expect_silence(Duration::from_millis(1200)).await;
+    // Pretty-printed JSON with line breaks, stored as sent, still arrives as one message.
+    let published = http().post(format!("{}/topics/p/events", gw.base)).body("{\"payload\": {\n  \"a\": 1\n}}").send().await.unwrap();
+    assert_eq!(published.status(), 200);
+    let event = client.recv_type("event").await;
+    assert_eq!(event["payload"]["a"], 1);
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(sessions["sessions"][0]["session_id"], client.welcome["session_id"], "the same session throughout");
+    client.close().await;
+    gw.stop().await;
+}

@@ -283,17 +283,21 @@ impl SseConn {
 
     /// One SSE message; `None` for a comment (keepalive).
     fn parse(&mut self, message: &str) -> Option<Received> {
-        let (mut event, mut data) = (None, None);
+        let (mut event, mut lines) = (None, Vec::new());
         for line in message.lines() {
             if let Some(v) = line.strip_prefix("event: ") {
                 event = Some(v.to_string());
             } else if let Some(v) = line.strip_prefix("data: ") {
-                data = Some(serde_json::from_str::<Value>(v).expect("data is JSON"));
+                lines.push(v);
             } else if let Some(v) = line.strip_prefix("id: ") {
                 self.last_event_id = Some(v.to_string());
             }
         }
-        let data = data?;
+        // Several data lines are one value joined with newlines, as a browser joins them.
+        if lines.is_empty() {
+            return None;
+        }
+        let data: Value = serde_json::from_str(&lines.join("\n")).expect("data is JSON");
         Some(match event.as_deref() {
             Some("close") => Received::Close(data["code"].as_u64().unwrap() as u16),
             Some(kind) => {
