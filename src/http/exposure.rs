@@ -167,7 +167,8 @@ async fn sse_cors(exposure: &Exposure, request: Request, next: Next) -> Response
     };
     let headers = response.headers_mut();
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    headers.insert(header::VARY, HeaderValue::from_static("origin"));
+    // Appended: the answer may vary by other headers too.
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
     response
 }
 

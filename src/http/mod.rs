@@ -122,6 +122,15 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
     }
 }
 
+/// The `client_id` a session route (`/ws`, `/sse`, `/session/recommend`) requires in its query.
+pub fn required_client_id(query: &std::collections::HashMap<String, String>) -> Result<crate::core::names::ClientId, ApiError> {
+    match query.get("client_id").map(|c| crate::core::names::ClientId::parse(c)) {
+        Some(Ok(client_id)) => Ok(client_id),
+        Some(Err(e)) => Err(ApiError::invalid_name(e.0)),
+        None => Err(ApiError::invalid_name("the client_id query parameter is required")),
+    }
+}
+
 /// The `limit` of a paged listing (`GET /admin/offsets`, `GET /admin/dead-letters`): `default`
 /// when absent, else a whole number from 1 to `max`.
 pub fn page_limit(query: &std::collections::HashMap<String, String>, default: usize, max: usize) -> Result<usize, ApiError> {

@@ -10,7 +10,6 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::core::names::ClientId;
 
 #[utoipa::path(
     get,
@@ -25,11 +24,7 @@ use crate::core::names::ClientId;
     )
 )]
 pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<impl IntoResponse, ApiError> {
-    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
-        Some(Ok(client_id)) => client_id,
-        Some(Err(e)) => return Err(ApiError::invalid_name(e.0)),
-        None => return Err(ApiError::invalid_name("the client_id query parameter is required")),
-    };
+    let client_id = super::required_client_id(&query)?;
     let chosen = app.cluster.recommend(client_id.as_str(), !app.dispatcher.draining.is_cancelled());
     // Readable from any origin: a browser page served by one instance asks the others when its
     // own is gone (the answer is the same public information to everyone).

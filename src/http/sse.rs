@@ -106,11 +106,7 @@ fn start(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, Box<Response>> {
     let Query(query) = query.map_err(|e| Box::new(ApiError::bad_request(e.body_text()).into_response()))?;
-    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
-        Some(Ok(client_id)) => client_id,
-        Some(Err(e)) => return Err(Box::new(ApiError::invalid_name(e.0).into_response())),
-        None => return Err(Box::new(ApiError::invalid_name("the client_id query parameter is required").into_response())),
-    };
+    let client_id = super::required_client_id(&query).map_err(|e| Box::new(e.into_response()))?;
     let access = session_access(&app.config.auth, query.get("token").map(String::as_str), headers, &client_id).map_err(|e| Box::new(e.into_response()))?;
     let subscribes = initial_subscribes(&query, headers).map_err(|e| Box::new(e.into_response()))?;
     if app.dispatcher.draining.is_cancelled() {

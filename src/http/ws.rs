@@ -16,7 +16,6 @@ use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::access::Access;
-use crate::core::names::ClientId;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{Registration, Transport};
@@ -46,10 +45,9 @@ pub async fn upgrade(
         Ok(query) => query,
         Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
     };
-    let client_id = match query.get("client_id").map(|c| ClientId::parse(c)) {
-        Some(Ok(client_id)) => client_id,
-        Some(Err(e)) => return ApiError::invalid_name(e.0).into_response(),
-        None => return ApiError::invalid_name("the client_id query parameter is required").into_response(),
+    let client_id = match super::required_client_id(&query) {
+        Ok(client_id) => client_id,
+        Err(e) => return e.into_response(),
     };
     let access = match session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &client_id) {
         Ok(access) => access,
