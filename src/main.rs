@@ -48,12 +48,19 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-async fn stop_signal() {
+/// Installs the SIGINT and SIGTERM handlers at once and returns the future that resolves on
+/// either. Installed before the gateway is built, not when the future is first polled: a SIGTERM
+/// that arrived before that first poll (during the start, or between the listener being ready
+/// and the poll) killed the process with the signal's default action.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut interrupt = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
@@ -81,14 +88,26 @@ async fn main() -> std::process::ExitCode {
         }
     };
     init_logs(config.server.log_format);
-    let gateway = match ackgate::Gateway::build(config).await {
+    let mut stop = Box::pin(stop_signal());
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %cli.config.display(), backend = ?config.storage.backend, "ackgate starting");
+    // A start can take long (a broker that does not answer, a large store to align): a signal
+    // meanwhile stops it at once instead of after it.
+    let built = tokio::select! {
+        biased;
+        _ = &mut stop => {
+            tracing::info!("stopped while starting");
+            return std::process::ExitCode::SUCCESS;
+        }
+        built = ackgate::Gateway::build(config) => built,
+    };
+    let gateway = match built {
         Ok(gateway) => gateway,
         Err(e) => {
             tracing::error!("cannot start: {e:#}");
             return std::process::ExitCode::FAILURE;
         }
     };
-    match gateway.run(stop_signal()).await {
+    match gateway.run(stop).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("stopped with an error: {e:#}");

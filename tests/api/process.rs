@@ -82,7 +82,8 @@ async fn json_logs_are_one_object_per_line() {
     let client = TestClient::connect(gw.addr, "json-logs").await;
     client.close().await;
     let logs = gw.logs.clone();
-    assert!(gw.terminate().success());
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}; logs:\n{}", logs.lock().unwrap().join("\n"));
     let lines = logs.lock().unwrap().clone();
     assert!(lines.len() >= 4, "{lines:?}");
     for line in &lines {
@@ -90,4 +91,44 @@ async fn json_logs_are_one_object_per_line() {
         assert!(parsed["fields"]["message"].is_string(), "{line}");
     }
     assert!(lines.iter().any(|l| l.contains("session ended") && l.contains("json-logs")));
+}
+
+/// A SIGTERM while the gateway starts (here: waiting on a Kafka broker that takes connections
+/// and never answers) stops it at once with exit 0. The handler used to be installed only when
+/// the running gateway first polled it: a SIGTERM before that killed the process with the
+/// signal's default action (CI saw one land right after the listening line:
+/// `json_logs_are_one_object_per_line` failed on the exit status).
+#[test]
+fn a_sigterm_while_starting_stops_it_at_once_and_cleanly() {
+    use std::io::{BufRead, BufReader};
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (_dir, data) = temp_dir();
+    let config = data.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = {:?}\nbackend = \"kafka\"\n[kafka]\nbootstrap_servers = \"{}\"\n",
+            data.display().to_string(),
+            silent.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut child =
+        Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("RUST_LOG", "info").stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        seen.push(line);
+        if seen.last().unwrap().contains("ackgate starting") {
+            break;
+        }
+    }
+    assert!(seen.last().is_some_and(|l| l.contains("ackgate starting")), "{seen:?}");
+    let term = Command::new("sh").arg("-c").arg(format!("kill -TERM {}", child.id())).status().unwrap();
+    assert!(term.success());
+    // The rest of stderr ends when the process does.
+    seen.extend(lines);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {seen:#?}");
+    assert!(seen.iter().any(|l| l.contains("stopped while starting")), "{seen:#?}");
 }
