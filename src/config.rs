@@ -118,7 +118,10 @@ pub struct ServerConfig {
     /// session ends and its deliveries are released. Above ws_ping_interval_ms.
     pub ws_pong_timeout_ms: u64,
     /// A Server-Sent Events stream (GET /sse) gets a comment line (": ka") this often, so proxies
-    /// do not close it while idle and a peer that went away is found by the failed write.
+    /// do not close it while idle. A peer gone without a FIN leaves it unacknowledged, and the
+    /// kernel drops a connection whose data stays unacknowledged for the larger of
+    /// ws_pong_timeout_ms and delivery.slow_client_timeout_ms (TCP_USER_TIMEOUT; not set when
+    /// the slow-client timeout is 0).
     pub sse_keepalive_ms: u64,
 }
 

@@ -162,6 +162,17 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
     }
 }
 
+/// How long a connection's sent data may stay unacknowledged before the kernel drops it: the
+/// dead-peer bound (`server.ws_pong_timeout_ms`), but never below the slow-client bound, since a
+/// receive window that stays closed counts too and a slow reader is `slow_client_timeout_ms`'s
+/// to end (with 4003). Without a slow-client bound (0 = never), none: the kernel's own limit.
+fn unacknowledged_timeout(config: &Config) -> Option<Duration> {
+    match config.delivery.slow_client_timeout_ms {
+        0 => None,
+        slow => Some(Duration::from_millis(slow.max(config.server.ws_pong_timeout_ms))),
+    }
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -292,6 +303,7 @@ impl Gateway {
             idle_timeout: Duration::from_millis(config.server.idle_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(config.server.tls_handshake_timeout_ms),
             linger,
+            unacknowledged_timeout: unacknowledged_timeout(&config),
         };
         tracing::info!(
             max_connections = limits.max_connections,

@@ -46,6 +46,9 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub linger: Linger,
+    /// Sent data unacknowledged this long (a peer gone without a FIN) makes the kernel drop the
+    /// connection (TCP_USER_TIMEOUT); `None` = the kernel's retransmission limit (~15 minutes).
+    pub unacknowledged_timeout: Option<Duration>,
 }
 
 /// Descriptors kept for everything but client connections (RocksDB's files, the backend's
@@ -242,7 +245,7 @@ pub async fn serve(
                 continue;
             }
         };
-        configure_socket(&tcp);
+        configure_socket(&tcp, limits.unacknowledged_timeout);
         let stream = LingeringStream::new(tcp, limits.linger, Some(slot));
         let (router, tls, limits, stop) = (router.clone(), tls.clone(), limits.clone(), stop.clone());
         connections.spawn(async move {
@@ -278,12 +281,21 @@ fn refuse(mut tcp: TcpStream, refusal: Refusal, counts: &Arc<ConnectionCounts>) 
     });
 }
 
-/// Small frames without Nagle's 40 ms wait; keepalive probes find peers that vanished without a
-/// FIN (a laptop closed, a NAT that forgot the flow) within about two minutes.
-fn configure_socket(tcp: &TcpStream) {
+/// Small frames without Nagle's 40 ms wait; keepalive probes find idle peers that vanished
+/// without a FIN (a laptop closed, a NAT that forgot the flow). Probes are sent only while
+/// nothing is unacknowledged, and a Server-Sent Events stream writes a keepalive comment every
+/// few seconds into a socket whose peer is gone: without a user timeout the kernel retransmits
+/// for about 15 minutes, a session held as live all that while. With one, the user timeout also
+/// decides when unanswered keepalive probes end an idle connection (WebSockets are pinged and
+/// find a dead peer within `server.ws_pong_timeout_ms` anyway).
+fn configure_socket(tcp: &TcpStream, unacknowledged_timeout: Option<Duration>) {
     let _ = tcp.set_nodelay(true);
     let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
-    let _ = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive);
+    let socket = socket2::SockRef::from(tcp);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    if let Some(timeout) = unacknowledged_timeout {
+        let _ = socket.set_tcp_user_timeout(Some(timeout));
+    }
 }
 
 /// Where a connection stands, for its watchdog. Times are milliseconds since the connection was
@@ -456,7 +468,22 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             tls_handshake_timeout: Duration::from_secs(10),
             linger: Linger { grace: Duration::from_secs(1), max_bytes: 1 << 20 },
+            unacknowledged_timeout: None,
         }
+    }
+
+    /// The user timeout reaches the accepted socket (a half-open SSE peer is dropped after it).
+    #[tokio::test]
+    async fn accepted_sockets_get_the_user_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        configure_socket(&accepted, Some(Duration::from_millis(75_000)));
+        assert_eq!(socket2::SockRef::from(&accepted).tcp_user_timeout().unwrap(), Some(Duration::from_millis(75_000)));
+        assert!(socket2::SockRef::from(&accepted).tcp_nodelay().unwrap());
+        let (_client, accepted) = (TcpStream::connect(listener.local_addr().unwrap()).await.unwrap(), listener.accept().await.unwrap().0);
+        configure_socket(&accepted, None);
+        assert_eq!(socket2::SockRef::from(&accepted).tcp_user_timeout().unwrap(), None, "the kernel's default");
     }
 
     #[test]
