@@ -30,11 +30,12 @@ use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::protocol::ErrorCode;
+use crate::core::protocol::{close_code, ErrorCode};
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
 
-/// POSTed batches a session may have queued (each waits for its answer, so few are).
+/// POSTed batches a session may have queued (each waits for its answer); one more is refused
+/// with 429 at once instead of holding a connection until the session gets to it.
 const INBOUND_QUEUED: usize = 16;
 /// Frames the session may queue ahead of the stream: beyond them its writes wait, and a client
 /// that stops reading meets the slow-client limit, as on a WebSocket.
@@ -64,6 +65,19 @@ impl SseSessions {
     }
 }
 
+/// A session's entry in `SseSessions`, removed when its task ends, however it ends (a panic
+/// included: a stale entry would take POSTs that no session answers).
+struct Listed {
+    sessions: Arc<SseSessions>,
+    session_id: String,
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.sessions.sessions.lock().unwrap().remove(&self.session_id);
+    }
+}
+
 #[utoipa::path(
     get,
     path = "/sse",
@@ -73,7 +87,7 @@ impl SseSessions {
     params(
         ("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("topics" = Option<String>, Query, description = "topics to subscribe to at once, comma-separated"),
-        ("from" = Option<String>, Query, description = "committed (default), earliest or latest: where a partition without a stored offset or token starts"),
+        ("from" = Option<String>, Query, description = "committed (default), earliest or latest: where a partition without a stored offset or token starts; only for topics the resume token does not name"),
         ("resume" = Option<String>, Query, description = "a resume token (an event's id); the Last-Event-ID header wins"),
         ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)"),
         ("Last-Event-ID" = Option<String>, Header, description = "the resume token EventSource sends when it reconnects"),
@@ -131,10 +145,11 @@ fn start(
     let outbound = futures_util::sink::unfold(outbound_tx, |tx, frame: Outbound| async move { tx.send(frame).await.map(|()| tx) });
 
     app.sse.sessions.lock().unwrap().insert(session_id.clone(), SseSession { client_id, frames: inbound_tx.clone() });
-    let (dispatcher, sessions) = (app.dispatcher.clone(), app.sse.clone());
+    let listed = Listed { sessions: app.sse.clone(), session_id };
+    let dispatcher = app.dispatcher.clone();
     app.dispatcher.tasks.spawn(async move {
+        let _listed = listed;
         run_session(dispatcher, registration, access, Box::pin(inbound), Box::pin(outbound)).await;
-        sessions.sessions.lock().unwrap().remove(&session_id);
     });
 
     let writer = StreamWriter {
@@ -161,7 +176,9 @@ fn start(
 }
 
 /// The `subscribe` frames for `topics=`, with `from` and each topic's part of the resume token
-/// (`Last-Event-ID`, else `resume=`).
+/// (`Last-Event-ID`, else `resume=`). `from` applies only to a topic the token does not name:
+/// EventSource reconnects with its first URL, and `from=latest` on a topic the client already
+/// holds would skip what it received but had not acknowledged on a partition the token lacks.
 fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
     let from = query.get("from").map(String::as_str).filter(|f| !f.is_empty()).unwrap_or("committed");
     if !matches!(from, "committed" | "earliest" | "latest") {
@@ -175,10 +192,10 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
     let mut frames = Vec::new();
     for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty()) {
         let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
-        let mut frame = json!({"op": "subscribe", "topic": topic.as_str(), "from": from});
-        if let Some(resume) = token.get(topic.as_str()) {
-            frame["resume"] = json!(resume);
-        }
+        let frame = match token.get(topic.as_str()) {
+            Some(resume) => json!({"op": "subscribe", "topic": topic.as_str(), "from": "committed", "resume": resume}),
+            None => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
+        };
         frames.push(frame.to_string());
     }
     Ok(frames)
@@ -214,8 +231,8 @@ struct StreamWriter {
     /// itself is how an SSE peer is known to be there (a write to a gone peer drops the body).
     alive: mpsc::Sender<Inbound>,
     keepalive: tokio::time::Interval,
-    /// The last resume token and when it was read.
-    token: Option<(tokio::time::Instant, String)>,
+    /// The last resume token, when it was read and for which subscriptions.
+    token: Option<CachedToken>,
     ended: bool,
     _gone: tokio_util::sync::DropGuard,
 }
@@ -242,6 +259,11 @@ impl StreamWriter {
                 Err(_) => break,
             }
         }
+        // One resume token for the chunk's events.
+        let token = match frames.iter().any(|f| matches!(f, Outbound::Text(json) if frame_type(json) == "event")) {
+            true => Some(self.resume_token().await),
+            false => None,
+        };
         let mut chunk = String::new();
         for frame in frames {
             match frame {
@@ -250,10 +272,22 @@ impl StreamWriter {
                     chunk.push_str("event: ");
                     chunk.push_str(kind);
                     chunk.push('\n');
-                    if kind == "event" {
+                    if let Some(token) = token.as_deref().filter(|_| kind == "event") {
                         chunk.push_str("id: ");
-                        chunk.push_str(self.resume_token().await);
+                        chunk.push_str(token);
                         chunk.push('\n');
+                    }
+                    if kind == "reconnect" {
+                        // A plain EventSource waits `retry` before it reconnects: the pause the
+                        // draining instance asks for.
+                        if let Some(after_ms) = serde_json::from_str::<serde_json::Value>(&json).ok().and_then(|v| v["after_ms"].as_u64()) {
+                            chunk.push_str(&format!("retry: {after_ms}\n"));
+                        }
+                    }
+                    if kind == "welcome" {
+                        // The browser's usual pause, again: a `retry:` of an earlier stream (a
+                        // drain's short one, a final close's day) would stick otherwise.
+                        chunk.push_str(&format!("retry: {DEFAULT_RETRY_MS}\n"));
                     }
                     let data = if kind == "welcome" {
                         // The welcome object plus where to POST client frames.
@@ -268,6 +302,12 @@ impl StreamWriter {
                     chunk.push_str(": ka\n\n");
                 }
                 Outbound::Close(code, reason) => {
+                    if is_final(code) {
+                        // A plain EventSource reconnects after every end of stream; after a final
+                        // close (taken over, credentials refused) it must not come back on its
+                        // own, and the longest pause is the closest SSE has to "never".
+                        chunk.push_str(&format!("retry: {FINAL_CLOSE_RETRY_MS}\n"));
+                    }
                     chunk.push_str(&format!("event: close\ndata: {}\n\n", json!({"code": code, "reason": reason})));
                     self.ended = true;
                     break;
@@ -278,38 +318,64 @@ impl StreamWriter {
     }
 
     /// The resume token: the client's committed offsets of its subscribed topics as the store
-    /// held them at most `TOKEN_REFRESH` ago.
-    async fn resume_token(&mut self) -> &str {
+    /// held them at most `TOKEN_REFRESH` ago, read again at once when the subscriptions changed
+    /// (a token without a new topic would send a reconnect to `from` for it).
+    async fn resume_token(&mut self) -> String {
         let now = tokio::time::Instant::now();
-        if self.token.as_ref().is_none_or(|(at, _)| now.duration_since(*at) >= TOKEN_REFRESH) {
-            self.token = Some((now, self.read_resume_token().await));
+        let topics = self.info.subscriptions.lock().unwrap().clone();
+        if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == topics) {
+            return cached.token.clone();
         }
-        self.token.as_ref().map_or("", |(_, token)| token.as_str())
+        let token = self.read_resume_token(&topics).await;
+        self.token = Some(CachedToken { read_at: now, topics, token: token.clone() });
+        token
     }
 
     /// One point read per partition (a prefix scan would walk every version an acking client
-    /// left in the store's memtable).
-    async fn read_resume_token(&self) -> String {
-        let topics = self.info.subscriptions.lock().unwrap().clone();
+    /// left in the store's memtable). Every subscribed topic is named, even when a read fails:
+    /// a partition left out resumes at the stored committed offset, while a topic left out
+    /// would resume at `from` (`latest` skipping what the client holds).
+    async fn read_resume_token(&self, topics: &[TopicName]) -> String {
         let mut token: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for topic in topics {
-            let partitions = match self.d.backend.partitions(&topic).await {
-                Ok(Some(n)) => n,
-                _ => continue,
-            };
             let offsets = token.entry(topic.to_string()).or_default();
+            let partitions = match self.d.backend.partitions(topic).await {
+                Ok(n) => n.unwrap_or(0),
+                Err(e) => {
+                    tracing::warn!(session_id = %self.info.session_id, %topic, error = %e, "resume token: the topic's partitions could not be read; it is named without offsets");
+                    0
+                }
+            };
             for partition in 0..partitions {
                 match self.d.store.read(&OffsetKey::new(topic.clone(), self.info.client_id.clone(), partition)) {
                     Ok(Some(record)) => {
                         offsets.insert(partition.to_string(), record.committed);
                     }
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(session_id = %self.info.session_id, error = %e, "resume token: the offset store could not be read"),
+                    Err(e) => {
+                        tracing::warn!(session_id = %self.info.session_id, %topic, partition, error = %e, "resume token: the offset store could not be read; the partition is left out")
+                    }
                 }
             }
         }
         encode_resume_token(&token)
     }
+}
+
+struct CachedToken {
+    read_at: tokio::time::Instant,
+    topics: Vec<TopicName>,
+    token: String,
+}
+
+/// The `retry:` sent before a final close (1008, 4001): a day.
+const FINAL_CLOSE_RETRY_MS: u64 = 86_400_000;
+/// The `retry:` of a welcome: what browsers wait by default.
+const DEFAULT_RETRY_MS: u64 = 3_000;
+
+/// Closes after which a client must not reconnect by itself (PROTOCOL.md, close codes).
+fn is_final(code: u16) -> bool {
+    code == close_code::POLICY || code == close_code::TAKEN_OVER
 }
 
 /// `data:` lines for `text`: a payload stored as sent may hold line breaks (pretty-printed
@@ -343,6 +409,7 @@ fn frame_type(json: &str) -> &str {
         (status = 403, description = "forbidden: the credentials are another client's", body = crate::http::schemas::ErrorBody),
         (status = 404, description = "not_found: no such session on this instance (it ended, or lives on another): reconnect the stream", body = crate::http::schemas::ErrorBody),
         (status = 413, description = "limit_exceeded: more than limits.max_batch_events frames, or one over limits.max_frame_bytes", body = crate::http::schemas::ErrorBody),
+        (status = 429, description = "limit_exceeded: 16 POSTs of this session are waiting for it already", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn frames(
@@ -375,7 +442,14 @@ pub async fn frames(
         texts.push(text.to_string());
     }
     let (answer, answered) = oneshot::channel();
-    session.frames.send(Inbound::Frames { texts, answer }).await.map_err(|_| gone())?;
+    session.frames.try_send(Inbound::Frames { texts, answer }).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(_) => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::LimitExceeded,
+            format!("{INBOUND_QUEUED} POSTs of this session are waiting for it already (is its stream being read?); send the next when one is answered"),
+        ),
+        mpsc::error::TrySendError::Closed(_) => gone(),
+    })?;
     let answers = answered.await.map_err(|_| gone())?;
     let mut body = String::with_capacity(2 + answers.iter().map(|a| a.len() + 1).sum::<usize>());
     body.push('[');

@@ -83,6 +83,11 @@ async fn delivery_body(transport: Transport) {
     // Takeover by a session of the other transport, then back.
     let mut taker = connect(other(transport), gw.addr(), "c1").await;
     assert_eq!(client.close_code().await, 4001, "{transport:?} taken over by {:?}", other(transport));
+    if transport == Transport::Sse {
+        // A plain EventSource reconnects after any end of stream: after a final close it is told
+        // to wait a day, or two tabs of one client would take the session from each other forever.
+        assert_eq!(client.sse().retry, Some(86_400_000));
+    }
     taker.subscribe("d", json!({})).await;
     let moved = taker.recv_type("event").await;
     assert_eq!(moved["offset"], 3, "the taken-over session's delivery moves to its successor");
@@ -236,6 +241,7 @@ async fn operators_see_and_disconnect_sse_sessions() {
     let deleted = http().delete(format!("{}/admin/sessions/{session_id}", gw.base)).send().await.unwrap();
     assert!(deleted.status().is_success(), "{}", deleted.status());
     assert_eq!(client.close_code().await, 4002);
+    assert_eq!(client.sse().retry, Some(3_000), "4002 is not a final close: the welcome's pause, the browser's usual one");
     wait_for("the session is gone", async || metric(&gw.base, "ackgate_sessions{transport=\"sse\"}").await == 0.0).await;
 }
 
@@ -374,5 +380,118 @@ async fn a_stream_outlives_the_idle_timeout() {
     let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
     assert_eq!(sessions["sessions"][0]["session_id"], client.welcome["session_id"], "the same session throughout");
     client.close().await;
+    gw.stop().await;
+}
+
+/// EventSource reconnects with the URL it was opened with: `from=latest` and a token that names
+/// the topic but lacks a partition (a token written before that partition was stored, or by an
+/// older gateway) must resume that partition at the client's committed offset. It went to the
+/// log end, past an event the client had received and never acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_with_from_latest_skips_nothing_the_client_holds() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    // A backlog that `latest` skips, as asked.
+    publish_numbered(&gw.base, "l", 2, 0, 2).await;
+    publish_numbered(&gw.base, "l", 2, 1, 2).await;
+    let mut client = TestClient::connect_sse(gw.addr(), "late", "topics=l&from=latest", &[]).await;
+    let subscribed = client.recv_type("subscribed").await;
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 2}, {"partition": 1, "from": 2}]), "{subscribed}");
+    publish_numbered(&gw.base, "l", 2, 0, 1).await;
+    publish_numbered(&gw.base, "l", 2, 1, 1).await;
+    let events = client.recv_events(2).await;
+    let on = |p: u64| events.iter().find(|e| e["partition"] == p).unwrap().clone();
+    client.ack_confirmed(&[id(&on(0))], "p0").await;
+    client.close().await;
+
+    let token = encode_token(&json!({"l": {"0": 3}}));
+    let mut client = TestClient::connect_sse(gw.addr(), "late", "topics=l&from=latest", &[("last-event-id", &token)]).await;
+    let subscribed = client.recv_type("subscribed").await;
+    assert_eq!(subscribed["partitions"][1]["from"], 2, "partition 1 resumes at its committed offset: {subscribed}");
+    let again = client.recv_type("event").await;
+    assert_eq!((again["partition"].as_u64(), again["offset"].as_u64()), (Some(1), Some(2)));
+    client.close().await;
+    gw.stop().await;
+}
+
+/// An event's id names a topic subscribed by POST a moment earlier: the cached token (read at
+/// most every 100 ms) is read again when the subscriptions change, or a reconnect within that
+/// moment would not know the topic's progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_id_names_a_topic_subscribed_a_moment_ago() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "first", 1, 0, 1).await;
+    publish_numbered(&gw.base, "second", 1, 0, 0).await;
+    let mut client = TestClient::connect_sse(gw.addr(), "grower", "topics=first", &[]).await;
+    client.recv_type("event").await;
+    assert_eq!(decode_token(client.sse().last_event_id.as_ref().unwrap()).keys().collect::<Vec<_>>(), vec!["first"]);
+    client.subscribe("second", json!({})).await;
+    publish_numbered(&gw.base, "second", 1, 0, 1).await;
+    client.recv_type("event").await;
+    let token = decode_token(client.sse().last_event_id.as_ref().unwrap());
+    assert_eq!(token.get("second"), Some(&BTreeMap::from([("0".to_string(), 0)])), "{token:?}");
+    client.close().await;
+    gw.stop().await;
+}
+
+/// A draining instance's `reconnect` pause becomes the stream's `retry:`, so a plain
+/// EventSource comes back after it (to another instance, through the load balancer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_sets_the_event_source_retry_to_the_pause() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.drain_ms = 500;
+    let gw = InProcess::start(config).await;
+    let mut client = TestClient::connect_sse(gw.addr(), "drained", "", &[]).await;
+    let (status, _) = post_json(&format!("{}/admin/drain", gw.base), json!({})).await;
+    assert_eq!(status, 200);
+    let reconnect = client.recv_type("reconnect").await;
+    assert_eq!(client.close_code().await, 1012);
+    assert_eq!(client.sse().retry, reconnect["after_ms"].as_u64(), "{reconnect}");
+}
+
+/// POSTs to a session that does not get to them (its stream is not read, so it waits on its
+/// writes) are refused with 429 past a few, instead of each holding a connection open until the
+/// session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_to_a_stuck_session_are_refused_past_a_few() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.embedded.default_partitions = 1;
+    config.delivery.max_in_flight = 10_000;
+    config.delivery.max_in_flight_bytes = 1 << 30;
+    let gw = InProcess::start(config).await;
+    // 60 MB of events: well past what the session's queue (256 frames), the chunk being written
+    // (256 more) and the socket buffers hold.
+    let big = "x".repeat(60_000);
+    for _ in 0..10 {
+        let events: Vec<Value> = (0..100).map(|_| json!({"payload": {"big": big}})).collect();
+        publish(&gw.base, "stuck", json!({ "events": events })).await;
+    }
+    let client = TestClient::connect_sse(gw.addr(), "stuck", "topics=stuck", &[]).await;
+    let url = format!("{}{}", gw.base, client.welcome["ack_url"].as_str().unwrap());
+    // The client reads nothing more; POSTs go on until one is refused.
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut posts = Vec::new();
+    let refusal = tokio::time::timeout(WAIT, async {
+        loop {
+            let (url, refused_tx) = (url.clone(), refused_tx.clone());
+            posts.push(tokio::spawn(async move {
+                let response = reqwest::Client::new().post(&url).body(r#"[{"op":"ping"}]"#).send().await.unwrap();
+                if response.status() != 200 {
+                    let _ = refused_tx.send((response.status().as_u16(), response.json::<Value>().await.unwrap()));
+                }
+            }));
+            if let Ok(Some(refused)) = tokio::time::timeout(Duration::from_millis(50), refused_rx.recv()).await {
+                return refused;
+            }
+        }
+    })
+    .await
+    .expect("a POST was refused");
+    assert_eq!((refusal.0, refusal.1["error"]["code"].as_str()), (429, Some("limit_exceeded")), "{}", refusal.1);
+    assert!(posts.len() > 16, "the first 16 wait for the session: {}", posts.len());
+    drop(client);
     gw.stop().await;
 }

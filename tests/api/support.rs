@@ -257,6 +257,8 @@ pub struct SseConn {
     pending: std::collections::VecDeque<Received>,
     /// The `id:` of the last event message (the resume token).
     pub last_event_id: Option<String>,
+    /// The last `retry:` (how long a browser's EventSource waits before it reconnects).
+    pub retry: Option<u64>,
 }
 
 impl SseConn {
@@ -291,6 +293,8 @@ impl SseConn {
                 lines.push(v);
             } else if let Some(v) = line.strip_prefix("id: ") {
                 self.last_event_id = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("retry: ") {
+                self.retry = Some(v.parse().expect("retry is a number of milliseconds"));
             }
         }
         // Several data lines are one value joined with newlines, as a browser joins them.
@@ -372,7 +376,7 @@ impl TestClient {
             return Err((status, response.json().await.unwrap_or(Value::Null)));
         }
         assert_eq!(response.headers()["content-type"], "text/event-stream");
-        let sse = SseConn { response, buffer: String::new(), base, ack_url: String::new(), pending: Default::default(), last_event_id: None };
+        let sse = SseConn { response, buffer: String::new(), base, ack_url: String::new(), pending: Default::default(), last_event_id: None, retry: None };
         let mut client = Self::welcomed(Conn::Sse(Box::new(sse))).await;
         let ack_url = client.welcome["ack_url"].as_str().expect("the SSE welcome has an ack_url").to_string();
         if let Conn::Sse(sse) = &mut client.conn {
