@@ -7,7 +7,7 @@
 //! would cost more than these few hundred lines.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,6 +88,64 @@ struct Connection {
     writer: tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>,
     /// Waiters by opaque; `None` once the connection is gone.
     pending: Pending,
+    /// A write stopped mid-frame (its request timed out): nothing more may be written here.
+    cut: AtomicBool,
+}
+
+/// One frame being written, holding the connection's writer. Dropped with part of the frame
+/// written (the request's timeout cancelled the write), it retires the connection: the peer
+/// holds part of a frame, and whatever came next on that stream it would read as the rest of it.
+/// Retiring ends the write side at once (the broker reads the cut frame, then the end) and takes
+/// the connection out of use; the requests already written keep waiting for their answers.
+struct FrameWrite<'a> {
+    remoting: &'a Remoting,
+    addr: &'a str,
+    connection: &'a Arc<Connection>,
+    writer: tokio::sync::MutexGuard<'a, tokio::net::tcp::OwnedWriteHalf>,
+    written: usize,
+    len: usize,
+}
+
+impl FrameWrite<'_> {
+    async fn write(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        while self.written < frame.len() {
+            match self.writer.write(&frame[self.written..]).await? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => self.written += n,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FrameWrite<'_> {
+    fn drop(&mut self) {
+        if self.written > 0 && self.written < self.len {
+            self.connection.cut.store(true, Ordering::Relaxed);
+            let stream: &TcpStream = (*self.writer).as_ref();
+            let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+            let mut connections = self.remoting.connections.lock().unwrap();
+            if connections.get(self.addr).is_some_and(|c| Arc::ptr_eq(c, self.connection)) {
+                connections.remove(self.addr);
+            }
+            tracing::warn!(addr = %self.addr, written = self.written, frame = self.len, "RocketMQ request cut mid-write (timed out): its connection takes no more requests");
+        }
+    }
+}
+
+/// Removes a request's waiter when the request ends, however it ends: a timed-out request's
+/// entry stayed until its connection closed.
+struct Waiter<'a> {
+    pending: &'a Pending,
+    opaque: i32,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.lock().unwrap().as_mut() {
+            pending.remove(&self.opaque);
+        }
+    }
 }
 
 /// Connections by address, opened on first use and reopened after a failure.
@@ -109,7 +167,14 @@ impl Remoting {
                 Some(pending) => pending.insert(opaque, tx),
                 None => return Err(gone(addr, "connection closed")),
             };
-            let written = connection.writer.lock().await.write_all(&frame).await;
+            let _waiter = Waiter { pending: &connection.pending, opaque };
+            let writer = connection.writer.lock().await;
+            if connection.cut.load(Ordering::Relaxed) {
+                return Err(gone(addr, "connection closed after a cut write"));
+            }
+            let mut write = FrameWrite { remoting: self, addr, connection: &connection, writer, written: 0, len: frame.len() };
+            let written = write.write(&frame).await;
+            drop(write);
             if let Err(e) = written {
                 self.drop_connection(addr, &connection);
                 return Err(gone(addr, &e.to_string()));
@@ -130,7 +195,7 @@ impl Remoting {
         let _ = stream.set_nodelay(true);
         let (reader, writer) = stream.into_split();
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-        let connection = Arc::new(Connection { writer: tokio::sync::Mutex::new(writer), pending: pending.clone() });
+        let connection = Arc::new(Connection { writer: tokio::sync::Mutex::new(writer), pending: pending.clone(), cut: AtomicBool::new(false) });
         {
             let mut connections = self.connections.lock().unwrap();
             if let Some(raced) = connections.get(addr) {
@@ -275,6 +340,41 @@ mod tests {
         assert_eq!(decoded.field("topic"), Some("t"));
         assert_eq!(decoded.number("queueId").unwrap(), 3);
         assert_eq!(decoded.body, b"body");
+    }
+
+    /// A request whose timeout cancels its write mid-frame must not leave that connection in
+    /// use: the next request's bytes would run into the cut frame, and the broker would read
+    /// them as the rest of its body (a publish stored with a foreign tail). The next request
+    /// goes over a new connection, where the peer reads it whole.
+    #[tokio::test]
+    async fn a_write_cut_by_the_timeout_retires_its_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let remoting = Remoting::default();
+        // The peer reads nothing at first: 64 MiB cannot fit in the socket buffers.
+        let big = vec![b'x'; MAX_FRAME - 1024];
+        let (first, accepted) = tokio::join!(remoting.request(&addr, code::SEND_MESSAGE, &[], &big, Duration::from_millis(200)), listener.accept());
+        assert!(matches!(first, Err(RemotingError::Timeout { .. })), "{first:?}");
+        let (mut cut, _) = accepted.unwrap();
+        let second = tokio::spawn({
+            let addr = addr.clone();
+            async move { Remoting::request(&remoting, &addr, code::GET_MAX_OFFSET, &[("topic", "t".into())], b"", Duration::from_secs(5)).await }
+        });
+        // The cut connection ends after its partial frame (read to the end, nothing more on it).
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), cut.read_to_end(&mut rest)).await;
+        assert!(read.is_ok_and(|r| r.is_ok()), "the cut connection was closed");
+        assert!(rest.len() < 4 + 4 + big.len(), "only part of the big frame was sent: {}", rest.len());
+        // The next request arrives whole on a new connection.
+        let (mut fresh, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await.expect("a new connection").unwrap();
+        let mut length = [0u8; 4];
+        fresh.read_exact(&mut length).await.unwrap();
+        let mut frame = vec![0u8; u32::from_be_bytes(length) as usize];
+        fresh.read_exact(&mut frame).await.unwrap();
+        let (_, _, request) = decode_frame(&frame).unwrap();
+        assert_eq!((request.code, request.field("topic")), (code::GET_MAX_OFFSET, Some("t")));
+        drop(fresh);
+        assert!(second.await.unwrap().is_err(), "the peer closed without answering");
     }
 
     #[test]
