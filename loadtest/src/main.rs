@@ -6,10 +6,12 @@
 //! time with stored offsets (`--restart-offsets M`), takeover across instances on Kafka
 //! (`--instances N --kill-instance-after SECS`), ping round trips during a retention sweep
 //! (`--sweep-offsets M`) and head latency after a restart with an absent client behind
-//! (`--broadcast N --behind M`). `--json` prints the summary as one object.
+//! (`--broadcast N --behind M`), and the highest broadcast rate within a latency bound
+//! (`--broadcast N --find-rate --p99-ms MS`). `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
 mod client;
+mod find_rate;
 mod gateway;
 mod report;
 mod shapes;
@@ -81,6 +83,14 @@ pub struct Cli {
     /// clients subscribe `from: latest` and read at the head.
     #[arg(long)]
     pub behind: Option<u64>,
+    /// With `--broadcast`: find the highest publish rate whose p99 publish-to-delivery stays
+    /// within `--p99-ms` (a run of `--duration-secs` per rate tried, on a fresh gateway each:
+    /// doubling from `--rate` until one misses, then halving the interval).
+    #[arg(long, requires = "broadcast")]
+    pub find_rate: bool,
+    /// The p99 bound of `--find-rate`, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub p99_ms: u64,
     /// Length of a `--broadcast` run.
     #[arg(long, default_value_t = 60)]
     pub duration_secs: u64,
@@ -166,7 +176,9 @@ fn main() -> std::process::ExitCode {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let outcome = runtime.block_on(async {
-        if let Some(instances) = cli.instances {
+        if cli.find_rate {
+            find_rate::run(&cli).await
+        } else if let Some(instances) = cli.instances {
             takeover::run(&cli, instances.max(1)).await
         } else if let Some(sessions) = cli.idle_sessions {
             shapes::idle_sessions(&cli, sessions).await

@@ -25,6 +25,11 @@ impl Summary {
         self.figures.push((name.to_string(), value.into()));
     }
 
+    /// A figure added before, by name.
+    pub fn figure(&self, name: &str) -> Option<&Value> {
+        self.figures.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
     pub fn add_latency(&mut self, name: &str, histogram: &Histogram<u64>) {
         if histogram.is_empty() {
             return;

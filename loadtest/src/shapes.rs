@@ -153,7 +153,10 @@ async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], settle: 
 pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let mut gateway = cli.gateway()?;
     let mut http = Http::new(&gateway.base, cli.admin_token.clone());
-    let run = format!("lt{}", std::process::id());
+    // Unique per run of this process too: `--find-rate` runs the shape several times, and with
+    // `--url` they share one gateway.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = format!("lt{}r{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let clients: Vec<String> = (0..cli.clients).map(|i| format!("{run}-c{i}")).collect();
     // (topic, its clients, events to publish there)
     let assignments: Vec<(String, Vec<String>, u64)> = if cli.fanout {
