@@ -41,6 +41,9 @@ pub async fn run(cli: &Cli) -> anyhow::Result<Summary> {
                 "misses"
             },
         );
+        if let Some(first) = result.problems.first() {
+            eprintln!("find-rate step {step}: {first}");
+        }
         for problem in &result.problems {
             summary.problem(format!("at {rate} events/s: {problem}"));
         }
