@@ -322,10 +322,15 @@ impl StreamWriter {
     /// (a token without a new topic would send a reconnect to `from` for it).
     async fn resume_token(&mut self) -> String {
         let now = tokio::time::Instant::now();
-        let topics = self.info.subscriptions.lock().unwrap().clone();
-        if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == topics) {
-            return cached.token.clone();
-        }
+        // Compared under the lock, copied only when the token is read again (once per chunk of
+        // events, so no copy of the list on the common path).
+        let topics = {
+            let current = self.info.subscriptions.lock().unwrap();
+            if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == *current) {
+                return cached.token.clone();
+            }
+            current.clone()
+        };
         let token = self.read_resume_token(&topics).await;
         self.token = Some(CachedToken { read_at: now, topics, token: token.clone() });
         token

@@ -124,10 +124,7 @@ impl Drop for FrameWrite<'_> {
             self.connection.cut.store(true, Ordering::Relaxed);
             let stream: &TcpStream = (*self.writer).as_ref();
             let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
-            let mut connections = self.remoting.connections.lock().unwrap();
-            if connections.get(self.addr).is_some_and(|c| Arc::ptr_eq(c, self.connection)) {
-                connections.remove(self.addr);
-            }
+            self.remoting.forget(self.addr, self.connection);
             tracing::warn!(addr = %self.addr, written = self.written, frame = self.len, "RocketMQ request cut mid-write (timed out): its connection takes no more requests");
         }
     }
@@ -207,11 +204,18 @@ impl Remoting {
         Ok(connection)
     }
 
-    fn drop_connection(&self, addr: &str, connection: &Arc<Connection>) {
+    /// Takes `connection` out of use (if it is still the one for `addr`): the next request
+    /// opens a new one.
+    fn forget(&self, addr: &str, connection: &Arc<Connection>) {
         let mut connections = self.connections.lock().unwrap();
         if connections.get(addr).is_some_and(|c| Arc::ptr_eq(c, connection)) {
             connections.remove(addr);
         }
+    }
+
+    /// `forget`, and wakes every waiter on it with "connection closed".
+    fn drop_connection(&self, addr: &str, connection: &Arc<Connection>) {
+        self.forget(addr, connection);
         connection.pending.lock().unwrap().take();
     }
 
