@@ -63,10 +63,11 @@ pub const ROCKETMQ_UNMAPPED_REVIVED: &str = "ackgate_rocketmq_unmapped_revived_t
 pub const ROCKETMQ_PENDING_HANDLES: &str = "ackgate_rocketmq_pending_handles";
 pub const ROCKETMQ_BROKER_ACKS: &str = "ackgate_rocketmq_broker_acks_total";
 pub const ROCKETMQ_INVISIBLE_EXTENSIONS: &str = "ackgate_rocketmq_invisible_extensions_total";
+pub const ROCKETMQ_OFFSET_MOVES: &str = "ackgate_rocketmq_offset_moves_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 30] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
@@ -96,6 +97,7 @@ pub const ALL: [&str; 29] = [
     ROCKETMQ_PENDING_HANDLES,
     ROCKETMQ_BROKER_ACKS,
     ROCKETMQ_INVISIBLE_EXTENSIONS,
+    ROCKETMQ_OFFSET_MOVES,
 ];
 
 /// `ackgate_rocketmq_popped_total`: messages popped from the broker (POP mode).
@@ -125,6 +127,12 @@ pub fn rocketmq_broker_acks(result: &'static str) -> Counter {
 /// popped messages still unacknowledged.
 pub fn rocketmq_invisible_extensions(result: &'static str) -> Counter {
     metrics::counter!(ROCKETMQ_INVISIBLE_EXTENSIONS, "result" => result)
+}
+
+/// `ackgate_rocketmq_offset_moves_total{followed=true|false}`: PULL answers OFFSET_MOVED forward;
+/// followed only past offsets the log dropped, not after a reset of the group's offset.
+pub fn rocketmq_offset_moves(followed: bool) -> Counter {
+    metrics::counter!(ROCKETMQ_OFFSET_MOVES, "followed" => if followed { "true" } else { "false" })
 }
 
 /// `ackgate_dead_letters_redriven_total`: dead letters an operator marked for redrive (each
@@ -212,6 +220,10 @@ impl Metrics {
         describe_gauge!(ROCKETMQ_PENDING_HANDLES, "Popped RocketMQ messages whose broker ACK is still to be sent");
         describe_counter!(ROCKETMQ_BROKER_ACKS, "ACK requests to the RocketMQ broker (POP mode), by result: acked, retried, failed");
         describe_counter!(ROCKETMQ_INVISIBLE_EXTENSIONS, "Invisible-time extensions of popped RocketMQ messages, by result: ok, failed");
+        describe_counter!(
+            ROCKETMQ_OFFSET_MOVES,
+            "RocketMQ PULL answers OFFSET_MOVED forward, by whether the cursor followed (only past offsets below the queue's min offset)"
+        );
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");

@@ -110,6 +110,35 @@ async fn pull_mode_never_leaves_an_offset_on_the_broker_and_resumes_from_its_che
     assert_eq!(broker.consumer_offset(GROUP, "pulled", 0).await, None);
 }
 
+/// An operator resets the consumer group's offset at the broker while the gateway is down (the
+/// broker answers the group's next PULL with OFFSET_MOVED to the reset target, as Apache's does
+/// with its server-side reset). The log still holds everything from the gateway's cursor on, so
+/// the move is no gap: the client gets every event it has not acknowledged, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_offset_move_at_the_broker_skips_nothing_the_log_still_holds() {
+    let broker = TestRocketMq::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(pull_config(&data, &broker)).await;
+    create_topic(&gw.base, "moved", 1).await;
+    publish_n(&gw.base, "moved", 0, 3).await;
+    consume_and_ack(gw.addr(), "acker", "moved", 3).await.close().await;
+    gw.stop().await;
+    for n in 3..10 {
+        send_directly(&broker, "moved", n).await;
+    }
+    broker.reset_group_offset(GROUP, "moved", 0, 7).await;
+
+    let gw = InProcess::start(pull_config(&data, &broker)).await;
+    let mut client = TestClient::connect(gw.addr(), "acker").await;
+    client.subscribe("moved", json!({})).await;
+    let events = client.recv_events(7).await;
+    assert_eq!(events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect::<Vec<_>>(), (3..10).collect::<Vec<_>>());
+    client.ack_confirmed(&ids(&events), "rest").await;
+    assert_eq!(metric(&gw.base, "ackgate_rocketmq_offset_moves_total{followed=\"false\"}").await, 1.0, "the move was seen and not followed");
+    assert_eq!(metric(&gw.base, "ackgate_gaps_total").await, 0.0, "no gap is reported for a move");
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_on_rocketmq_pull_loses_nothing_and_never_moves_offsets_back() {
     let broker = TestRocketMq::start();

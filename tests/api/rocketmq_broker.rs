@@ -64,6 +64,22 @@ impl TestRocketMq {
         Remoting::default().call(addr, request, ext, &[], Duration::from_secs(5)).await.expect("RocketMQ answers")
     }
 
+    /// An operator's reset of `group`'s offset on one queue, as `mqadmin resetOffsetByTime` does
+    /// it (INVOKE_BROKER_TO_RESET_OFFSET with a target offset). With the broker's server-side reset
+    /// (on by default), the group's next PULL of the queue answers OFFSET_MOVED to `offset`.
+    pub async fn reset_group_offset(&self, group: &str, topic: &str, queue: u32, offset: u64) {
+        let ext = [
+            ("topic", topic.to_string()),
+            ("group", group.to_string()),
+            ("queueId", queue.to_string()),
+            ("offset", offset.to_string()),
+            ("timestamp", "-1".to_string()),
+            ("isForce", "true".to_string()),
+        ];
+        let r = self.call(&self.broker_addr().await, 222, &ext).await;
+        assert_eq!(r.code, 0, "reset offset refused: {:?}", r.remark);
+    }
+
     /// The consumer offset the broker holds for `group` on a queue (`None`: it holds none).
     pub async fn consumer_offset(&self, group: &str, topic: &str, queue: u32) -> Option<i64> {
         let ext =

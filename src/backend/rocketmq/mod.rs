@@ -164,10 +164,29 @@ impl RocketMqLog {
         let route = self.route_of(tp).await?;
         let mut offset = offset;
         // An offset below the log start (or past a hole) is moved once by the broker's answer.
-        for _ in 0..2 {
+        for attempt in 0..2 {
             match self.broker.pull(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, offset, max, wait).await? {
                 Pulled::Found { messages, .. } => return Ok(self.to_events(tp, messages, offset, max)),
-                Pulled::NotFound { next } | Pulled::OffsetMoved { next } if next > offset => offset = next,
+                Pulled::OffsetMoved { next } if next > offset => {
+                    // Two causes: the log dropped `offset` (below the queue's min offset), or an
+                    // operator reset the group's offset at the broker, which answers the group's
+                    // next PULL with the reset target once (server-side reset, on by default).
+                    // Following the second would skip events no client has received.
+                    let log_start = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, false).await?;
+                    let followed = offset < log_start;
+                    crate::core::metrics::rocketmq_offset_moves(followed).increment(1);
+                    if followed {
+                        offset = next;
+                    } else {
+                        tracing::warn!(%tp, offset, moved_to = next, log_start, "the broker moved a PULL forward within the log (a reset of the consumer group's offset at the broker?); reading on from the offset ackgate holds");
+                        if attempt == 1 {
+                            // A broker that keeps answering so must not turn the reader into a
+                            // busy loop.
+                            tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
+                        }
+                    }
+                }
+                Pulled::NotFound { next } if next > offset => offset = next,
                 Pulled::NotFound { .. } | Pulled::OffsetMoved { .. } => return Ok(Vec::new()),
             }
         }
