@@ -244,6 +244,10 @@ pub struct RocketMqConfig {
     pub request_timeout_ms: u64,
     /// A publish the broker has not confirmed within this fails with "unavailable".
     pub publish_timeout_ms: u64,
+    /// How often topic routes are read again from the name server: queues added to a topic
+    /// (a new master, more queues on the last one) reach live subscriptions, and a route that
+    /// would renumber partitions is refused (readiness false).
+    pub route_refresh_ms: u64,
 }
 
 impl Default for RocketMqConfig {
@@ -256,6 +260,7 @@ impl Default for RocketMqConfig {
             invisible_time_ms: 30_000,
             request_timeout_ms: 5000,
             publish_timeout_ms: 10_000,
+            route_refresh_ms: 30_000,
         }
     }
 }
@@ -507,6 +512,7 @@ impl Config {
             ("kafka.metadata_refresh_ms", self.kafka.metadata_refresh_ms),
             ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
             ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
+            ("rocketmq.route_refresh_ms", self.rocketmq.route_refresh_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
@@ -545,6 +551,7 @@ impl Config {
             ("kafka.metadata_refresh_ms", self.kafka.metadata_refresh_ms),
             ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
             ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
+            ("rocketmq.route_refresh_ms", self.rocketmq.route_refresh_ms),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),

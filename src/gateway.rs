@@ -403,11 +403,12 @@ fn spawn_background(app: &AppState, backend: &Backend) {
     };
 
     // Partitions added to a topic reach its live subscriptions: on Kafka at each metadata
-    // refresh, on the embedded log (counts in memory) every second. RocketMQ: not yet (issue 22).
+    // refresh, on the embedded log (counts in memory) every second, on RocketMQ at each route
+    // refresh (which also refuses a route that would renumber partitions).
     let watch_every = match backend {
         Backend::Kafka(_) => Some(config.kafka.metadata_refresh_ms),
         Backend::Embedded(_) => Some(1000),
-        Backend::RocketMq(_) => None,
+        Backend::RocketMq(_) => Some(config.rocketmq.route_refresh_ms),
     };
     if let Some(ms) = watch_every {
         let watching = crate::core::partition_watch::watch_partition_counts(app.dispatcher.clone(), Duration::from_millis(ms), cancel.clone());

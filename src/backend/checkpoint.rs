@@ -85,10 +85,18 @@ fn write_checkpoint(path: &Path, cursors: &BTreeMap<TopicPartition, u64>) -> io:
     for (tp, offset) in cursors {
         text.push_str(&format!("{tp}={offset}\n"));
     }
-    let tmp = path.with_extension("properties.tmp");
+    write_atomically(path, text.as_bytes())
+}
+
+/// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new one:
+/// a temp file, fsynced, renamed over it, the directory fsynced.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     {
         let mut file = fs::File::create(&tmp)?;
-        file.write_all(text.as_bytes())?;
+        file.write_all(bytes)?;
         file.sync_all()?;
     }
     fs::rename(&tmp, path)?;

@@ -64,10 +64,11 @@ pub const ROCKETMQ_PENDING_HANDLES: &str = "ackgate_rocketmq_pending_handles";
 pub const ROCKETMQ_BROKER_ACKS: &str = "ackgate_rocketmq_broker_acks_total";
 pub const ROCKETMQ_INVISIBLE_EXTENSIONS: &str = "ackgate_rocketmq_invisible_extensions_total";
 pub const ROCKETMQ_OFFSET_MOVES: &str = "ackgate_rocketmq_offset_moves_total";
+pub const ROCKETMQ_ROUTES_REFUSED: &str = "ackgate_rocketmq_routes_refused_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
@@ -98,6 +99,7 @@ pub const ALL: [&str; 30] = [
     ROCKETMQ_BROKER_ACKS,
     ROCKETMQ_INVISIBLE_EXTENSIONS,
     ROCKETMQ_OFFSET_MOVES,
+    ROCKETMQ_ROUTES_REFUSED,
 ];
 
 /// `ackgate_rocketmq_popped_total`: messages popped from the broker (POP mode).
@@ -133,6 +135,12 @@ pub fn rocketmq_invisible_extensions(result: &'static str) -> Counter {
 /// followed only past offsets the log dropped, not after a reset of the group's offset.
 pub fn rocketmq_offset_moves(followed: bool) -> Counter {
     metrics::counter!(ROCKETMQ_OFFSET_MOVES, "followed" => if followed { "true" } else { "false" })
+}
+
+/// `ackgate_rocketmq_routes_refused_total`: RocketMQ routes refused because they would renumber
+/// a topic's partitions (counted per refresh while it lasts).
+pub fn rocketmq_routes_refused() -> Counter {
+    metrics::counter!(ROCKETMQ_ROUTES_REFUSED)
 }
 
 /// `ackgate_dead_letters_redriven_total`: dead letters an operator marked for redrive (each
@@ -223,6 +231,10 @@ impl Metrics {
         describe_counter!(
             ROCKETMQ_OFFSET_MOVES,
             "RocketMQ PULL answers OFFSET_MOVED forward, by whether the cursor followed (only past offsets below the queue's min offset)"
+        );
+        describe_counter!(
+            ROCKETMQ_ROUTES_REFUSED,
+            "RocketMQ routes refused because they would renumber a topic's partitions (per route refresh while it lasts)"
         );
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");

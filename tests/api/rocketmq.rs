@@ -52,20 +52,29 @@ const INFLIGHT_OBSERVER: &str = "enablePopMessageThreshold = true\npopInflightMe
 
 /// From outside ackgate: sends `{"n": n}` straight to queue 0 of `topic`.
 async fn send_directly(broker: &TestRocketMq, topic: &str, n: u64) {
+    send_to(broker, &broker.broker_addr().await, topic, 0, n).await;
+}
+
+/// From outside ackgate: sends `{"n": n}` to one queue of `topic` on the broker at `addr`.
+async fn send_to(broker: &TestRocketMq, addr: &str, topic: &str, queue: u32, n: u64) {
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
     let properties = ackgate::backend::rocketmq::message::encode_properties(&[("UNIQ_KEY", &format!("outside-{n}"))]);
-    client.send(&broker.broker_addr().await, "outside", topic, 0, properties, json!({"n": n}).to_string().as_bytes(), Duration::from_secs(5)).await.unwrap();
+    client.send(addr, "outside", topic, queue, properties, json!({"n": n}).to_string().as_bytes(), Duration::from_secs(5)).await.unwrap();
 }
 
 /// From outside ackgate: POPs queue 0 of `topic` as the gateway's consumer group, for up to
 /// `within` or until `stop_when` messages came: their payload numbers.
 async fn pop_from_outside(broker: &TestRocketMq, topic: &str, within: Duration, stop_when: usize) -> BTreeSet<u64> {
+    pop_from(broker, &broker.broker_addr().await, topic, 0, within, stop_when).await
+}
+
+/// `pop_from_outside` for one queue of the broker at `addr`.
+async fn pop_from(broker: &TestRocketMq, addr: &str, topic: &str, queue: u32, within: Duration, stop_when: usize) -> BTreeSet<u64> {
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
-    let addr = broker.broker_addr().await;
     let mut seen = BTreeSet::new();
     let started = Instant::now();
     while started.elapsed() < within && seen.len() < stop_when {
-        let (_, messages) = client.pop(&addr, GROUP, topic, 0, 32, Duration::from_secs(60), Duration::from_millis(500)).await.expect("pop");
+        let (_, messages) = client.pop(addr, GROUP, topic, queue, 32, Duration::from_secs(60), Duration::from_millis(500)).await.expect("pop");
         for m in messages {
             let payload: Value = serde_json::from_slice(&m.expect("a message that decodes").body).unwrap();
             seen.insert(payload["n"].as_u64().unwrap());
@@ -282,4 +291,102 @@ async fn pop_a_slow_live_client_gets_each_event_once_and_is_settled_late() {
     send_directly(&broker, "slow", 5).await;
     let after = pop_from_outside(&broker, "slow", Duration::from_secs(20), 1).await;
     assert_eq!(after, [5].into(), "the late acks reached the broker: nothing of the first five is in flight or comes back");
+}
+
+/// Creates `topic` with `queues` queues on every master of the cluster (as `mqadmin updateTopic
+/// -c` does) and waits until the name server routes all of them.
+async fn create_on_every_master(broker: &TestRocketMq, topic: &str, queues: u32) -> Vec<(String, String)> {
+    let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
+    let masters = broker.brokers().await;
+    for (_, addr) in &masters {
+        client.create_topic(addr, topic, queues).await.unwrap();
+    }
+    let started = Instant::now();
+    while client.route(topic).await.unwrap().map_or(0, |r| r.len()) < masters.len() {
+        assert!(started.elapsed() < WAIT, "the name server does not route {topic} on every master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    masters
+}
+
+/// A topic with queues on two masters: every queue is a partition (broker-a's queues first),
+/// each event reaches the client from its own partition, and every popped handle is acknowledged
+/// at the broker that popped it: afterwards neither broker holds a message in flight (with
+/// `popInflightMessageThreshold = 0` it would refuse the POPs below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_on_two_masters_is_served_whole_and_each_handle_is_acked_where_it_was_popped() {
+    let broker = TestRocketMq::start_cluster(2, INFLIGHT_OBSERVER);
+    let masters = create_on_every_master(&broker, "spread", 2).await;
+    assert_eq!(masters.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["broker-a", "broker-b"]);
+    let (at_a, at_b) = (masters[0].1.clone(), masters[1].1.clone());
+    // n = 10 * partition + k: broker-a's queues are partitions 0 and 1, broker-b's 2 and 3.
+    for (addr, first_partition) in [(&at_a, 0), (&at_b, 2)] {
+        for queue in 0..2 {
+            send_to(&broker, addr, "spread", queue, 10 * (first_partition + u64::from(queue))).await;
+        }
+    }
+    let namesrv = broker.namesrv();
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &rocketmq_env(&namesrv, "pop", "30000"));
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    let spread = topics["topics"].as_array().unwrap().iter().find(|t| t["name"] == "spread").cloned().unwrap_or_default();
+    assert_eq!(spread["partitions"].as_array().map(Vec::len), Some(4), "{topics}");
+
+    let mut client = TestClient::connect(gw.addr, "reader").await;
+    client.subscribe("spread", json!({})).await;
+    let mut events = client.recv_events(4).await;
+    events.sort_by_key(|e| e["partition"].as_u64());
+    let seen: Vec<(u64, u64)> = events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(seen, [(0, 0), (1, 10), (2, 20), (3, 30)], "each queue is its own partition");
+    client.ack_confirmed(&ids(&events), "all").await;
+    settle(&gw.base).await;
+    assert_eq!(metric(&gw.base, "ackgate_rocketmq_broker_acks_total{result=\"failed\"}").await, 0.0);
+    client.close().await;
+    gw.terminate();
+
+    for (addr, first_partition) in [(&at_a, 0), (&at_b, 2)] {
+        for queue in 0..2 {
+            let n = 100 + 10 * (first_partition + u64::from(queue));
+            send_to(&broker, addr, "spread", queue, n).await;
+            let after = pop_from(&broker, addr, "spread", queue, Duration::from_secs(20), 1).await;
+            assert!(after.contains(&n), "queue {queue} at {addr} holds nothing in flight, so it pops again: {after:?}");
+        }
+    }
+}
+
+/// When a master of a topic leaves the route (killed), the route would renumber the topic's
+/// partitions: it is refused, counted, and readiness goes false, while the topic keeps its four
+/// partitions and the other master's stay served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_would_renumber_partitions_is_refused_and_readiness_goes_false() {
+    let broker = TestRocketMq::start_cluster(2, "");
+    create_on_every_master(&broker, "spread", 2).await;
+    let namesrv = broker.namesrv();
+    let mut env = rocketmq_env(&namesrv, "pull", "30000");
+    env.push(("ACKGATE_ROCKETMQ__ROUTE_REFRESH_MS", "200"));
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    let partitions = |topics: &Value| {
+        let list = topics["topics"].as_array().unwrap_or_else(|| panic!("GET /topics: {topics}"));
+        list.iter().find(|t| t["name"] == "spread").map(|t| t["partitions"].as_array().map_or(0, Vec::len))
+    };
+    assert_eq!(partitions(&get_json(&format!("{}/topics", gw.base)).await.1), Some(4));
+    assert_eq!(http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status(), 200);
+
+    broker.kill_broker(2);
+    let started = Instant::now();
+    while http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status() != 503 {
+        assert!(started.elapsed() < Duration::from_secs(60), "readiness stayed true with broker-b gone from the route");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(metric(&gw.base, "ackgate_rocketmq_routes_refused_total").await >= 1.0);
+    // Partition 3 is still broker-b's queue 1 (unavailable now), not an unknown partition.
+    let to_b = http().post(format!("{}/topics/spread/events", gw.base)).json(&json!({"events": [{"partition": 3, "payload": {}}]})).send().await.unwrap();
+    assert_eq!(to_b.status(), 503, "{:?}", to_b.text().await);
+    let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
+    assert!(layout.contains("spread=broker-a:2,broker-b:2"), "{layout}");
+    // broker-a's partitions are still served.
+    let answer = publish(&gw.base, "spread", json!({"events": [{"partition": 1, "payload": {"n": 1}}]})).await;
+    assert_eq!(answer["offsets"][0]["partition"], 1, "{answer}");
+    gw.terminate();
 }

@@ -13,6 +13,7 @@ pub struct TestRocketMq {
     dir: tempfile::TempDir,
     pub port: u16,
     extra: String,
+    brokers: usize,
 }
 
 fn script() -> PathBuf {
@@ -30,9 +31,26 @@ impl TestRocketMq {
 
     /// With extra `[broker]` TOML lines (revive timing, ...).
     pub fn start_with(extra: &str) -> Self {
-        let broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), extra: extra.to_string() };
+        Self::start_cluster(1, extra)
+    }
+
+    /// A name server and `brokers` masters of one cluster (broker-a, broker-b, ...).
+    pub fn start_cluster(brokers: usize, extra: &str) -> Self {
+        let broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), extra: extra.to_string(), brokers };
         broker.run("start");
         broker
+    }
+
+    /// Every master the name server routes: (broker name, address), by name.
+    pub async fn brokers(&self) -> Vec<(String, String)> {
+        ackgate::backend::rocketmq::Broker::new(self.namesrv(), Duration::from_secs(5)).brokers().await.expect("cluster info")
+    }
+
+    /// SIGKILL of the `n`th master (1-based, as `start_cluster` named them a, b, ...).
+    pub fn kill_broker(&self, n: usize) {
+        let pid = std::fs::read_to_string(self.dir.path().join(format!("broker-{n}.pid"))).expect("the broker's pid file");
+        let status = Command::new("kill").arg("-9").arg(pid.trim()).status().unwrap();
+        assert!(status.success());
     }
 
     fn run(&self, verb: &str) {
@@ -42,6 +60,7 @@ impl TestRocketMq {
             .arg(self.port.to_string())
             .env("ACKGATE_DEV_ROCKETMQ_DATA", self.dir.path())
             .env("ACKGATE_DEV_ROCKETMQ_BROKER_EXTRA", &self.extra)
+            .env("ACKGATE_DEV_ROCKETMQ_BROKERS", self.brokers.to_string())
             .status()
             .expect("scripts/rocketmq-test-broker runs");
         assert!(status.success() || verb == "stop", "rocketmq-test-broker {verb} failed: see {}", self.dir.path().display());

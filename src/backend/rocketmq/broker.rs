@@ -9,11 +9,11 @@ use super::remoting::{code, response, Remoting, RemotingError, Response};
 use crate::core::backend::BackendError;
 use crate::core::clock::{Clock, SystemClock};
 
-/// Where a topic lives: its one master broker and its queue count.
+/// One master broker's share of a topic, as the name server routes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub broker_name: String,
-    pub broker_addr: String,
+pub struct RoutedBroker {
+    pub name: String,
+    pub addr: String,
     pub queues: u32,
 }
 
@@ -75,8 +75,9 @@ impl Broker {
         Ok(body["topicList"].as_array().map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()).unwrap_or_default())
     }
 
-    /// The route of `topic`, `None` when the name server does not know it.
-    pub async fn route(&self, topic: &str) -> Result<Option<Route>, BackendError> {
+    /// Every master broker holding queues of `topic` (any order), `None` when the name server
+    /// does not know it. A broker whose master is away is left out.
+    pub async fn route(&self, topic: &str) -> Result<Option<Vec<RoutedBroker>>, BackendError> {
         let r = self.call(&self.namesrv, code::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic.to_string())], &[], self.timeout).await?;
         if r.code == response::TOPIC_NOT_EXIST {
             return Ok(None);
@@ -85,20 +86,26 @@ impl Broker {
             return Err(refused("route", &r));
         }
         let body: serde_json::Value = parse_json(&r.body)?;
-        let queue = body["queueDatas"].as_array().and_then(|q| q.first()).cloned().unwrap_or_default();
-        let broker_name = queue["brokerName"].as_str().unwrap_or_default().to_string();
-        let queues = queue["readQueueNums"].as_u64().unwrap_or(0) as u32;
-        let broker_addr = body["brokerDatas"]
+        let master_of = |name: &str| {
+            body["brokerDatas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|b| b["brokerName"].as_str() == Some(name))
+                .and_then(|b| b["brokerAddrs"]["0"].as_str())
+                .map(str::to_string)
+        };
+        let brokers: Vec<RoutedBroker> = body["queueDatas"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|b| b["brokerName"].as_str() == Some(broker_name.as_str()))
-            .and_then(|b| b["brokerAddrs"]["0"].as_str())
-            .map(str::to_string);
-        match broker_addr {
-            Some(broker_addr) if queues > 0 => Ok(Some(Route { broker_name, broker_addr, queues })),
-            _ => Ok(None),
-        }
+            .filter_map(|queue| {
+                let name = queue["brokerName"].as_str()?.to_string();
+                let queues = u32::try_from(queue["readQueueNums"].as_u64()?).ok().filter(|q| *q > 0)?;
+                Some(RoutedBroker { addr: master_of(&name)?, name, queues })
+            })
+            .collect();
+        Ok((!brokers.is_empty()).then_some(brokers))
     }
 
     /// The master address of every broker the name server knows, by broker name.

@@ -8,8 +8,8 @@
 //!   Reads by offset (catch-up, and the stretch between the cursor and the group's pop position
 //!   after a restart or a rewind) use PULL, which needs no handle.
 //!
-//! A topic lives on one master broker (the first the name server names); topics spread over
-//! several masters are not supported. This is the only module that speaks RocketMQ.
+//! A topic may have queues on several master brokers: partition = (broker name, queue id), in
+//! the order `layout.rs` keeps stable. This is the only module that speaks RocketMQ.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 pub mod broker;
+mod layout;
 pub mod message;
 mod pop;
 pub mod remoting;
@@ -29,7 +30,8 @@ use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{AckFloor, BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::names::{TopicName, TopicPartition};
-pub use broker::{Broker, Pulled, Route};
+pub use broker::{Broker, Pulled, RoutedBroker};
+use layout::{Fit, Layouts, PartitionQueue, Route, LAYOUT_FILE};
 use message::{encode_properties, is_property_safe, is_system_property, Decoded, StoredMessage, Undecodable, KEYS, POP_CK, UNIQ_KEY};
 use pop::{Handle, Ledger, Positions};
 
@@ -64,7 +66,11 @@ pub struct RocketMqLog {
     settings: RocketMqSettings,
     broker: Broker,
     served: Option<std::collections::HashSet<String>>,
+    /// Each topic's partitions as last routed (the hot path reads here; `partitions` refreshes).
     routes: Mutex<HashMap<TopicName, Route>>,
+    layouts: Layouts,
+    /// Topics whose route would renumber partitions (refused; readiness is false meanwhile).
+    misrouted: Mutex<std::collections::HashSet<TopicName>>,
     cursors: PullCursors,
     /// Polls of one partition at its cursor run one at a time.
     cursor_locks: Mutex<HashMap<TopicPartition, Arc<tokio::sync::Mutex<()>>>>,
@@ -95,6 +101,7 @@ impl RocketMqLog {
     /// and loads the pull checkpoint from `data_dir`.
     pub async fn open(data_dir: &Path, settings: RocketMqSettings) -> Result<Arc<Self>, BackendError> {
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(|e| BackendError::Io(e.to_string()))?;
+        let layouts = Layouts::load(data_dir.join(LAYOUT_FILE)).map_err(|e| BackendError::Io(e.to_string()))?;
         let broker = Broker::new(settings.namesrv_addr.clone(), settings.request_timeout);
         let brokers = broker.brokers().await?;
         if brokers.is_empty() {
@@ -108,6 +115,8 @@ impl RocketMqLog {
             broker,
             served,
             routes: Mutex::new(HashMap::new()),
+            layouts,
+            misrouted: Mutex::new(Default::default()),
             cursors,
             cursor_locks: Mutex::new(HashMap::new()),
             popped_to: Mutex::new(HashMap::new()),
@@ -140,19 +149,50 @@ impl RocketMqLog {
         if !self.is_served(topic.as_str()) {
             return Ok(None);
         }
-        let route = self.broker.route(topic.as_str()).await?;
-        if let Some(route) = &route {
-            self.routes.lock().unwrap().insert(topic.clone(), route.clone());
-        }
-        Ok(route)
+        self.refresh_route(topic).await
     }
 
-    async fn route_of(&self, tp: &TopicPartition) -> Result<Route, BackendError> {
+    /// Asks the name server for `topic`'s route and fits it to the stored layout. A route that
+    /// would renumber partitions is refused: the stored layout stays (with the addresses last
+    /// known for brokers the route no longer names), the refusal is logged and counted, and
+    /// readiness is false until a route fits again.
+    async fn refresh_route(&self, topic: &TopicName) -> Result<Option<Route>, BackendError> {
+        let Some(brokers) = self.broker.route(topic.as_str()).await? else { return Ok(None) };
+        let stored = self.layouts.get(topic);
+        let routed: Vec<(String, u32)> = brokers.iter().map(|b| (b.name.clone(), b.queues)).collect();
+        let route = match layout::fit(stored.as_ref(), &routed) {
+            Fit::Fits(layout) => {
+                if stored.as_ref() != Some(&layout) {
+                    self.layouts.set(topic, layout.clone()).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
+                    if let Some(stored) = &stored {
+                        tracing::info!(%topic, before = ?stored, now = ?layout, "RocketMQ topic has new queues; partitions added after the existing ones");
+                    }
+                }
+                if self.misrouted.lock().unwrap().remove(topic) {
+                    tracing::info!(%topic, "RocketMQ route fits the topic's partitions again");
+                }
+                Route::new(layout, &brokers)
+            }
+            Fit::Renumbers(why) => {
+                crate::core::metrics::rocketmq_routes_refused().increment(1);
+                if self.misrouted.lock().unwrap().insert(topic.clone()) {
+                    tracing::error!(%topic, %why, stored = ?stored, routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; serving the stored layout, readiness false until the route fits");
+                }
+                let mut route = self.routes.lock().unwrap().get(topic).cloned().unwrap_or_else(|| Route::new(stored.unwrap_or_default(), &[]));
+                route.learn_addrs(&brokers);
+                route
+            }
+        };
+        self.routes.lock().unwrap().insert(topic.clone(), route.clone());
+        Ok(Some(route))
+    }
+
+    /// The broker queue of a partition.
+    async fn queue_of(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
         let route = self.route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
-        if tp.partition >= route.queues {
-            return Err(BackendError::UnknownPartition(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.queues)));
-        }
-        Ok(route)
+        route
+            .queue(tp.partition)
+            .ok_or_else(|| BackendError::UnknownPartition(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.partitions())))
     }
 
     fn cursor_lock(&self, tp: &TopicPartition) -> Arc<tokio::sync::Mutex<()>> {
@@ -161,18 +201,18 @@ impl RocketMqLog {
 
     /// Reads by offset with PULL (no handle, no cursor): up to `max` events from `offset` on.
     async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
-        let route = self.route_of(tp).await?;
+        let q = self.queue_of(tp).await?;
         let mut offset = offset;
         // An offset below the log start (or past a hole) is moved once by the broker's answer.
         for attempt in 0..2 {
-            match self.broker.pull(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, offset, max, wait).await? {
-                Pulled::Found { messages, .. } => return Ok(self.to_events(tp, messages, offset, max)),
+            match self.broker.pull(&q.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), q.queue_id, offset, max, wait).await? {
+                Pulled::Found { messages, .. } => return Ok(self.to_events(tp, q.queue_id, messages, offset, max)),
                 Pulled::OffsetMoved { next } if next > offset => {
                     // Two causes: the log dropped `offset` (below the queue's min offset), or an
                     // operator reset the group's offset at the broker, which answers the group's
                     // next PULL with the reset target once (server-side reset, on by default).
                     // Following the second would skip events no client has received.
-                    let log_start = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, false).await?;
+                    let log_start = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, false).await?;
                     let followed = offset < log_start;
                     crate::core::metrics::rocketmq_offset_moves(followed).increment(1);
                     if followed {
@@ -196,7 +236,7 @@ impl RocketMqLog {
     /// Events of `tp` at or after `from`, learning each one's `UNIQ_KEY` position. A message that
     /// does not decode becomes an undecodable stand-in at the offset after the previous event
     /// (every subscriber dead-letters it and goes on); nothing after it is trusted.
-    fn to_events(&self, tp: &TopicPartition, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
+    fn to_events(&self, tp: &TopicPartition, queue_id: u32, messages: Vec<Decoded>, from: u64, max: usize) -> Vec<Event> {
         let mut events: Vec<Event> = Vec::new();
         for decoded in messages {
             if events.len() >= max {
@@ -204,11 +244,11 @@ impl RocketMqLog {
             }
             let expected = events.last().map_or(from, |e| e.offset + 1);
             match decoded {
-                Ok(m) if m.queue_id == tp.partition && m.queue_offset >= from => {
+                Ok(m) if m.queue_id == queue_id && m.queue_offset >= from => {
                     if let Some(uniq) = m.property(UNIQ_KEY) {
                         self.positions.learn(uniq, tp, m.queue_offset);
                     }
-                    events.push(m.into_event());
+                    events.push(Event { partition: tp.partition, ..m.into_event() });
                 }
                 Ok(_) => {}
                 Err(bad) => {
@@ -237,11 +277,9 @@ impl RocketMqLog {
                 return Ok(events);
             }
         }
-        let route = self.route_of(tp).await?;
-        let (header, messages) = self
-            .broker
-            .pop(&route.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), tp.partition, max, self.settings.invisible_time, wait)
-            .await?;
+        let q = self.queue_of(tp).await?;
+        let (header, messages) =
+            self.broker.pop(&q.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), q.queue_id, max, self.settings.invisible_time, wait).await?;
         let mut fresh = Vec::new();
         // Popped but not decodable: no receipt handle can be built for it. It is skipped here and
         // read by PULL (below, as the hole it leaves) as an undecodable stand-in that every
@@ -252,14 +290,14 @@ impl RocketMqLog {
             let message = match message {
                 Ok(message) => message,
                 Err(bad) => {
-                    if bad.queue_id == Some(tp.partition) {
+                    if bad.queue_id == Some(q.queue_id) {
                         undecodable_to = undecodable_to.max(bad.queue_offset.map_or(0, |o| o + 1));
                     }
                     undecodable(tp, bad.queue_offset.unwrap_or(cursor), &bad);
                     continue;
                 }
             };
-            let Some((original_tp, original_offset, handle)) = self.handle_of(&route, tp, &header, &message) else {
+            let Some((original_tp, original_offset, handle)) = self.handle_of(&q, tp, &header, &message) else {
                 continue;
             };
             crate::core::metrics::rocketmq_popped().increment(1);
@@ -274,11 +312,11 @@ impl RocketMqLog {
             Some(last) => (last.queue_offset + 1).max(undecodable_to),
             None if undecodable_to > 0 => undecodable_to,
             // Nothing new: everything below the log end was popped already.
-            None => self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, true).await?,
+            None => self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await?,
         };
         self.popped_to.lock().unwrap().insert(tp.clone(), pop_position.max(popped_to));
         if fresh.first().is_some_and(|m| m.queue_offset == cursor) {
-            let mut events = self.to_events(tp, fresh.into_iter().map(Ok).collect(), cursor, max);
+            let mut events = self.to_events(tp, q.queue_id, fresh.into_iter().map(Ok).collect(), cursor, max);
             // Only the run contiguous from the cursor; anything after a hole is read by PULL.
             let contiguous = events.iter().enumerate().take_while(|(i, e)| e.offset == cursor + *i as u64).count();
             events.truncate(contiguous);
@@ -294,8 +332,8 @@ impl RocketMqLog {
 
     /// The original partition and offset of a popped message, and its receipt handle; `None`
     /// for a revived message whose original is unknown here (left to the broker, counted).
-    fn handle_of(&self, route: &Route, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
-        let popped = pop::receipt(&self.settings.consumer_group, &route.broker_name, polled, header, m, &self.positions);
+    fn handle_of(&self, q: &PartitionQueue, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
+        let popped = pop::receipt(&self.settings.consumer_group, q, polled, header, m, &self.positions);
         if popped.is_none() {
             crate::core::metrics::rocketmq_unmapped_revived().increment(1);
             tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
@@ -380,18 +418,23 @@ impl RocketMqLog {
         }
     }
 
+    /// The master that popped a handle: its extra info names the broker (ACKs and invisible-time
+    /// changes are valid only there; its retry topic lives there too).
     async fn broker_addr_of_handle(&self, handle: &Handle) -> Option<String> {
-        // Every served topic lives on one broker; its retry topic lives on the same one.
-        let routes = self.routes.lock().unwrap().values().next().map(|r| r.broker_addr.clone());
-        match routes {
-            Some(addr) => Some(addr),
-            None => match self.broker.brokers().await {
-                Ok(brokers) => brokers.first().map(|(_, a)| a.clone()),
-                Err(e) => {
-                    tracing::warn!(topic = %handle.topic, error = %e, "no broker address for a receipt handle");
-                    None
-                }
-            },
+        let Some(broker) = handle.extra_info.split(' ').nth(5).filter(|b| !b.is_empty()) else {
+            tracing::warn!(topic = %handle.topic, extra_info = %handle.extra_info, "a receipt handle names no broker");
+            return None;
+        };
+        let known = self.routes.lock().unwrap().values().find_map(|r| r.addr_of(broker).map(str::to_string));
+        if known.is_some() {
+            return known;
+        }
+        match self.broker.brokers().await {
+            Ok(brokers) => brokers.into_iter().find(|(name, _)| name == broker).map(|(_, addr)| addr),
+            Err(e) => {
+                tracing::warn!(topic = %handle.topic, broker, error = %e, "no broker address for a receipt handle");
+                None
+            }
         }
     }
 
@@ -458,9 +501,8 @@ impl LogBackend for RocketMqLog {
                 continue;
             }
             let Ok(topic) = TopicName::parse(&name) else { continue };
-            if let Some(route) = self.broker.route(&name).await? {
-                self.routes.lock().unwrap().insert(topic.clone(), route.clone());
-                topics.push((topic, route.queues));
+            if let Some(route) = self.refresh_route(&topic).await? {
+                topics.push((topic, route.partitions()));
             }
         }
         topics.sort();
@@ -468,27 +510,28 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
-        Ok(self.route(topic).await?.map(|r| r.queues))
+        Ok(self.route(topic).await?.map(|r| r.partitions()))
     }
 
     async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
         if !self.is_served(topic.as_str()) {
             return Err(BackendError::InvalidInput(format!("topic {topic} is not in rocketmq.topics")));
         }
-        if let Some(existing) = self.broker.route(topic.as_str()).await? {
-            return if existing.queues == partitions {
+        if let Some(existing) = self.refresh_route(topic).await? {
+            return if existing.partitions() == partitions {
                 Ok(false)
             } else {
-                Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.queues)))
+                Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.partitions())))
             };
         }
+        // On the first master by name: its queues are the topic's partitions, in order. (A topic
+        // created on several masters by other tools is served across all of them.)
         let brokers = self.broker.brokers().await?;
         let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
         self.broker.create_topic(addr, topic.as_str(), partitions).await?;
         // The broker registers the topic with the name server right after creating it.
         for _ in 0..50 {
-            if let Some(route) = self.broker.route(topic.as_str()).await? {
-                self.routes.lock().unwrap().insert(topic.clone(), route);
+            if self.refresh_route(topic).await?.is_some() {
                 return Ok(true);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -497,9 +540,13 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
-        let Some(route) = self.route(topic).await? else { return Ok(false) };
-        self.broker.delete_topic(&route.broker_addr, topic.as_str()).await?;
+        let Some(route) = self.refresh_route(topic).await? else { return Ok(false) };
+        for addr in route.broker_addrs() {
+            self.broker.delete_topic(addr, topic.as_str()).await?;
+        }
         self.routes.lock().unwrap().remove(topic);
+        self.misrouted.lock().unwrap().remove(topic);
+        self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
         self.cursors.remove_topic(topic);
         self.ledger.forget_topic(topic);
         self.popped_to.lock().unwrap().retain(|tp, _| tp.topic != *topic);
@@ -512,8 +559,8 @@ impl LogBackend for RocketMqLog {
         }
         let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         for event in &events {
-            if let Some(p) = event.partition.filter(|p| *p >= route.queues) {
-                return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.queues)));
+            if let Some(p) = event.partition.filter(|p| *p >= route.partitions()) {
+                return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.partitions())));
             }
             let texts = event.key.iter().map(String::as_str).chain(event.headers.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
             if let Some(bad) = texts.into_iter().find(|t| !is_property_safe(t)) {
@@ -525,19 +572,21 @@ impl LogBackend for RocketMqLog {
         }
         // Each event's queue first; then every queue's events are sent one after another (so
         // offsets within a partition follow the order given) while queues are sent to at once.
-        let mut by_queue: HashMap<u32, Vec<(usize, NewEvent)>> = HashMap::new();
+        let partitions = route.partitions();
+        let mut by_partition: HashMap<u32, Vec<(usize, NewEvent)>> = HashMap::new();
         for (i, event) in events.into_iter().enumerate() {
-            let queue = match (event.partition, &event.key) {
+            let partition = match (event.partition, &event.key) {
                 (Some(p), _) => p,
-                (None, Some(key)) => super::key_partition(key, route.queues),
-                (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(route.queues)) as u32,
+                (None, Some(key)) => super::key_partition(key, partitions),
+                (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
             };
-            by_queue.entry(queue).or_default().push((i, event));
+            by_partition.entry(partition).or_default().push((i, event));
         }
-        let count = by_queue.values().map(Vec::len).sum();
-        let sends = by_queue.into_iter().map(|(queue, events)| {
-            let route = &route;
+        let count = by_partition.values().map(Vec::len).sum();
+        let sends = by_partition.into_iter().map(|(partition, events)| {
+            let queue = route.queue(partition);
             async move {
+                let q = queue.ok_or_else(|| BackendError::Unavailable(format!("no broker address for partition {partition} of {topic}")))?;
                 let mut written = Vec::with_capacity(events.len());
                 for (i, event) in events {
                     let uniq = self.new_uniq_key();
@@ -549,9 +598,9 @@ impl LogBackend for RocketMqLog {
                     let properties = encode_properties(&properties);
                     let offset = self
                         .broker
-                        .send(&route.broker_addr, PRODUCER_GROUP, topic.as_str(), queue, properties, &event.payload, self.settings.publish_timeout)
+                        .send(&q.broker_addr, PRODUCER_GROUP, topic.as_str(), q.queue_id, properties, &event.payload, self.settings.publish_timeout)
                         .await?;
-                    written.push((i, (queue, offset)));
+                    written.push((i, (partition, offset)));
                 }
                 Ok::<_, BackendError>(written)
             }
@@ -566,16 +615,16 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
-        let route = self.route_of(tp).await?;
-        let log_start = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, false).await?;
-        let log_end = self.broker.queue_offset(&route.broker_addr, tp.topic.as_str(), tp.partition, true).await?;
+        let q = self.queue_of(tp).await?;
+        let log_start = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, false).await?;
+        let log_end = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await?;
         Ok(PartitionBounds { log_start, log_end: log_end.max(log_start) })
     }
 
     async fn offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
-        let route = self.route_of(tp).await?;
+        let q = self.queue_of(tp).await?;
         let bounds = self.log_bounds(tp).await?;
-        let offset = self.broker.offset_for_time(&route.broker_addr, tp.topic.as_str(), tp.partition, time_ms).await?;
+        let offset = self.broker.offset_for_time(&q.broker_addr, tp.topic.as_str(), q.queue_id, time_ms).await?;
         Ok(offset.clamp(bounds.log_start, bounds.log_end))
     }
 
@@ -626,7 +675,7 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn is_ready(&self) -> bool {
-        self.reachable.load(Ordering::SeqCst)
+        self.reachable.load(Ordering::SeqCst) && self.misrouted.lock().unwrap().is_empty()
     }
 }
 

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use super::broker::PopHeader;
+use super::layout::PartitionQueue;
 use super::message::{StoredMessage, POP_CK, UNIQ_KEY};
 use crate::core::names::TopicPartition;
 
@@ -27,7 +28,7 @@ use crate::core::names::TopicPartition;
 /// and is mapped back through its `UNIQ_KEY`. `None` when that key is unknown here.
 pub fn receipt(
     group: &str,
-    broker_name: &str,
+    queue: &PartitionQueue,
     polled: &TopicPartition,
     header: &PopHeader,
     m: &StoredMessage,
@@ -44,7 +45,10 @@ pub fn receipt(
                 (true, false) => "1",
             };
             let start = header.start_offsets.get(&format!("{marker}@{}", m.queue_id)).copied().unwrap_or(m.queue_offset as i64);
-            format!("{start} {} {} {} {marker} {broker_name} {} {}", header.pop_time, header.invisible_time, header.revive_qid, m.queue_id, m.queue_offset)
+            format!(
+                "{start} {} {} {} {marker} {} {} {}",
+                header.pop_time, header.invisible_time, header.revive_qid, queue.broker_name, m.queue_id, m.queue_offset
+            )
         }
     };
     let topic = if revived && !in_retry_topic {
@@ -59,11 +63,14 @@ pub fn receipt(
     let invisible_until = header.pop_time + header.invisible_time;
     let handle = Handle { topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until, retry_extend_at: 0 };
     if !revived {
-        let tp = TopicPartition::new(polled.topic.clone(), m.queue_id);
-        if let Some(uniq) = m.property(UNIQ_KEY) {
-            positions.learn(uniq, &tp, m.queue_offset);
+        // A POP of one queue answers that queue's messages (and revived ones): the partition polled.
+        if m.queue_id != queue.queue_id {
+            return None;
         }
-        return Some((tp, m.queue_offset, handle));
+        if let Some(uniq) = m.property(UNIQ_KEY) {
+            positions.learn(uniq, polled, m.queue_offset);
+        }
+        return Some((polled.clone(), m.queue_offset, handle));
     }
     let (tp, offset) = positions.find(m.property(UNIQ_KEY)?)?;
     Some((tp, offset, handle))
@@ -218,6 +225,10 @@ mod tests {
         }
     }
 
+    fn queue(queue_id: u32) -> PartitionQueue {
+        PartitionQueue { broker_name: "b1".into(), broker_addr: String::new(), queue_id }
+    }
+
     fn header() -> PopHeader {
         PopHeader { pop_time: 1000, invisible_time: 30_000, revive_qid: 3, start_offsets: [("0@2".to_string(), 40), ("1@0".to_string(), 7)].into() }
     }
@@ -226,11 +237,17 @@ mod tests {
     fn a_fresh_message_gets_a_handle_built_from_the_pop_answer() {
         let positions = Positions::new(10);
         let polled = tp(2);
-        let (at, offset, h) = receipt("g", "b1", &polled, &header(), &message("t", 2, 42, &[(UNIQ_KEY, "u42")]), &positions).unwrap();
+        let (at, offset, h) = receipt("g", &queue(2), &polled, &header(), &message("t", 2, 42, &[(UNIQ_KEY, "u42")]), &positions).unwrap();
         assert_eq!((at, offset), (tp(2), 42));
         assert_eq!(h.extra_info, "40 1000 30000 3 0 b1 2 42");
         assert_eq!((h.topic.as_str(), h.queue_id, h.queue_offset, h.invisible_until), ("t", 2, 42, 31_000));
         assert_eq!(positions.find("u42"), Some((tp(2), 42)), "its position is learned for a later revival");
+        // On a second broker, queue 2 is a later partition: the event is that partition's, the
+        // handle names the broker's queue.
+        let b2 = PartitionQueue { broker_name: "b2".into(), ..queue(2) };
+        let (at, _, h) = receipt("g", &b2, &tp(6), &header(), &message("t", 2, 43, &[(UNIQ_KEY, "u43")]), &positions).unwrap();
+        assert_eq!((at, h.queue_id, h.extra_info.as_str()), (tp(6), 2, "40 1000 30000 3 0 b2 2 43"));
+        assert_eq!(positions.find("u43"), Some((tp(6), 43)));
     }
 
     #[test]
@@ -239,18 +256,18 @@ mod tests {
         positions.learn("u5", &tp(1), 5);
         // Returned under the retry topic's own name (popResponseReturnActualRetryTopic).
         let retry = message("%RETRY%g_t", 0, 9, &[(UNIQ_KEY, "u5")]);
-        let (at, offset, h) = receipt("g", "b1", &tp(0), &header(), &retry, &positions).unwrap();
+        let (at, offset, h) = receipt("g", &queue(0), &tp(0), &header(), &retry, &positions).unwrap();
         assert_eq!((at, offset), (tp(1), 5), "the original partition and offset, not the retry queue's");
         assert_eq!(h.topic, "%RETRY%g_t");
         assert_eq!(h.extra_info, "7 1000 30000 3 1 b1 0 9");
         // Returned under the original name with the broker's own handle.
         let renamed = message("t", 0, 9, &[(UNIQ_KEY, "u5"), (POP_CK, "9 1000 30000 3 2 b1 0 9 4")]);
-        let (at, offset, h) = receipt("g", "b1", &tp(0), &header(), &renamed, &positions).unwrap();
+        let (at, offset, h) = receipt("g", &queue(0), &tp(0), &header(), &renamed, &positions).unwrap();
         assert_eq!((at, offset), (tp(1), 5));
         assert_eq!((h.topic.as_str(), h.extra_info.as_str()), ("%RETRY%g+t", "9 1000 30000 3 2 b1 0 9 4"));
         // Unknown here: left to the broker.
-        assert!(receipt("g", "b1", &tp(0), &header(), &message("%RETRY%g_t", 0, 10, &[(UNIQ_KEY, "u-other")]), &positions).is_none());
-        assert!(receipt("g", "b1", &tp(0), &header(), &message("%RETRY%g_t", 0, 11, &[]), &positions).is_none());
+        assert!(receipt("g", &queue(0), &tp(0), &header(), &message("%RETRY%g_t", 0, 10, &[(UNIQ_KEY, "u-other")]), &positions).is_none());
+        assert!(receipt("g", &queue(0), &tp(0), &header(), &message("%RETRY%g_t", 0, 11, &[]), &positions).is_none());
     }
 
     #[test]
