@@ -248,6 +248,10 @@ pub struct RocketMqConfig {
     /// (a new master, more queues on the last one) reach live subscriptions, and a route that
     /// would renumber partitions is refused (readiness false).
     pub route_refresh_ms: u64,
+    /// POP: popped messages whose broker ACK is still owed, at most (their receipt handles are
+    /// kept in memory). Past it ackgate stops popping and reads by PULL until acks make room;
+    /// the messages read meanwhile are popped later and acknowledged at once.
+    pub max_pending_acks: u64,
 }
 
 impl Default for RocketMqConfig {
@@ -261,6 +265,7 @@ impl Default for RocketMqConfig {
             request_timeout_ms: 5000,
             publish_timeout_ms: 10_000,
             route_refresh_ms: 30_000,
+            max_pending_acks: 100_000,
         }
     }
 }
@@ -513,6 +518,7 @@ impl Config {
             ("rocketmq.request_timeout_ms", self.rocketmq.request_timeout_ms),
             ("rocketmq.publish_timeout_ms", self.rocketmq.publish_timeout_ms),
             ("rocketmq.route_refresh_ms", self.rocketmq.route_refresh_ms),
+            ("rocketmq.max_pending_acks", self.rocketmq.max_pending_acks),
             ("offsets.checkpoint_interval_ms", self.offsets.checkpoint_interval_ms),
             ("offsets.sweep_interval_ms", self.offsets.sweep_interval_ms),
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),

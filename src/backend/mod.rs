@@ -59,6 +59,7 @@ impl Backend {
                 invisible_time: Duration::from_millis(r.invisible_time_ms),
                 request_timeout: Duration::from_millis(r.request_timeout_ms),
                 publish_timeout: Duration::from_millis(r.publish_timeout_ms),
+                max_pending_acks: usize::try_from(r.max_pending_acks).unwrap_or(usize::MAX),
             };
             let log = RocketMqLog::open(data_dir, settings).await.with_context(|| format!("connecting to RocketMQ at {}", r.namesrv_addr))?;
             return Ok(Self::RocketMq(log));

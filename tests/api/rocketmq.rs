@@ -390,3 +390,33 @@ async fn a_route_that_would_renumber_partitions_is_refused_and_readiness_goes_fa
     assert_eq!(answer["offsets"][0]["partition"], 1, "{answer}");
     gw.terminate();
 }
+
+/// POP with `rocketmq.max_pending_acks = 2`: a client that has not acked yet holds at most two
+/// receipt handles at the gateway, and still gets every event (read by PULL past the bound).
+/// Once it acks, the group's pop position catches up and every handle is acknowledged at the
+/// broker exactly once, none failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_keeps_at_most_max_pending_acks_handles_and_still_delivers_everything() {
+    let broker = TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    let mut env = rocketmq_env(&namesrv, "pop", "30000");
+    env.push(("ACKGATE_ROCKETMQ__MAX_PENDING_ACKS", "2"));
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    create_topic(&gw.base, "bounded", 1).await;
+    publish_n(&gw.base, "bounded", 0, 20).await;
+    let mut client = TestClient::connect(gw.addr, "reader").await;
+    client.subscribe("bounded", json!({})).await;
+    let events = client.recv_events(20).await;
+    assert_eq!(events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
+    let popped = metric(&gw.base, POPPED).await;
+    assert!((1.0..=2.0).contains(&popped), "at most two handles before the client acks, got {popped}");
+
+    client.ack_confirmed(&ids(&events), "all").await;
+    wait_for_metric(&gw.base, POPPED, 20).await;
+    settle(&gw.base).await;
+    assert_eq!(metric(&gw.base, BROKER_ACKED).await, 20.0, "each message popped and acknowledged once");
+    assert_eq!(metric(&gw.base, "ackgate_rocketmq_broker_acks_total{result=\"failed\"}").await, 0.0);
+    client.close().await;
+    gw.terminate();
+}

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 pub mod broker;
@@ -43,6 +44,8 @@ const POSITIONS_REMEMBERED: usize = 1_000_000;
 const BROKER_ACK_PERIOD: Duration = Duration::from_millis(200);
 /// Attempts of one broker ACK before it is counted as failed (the broker then revives it).
 const BROKER_ACK_ATTEMPTS: u32 = 3;
+/// Broker ACKs (and invisible-time changes) a settle round keeps in flight at once.
+const BROKER_REQUESTS_IN_FLIGHT: usize = 16;
 /// A failed invisible-time extension is tried again after this pause.
 const EXTEND_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
@@ -60,6 +63,8 @@ pub struct RocketMqSettings {
     pub invisible_time: Duration,
     pub request_timeout: Duration,
     pub publish_timeout: Duration,
+    /// POP: receipt handles kept at most; past it, reads go by PULL (`poll_pop`).
+    pub max_pending_acks: usize,
 }
 
 pub struct RocketMqLog {
@@ -277,9 +282,19 @@ impl RocketMqLog {
                 return Ok(events);
             }
         }
+        // Receipt handles are kept until the clients are done: past the bound, read by PULL (no
+        // handle). The group's pop position stays behind; what is read meanwhile is popped later
+        // and acknowledged at once, since its clients are past it by then.
+        let room = self.settings.max_pending_acks.saturating_sub(self.ledger.len());
+        if room == 0 {
+            return self.read_at(tp, cursor, max, wait).await;
+        }
         let q = self.queue_of(tp).await?;
-        let (header, messages) =
-            self.broker.pop(&q.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), q.queue_id, max, self.settings.invisible_time, wait).await?;
+        let (header, messages) = self
+            .broker
+            .pop(&q.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), q.queue_id, max.min(room), self.settings.invisible_time, wait)
+            .await?;
+        let popped_any = !messages.is_empty();
         let mut fresh = Vec::new();
         // Popped but not decodable: no receipt handle can be built for it. It is skipped here and
         // read by PULL (below, as the hole it leaves) as an undecodable stand-in that every
@@ -327,6 +342,11 @@ impl RocketMqLog {
             events.retain(|e| e.offset < pop_position);
             return Ok(events);
         }
+        if popped_any {
+            // The pop position is catching up below the cursor (reads went by PULL while the
+            // handles were at their bound): the events at the cursor are read by PULL meanwhile.
+            return self.read_at(tp, cursor, max, Duration::ZERO).await;
+        }
         Ok(Vec::new())
     }
 
@@ -349,16 +369,24 @@ impl RocketMqLog {
         if tps.is_empty() {
             return;
         }
-        let floors = floor.floors(&tps);
+        // The floors read the offset store: off the async workers.
+        let floor = floor.clone();
+        let floors = match tokio::task::spawn_blocking(move || floor.floors(&tps)).await {
+            Ok(floors) => floors,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the ack floors failed");
+                return;
+            }
+        };
         let now = SystemClock.now_ms();
         let invisible_ms = self.settings.invisible_time.as_millis() as u64;
         let due = self.ledger.due(&floors, now, invisible_ms / 2);
-        for handle in due.ack {
-            self.ack_at_broker(handle).await;
-        }
-        for (tp, offset, handle) in due.extend {
-            self.extend(&tp, offset, handle).await;
-        }
+        // Several requests in flight: one round trip per handle, one after another, held the
+        // ledger back behind the broker's latency.
+        futures_util::stream::iter(due.ack).for_each_concurrent(BROKER_REQUESTS_IN_FLIGHT, |handle| self.ack_at_broker(handle)).await;
+        futures_util::stream::iter(due.extend)
+            .for_each_concurrent(BROKER_REQUESTS_IN_FLIGHT, |(tp, offset, handle)| async move { self.extend(&tp, offset, handle).await })
+            .await;
     }
 
     async fn ack_at_broker(&self, handle: Handle) {

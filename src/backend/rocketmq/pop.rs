@@ -14,6 +14,7 @@
 //! learned from every message this instance reads (popped or pulled).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::broker::PopHeader;
@@ -102,11 +103,18 @@ pub struct Due {
 #[derive(Default)]
 pub struct Ledger {
     pending: Mutex<HashMap<TopicPartition, BTreeMap<u64, Vec<Handle>>>>,
+    /// Handles in `pending`, readable without the lock (every poll asks).
+    count: AtomicUsize,
 }
 
 impl Ledger {
     pub fn record(&self, tp: &TopicPartition, offset: u64, handle: Handle) {
         self.pending.lock().unwrap().entry(tp.clone()).or_default().entry(offset).or_default().push(handle);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn recount(&self, pending: &HashMap<TopicPartition, BTreeMap<u64, Vec<Handle>>>) {
+        self.count.store(pending.values().flat_map(|p| p.values()).map(Vec::len).sum(), Ordering::Relaxed);
     }
 
     /// Partitions with pending handles.
@@ -145,6 +153,7 @@ impl Ledger {
             by_offset.retain(|_, handles| !handles.is_empty());
         }
         pending.retain(|_, by_offset| !by_offset.is_empty());
+        self.recount(&pending);
         due
     }
 
@@ -159,11 +168,13 @@ impl Ledger {
     }
 
     pub fn forget_topic(&self, topic: &crate::core::names::TopicName) {
-        self.pending.lock().unwrap().retain(|tp, _| tp.topic != *topic);
+        let mut pending = self.pending.lock().unwrap();
+        pending.retain(|tp, _| tp.topic != *topic);
+        self.recount(&pending);
     }
 
     pub fn len(&self) -> usize {
-        self.pending.lock().unwrap().values().flat_map(|p| p.values()).map(Vec::len).sum()
+        self.count.load(Ordering::Relaxed)
     }
 }
 
