@@ -354,13 +354,14 @@ async fn a_topic_on_two_masters_is_served_whole_and_each_handle_is_acked_where_i
     }
 }
 
-/// When a master of a topic leaves the route (killed), the route would renumber the topic's
-/// partitions: it is refused, counted, and readiness goes false, while the topic keeps its four
-/// partitions and the other master's stay served.
+/// A route that would renumber partitions (broker-a, the first master, now routes one queue of
+/// two) is refused: counted, readiness false, until the route fits again. A master that leaves
+/// the route (killed) renumbers nothing: its partitions answer unavailable, the other master's
+/// stay served, readiness stays true, and the stored numbering is unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_that_would_renumber_partitions_is_refused_and_readiness_goes_false() {
+async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its_partitions_unavailable() {
     let broker = TestRocketMq::start_cluster(2, "");
-    create_on_every_master(&broker, "spread", 2).await;
+    let masters = create_on_every_master(&broker, "spread", 2).await;
     let namesrv = broker.namesrv();
     let mut env = rocketmq_env(&namesrv, "pull", "30000");
     env.push(("ACKGATE_ROCKETMQ__ROUTE_REFRESH_MS", "200"));
@@ -371,23 +372,40 @@ async fn a_route_that_would_renumber_partitions_is_refused_and_readiness_goes_fa
         list.iter().find(|t| t["name"] == "spread").map(|t| t["partitions"].as_array().map_or(0, Vec::len))
     };
     assert_eq!(partitions(&get_json(&format!("{}/topics", gw.base)).await.1), Some(4));
-    assert_eq!(http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status(), 200);
+    let ready = |want: u16| {
+        let url = format!("{}/readyz", gw.base);
+        async move {
+            let started = Instant::now();
+            while http().get(&url).send().await.unwrap().status() != want {
+                assert!(started.elapsed() < Duration::from_secs(60), "/readyz did not become {want}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    ready(200).await;
+
+    let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
+    client.create_topic(&masters[0].1, "spread", 1).await.unwrap();
+    ready(503).await;
+    assert!(metric(&gw.base, "ackgate_rocketmq_routes_refused_total").await >= 1.0);
+    client.create_topic(&masters[0].1, "spread", 2).await.unwrap();
+    ready(200).await;
 
     broker.kill_broker(2);
     let started = Instant::now();
-    while http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status() != 503 {
-        assert!(started.elapsed() < Duration::from_secs(60), "readiness stayed true with broker-b gone from the route");
+    while client.route("spread").await.unwrap().is_some_and(|r| r.iter().any(|b| b.name == "broker-b" && b.addr.is_some())) {
+        assert!(started.elapsed() < Duration::from_secs(60), "the name server still routes broker-b");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(metric(&gw.base, "ackgate_rocketmq_routes_refused_total").await >= 1.0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status(), 200, "a master away renumbers nothing");
     // Partition 3 is still broker-b's queue 1 (unavailable now), not an unknown partition.
     let to_b = http().post(format!("{}/topics/spread/events", gw.base)).json(&json!({"events": [{"partition": 3, "payload": {}}]})).send().await.unwrap();
     assert_eq!(to_b.status(), 503, "{:?}", to_b.text().await);
-    let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
-    assert!(layout.contains("spread=broker-a:2,broker-b:2"), "{layout}");
-    // broker-a's partitions are still served.
     let answer = publish(&gw.base, "spread", json!({"events": [{"partition": 1, "payload": {"n": 1}}]})).await;
     assert_eq!(answer["offsets"][0]["partition"], 1, "{answer}");
+    let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
+    assert!(layout.contains("spread=broker-a:2,broker-b:2"), "{layout}");
     gw.terminate();
 }
 

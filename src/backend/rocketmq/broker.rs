@@ -13,7 +13,8 @@ use crate::core::clock::{Clock, SystemClock};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedBroker {
     pub name: String,
-    pub addr: String,
+    /// `None` while its master is away.
+    pub addr: Option<String>,
     pub queues: u32,
 }
 
@@ -75,8 +76,8 @@ impl Broker {
         Ok(body["topicList"].as_array().map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()).unwrap_or_default())
     }
 
-    /// Every master broker holding queues of `topic` (any order), `None` when the name server
-    /// does not know it. A broker whose master is away is left out.
+    /// Every broker holding queues of `topic` (any order), `None` when the name server does not
+    /// know the topic.
     pub async fn route(&self, topic: &str) -> Result<Option<Vec<RoutedBroker>>, BackendError> {
         let r = self.call(&self.namesrv, code::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic.to_string())], &[], self.timeout).await?;
         if r.code == response::TOPIC_NOT_EXIST {
@@ -102,10 +103,10 @@ impl Broker {
             .filter_map(|queue| {
                 let name = queue["brokerName"].as_str()?.to_string();
                 let queues = u32::try_from(queue["readQueueNums"].as_u64()?).ok().filter(|q| *q > 0)?;
-                Some(RoutedBroker { addr: master_of(&name)?, name, queues })
+                Some(RoutedBroker { addr: master_of(&name), name, queues })
             })
             .collect();
-        Ok((!brokers.is_empty()).then_some(brokers))
+        Ok(Some(brokers))
     }
 
     /// The master address of every broker the name server knows, by broker name.

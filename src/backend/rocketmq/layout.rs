@@ -5,18 +5,18 @@
 //! The order is fixed the first time ackgate sees the topic (brokers sorted by name) and kept in
 //! `data_dir/rocketmq-partitions.properties`, one `topic=broker-a:4,broker-b:4` line per topic:
 //! committed offsets, pull cursors and receipt handles are per partition, so a partition must
-//! never become another broker's queue. A route that would renumber (a broker of the layout gone
-//! or with fewer queues, a broker before the last with more) is refused: the stored layout stays,
-//! the change is logged and counted, and readiness is false until the route fits again. Queues
-//! that only add partitions after the existing ones (a new broker, the last broker growing) are
-//! taken.
+//! never become another broker's queue. A broker of the layout missing from the route (its master
+//! away) keeps its partitions, unavailable until it is back. A route that would renumber (a
+//! broker with fewer queues, a broker before the last with more) is refused: the stored layout
+//! stays, the change is logged and counted, and readiness is false until the route fits again.
+//! Queues that only add partitions after the existing ones (a new broker, the last broker
+//! growing) are taken.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use super::broker::RoutedBroker;
 use crate::core::names::TopicName;
 
 /// Name of the layout file inside `storage.data_dir`.
@@ -44,7 +44,8 @@ pub fn fit(stored: Option<&Layout>, routed: &[(String, u32)]) -> Fit {
     for (i, (broker, queues)) in stored.iter().enumerate() {
         let last = i + 1 == stored.len();
         match routed.remove(broker.as_str()) {
-            None => return Fit::Renumbers(format!("broker {broker} (partitions of it and after it) is not in the route")),
+            // Away: its partitions stay its own, unavailable meanwhile.
+            None => layout.push((broker.clone(), *queues)),
             Some(now) if now < *queues => return Fit::Renumbers(format!("broker {broker} routes {now} queues, {queues} before")),
             Some(now) if now > *queues && !last => {
                 return Fit::Renumbers(format!("broker {broker} routes {now} queues, {queues} before, and brokers after it would be renumbered"))
@@ -81,8 +82,8 @@ pub struct PartitionQueue {
     pub queue_id: u32,
 }
 
-/// A topic's partitions as ackgate numbers them: its layout, and each broker's master address as
-/// last routed (kept for a broker the route no longer names, while that route is refused).
+/// A topic's partitions as ackgate numbers them: its layout, and the master address last known
+/// for each of its brokers (kept while a master is away: requests to it fail as unavailable).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub layout: Layout,
@@ -90,33 +91,34 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn new(layout: Layout, brokers: &[RoutedBroker]) -> Self {
-        let mut route = Self { layout, addrs: BTreeMap::new() };
-        route.learn_addrs(brokers);
-        route
-    }
-
-    pub fn learn_addrs(&mut self, brokers: &[RoutedBroker]) {
-        self.addrs.extend(brokers.iter().map(|b| (b.name.clone(), b.addr.clone())));
+    /// `addrs`: every broker's master address last routed, by broker name.
+    pub fn new(layout: Layout, addrs: &HashMap<String, String>) -> Self {
+        let addrs = layout.iter().filter_map(|(b, _)| Some((b.clone(), addrs.get(b)?.clone()))).collect();
+        Self { layout, addrs }
     }
 
     pub fn partitions(&self) -> u32 {
         partitions(&self.layout)
     }
 
-    pub fn queue(&self, partition: u32) -> Option<PartitionQueue> {
+    /// Where `partition` lives: `None` when the topic has no such partition, `Err` with the
+    /// broker's name when its address is not known (its master away since before this start).
+    pub fn queue(&self, partition: u32) -> Option<Result<PartitionQueue, &str>> {
         let (broker, queue_id) = queue_of(&self.layout, partition)?;
-        let broker_addr = self.addrs.get(broker)?.clone();
-        Some(PartitionQueue { broker_name: broker.to_string(), broker_addr, queue_id })
+        Some(match self.addrs.get(broker) {
+            Some(addr) => Ok(PartitionQueue { broker_name: broker.to_string(), broker_addr: addr.clone(), queue_id }),
+            None => Err(broker),
+        })
     }
 
     pub fn addr_of(&self, broker: &str) -> Option<&str> {
         self.addrs.get(broker).map(String::as_str)
     }
 
-    /// Every broker of the layout with its address (a delete goes to each).
-    pub fn broker_addrs(&self) -> impl Iterator<Item = &str> {
-        self.layout.iter().filter_map(|(b, _)| self.addr_of(b))
+    /// Every broker of the layout with its address, `None` for one not known (a delete must
+    /// reach each).
+    pub fn broker_addrs(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        self.layout.iter().map(|(b, _)| (b.as_str(), self.addr_of(b)))
     }
 }
 
@@ -157,28 +159,30 @@ impl Layouts {
         self.lock().get(topic).cloned()
     }
 
-    /// Stores a topic's layout (written to the file at once when it changed).
+    /// Stores a topic's layout: the file first (under the lock, so two changes are written in
+    /// the order they are made), then memory, so a failed write is tried again next time.
     pub fn set(&self, topic: &TopicName, layout: Layout) -> io::Result<()> {
-        let snapshot = {
-            let mut layouts = self.lock();
-            if layouts.get(topic) == Some(&layout) {
-                return Ok(());
-            }
-            layouts.insert(topic.clone(), layout);
-            layouts.clone()
-        };
-        self.save(&snapshot)
+        let mut layouts = self.lock();
+        if layouts.get(topic) == Some(&layout) {
+            return Ok(());
+        }
+        let mut changed = layouts.clone();
+        changed.insert(topic.clone(), layout);
+        self.save(&changed)?;
+        *layouts = changed;
+        Ok(())
     }
 
     pub fn remove(&self, topic: &TopicName) -> io::Result<()> {
-        let snapshot = {
-            let mut layouts = self.lock();
-            if layouts.remove(topic).is_none() {
-                return Ok(());
-            }
-            layouts.clone()
-        };
-        self.save(&snapshot)
+        let mut layouts = self.lock();
+        if !layouts.contains_key(topic) {
+            return Ok(());
+        }
+        let mut changed = layouts.clone();
+        changed.remove(topic);
+        self.save(&changed)?;
+        *layouts = changed;
+        Ok(())
     }
 
     fn save(&self, layouts: &BTreeMap<TopicName, Layout>) -> io::Result<()> {
@@ -224,12 +228,13 @@ mod tests {
         assert_eq!(fit(Some(&stored), &layout(&[("a", 2), ("b", 2), ("c", 2)])), Fit::Fits(layout(&[("b", 2), ("c", 2), ("a", 2)])));
         // The last broker grows: partitions added at the end.
         assert_eq!(fit(Some(&stored), &layout(&[("b", 2), ("c", 3)])), Fit::Fits(layout(&[("b", 2), ("c", 3)])));
+        // A broker away keeps its partitions (unavailable until it is back).
+        assert_eq!(fit(Some(&stored), &layout(&[("c", 2)])), Fit::Fits(stored.clone()));
+        assert_eq!(fit(Some(&stored), &layout(&[])), Fit::Fits(stored.clone()));
         for (routed, why) in [
-            (layout(&[("c", 2)]), "missing"),
-            (layout(&[("b", 2)]), "the last one missing"),
             (layout(&[("b", 1), ("c", 2)]), "fewer queues"),
+            (layout(&[("b", 2), ("c", 1)]), "fewer queues on the last"),
             (layout(&[("b", 3), ("c", 2)]), "a broker before the last grows"),
-            (layout(&[]), "no broker at all"),
         ] {
             assert!(matches!(fit(Some(&stored), &routed), Fit::Renumbers(_)), "{why}");
         }

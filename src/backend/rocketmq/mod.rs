@@ -76,6 +76,9 @@ pub struct RocketMqLog {
     layouts: Layouts,
     /// Topics whose route would renumber partitions (refused; readiness is false meanwhile).
     misrouted: Mutex<std::collections::HashSet<TopicName>>,
+    /// Every master address last routed, by broker name: where a partition's requests and a
+    /// receipt handle's ACK go (a master away keeps its last address: requests fail meanwhile).
+    broker_addrs: Mutex<HashMap<String, String>>,
     cursors: PullCursors,
     /// Polls of one partition at its cursor run one at a time.
     cursor_locks: Mutex<HashMap<TopicPartition, Arc<tokio::sync::Mutex<()>>>>,
@@ -122,6 +125,7 @@ impl RocketMqLog {
             routes: Mutex::new(HashMap::new()),
             layouts,
             misrouted: Mutex::new(Default::default()),
+            broker_addrs: Mutex::new(brokers.iter().cloned().collect()),
             cursors,
             cursor_locks: Mutex::new(HashMap::new()),
             popped_to: Mutex::new(HashMap::new()),
@@ -162,10 +166,23 @@ impl RocketMqLog {
     /// known for brokers the route no longer names), the refusal is logged and counted, and
     /// readiness is false until a route fits again.
     async fn refresh_route(&self, topic: &TopicName) -> Result<Option<Route>, BackendError> {
-        let Some(brokers) = self.broker.route(topic.as_str()).await? else { return Ok(None) };
+        let Some(brokers) = self.broker.route(topic.as_str()).await? else {
+            // Unknown to the name server (deleted outside ackgate, or a name server that has just
+            // restarted): no cached route and no refusal stay behind. The stored numbering does,
+            // until ackgate deletes or creates the topic: a name server restart must not renumber.
+            self.routes.lock().unwrap().remove(topic);
+            self.misrouted.lock().unwrap().remove(topic);
+            return Ok(None);
+        };
+        let addrs = {
+            let mut addrs = self.broker_addrs.lock().unwrap();
+            addrs.extend(brokers.iter().filter_map(|b| Some((b.name.clone(), b.addr.clone()?))));
+            addrs.clone()
+        };
         let stored = self.layouts.get(topic);
         let routed: Vec<(String, u32)> = brokers.iter().map(|b| (b.name.clone(), b.queues)).collect();
         let route = match layout::fit(stored.as_ref(), &routed) {
+            Fit::Fits(layout) if layout.is_empty() => return Ok(None),
             Fit::Fits(layout) => {
                 if stored.as_ref() != Some(&layout) {
                     self.layouts.set(topic, layout.clone()).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
@@ -176,16 +193,14 @@ impl RocketMqLog {
                 if self.misrouted.lock().unwrap().remove(topic) {
                     tracing::info!(%topic, "RocketMQ route fits the topic's partitions again");
                 }
-                Route::new(layout, &brokers)
+                Route::new(layout, &addrs)
             }
             Fit::Renumbers(why) => {
                 crate::core::metrics::rocketmq_routes_refused().increment(1);
                 if self.misrouted.lock().unwrap().insert(topic.clone()) {
                     tracing::error!(%topic, %why, stored = ?stored, routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; serving the stored layout, readiness false until the route fits");
                 }
-                let mut route = self.routes.lock().unwrap().get(topic).cloned().unwrap_or_else(|| Route::new(stored.unwrap_or_default(), &[]));
-                route.learn_addrs(&brokers);
-                route
+                Route::new(stored.unwrap_or_default(), &addrs)
             }
         };
         self.routes.lock().unwrap().insert(topic.clone(), route.clone());
@@ -195,9 +210,13 @@ impl RocketMqLog {
     /// The broker queue of a partition.
     async fn queue_of(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
         let route = self.route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
-        route
-            .queue(tp.partition)
-            .ok_or_else(|| BackendError::UnknownPartition(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.partitions())))
+        match route.queue(tp.partition) {
+            Some(Ok(queue)) => Ok(queue),
+            Some(Err(broker)) => {
+                Err(BackendError::Unavailable(format!("partition {} of {} is on broker {broker}, whose master address is not known", tp.partition, tp.topic)))
+            }
+            None => Err(BackendError::UnknownPartition(format!("partition {} does not exist: topic {} has {}", tp.partition, tp.topic, route.partitions()))),
+        }
     }
 
     fn cursor_lock(&self, tp: &TopicPartition) -> Arc<tokio::sync::Mutex<()>> {
@@ -221,7 +240,9 @@ impl RocketMqLog {
                     let followed = offset < log_start;
                     crate::core::metrics::rocketmq_offset_moves(followed).increment(1);
                     if followed {
-                        offset = next;
+                        // To the log start, not to `next`: the broker's one answer after a reset
+                        // may reach a read below the log start too.
+                        offset = log_start;
                     } else {
                         tracing::warn!(%tp, offset, moved_to = next, log_start, "the broker moved a PULL forward within the log (a reset of the consumer group's offset at the broker?); reading on from the offset ackgate holds");
                         if attempt == 1 {
@@ -232,6 +253,14 @@ impl RocketMqLog {
                     }
                 }
                 Pulled::NotFound { next } if next > offset => offset = next,
+                Pulled::OffsetMoved { next } if next < offset => {
+                    // The queue ends below `offset` (recreated outside ackgate, a failover to a
+                    // replica behind, a truncated consume queue): the broker answers at once, so
+                    // pause rather than ask again in a tight loop.
+                    tracing::warn!(%tp, offset, queue_end = next, "RocketMQ queue ends below the offset read; waiting for it to grow");
+                    tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
+                    return Ok(Vec::new());
+                }
                 Pulled::NotFound { .. } | Pulled::OffsetMoved { .. } => return Ok(Vec::new()),
             }
         }
@@ -390,9 +419,10 @@ impl RocketMqLog {
     }
 
     async fn ack_at_broker(&self, handle: Handle) {
-        let addr = match self.broker_addr_of_handle(&handle).await {
-            Some(addr) => addr,
-            None => return,
+        let Some(addr) = self.broker_addr_of_handle(&handle).await else {
+            // Dropped: the broker revives the message, and whoever pops it again settles it.
+            crate::core::metrics::rocketmq_broker_acks("failed").increment(1);
+            return;
         };
         for attempt in 1..=BROKER_ACK_ATTEMPTS {
             match self.broker.ack(&addr, &self.settings.consumer_group, &handle.topic, handle.queue_id, &handle.extra_info, handle.queue_offset).await {
@@ -414,7 +444,12 @@ impl RocketMqLog {
     }
 
     async fn extend(&self, tp: &TopicPartition, offset: u64, handle: Handle) {
-        let Some(addr) = self.broker_addr_of_handle(&handle).await else { return };
+        let Some(addr) = self.broker_addr_of_handle(&handle).await else {
+            crate::core::metrics::rocketmq_invisible_extensions("failed").increment(1);
+            let retry_extend_at = SystemClock.now_ms() + EXTEND_RETRY_PAUSE.as_millis() as u64;
+            self.ledger.replace(tp, offset, &handle, Handle { retry_extend_at, ..handle.clone() });
+            return;
+        };
         let invisible = self.settings.invisible_time;
         let changed = self
             .broker
@@ -453,12 +488,20 @@ impl RocketMqLog {
             tracing::warn!(topic = %handle.topic, extra_info = %handle.extra_info, "a receipt handle names no broker");
             return None;
         };
-        let known = self.routes.lock().unwrap().values().find_map(|r| r.addr_of(broker).map(str::to_string));
+        let known = self.broker_addrs.lock().unwrap().get(broker).cloned();
         if known.is_some() {
             return known;
         }
         match self.broker.brokers().await {
-            Ok(brokers) => brokers.into_iter().find(|(name, _)| name == broker).map(|(_, addr)| addr),
+            Ok(brokers) => {
+                let mut addrs = self.broker_addrs.lock().unwrap();
+                addrs.extend(brokers);
+                let found = addrs.get(broker).cloned();
+                if found.is_none() {
+                    tracing::warn!(topic = %handle.topic, broker, "the broker named by a receipt handle is not in the cluster");
+                }
+                found
+            }
             Err(e) => {
                 tracing::warn!(topic = %handle.topic, broker, error = %e, "no broker address for a receipt handle");
                 None
@@ -529,8 +572,11 @@ impl LogBackend for RocketMqLog {
                 continue;
             }
             let Ok(topic) = TopicName::parse(&name) else { continue };
-            if let Some(route) = self.refresh_route(&topic).await? {
-                topics.push((topic, route.partitions()));
+            // One topic's failure (a layout that cannot be stored) must not hide the others.
+            match self.refresh_route(&topic).await {
+                Ok(Some(route)) => topics.push((topic, route.partitions())),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%topic, error = %e, "reading a RocketMQ topic's route failed"),
             }
         }
         topics.sort();
@@ -552,6 +598,8 @@ impl LogBackend for RocketMqLog {
                 Err(BackendError::Conflict(format!("topic {topic} exists with {} partitions", existing.partitions())))
             };
         }
+        // A new topic of an old name: numbered afresh.
+        self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
         // On the first master by name: its queues are the topic's partitions, in order. (A topic
         // created on several masters by other tools is served across all of them.)
         let brokers = self.broker.brokers().await?;
@@ -568,9 +616,19 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
-        let Some(route) = self.refresh_route(topic).await? else { return Ok(false) };
-        for addr in route.broker_addrs() {
-            self.broker.delete_topic(addr, topic.as_str()).await?;
+        let Some(route) = self.refresh_route(topic).await? else {
+            self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
+            return Ok(false);
+        };
+        // Every broker of its numbering, or none: a topic left on one master would come back.
+        let mut addrs = Vec::new();
+        for (broker, addr) in route.broker_addrs() {
+            addrs.push(
+                addr.ok_or_else(|| BackendError::Unavailable(format!("broker {broker} of topic {topic} is away; delete it when it is back")))?.to_string(),
+            );
+        }
+        for addr in addrs {
+            self.broker.delete_topic(&addr, topic.as_str()).await?;
         }
         self.routes.lock().unwrap().remove(topic);
         self.misrouted.lock().unwrap().remove(topic);
@@ -611,27 +669,32 @@ impl LogBackend for RocketMqLog {
             by_partition.entry(partition).or_default().push((i, event));
         }
         let count = by_partition.values().map(Vec::len).sum();
-        let sends = by_partition.into_iter().map(|(partition, events)| {
-            let queue = route.queue(partition);
-            async move {
-                let q = queue.ok_or_else(|| BackendError::Unavailable(format!("no broker address for partition {partition} of {topic}")))?;
-                let mut written = Vec::with_capacity(events.len());
-                for (i, event) in events {
-                    let uniq = self.new_uniq_key();
-                    let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true")];
-                    if let Some(key) = &event.key {
-                        properties.push((KEYS, key.as_str()));
-                    }
-                    properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-                    let properties = encode_properties(&properties);
-                    let offset = self
-                        .broker
-                        .send(&q.broker_addr, PRODUCER_GROUP, topic.as_str(), q.queue_id, properties, &event.payload, self.settings.publish_timeout)
-                        .await?;
-                    written.push((i, (partition, offset)));
-                }
-                Ok::<_, BackendError>(written)
+        // Every queue's broker known before anything is sent: a publish fails whole or not at all
+        // on that account (a retry must not duplicate what went to the other partitions).
+        let mut sends = Vec::with_capacity(by_partition.len());
+        for (partition, events) in by_partition {
+            match route.queue(partition) {
+                Some(Ok(q)) => sends.push((partition, q, events)),
+                _ => return Err(BackendError::Unavailable(format!("partition {partition} of {topic} is on a broker whose master is away"))),
             }
+        }
+        let sends = sends.into_iter().map(|(partition, q, events)| async move {
+            let mut written = Vec::with_capacity(events.len());
+            for (i, event) in events {
+                let uniq = self.new_uniq_key();
+                let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true")];
+                if let Some(key) = &event.key {
+                    properties.push((KEYS, key.as_str()));
+                }
+                properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                let properties = encode_properties(&properties);
+                let offset = self
+                    .broker
+                    .send(&q.broker_addr, PRODUCER_GROUP, topic.as_str(), q.queue_id, properties, &event.payload, self.settings.publish_timeout)
+                    .await?;
+                written.push((i, (partition, offset)));
+            }
+            Ok::<_, BackendError>(written)
         });
         let mut written = vec![(0, 0); count];
         for queue in futures_util::future::join_all(sends).await {
