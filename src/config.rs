@@ -229,7 +229,8 @@ pub struct RocketMqConfig {
     /// "pop" (RocketMQ 5.x POP: the broker ACK for an event fires once its clients' acks are durable)
     /// or "pull" (RocketMQ 4.x PULL: ackgate's own cursor, the broker holds no offset).
     pub mode: RocketMqMode,
-    /// Name server, "host:port", for storage.backend = "rocketmq".
+    /// Name server, "host:port", for storage.backend = "rocketmq"; several are separated by ';'
+    /// ("10.0.0.5:9876;10.0.0.6:9876"): the one that answered last is asked first.
     pub namesrv_addr: String,
     /// Topics served (valid topic names); empty serves every topic the name server knows except
     /// system ones.
@@ -680,8 +681,12 @@ impl Config {
             }
             BackendKind::RocketMq => {
                 let r = &self.rocketmq;
-                if r.namesrv_addr.trim().is_empty() {
+                let namesrvs = crate::backend::rocketmq::broker::namesrv_list(&r.namesrv_addr);
+                if namesrvs.is_empty() {
                     problems.push("rocketmq.namesrv_addr must be set when storage.backend = \"rocketmq\"".into());
+                }
+                for addr in namesrvs.iter().filter(|a| a.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())) {
+                    problems.push(format!("rocketmq.namesrv_addr: {addr:?} is not host:port (several name servers are separated by ';')"));
                 }
                 if r.consumer_group.trim().is_empty() || r.consumer_group.len() > 255 {
                     problems.push("rocketmq.consumer_group must be 1 to 255 characters".into());
@@ -782,6 +787,12 @@ mod tests {
         assert!(e.contains("backend") && e.contains("rocketmq"), "{e}");
         let c = load("[storage]\nbackend = \"rocketmq\"\n[rocketmq]\nnamesrv_addr = \"127.0.0.1:9876\"\nmode = \"pull\"\n", &[]).unwrap();
         assert_eq!((c.storage.backend, c.rocketmq.mode), (BackendKind::RocketMq, RocketMqMode::Pull));
+        let rocketmq = |namesrv: &str| load(&format!("[storage]\nbackend = \"rocketmq\"\n[rocketmq]\nnamesrv_addr = \"{namesrv}\"\n"), &[]);
+        assert!(rocketmq("10.0.0.5:9876; 10.0.0.6:9876;").is_ok(), "a ';'-separated list");
+        for bad in ["10.0.0.5", "10.0.0.5:9876;:9876", "a:99999", " ; "] {
+            let e = rocketmq(bad).unwrap_err().to_string();
+            assert!(e.contains("rocketmq.namesrv_addr"), "{bad}: {e}");
+        }
         let e = load("", &[("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "99999999999999")]).unwrap_err().to_string();
         assert!(e.contains("offsets.checkpoint_interval_ms"), "{e}");
         let e = load("", &[("ACKGATE_DELIVERY__MAX_ATTEMPTS", "many")]).unwrap_err().to_string();

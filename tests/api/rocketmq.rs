@@ -438,3 +438,18 @@ async fn pop_keeps_at_most_max_pending_acks_handles_and_still_delivers_everythin
     client.close().await;
     gw.terminate();
 }
+
+/// `rocketmq.namesrv_addr` lists several name servers (`;`-separated, as Apache's clients take
+/// them): the first one cannot be reached, the gateway starts on the second and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_server_list_is_served_by_whichever_answers() {
+    let broker = TestRocketMq::start();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let namesrvs = format!("{dead};{}", broker.namesrv());
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &rocketmq_env(&namesrvs, "pull", "30000"));
+    create_topic(&gw.base, "listed", 1).await;
+    publish_n(&gw.base, "listed", 0, 3).await;
+    consume_and_ack(gw.addr, "acker", "listed", 3).await.close().await;
+    gw.terminate();
+}

@@ -41,8 +41,17 @@ pub struct PopHeader {
 
 pub struct Broker {
     pub remoting: Remoting,
-    pub namesrv: String,
+    /// Name servers, as `rocketmq.namesrv_addr` lists them (`;`-separated, as Apache's clients
+    /// take them): each knows every broker, so any one answers.
+    namesrvs: Vec<String>,
+    /// The one that answered last: asked first.
+    namesrv_in_use: std::sync::atomic::AtomicUsize,
     pub timeout: Duration,
+}
+
+/// The name servers of a `rocketmq.namesrv_addr` value: `;`-separated, blanks ignored.
+pub fn namesrv_list(value: &str) -> Vec<String> {
+    value.split(';').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect()
 }
 
 fn unavailable(e: RemotingError) -> BackendError {
@@ -59,7 +68,32 @@ fn refused(what: &str, r: &Response) -> BackendError {
 
 impl Broker {
     pub fn new(namesrv: String, timeout: Duration) -> Self {
-        Self { remoting: Remoting::default(), namesrv, timeout }
+        Self { remoting: Remoting::default(), namesrvs: namesrv_list(&namesrv), namesrv_in_use: Default::default(), timeout }
+    }
+
+    /// A request to the name servers: the one that answered last first, then the others in
+    /// turn while they cannot be reached.
+    async fn call_namesrv(&self, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, BackendError> {
+        use std::sync::atomic::Ordering;
+        let count = self.namesrvs.len();
+        let first = self.namesrv_in_use.load(Ordering::Relaxed);
+        let mut last_error = BackendError::Unavailable("rocketmq.namesrv_addr names no name server".into());
+        for i in 0..count {
+            let at = (first + i) % count;
+            match self.call(&self.namesrvs[at], code, ext, body, timeout).await {
+                Ok(r) => {
+                    self.namesrv_in_use.store(at, Ordering::Relaxed);
+                    return Ok(r);
+                }
+                Err(e) => {
+                    if count > 1 {
+                        tracing::warn!(namesrv = %self.namesrvs[at], error = %e, "RocketMQ name server unreachable; trying the next");
+                    }
+                    last_error = e;
+                }
+            }
+        }
+        Err(last_error)
     }
 
     async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, BackendError> {
@@ -68,7 +102,7 @@ impl Broker {
 
     /// Every topic name the name server knows (system topics and cluster names included).
     pub async fn topic_names(&self) -> Result<Vec<String>, BackendError> {
-        let r = self.call(&self.namesrv, code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[], &[], self.timeout).await?;
+        let r = self.call_namesrv(code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER, &[], &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("topic list", &r));
         }
@@ -79,7 +113,7 @@ impl Broker {
     /// Every broker holding queues of `topic` (any order), `None` when the name server does not
     /// know the topic.
     pub async fn route(&self, topic: &str) -> Result<Option<Vec<RoutedBroker>>, BackendError> {
-        let r = self.call(&self.namesrv, code::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic.to_string())], &[], self.timeout).await?;
+        let r = self.call_namesrv(code::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic.to_string())], &[], self.timeout).await?;
         if r.code == response::TOPIC_NOT_EXIST {
             return Ok(None);
         }
@@ -132,7 +166,7 @@ impl Broker {
     }
 
     async fn cluster_info(&self) -> Result<serde_json::Value, BackendError> {
-        let r = self.call(&self.namesrv, code::GET_BROKER_CLUSTER_INFO, &[], &[], self.timeout).await?;
+        let r = self.call_namesrv(code::GET_BROKER_CLUSTER_INFO, &[], &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("cluster info", &r));
         }
@@ -163,11 +197,24 @@ impl Broker {
         if r.code != response::SUCCESS {
             return Err(refused("delete topic in broker", &r));
         }
-        let r = self.call(&self.namesrv, code::DELETE_TOPIC_IN_NAMESRV, &ext, &[], self.timeout).await?;
-        if r.code != response::SUCCESS {
-            return Err(refused("delete topic in name server", &r));
+        // Each name server keeps its own routes: tell every one. One that cannot be reached now
+        // drops the topic at the broker's next registration, which no longer lists it.
+        let mut told = None;
+        for namesrv in &self.namesrvs {
+            let answer = match self.call(namesrv, code::DELETE_TOPIC_IN_NAMESRV, &ext, &[], self.timeout).await {
+                Ok(r) if r.code == response::SUCCESS => Ok(()),
+                Ok(r) => Err(refused("delete topic in name server", &r)),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = &answer {
+                tracing::warn!(%namesrv, topic, error = %e, "deleting a topic at a RocketMQ name server failed");
+            }
+            told = Some(match told {
+                Some(Ok(())) => Ok(()),
+                _ => answer,
+            });
         }
-        Ok(())
+        told.unwrap_or(Ok(()))
     }
 
     /// Makes sure the consumer group exists (POP refuses an unknown group). It is never used to
