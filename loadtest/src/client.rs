@@ -98,6 +98,23 @@ async fn tcp(ws_url: &str) -> anyhow::Result<TcpStream> {
     let n = CONNECTIONS.fetch_add(1, Ordering::Relaxed) / CONNECTIONS_PER_SOURCE;
     let source = std::net::Ipv4Addr::new(127, 0, (n / 250) as u8, (1 + n % 250) as u8);
     let socket = tokio::net::TcpSocket::new_v4()?;
+    // The port is picked at connect, by the whole address pair, not at bind: the previous run's
+    // 10,000 sockets sit in TIME_WAIT for a minute, and a bind that picks a port itself refused
+    // theirs ("Address already in use") in back-to-back runs.
+    let one: libc::c_int = 1;
+    // SAFETY: a valid socket, an int option and its size.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
     socket.bind(SocketAddr::new(source.into(), 0)).with_context(|| format!("binding source address {source}"))?;
     // Nagle stays on, as with `connect_async`: figures stay comparable with earlier runs.
     Ok(socket.connect(server).await?)
