@@ -126,26 +126,30 @@ async fn pull_mode_never_leaves_an_offset_on_the_broker_and_resumes_from_its_che
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_offset_move_at_the_broker_skips_nothing_the_log_still_holds() {
     let broker = TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    // The real binary: its metrics are its own (gateways inside this test process share one
+    // metrics registry with every other test running at the same time).
+    let env = rocketmq_env(&namesrv, "pull", "30000");
     let (_dir, data) = temp_dir();
-    let gw = InProcess::start(pull_config(&data, &broker)).await;
+    let gw = Process::start(&data, &env);
     create_topic(&gw.base, "moved", 1).await;
     publish_n(&gw.base, "moved", 0, 3).await;
-    consume_and_ack(gw.addr(), "acker", "moved", 3).await.close().await;
-    gw.stop().await;
+    consume_and_ack(gw.addr, "acker", "moved", 3).await.close().await;
+    assert!(gw.terminate().success());
     for n in 3..10 {
         send_directly(&broker, "moved", n).await;
     }
     broker.reset_group_offset(GROUP, "moved", 0, 7).await;
 
-    let gw = InProcess::start(pull_config(&data, &broker)).await;
-    let mut client = TestClient::connect(gw.addr(), "acker").await;
+    let gw = Process::start(&data, &env);
+    let mut client = TestClient::connect(gw.addr, "acker").await;
     client.subscribe("moved", json!({})).await;
     let events = client.recv_events(7).await;
     assert_eq!(events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect::<Vec<_>>(), (3..10).collect::<Vec<_>>());
     client.ack_confirmed(&ids(&events), "rest").await;
     assert_eq!(metric(&gw.base, "ackgate_rocketmq_offset_moves_total{followed=\"false\"}").await, 1.0, "the move was seen and not followed");
     assert_eq!(metric(&gw.base, "ackgate_gaps_total").await, 0.0, "no gap is reported for a move");
-    gw.stop().await;
+    gw.terminate();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
