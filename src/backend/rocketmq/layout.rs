@@ -82,8 +82,8 @@ pub struct PartitionQueue {
     pub queue_id: u32,
 }
 
-/// A topic's partitions as ackgate numbers them: its layout, and the master address last known
-/// for each of its brokers (kept while a master is away: requests to it fail as unavailable).
+/// A topic's partitions as ackgate numbers them: its layout, and the master address of each of
+/// its brokers the route names now (none for a master away: its partitions are unavailable).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub layout: Layout,

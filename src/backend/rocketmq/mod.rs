@@ -174,11 +174,10 @@ impl RocketMqLog {
             self.misrouted.lock().unwrap().remove(topic);
             return Ok(None);
         };
-        let addrs = {
-            let mut addrs = self.broker_addrs.lock().unwrap();
-            addrs.extend(brokers.iter().filter_map(|b| Some((b.name.clone(), b.addr.clone()?))));
-            addrs.clone()
-        };
+        // Only masters the route names now: a partition of one away answers unavailable at once,
+        // and a publish or delete touching it is refused before anything is sent.
+        let addrs: HashMap<String, String> = brokers.iter().filter_map(|b| Some((b.name.clone(), b.addr.clone()?))).collect();
+        self.broker_addrs.lock().unwrap().extend(addrs.clone());
         let stored = self.layouts.get(topic);
         let routed: Vec<(String, u32)> = brokers.iter().map(|b| (b.name.clone(), b.queues)).collect();
         let route = match layout::fit(stored.as_ref(), &routed) {
@@ -383,7 +382,8 @@ impl RocketMqLog {
     /// for a revived message whose original is unknown here (left to the broker, counted).
     fn handle_of(&self, q: &PartitionQueue, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
         let popped = pop::receipt(&self.settings.consumer_group, q, polled, header, m, &self.positions);
-        if popped.is_none() {
+        let revived = m.topic.starts_with("%RETRY%") || m.property(POP_CK).is_some();
+        if popped.is_none() && revived {
             crate::core::metrics::rocketmq_unmapped_revived().increment(1);
             tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
         }
@@ -567,11 +567,13 @@ impl LogBackend for RocketMqLog {
     async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
         let reserved = self.broker.cluster_and_broker_names().await?;
         let mut topics = Vec::new();
+        let mut listed = std::collections::HashSet::new();
         for name in self.broker.topic_names().await? {
             if !self.is_served(&name) || reserved.contains(&name) {
                 continue;
             }
             let Ok(topic) = TopicName::parse(&name) else { continue };
+            listed.insert(topic.clone());
             // One topic's failure (a layout that cannot be stored) must not hide the others.
             match self.refresh_route(&topic).await {
                 Ok(Some(route)) => topics.push((topic, route.partitions())),
@@ -579,6 +581,10 @@ impl LogBackend for RocketMqLog {
                 Err(e) => tracing::warn!(%topic, error = %e, "reading a RocketMQ topic's route failed"),
             }
         }
+        // Topics the name server no longer lists (deleted outside ackgate): no cached route and
+        // no refusal (readiness) stay behind.
+        self.routes.lock().unwrap().retain(|t, _| listed.contains(t));
+        self.misrouted.lock().unwrap().retain(|t| listed.contains(t));
         topics.sort();
         Ok(topics)
     }
