@@ -253,6 +253,10 @@ pub struct RocketMqConfig {
     /// kept in memory). Past it ackgate stops popping and reads by PULL until acks make room;
     /// the messages read meanwhile are popped later and acknowledged at once.
     pub max_pending_acks: u64,
+    /// POP: parent topics whose lite topics (RocketMQ 5.x, one small topic per room or user) are
+    /// served as `parent@lite`, e.g. ["chat"]. The broker needs enableLmq and enableMultiDispatch;
+    /// POST /topics creates a listed parent as a lite parent (message.type=LITE).
+    pub lite_parents: Vec<String>,
 }
 
 impl Default for RocketMqConfig {
@@ -267,6 +271,7 @@ impl Default for RocketMqConfig {
             publish_timeout_ms: 10_000,
             route_refresh_ms: 30_000,
             max_pending_acks: 100_000,
+            lite_parents: Vec::new(),
         }
     }
 }
@@ -692,9 +697,17 @@ impl Config {
                     problems.push("rocketmq.consumer_group must be 1 to 255 characters".into());
                 }
                 for name in &r.topics {
-                    if crate::core::names::TopicName::parse(name).is_err() {
+                    if crate::core::names::TopicName::parse(name).map_or(true, |t| t.lite().is_some()) {
                         problems.push(format!("rocketmq.topics: {name:?} is not a valid topic name"));
                     }
+                }
+                for name in &r.lite_parents {
+                    if crate::core::names::TopicName::parse(name).map_or(true, |t| t.lite().is_some()) {
+                        problems.push(format!("rocketmq.lite_parents: {name:?} is not a valid topic name"));
+                    }
+                }
+                if !r.lite_parents.is_empty() && r.mode != RocketMqMode::Pop {
+                    problems.push("rocketmq.lite_parents needs rocketmq.mode = \"pop\" (lite topics are RocketMQ 5.x's)".into());
                 }
                 if r.invisible_time_ms < 1000 {
                     problems.push(format!("rocketmq.invisible_time_ms must be at least 1000, got {}", r.invisible_time_ms));

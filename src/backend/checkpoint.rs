@@ -1,6 +1,7 @@
 //! Pull cursors and their checkpoint file.
 //!
-//! The file is a properties file, one `topic#partition=offset` line per cursor. It is replaced
+//! The file is a properties file, one `pull key=offset` line per cursor (`topic#partition`, or
+//! `parent#lite@queue` for a RocketMQ lite topic: `TopicPartition::pull_key`). It is replaced
 //! atomically (write a temp file, fsync it, rename it over the old one, fsync the directory), so a
 //! crash during a checkpoint leaves either the old file or the new one, never a torn mix.
 
@@ -74,16 +75,14 @@ fn read_checkpoint(path: &Path) -> io::Result<BTreeMap<TopicPartition, u64>> {
 
 fn parse_line(line: &str) -> Option<(TopicPartition, u64)> {
     let (key, offset) = line.split_once('=')?;
-    let (topic, partition) = key.rsplit_once('#')?;
-    let tp = TopicPartition::new(TopicName::parse(topic).ok()?, partition.parse().ok()?);
-    Some((tp, offset.parse().ok()?))
+    Some((TopicPartition::parse_pull_key(key)?, offset.parse().ok()?))
 }
 
 /// Replaces the checkpoint file atomically.
 fn write_checkpoint(path: &Path, cursors: &BTreeMap<TopicPartition, u64>) -> io::Result<()> {
-    let mut text = String::from("# ackgate pull offsets: topic#partition=next offset to pull\n");
+    let mut text = String::from("# ackgate pull offsets: topic#partition (parent#lite@queue) = next offset to pull\n");
     for (tp, offset) in cursors {
-        text.push_str(&format!("{tp}={offset}\n"));
+        text.push_str(&format!("{}={offset}\n", tp.pull_key()));
     }
     write_atomically(path, text.as_bytes())
 }
@@ -122,10 +121,14 @@ mod tests {
         let cursors = PullCursors::load(path.clone()).unwrap();
         cursors.set(&tp("orders", 0), 17);
         cursors.set(&tp("a.b-c_d", 3), 0);
+        cursors.set(&tp("chat@room-42", 1), 9);
         cursors.save().unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\nchat#room-42@1=9\n") && text.contains("\norders#0=17\n"), "{text}");
         let again = PullCursors::load(path.clone()).unwrap();
         assert_eq!(again.get(&tp("orders", 0)), Some(17));
         assert_eq!(again.get(&tp("a.b-c_d", 3)), Some(0));
+        assert_eq!(again.get(&tp("chat@room-42", 1)), Some(9));
         assert_eq!(again.get(&tp("orders", 1)), None);
         assert!(!path.with_extension("properties.tmp").exists(), "the temp file is renamed away");
     }

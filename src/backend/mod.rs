@@ -26,6 +26,16 @@ pub fn key_partition(key: &str, partitions: u32) -> u32 {
     hash % partitions.max(1)
 }
 
+/// Lite topics (`parent@lite`) are RocketMQ's: every other backend refuses to create one.
+pub fn refuse_lite_topic(topic: &crate::core::names::TopicName) -> Result<(), crate::core::backend::BackendError> {
+    match topic.lite() {
+        Some(_) => Err(crate::core::backend::BackendError::InvalidInput(format!(
+            "{topic} is a lite topic (parent@lite): lite topics exist only on RocketMQ, under a parent listed in rocketmq.lite_parents"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The configured backend: the trait object the core uses, plus what only one kind can do.
 #[derive(Clone)]
 pub enum Backend {
@@ -60,6 +70,7 @@ impl Backend {
                 request_timeout: Duration::from_millis(r.request_timeout_ms),
                 publish_timeout: Duration::from_millis(r.publish_timeout_ms),
                 max_pending_acks: usize::try_from(r.max_pending_acks).unwrap_or(usize::MAX),
+                lite_parents: r.lite_parents.clone(),
             };
             let log = RocketMqLog::open(data_dir, settings).await.with_context(|| format!("connecting to RocketMQ at {}", r.namesrv_addr))?;
             return Ok(Self::RocketMq(log));

@@ -65,10 +65,12 @@ pub const ROCKETMQ_BROKER_ACKS: &str = "ackgate_rocketmq_broker_acks_total";
 pub const ROCKETMQ_INVISIBLE_EXTENSIONS: &str = "ackgate_rocketmq_invisible_extensions_total";
 pub const ROCKETMQ_OFFSET_MOVES: &str = "ackgate_rocketmq_offset_moves_total";
 pub const ROCKETMQ_ROUTES_REFUSED: &str = "ackgate_rocketmq_routes_refused_total";
+pub const ROCKETMQ_LITE_POPPED: &str = "ackgate_rocketmq_lite_popped_total";
+pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 33] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
@@ -100,6 +102,8 @@ pub const ALL: [&str; 31] = [
     ROCKETMQ_INVISIBLE_EXTENSIONS,
     ROCKETMQ_OFFSET_MOVES,
     ROCKETMQ_ROUTES_REFUSED,
+    ROCKETMQ_LITE_POPPED,
+    ROCKETMQ_LITE_RESYNCS,
 ];
 
 /// `ackgate_rocketmq_popped_total`: messages popped from the broker (POP mode).
@@ -143,6 +147,18 @@ pub fn rocketmq_routes_refused() -> Counter {
     metrics::counter!(ROCKETMQ_ROUTES_REFUSED)
 }
 
+/// `ackgate_rocketmq_lite_popped_total{parent}`: lite-topic messages popped, per parent (never
+/// per lite topic: there may be 100,000 of them).
+pub fn rocketmq_lite_popped(parent: &str) -> Counter {
+    metrics::counter!(ROCKETMQ_LITE_POPPED, "parent" => parent.to_string())
+}
+
+/// `ackgate_rocketmq_lite_resyncs_total{parent}`: times the group's offset of a lite topic was set
+/// to ackgate's pull cursor (a reader starting, a rewind, a pop that raced one).
+pub fn rocketmq_lite_resyncs(parent: &str) -> Counter {
+    metrics::counter!(ROCKETMQ_LITE_RESYNCS, "parent" => parent.to_string())
+}
+
 /// `ackgate_dead_letters_redriven_total`: dead letters an operator marked for redrive (each
 /// request counts the ones it matched).
 pub fn dead_letters_redriven() -> Counter {
@@ -153,8 +169,10 @@ pub fn dead_letters_redriven() -> Counter {
 /// (a start below the log start at subscribe, or a catch-up read that fell behind retention),
 /// and the events in them. Labelled by topic, so handles are made per report (gaps are rare).
 pub fn gap_reported(topic: &str, events: u64) {
-    metrics::counter!(GAPS, "topic" => topic.to_string()).increment(1);
-    metrics::counter!(GAP_EVENTS, "topic" => topic.to_string()).increment(events);
+    // A lite topic (`parent@lite`) counts under its parent: one series per room would not scale.
+    let topic = topic.split('@').next().unwrap_or(topic).to_string();
+    metrics::counter!(GAPS, "topic" => topic.clone()).increment(1);
+    metrics::counter!(GAP_EVENTS, "topic" => topic).increment(events);
 }
 
 /// `ackgate_transient_log_ends_total`: log ends read below a committed offset that were back above
@@ -236,6 +254,8 @@ impl Metrics {
             ROCKETMQ_ROUTES_REFUSED,
             "RocketMQ routes refused because they would renumber a topic's partitions (per route refresh while it lasts)"
         );
+        describe_counter!(ROCKETMQ_LITE_POPPED, "RocketMQ lite-topic messages popped, per parent topic");
+        describe_counter!(ROCKETMQ_LITE_RESYNCS, "Times a lite topic's group offset at the broker was set to ackgate's pull cursor, per parent topic");
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
         describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");

@@ -24,7 +24,9 @@ fn check(kind: &str, value: &str, max: usize, extra: &[u8]) -> Result<(), Invali
     Ok(())
 }
 
-/// A topic name: `^[A-Za-z0-9._-]{1,249}$`. Cheap to clone (shared string).
+/// A topic name: `^[A-Za-z0-9._-]{1,249}$`, or a lite topic `parent@lite` (RocketMQ 5.x lite
+/// topics, `rocketmq.lite_parents`) whose two halves each follow that rule: `@` is outside the
+/// alphabet, so a lite topic never collides with a regular one. Cheap to clone (shared string).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicName(Arc<str>);
 
@@ -32,12 +34,23 @@ impl TopicName {
     pub const MAX_LEN: usize = 249;
 
     pub fn parse(value: &str) -> Result<Self, InvalidName> {
-        check("topic", value, Self::MAX_LEN, b"")?;
+        match value.split_once('@') {
+            Some((parent, lite)) => {
+                check("topic", parent, Self::MAX_LEN, b"")?;
+                check("lite topic", lite, Self::MAX_LEN, b"")?;
+            }
+            None => check("topic", value, Self::MAX_LEN, b"")?,
+        }
         Ok(Self(value.into()))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// `(parent, lite)` of a lite topic `parent@lite`; `None` for a regular topic.
+    pub fn lite(&self) -> Option<(&str, &str)> {
+        self.0.split_once('@')
     }
 }
 
@@ -80,6 +93,30 @@ pub struct TopicPartition {
 impl TopicPartition {
     pub fn new(topic: TopicName, partition: u32) -> Self {
         Self { topic, partition }
+    }
+}
+
+impl TopicPartition {
+    /// The pull-layer key (the seed's two forms): `topic#partition` for a regular topic,
+    /// `parent#lite@queue` for a lite topic.
+    pub fn pull_key(&self) -> String {
+        match self.topic.lite() {
+            Some((parent, lite)) => format!("{parent}#{lite}@{}", self.partition),
+            None => format!("{}#{}", self.topic, self.partition),
+        }
+    }
+
+    /// Inverse of `pull_key`.
+    pub fn parse_pull_key(key: &str) -> Option<Self> {
+        let (head, tail) = key.split_once('#')?;
+        let (topic, partition) = match tail.rsplit_once('@') {
+            Some((lite, queue)) => (format!("{head}@{lite}"), queue),
+            None => (head.to_string(), tail),
+        };
+        if partition.is_empty() || !partition.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Self::new(TopicName::parse(&topic).ok()?, partition.parse().ok()?))
     }
 }
 
@@ -169,7 +206,8 @@ pub fn client_prefix(client: &ClientId) -> Vec<u8> {
 }
 
 fn push_name(out: &mut Vec<u8>, name: &str) {
-    // Names are at most 249 bytes (validated), so one u16 always holds the length.
+    // Names are at most 499 bytes (validated: a lite topic is two names and an `@`), so one u16
+    // always holds the length.
     out.extend_from_slice(&(name.len() as u16).to_be_bytes());
     out.extend_from_slice(name.as_bytes());
 }
@@ -192,11 +230,31 @@ mod tests {
         assert!(TopicName::parse("a:b").is_err());
         assert!(TopicName::parse(&"t".repeat(249)).is_ok());
         assert!(TopicName::parse(&"t".repeat(250)).is_err());
+        assert_eq!(TopicName::parse("chat@room-42").unwrap().lite(), Some(("chat", "room-42")));
+        assert_eq!(TopicName::parse("chat").unwrap().lite(), None);
+        for bad in ["@room", "chat@", "chat@a@b", "chat@a#b", "chat@a b", "a#b@c"] {
+            assert!(TopicName::parse(bad).is_err(), "{bad}");
+        }
+        assert!(TopicName::parse(&format!("{}@{}", "p".repeat(249), "l".repeat(249))).is_ok());
+        assert!(TopicName::parse(&format!("p@{}", "l".repeat(250))).is_err());
         assert!(ClientId::parse("user:42@web-1").is_ok());
         assert!(ClientId::parse("a#b").is_err());
         assert!(ClientId::parse("a b").is_err());
         assert!(ClientId::parse(&"c".repeat(128)).is_ok());
         assert!(ClientId::parse(&"c".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn pull_keys_take_the_seeds_two_forms_and_parse_back() {
+        let regular = TopicPartition::new(TopicName::parse("orders").unwrap(), 3);
+        let lite = TopicPartition::new(TopicName::parse("chat@room-42").unwrap(), 0);
+        assert_eq!((regular.pull_key().as_str(), lite.pull_key().as_str()), ("orders#3", "chat#room-42@0"));
+        for tp in [regular, lite] {
+            assert_eq!(TopicPartition::parse_pull_key(&tp.pull_key()), Some(tp));
+        }
+        for bad in ["orders", "orders#", "orders#x", "chat#room@", "chat#@0", "#room@0", "chat#room@-1", "orders#4294967296", "chat#a@b@0"] {
+            assert_eq!(TopicPartition::parse_pull_key(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod process;
 mod restart;
 mod rocketmq;
 mod rocketmq_broker;
+mod rocketmq_lite;
 mod schemathesis;
 mod sse;
 mod support;

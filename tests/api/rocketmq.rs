@@ -303,7 +303,7 @@ async fn create_on_every_master(broker: &TestRocketMq, topic: &str, queues: u32)
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
     let masters = broker.brokers().await;
     for (_, addr) in &masters {
-        client.create_topic(addr, topic, queues).await.unwrap();
+        client.create_topic(addr, topic, queues, false).await.unwrap();
     }
     let started = Instant::now();
     while client.route(topic).await.unwrap().map_or(0, |r| r.len()) < masters.len() {
@@ -389,10 +389,10 @@ async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its
     ready(200).await;
 
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
-    client.create_topic(&masters[0].1, "spread", 1).await.unwrap();
+    client.create_topic(&masters[0].1, "spread", 1, false).await.unwrap();
     ready(503).await;
     assert!(metric(&gw.base, "ackgate_rocketmq_routes_refused_total").await >= 1.0);
-    client.create_topic(&masters[0].1, "spread", 2).await.unwrap();
+    client.create_topic(&masters[0].1, "spread", 2, false).await.unwrap();
     ready(200).await;
 
     broker.kill_broker(2);

@@ -219,6 +219,7 @@ impl LogState {
     }
 
     fn create_topic_locked(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        super::refuse_lite_topic(topic)?;
         if let Some(existing) = self.topics.read().unwrap().get(topic) {
             return if existing.len() as u32 == partitions {
                 Ok(false)

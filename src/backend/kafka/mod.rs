@@ -200,7 +200,8 @@ impl KafkaLog {
     }
 
     fn is_served(&self, topic: &str) -> bool {
-        !topic.starts_with("__") && self.served.as_ref().is_none_or(|s| s.contains(topic))
+        // `@` is not in Kafka's alphabet: a lite topic name is never asked for.
+        !topic.starts_with("__") && !topic.contains('@') && self.served.as_ref().is_none_or(|s| s.contains(topic))
     }
 
     /// Partition counts from the cluster's metadata: every served topic, or just `topic`.
@@ -252,6 +253,7 @@ impl LogBackend for KafkaLog {
     }
 
     async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        super::refuse_lite_topic(topic)?;
         if !self.is_served(topic.as_str()) {
             return Err(BackendError::InvalidInput(format!("topic {topic} is not in kafka.topics")));
         }

@@ -18,6 +18,29 @@ pub struct RoutedBroker {
     pub queues: u32,
 }
 
+/// What a SEND answered.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub queue_offset: u64,
+    /// The broker's message id: its store address and the message's commit log offset, in hex.
+    pub msg_id: String,
+}
+
+impl Sent {
+    /// The commit log offset inside `msg_id` (its last 16 hex digits, after the store address).
+    pub fn commit_log_offset(&self) -> Option<u64> {
+        let hex = self.msg_id.get(self.msg_id.len().checked_sub(16)?..)?;
+        u64::from_str_radix(hex, 16).ok()
+    }
+}
+
+/// What LITE_SUBSCRIPTION_CTL does with a client's lite subscriptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiteAction {
+    Add,
+    Remove,
+}
+
 /// One PULL answer.
 #[derive(Debug)]
 pub enum Pulled {
@@ -173,8 +196,10 @@ impl Broker {
         parse_json(&r.body)
     }
 
-    pub async fn create_topic(&self, broker_addr: &str, topic: &str, queues: u32) -> Result<(), BackendError> {
-        let ext = [
+    /// Creates `topic` with `queues` queues; `lite_parent`: as a parent of lite topics
+    /// (`message.type=LITE`).
+    pub async fn create_topic(&self, broker_addr: &str, topic: &str, queues: u32, lite_parent: bool) -> Result<(), BackendError> {
+        let mut ext = vec![
             ("topic", topic.to_string()),
             ("defaultTopic", "TBW102".to_string()),
             ("readQueueNums", queues.to_string()),
@@ -184,6 +209,9 @@ impl Broker {
             ("topicSysFlag", "0".to_string()),
             ("order", "false".to_string()),
         ];
+        if lite_parent {
+            ext.push(("attributes", "+message.type=LITE".to_string()));
+        }
         let r = self.call(broker_addr, code::UPDATE_AND_CREATE_TOPIC, &ext, &[], self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(BackendError::InvalidInput(format!("RocketMQ refused to create {topic}: code {} {}", r.code, r.remark)));
@@ -220,6 +248,22 @@ impl Broker {
     /// Makes sure the consumer group exists (POP refuses an unknown group). It is never used to
     /// commit an offset.
     pub async fn ensure_group(&self, broker_addr: &str, group: &str) -> Result<(), BackendError> {
+        self.create_group(broker_addr, group, serde_json::json!({})).await
+    }
+
+    /// Makes sure a consumer group bound to the lite parent `parent` exists (POP_LITE and
+    /// LITE_SUBSCRIPTION_CTL refuse any other), with room for one client subscribed to every
+    /// lite topic this instance serves and every pending event it may have.
+    pub async fn ensure_lite_group(&self, broker_addr: &str, group: &str, parent: &str) -> Result<(), BackendError> {
+        let attributes = serde_json::json!({
+            "+lite.bind.topic": parent,
+            "+lite.sub.client.quota": "100000000",
+            "+lite.sub.client.max.event.cnt": "1000000",
+        });
+        self.create_group(broker_addr, group, attributes).await
+    }
+
+    async fn create_group(&self, broker_addr: &str, group: &str, attributes: serde_json::Value) -> Result<(), BackendError> {
         let config = serde_json::json!({
             "groupName": group,
             "consumeEnable": true,
@@ -230,6 +274,7 @@ impl Broker {
             "brokerId": 0,
             "whichBrokerWhenConsumeSlowly": 1,
             "notifyConsumerIdsChangedEnable": false,
+            "attributes": attributes,
         });
         let body = serde_json::to_vec(&config).expect("JSON");
         let r = self.call(broker_addr, code::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[], &body, self.timeout).await?;
@@ -239,7 +284,7 @@ impl Broker {
         Ok(())
     }
 
-    /// Sends one message to a queue; answers its queue offset.
+    /// Sends one message to a queue.
     pub async fn send(
         &self,
         broker_addr: &str,
@@ -249,7 +294,7 @@ impl Broker {
         properties: String,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<Sent, BackendError> {
         let now = SystemClock.now_ms();
         let ext = [
             ("producerGroup", producer_group.to_string()),
@@ -282,7 +327,92 @@ impl Broker {
             return Err(refused("send", &r));
         }
         let offset = r.number("queueOffset").map_err(|e| BackendError::Io(e.to_string()))?;
-        u64::try_from(offset).map_err(|_| BackendError::Io(format!("send answered queue offset {offset}")))
+        let queue_offset = u64::try_from(offset).map_err(|_| BackendError::Io(format!("send answered queue offset {offset}")))?;
+        Ok(Sent { queue_offset, msg_id: r.field("msgId").unwrap_or_default().to_string() })
+    }
+
+    /// VIEW_MESSAGE_BY_ID: the stored message at a commit log offset (with the properties the
+    /// store added, such as a lite message's queue offset).
+    pub async fn view_message(&self, broker_addr: &str, commit_log_offset: u64) -> Result<Decoded, BackendError> {
+        let r = self.call(broker_addr, code::VIEW_MESSAGE_BY_ID, &[("offset", commit_log_offset.to_string())], &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("view message", &r));
+        }
+        decode_messages(&r.body).into_iter().next().ok_or_else(|| BackendError::Io(format!("view message at {commit_log_offset} answered no message")))
+    }
+
+    /// LITE_SUBSCRIPTION_CTL: adds lite topics of `parent` to (or removes them from) `client`'s
+    /// subscription in `group`. An add with `from` sets the group's offset of each to it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn lite_subscription(
+        &self,
+        broker_addr: &str,
+        action: LiteAction,
+        client: &str,
+        group: &str,
+        parent: &str,
+        lites: &[&str],
+        from: Option<u64>,
+    ) -> Result<(), BackendError> {
+        let mut entry = serde_json::json!({
+            "action": match action { LiteAction::Add => "PARTIAL_ADD", LiteAction::Remove => "PARTIAL_REMOVE" },
+            "clientId": client,
+            "group": group,
+            "topic": parent,
+            "liteTopicSet": lites,
+            "version": 0,
+        });
+        if let Some(from) = from {
+            entry["offsetOption"] = serde_json::json!({"type": "Offset", "value": from});
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": [entry] })).expect("JSON");
+        let r = self.call(broker_addr, code::LITE_SUBSCRIPTION_CTL, &[], &body, self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("lite subscription", &r));
+        }
+        Ok(())
+    }
+
+    /// TRIGGER_LITE_DISPATCH: the broker looks again at every lite topic `client` subscribes to
+    /// in `group` and marks the ones with messages past the group's offset for its next pop (its
+    /// own marks are dropped after 30 s or past a per-client count).
+    pub async fn trigger_lite_dispatch(&self, broker_addr: &str, group: &str, client: &str) -> Result<(), BackendError> {
+        let ext = [("group", group.to_string()), ("clientId", client.to_string())];
+        let r = self.call(broker_addr, code::TRIGGER_LITE_DISPATCH, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("trigger lite dispatch", &r));
+        }
+        Ok(())
+    }
+
+    /// POP_LITE_MESSAGE: messages of the lite topics of `parent` that `client` subscribes to, from
+    /// the group's offset of each (which the pop moves past them); empty after `wait`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pop_lite(
+        &self,
+        broker_addr: &str,
+        client: &str,
+        group: &str,
+        parent: &str,
+        max: usize,
+        invisible: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Decoded>, BackendError> {
+        let ext = [
+            ("clientId", client.to_string()),
+            ("consumerGroup", group.to_string()),
+            ("topic", parent.to_string()),
+            ("maxMsgNum", max.clamp(1, 32).to_string()),
+            ("invisibleTime", invisible.as_millis().to_string()),
+            ("pollTime", wait.as_millis().to_string()),
+            ("bornTime", SystemClock.now_ms().to_string()),
+        ];
+        let r = self.call(broker_addr, code::POP_LITE_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        match r.code {
+            response::SUCCESS => Ok(decode_messages(&r.body)),
+            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => Ok(Vec::new()),
+            _ => Err(refused("pop lite", &r)),
+        }
     }
 
     /// PULL from `offset`, never committing an offset for `group`. `wait` > 0 lets the broker

@@ -71,6 +71,7 @@ const SYSTEM_PROPERTIES: &[&str] = &[
     "INNER_BASE",
     "INNER_MULTI_DISPATCH",
     "INNER_MULTI_QUEUE_OFFSET",
+    "__LITE_TOPIC",
     "CONSUME_CONTEXT",
     "BORN_HOST",
     "DUP_INFO",

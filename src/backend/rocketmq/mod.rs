@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod broker;
 mod layout;
+mod lite;
 pub mod message;
 mod pop;
 pub mod remoting;
@@ -65,6 +66,8 @@ pub struct RocketMqSettings {
     pub publish_timeout: Duration,
     /// POP: receipt handles kept at most; past it, reads go by PULL (`poll_pop`).
     pub max_pending_acks: usize,
+    /// Parents whose lite topics are served as `parent@lite` (`lite.rs`).
+    pub lite_parents: Vec<String>,
 }
 
 pub struct RocketMqLog {
@@ -94,6 +97,9 @@ pub struct RocketMqLog {
     next_queue: AtomicU64,
     next_uniq: AtomicU64,
     uniq_prefix: String,
+    lite: lite::LiteState,
+    /// Itself, for tasks it starts later (lite pollers).
+    me: OnceLock<std::sync::Weak<Self>>,
     stop: CancellationToken,
 }
 
@@ -118,7 +124,11 @@ impl RocketMqLog {
         for (_, addr) in &brokers {
             broker.ensure_group(addr, &settings.consumer_group).await?;
         }
-        let served = (!settings.topics.is_empty()).then(|| settings.topics.iter().cloned().collect());
+        // Lite parents are served whatever rocketmq.topics says.
+        let served = (!settings.topics.is_empty()).then(|| settings.topics.iter().chain(&settings.lite_parents).cloned().collect());
+        let uniq_prefix = format!("ackgate-{:x}-{:x}", std::process::id(), SystemClock.now_ms());
+        let lite =
+            lite::LiteState::load(data_dir, &settings.lite_parents, &uniq_prefix).map_err(|e| BackendError::Io(format!("the lite client id file: {e}")))?;
         let log = Arc::new(Self {
             broker,
             served,
@@ -136,10 +146,13 @@ impl RocketMqLog {
             reachable: AtomicBool::new(true),
             next_queue: AtomicU64::new(0),
             next_uniq: AtomicU64::new(0),
-            uniq_prefix: format!("ackgate-{:x}-{:x}", std::process::id(), SystemClock.now_ms()),
+            uniq_prefix,
+            lite,
+            me: OnceLock::new(),
             stop: CancellationToken::new(),
             settings,
         });
+        let _ = log.me.set(Arc::downgrade(&log));
         spawn_reachability_monitor(Arc::downgrade(&log));
         if log.settings.mode == RocketMqMode::Pop {
             spawn_broker_acks(Arc::downgrade(&log));
@@ -509,6 +522,15 @@ impl RocketMqLog {
         }
     }
 
+    /// The partition of an event: the one it names, its key's, or the next in turn.
+    fn partition_for(&self, event: &NewEvent, partitions: u32) -> u32 {
+        match (event.partition, &event.key) {
+            (Some(p), _) => p,
+            (None, Some(key)) => super::key_partition(key, partitions),
+            (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(partitions.max(1))) as u32,
+        }
+    }
+
     fn new_uniq_key(&self) -> String {
         format!("{}-{:x}", self.uniq_prefix, self.next_uniq.fetch_add(1, Ordering::Relaxed))
     }
@@ -590,10 +612,18 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
+        if topic.lite().is_some() {
+            return self.lite_partitions(topic).await;
+        }
         Ok(self.route(topic).await?.map(|r| r.partitions()))
     }
 
     async fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
+        if topic.lite().is_some() {
+            return Err(BackendError::InvalidInput(format!(
+                "{topic} is a lite topic: it needs no creation (publish to it), only its parent does, as a topic listed in rocketmq.lite_parents"
+            )));
+        }
         if !self.is_served(topic.as_str()) {
             return Err(BackendError::InvalidInput(format!("topic {topic} is not in rocketmq.topics")));
         }
@@ -610,7 +640,7 @@ impl LogBackend for RocketMqLog {
         // created on several masters by other tools is served across all of them.)
         let brokers = self.broker.brokers().await?;
         let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
-        self.broker.create_topic(addr, topic.as_str(), partitions).await?;
+        self.broker.create_topic(addr, topic.as_str(), partitions, self.lite.is_parent(topic.as_str())).await?;
         // The broker registers the topic with the name server right after creating it.
         for _ in 0..50 {
             if self.refresh_route(topic).await?.is_some() {
@@ -622,6 +652,11 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
+        if topic.lite().is_some() {
+            return Err(BackendError::InvalidInput(format!(
+                "{topic} is a lite topic: the broker keeps it with its parent (delete the parent, or reset offsets)"
+            )));
+        }
         let Some(route) = self.refresh_route(topic).await? else {
             self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
             return Ok(false);
@@ -649,17 +684,14 @@ impl LogBackend for RocketMqLog {
         if !self.reachable.load(Ordering::SeqCst) {
             return Err(BackendError::Unavailable(format!("RocketMQ at {} is unreachable", self.settings.namesrv_addr)));
         }
+        check_properties(&events)?;
+        if topic.lite().is_some() {
+            return self.publish_lite(topic, events).await;
+        }
         let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
         for event in &events {
             if let Some(p) = event.partition.filter(|p| *p >= route.partitions()) {
                 return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.partitions())));
-            }
-            let texts = event.key.iter().map(String::as_str).chain(event.headers.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
-            if let Some(bad) = texts.into_iter().find(|t| !is_property_safe(t)) {
-                return Err(BackendError::InvalidInput(format!("RocketMQ properties cannot hold the control characters \\u0001 or \\u0002: {bad:?}")));
-            }
-            if let Some((name, _)) = event.headers.iter().find(|(k, _)| is_system_property(k) || k.is_empty()) {
-                return Err(BackendError::InvalidInput(format!("header {name:?} is reserved by RocketMQ")));
             }
         }
         // Each event's queue first; then every queue's events are sent one after another (so
@@ -667,11 +699,7 @@ impl LogBackend for RocketMqLog {
         let partitions = route.partitions();
         let mut by_partition: HashMap<u32, Vec<(usize, NewEvent)>> = HashMap::new();
         for (i, event) in events.into_iter().enumerate() {
-            let partition = match (event.partition, &event.key) {
-                (Some(p), _) => p,
-                (None, Some(key)) => super::key_partition(key, partitions),
-                (None, None) => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
-            };
+            let partition = self.partition_for(&event, partitions);
             by_partition.entry(partition).or_default().push((i, event));
         }
         let count = by_partition.values().map(Vec::len).sum();
@@ -697,7 +725,8 @@ impl LogBackend for RocketMqLog {
                 let offset = self
                     .broker
                     .send(&q.broker_addr, PRODUCER_GROUP, topic.as_str(), q.queue_id, properties, &event.payload, self.settings.publish_timeout)
-                    .await?;
+                    .await?
+                    .queue_offset;
                 written.push((i, (partition, offset)));
             }
             Ok::<_, BackendError>(written)
@@ -712,6 +741,9 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+        if tp.topic.lite().is_some() {
+            return self.lite_bounds(tp).await;
+        }
         let q = self.queue_of(tp).await?;
         let log_start = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, false).await?;
         let log_end = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await?;
@@ -719,6 +751,9 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        if tp.topic.lite().is_some() {
+            return self.lite_offset_for_time(tp, time_ms).await;
+        }
         let q = self.queue_of(tp).await?;
         let bounds = self.log_bounds(tp).await?;
         let offset = self.broker.offset_for_time(&q.broker_addr, tp.topic.as_str(), q.queue_id, time_ms).await?;
@@ -726,7 +761,9 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let lite = tp.topic.lite().is_some();
         match from {
+            ReadFrom::Offset(offset) if lite => self.read_lite_at(tp, offset, max).await,
             ReadFrom::Offset(offset) => self.read_at(tp, offset, max, wait).await,
             ReadFrom::PullCursor => {
                 let lock = self.cursor_lock(tp);
@@ -736,6 +773,7 @@ impl LogBackend for RocketMqLog {
                     None => self.log_bounds(tp).await?.log_start,
                 };
                 let events = match self.settings.mode {
+                    _ if lite => self.poll_lite(tp, cursor, max, wait).await?,
                     // PULL from the cursor, long-polling up to `wait`.
                     RocketMqMode::Pull => self.read_at(tp, cursor, max, wait).await?,
                     RocketMqMode::Pop => self.poll_pop(tp, cursor, max, wait).await?,
@@ -749,6 +787,14 @@ impl LogBackend for RocketMqLog {
 
     fn seek(&self, tp: &TopicPartition, offset: u64) {
         self.cursors.set(tp, offset);
+    }
+
+    fn stop_pulling(&self, tp: &TopicPartition) {
+        if tp.topic.lite().is_some() {
+            if let Some(this) = self.me.get().and_then(std::sync::Weak::upgrade) {
+                this.stop_pulling_lite(tp);
+            }
+        }
     }
 
     fn pull_offset(&self, tp: &TopicPartition) -> Option<u64> {
@@ -774,6 +820,20 @@ impl LogBackend for RocketMqLog {
     async fn is_ready(&self) -> bool {
         self.reachable.load(Ordering::SeqCst) && self.misrouted.lock().unwrap().is_empty()
     }
+}
+
+/// Keys and headers must fit in RocketMQ properties, and no header may be one of RocketMQ's own.
+fn check_properties(events: &[NewEvent]) -> Result<(), BackendError> {
+    for event in events {
+        let texts = event.key.iter().map(String::as_str).chain(event.headers.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+        if let Some(bad) = texts.into_iter().find(|t| !is_property_safe(t)) {
+            return Err(BackendError::InvalidInput(format!("RocketMQ properties cannot hold the control characters \\u0001 or \\u0002: {bad:?}")));
+        }
+        if let Some((name, _)) = event.headers.iter().find(|(k, _)| is_system_property(k) || k.is_empty()) {
+            return Err(BackendError::InvalidInput(format!("header {name:?} is reserved by RocketMQ")));
+        }
+    }
+    Ok(())
 }
 
 /// Logs and counts a message that did not decode (issue 20: never a reader stopped by it).

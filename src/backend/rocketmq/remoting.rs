@@ -22,6 +22,7 @@ pub mod code {
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
     pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
+    pub const VIEW_MESSAGE_BY_ID: i32 = 33;
     pub const GET_MAX_OFFSET: i32 = 30;
     pub const GET_MIN_OFFSET: i32 = 31;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
@@ -33,6 +34,10 @@ pub mod code {
     pub const POP_MESSAGE: i32 = 200050;
     pub const ACK_MESSAGE: i32 = 200051;
     pub const CHANGE_MESSAGE_INVISIBLETIME: i32 = 200053;
+    pub const POP_LITE_MESSAGE: i32 = 200070;
+    pub const LITE_SUBSCRIPTION_CTL: i32 = 200071;
+    pub const GET_LITE_CLIENT_INFO: i32 = 200077;
+    pub const TRIGGER_LITE_DISPATCH: i32 = 200079;
 }
 
 /// Response codes ackgate tells apart (RocketMQ's `ResponseCode`).

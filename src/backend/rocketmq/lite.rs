@@ -1,0 +1,471 @@
+//! RocketMQ 5.x lite topics (`rocketmq.lite_parents`): a parent topic holds any number of small
+//! topics (one per chat room, user, device), each stored by the broker as a light message queue
+//! (`%LMQ%$parent$lite`, queue 0, offsets from 0). ackgate addresses one as `parent@lite`.
+//!
+//! - Partitions: one per master broker of the parent, in the parent's layout order (`layout.rs`);
+//!   with one broker, a lite topic has one partition. Its pull key is `parent#lite@queue`.
+//! - Publish: SEND to the parent with the `__LITE_TOPIC` property; the broker dispatches it to the
+//!   lite queue. The send answers only the parent's queue offset, so the stored message is read
+//!   back (VIEW_MESSAGE_BY_ID) for its lite queue offset.
+//! - Reading: a lite queue cannot be PULLed; POP_LITE is the only read, and it moves the
+//!   consumer group's offset of each lite queue at pop time (rocketmq-rust 1.0 has no revive and
+//!   no ACK for lite pops). So ackgate's own pull cursor is the position that counts, as in PULL
+//!   mode: one client id per instance subscribes (LITE_SUBSCRIPTION_CTL) to every lite topic read
+//!   here, a poller per parent and broker POPs for all of them at once, and each message goes to
+//!   its lite topic's buffer only if it is the next offset expected; anything else (a restart, a
+//!   rewind, a pop racing a reset) sets the group's offset back to the cursor (an add with an
+//!   offset) and asks the broker to dispatch again. A lite topic nobody reads here costs nothing:
+//!   no subscription, no buffer, no task (the poller of a parent ends with its last reader).
+//! - Catch-up reads by offset (a subscriber below the shared reader) use a second group and
+//!   client: set its offset, dispatch, pop, one lite topic at a time per parent.
+//! - The deferred broker ACK has nothing to do: the pop already committed. What replaces the
+//!   broker's redelivery is ackgate's cursor, aligned at boot to the lowest committed offset.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::broker::LiteAction;
+use super::layout::PartitionQueue;
+use super::message::{encode_properties, StoredMessage, KEYS, UNIQ_KEY};
+use super::RocketMqLog;
+use crate::core::backend::{BackendError, Event, NewEvent, PartitionBounds};
+use crate::core::names::{TopicName, TopicPartition};
+
+/// The message property naming a message's lite topic.
+pub const LITE_TOPIC: &str = "__LITE_TOPIC";
+const MULTI_DISPATCH: &str = "INNER_MULTI_DISPATCH";
+const MULTI_QUEUE_OFFSET: &str = "INNER_MULTI_QUEUE_OFFSET";
+/// File in `data_dir` holding this instance's lite client id (groups and subscriptions at the
+/// broker are per instance: two instances reading one lite topic must not move each other's
+/// offsets).
+const CLIENT_ID_FILE: &str = "rocketmq-lite-client";
+/// How long one POP_LITE of a poller waits at the broker for a message.
+const POLL_WAIT: Duration = Duration::from_secs(1);
+/// Popped events held per lite topic until its reader takes them; past it they are dropped and
+/// read again (the group's offset is set back).
+const BUFFERED_MAX: usize = 1024;
+
+/// Lite-topic state of one backend.
+pub struct LiteState {
+    parents: HashSet<String>,
+    /// This instance's lite client id, kept in `data_dir`.
+    client_id: String,
+    /// Lite topics read here: their buffers and where the group's offset stands.
+    queues: Mutex<HashMap<TopicPartition, LiteQueue>>,
+    /// Running pollers, by (parent, broker name).
+    pollers: Mutex<HashSet<(String, String)>>,
+    /// Groups known to exist, by (broker address, group).
+    groups: Mutex<HashSet<(String, String)>>,
+    /// Catch-up reads of one parent run one at a time (one catch-up client per parent).
+    catch_up: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+struct LiteQueue {
+    broker_name: String,
+    /// Popped events not taken yet, contiguous.
+    buffered: VecDeque<Event>,
+    /// The offset the next popped message must have (the group's offset as ackgate set it);
+    /// `None`: set it again before reading on.
+    expected: Option<u64>,
+    arrived: Arc<tokio::sync::Notify>,
+}
+
+impl LiteState {
+    pub fn load(data_dir: &Path, parents: &[String], fresh_id: &str) -> std::io::Result<Self> {
+        let path = data_dir.join(CLIENT_ID_FILE);
+        let client_id = match std::fs::read_to_string(&path) {
+            Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
+            Ok(_) => write_client_id(&path, fresh_id)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_client_id(&path, fresh_id)?,
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            parents: parents.iter().cloned().collect(),
+            client_id,
+            queues: Mutex::new(HashMap::new()),
+            pollers: Mutex::new(HashSet::new()),
+            groups: Mutex::new(HashSet::new()),
+            catch_up: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn is_parent(&self, topic: &str) -> bool {
+        self.parents.contains(topic)
+    }
+}
+
+fn write_client_id(path: &Path, id: &str) -> std::io::Result<String> {
+    super::super::checkpoint::write_atomically(path, id.as_bytes())?;
+    Ok(id.to_string())
+}
+
+/// RocketMQ group names take `[A-Za-z0-9_%|-]`: a topic's `.` is written `%2E` (no two parents
+/// share a group).
+fn group_part(name: &str) -> String {
+    name.replace('.', "%2E")
+}
+
+/// The lite queue's offset of a popped or viewed message, from the properties the store added.
+fn lite_offset(m: &StoredMessage, lmq: &str) -> Option<u64> {
+    let at = m.property(MULTI_DISPATCH)?.split(',').position(|q| q == lmq)?;
+    m.property(MULTI_QUEUE_OFFSET)?.split(',').nth(at)?.parse().ok()
+}
+
+fn lmq_name(parent: &str, lite: &str) -> String {
+    format!("%LMQ%${parent}${lite}")
+}
+
+impl RocketMqLog {
+    /// `(parent, lite)` of a lite topic of a served parent.
+    pub(super) fn lite_of<'t>(&self, topic: &'t TopicName) -> Option<(&'t str, &'t str)> {
+        topic.lite().filter(|(parent, _)| self.lite.is_parent(parent))
+    }
+
+    fn lite_group(&self, parent: &str, catch_up: bool) -> String {
+        let kind = if catch_up { "catchup" } else { "read" };
+        format!("{}-lite-{}-{kind}-{}", self.settings.consumer_group, self.lite.client_id, group_part(parent))
+    }
+
+    fn lite_client(&self, catch_up: bool) -> String {
+        if catch_up {
+            format!("{}-catchup", self.lite.client_id)
+        } else {
+            self.lite.client_id.clone()
+        }
+    }
+
+    /// Partitions of a lite topic: one per master broker of its parent.
+    pub(super) async fn lite_partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
+        let Some((parent, _)) = self.lite_of(topic) else { return Ok(None) };
+        let parent = TopicName::parse(parent).map_err(|e| BackendError::InvalidInput(e.0))?;
+        Ok(self.route(&parent).await?.map(|r| r.layout.len() as u32).filter(|n| *n > 0))
+    }
+
+    /// The broker of a lite topic's partition, with a queue of the parent on it (where sends go).
+    async fn lite_queue(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
+        let (parent, _) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        let parent = TopicName::parse(parent).map_err(|e| BackendError::InvalidInput(e.0))?;
+        let route = self.route(&parent).await?.ok_or_else(|| BackendError::UnknownTopic(format!("{} (its parent {parent} does not exist)", tp.topic)))?;
+        let Some((broker, _)) = route.layout.get(tp.partition as usize) else {
+            return Err(BackendError::UnknownPartition(format!(
+                "partition {} does not exist: lite topic {} has {}",
+                tp.partition,
+                tp.topic,
+                route.layout.len()
+            )));
+        };
+        let addr = route.addr_of(broker).ok_or_else(|| {
+            BackendError::Unavailable(format!("partition {} of {} is on broker {broker}, whose master address is not known", tp.partition, tp.topic))
+        })?;
+        Ok(PartitionQueue { broker_name: broker.clone(), broker_addr: addr.to_string(), queue_id: 0 })
+    }
+
+    async fn ensure_lite_group(&self, addr: &str, parent: &str, catch_up: bool) -> Result<String, BackendError> {
+        let group = self.lite_group(parent, catch_up);
+        let key = (addr.to_string(), group.clone());
+        if !self.lite.groups.lock().unwrap().contains(&key) {
+            self.broker.ensure_lite_group(addr, &group, parent).await?;
+            self.lite.groups.lock().unwrap().insert(key);
+        }
+        Ok(group)
+    }
+
+    pub(super) async fn lite_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+        let q = self.lite_queue(tp).await?;
+        let (parent, lite) = self.lite_of(&tp.topic).expect("checked by lite_queue");
+        let lmq = lmq_name(parent, lite);
+        let log_start = self.broker.queue_offset(&q.broker_addr, &lmq, 0, false).await?;
+        let log_end = self.broker.queue_offset(&q.broker_addr, &lmq, 0, true).await?;
+        Ok(PartitionBounds { log_start, log_end: log_end.max(log_start) })
+    }
+
+    pub(super) async fn lite_offset_for_time(&self, tp: &TopicPartition, time_ms: u64) -> Result<u64, BackendError> {
+        let q = self.lite_queue(tp).await?;
+        let (parent, lite) = self.lite_of(&tp.topic).expect("checked by lite_queue");
+        let bounds = self.lite_bounds(tp).await?;
+        let offset = self.broker.offset_for_time(&q.broker_addr, &lmq_name(parent, lite), 0, time_ms).await?;
+        Ok(offset.clamp(bounds.log_start, bounds.log_end))
+    }
+
+    /// Publishes to a lite topic: each event to its partition's broker, on the parent, with the
+    /// lite property; answers the lite queue offsets.
+    pub(super) async fn publish_lite(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+        let (parent, lite) = self.lite_of(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        let partitions =
+            self.lite_partitions(topic).await?.ok_or_else(|| BackendError::UnknownTopic(format!("{topic} (its parent {parent} does not exist)")))?;
+        let mut queues = HashMap::new();
+        for p in 0..partitions {
+            queues.insert(p, self.lite_queue(&TopicPartition::new(topic.clone(), p)).await?);
+        }
+        let lmq = lmq_name(parent, lite);
+        let mut written = Vec::with_capacity(events.len());
+        for event in events {
+            let partition = self.partition_for(&event, partitions);
+            let q = queues
+                .get(&partition)
+                .ok_or_else(|| BackendError::UnknownPartition(format!("partition {partition} does not exist: lite topic {topic} has {partitions}")))?;
+            let uniq = self.new_uniq_key();
+            let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true"), (LITE_TOPIC, lite)];
+            if let Some(key) = &event.key {
+                properties.push((KEYS, key.as_str()));
+            }
+            properties.extend(event.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let sent = self
+                .broker
+                .send(&q.broker_addr, super::PRODUCER_GROUP, parent, q.queue_id, encode_properties(&properties), &event.payload, self.settings.publish_timeout)
+                .await?;
+            // Stored: from here on an error must say so (a retry would publish it twice).
+            let stored =
+                |why: String| BackendError::Io(format!("the event was stored in {topic} but its lite offset could not be read ({why}): do not retry it"));
+            let commit_log_offset = sent.commit_log_offset().ok_or_else(|| stored(format!("message id {:?}", sent.msg_id)))?;
+            let message = self.broker.view_message(&q.broker_addr, commit_log_offset).await.map_err(|e| stored(e.to_string()))?;
+            let offset = message.ok().as_ref().and_then(|m| lite_offset(m, &lmq)).ok_or_else(|| {
+                stored("the broker did not dispatch it to a lite queue: are enableLmq and enableMultiDispatch on, and is the parent a lite topic?".into())
+            })?;
+            written.push((partition, offset));
+        }
+        Ok(written)
+    }
+
+    /// A poll at the pull cursor of a lite topic: the events the poller popped for it from the
+    /// cursor on, waiting up to `wait` for some.
+    pub(super) async fn poll_lite(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+        let (parent, lite) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        let q = self.lite_queue(tp).await?;
+        let group = self.ensure_lite_group(&q.broker_addr, parent, false).await?;
+        let (resync_from, arrived) = {
+            let mut queues = self.lite.queues.lock().unwrap();
+            let queue = queues.entry(tp.clone()).or_insert_with(|| LiteQueue {
+                broker_name: q.broker_name.clone(),
+                buffered: VecDeque::new(),
+                expected: None,
+                arrived: Arc::new(tokio::sync::Notify::new()),
+            });
+            while queue.buffered.front().is_some_and(|e| e.offset < cursor) {
+                queue.buffered.pop_front();
+            }
+            if queue.buffered.front().is_some_and(|e| e.offset != cursor) {
+                // The cursor was moved (a seek below what was popped): read again from it.
+                queue.buffered.clear();
+            }
+            let next = cursor + queue.buffered.len() as u64;
+            let resync = (queue.expected != Some(next)).then_some(next);
+            if resync.is_some() {
+                // Set before asking: a pop still in flight from the old offset is told apart.
+                queue.expected = Some(next);
+            }
+            (resync, queue.arrived.clone())
+        };
+        if let Some(from) = resync_from {
+            let client = self.lite_client(false);
+            let set = async {
+                self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
+                self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await
+            };
+            if let Err(e) = set.await {
+                if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
+                    queue.expected = None;
+                }
+                return Err(e);
+            }
+            crate::core::metrics::rocketmq_lite_resyncs(parent).increment(1);
+            tracing::debug!(%tp, from, "lite topic: the group's offset set to the pull cursor");
+            self.spawn_lite_poller(parent, &q.broker_name, tp.partition);
+        }
+        let take = |queues: &mut HashMap<TopicPartition, LiteQueue>| -> Vec<Event> {
+            let Some(queue) = queues.get_mut(tp) else { return Vec::new() };
+            let n = queue.buffered.len().min(max);
+            queue.buffered.drain(..n).collect()
+        };
+        let notified = arrived.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let events = take(&mut self.lite.queues.lock().unwrap());
+        if !events.is_empty() || wait.is_zero() {
+            return Ok(events);
+        }
+        let _ = tokio::time::timeout(wait, notified).await;
+        Ok(take(&mut self.lite.queues.lock().unwrap()))
+    }
+
+    /// A catch-up read of a lite topic from `from`: the catch-up group's offset is set there, the
+    /// broker dispatches, and one pop answers.
+    pub(super) async fn read_lite_at(&self, tp: &TopicPartition, from: u64, max: usize) -> Result<Vec<Event>, BackendError> {
+        let (parent, lite) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        let bounds = self.lite_bounds(tp).await?;
+        if from >= bounds.log_end {
+            return Ok(Vec::new());
+        }
+        let from = from.max(bounds.log_start);
+        let q = self.lite_queue(tp).await?;
+        let group = self.ensure_lite_group(&q.broker_addr, parent, true).await?;
+        let client = self.lite_client(true);
+        let lock = self.lite.catch_up.lock().unwrap().entry(parent.to_string()).or_default().clone();
+        let _one_at_a_time = lock.lock().await;
+        self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
+        let lmq = lmq_name(parent, lite);
+        let read = async {
+            self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await?;
+            let deadline = tokio::time::Instant::now() + self.settings.request_timeout;
+            loop {
+                let messages =
+                    self.broker.pop_lite(&q.broker_addr, &client, &group, parent, max, self.settings.invisible_time, Duration::from_millis(200)).await?;
+                let mut events: Vec<Event> = messages
+                    .into_iter()
+                    .filter_map(Result::ok)
+                    .filter_map(|m| Some((lite_offset(&m, &lmq)?, m)))
+                    .filter(|(offset, _)| *offset >= from)
+                    .map(|(offset, m)| Event { partition: tp.partition, offset, ..m.into_event() })
+                    .collect();
+                events.sort_by_key(|e| e.offset);
+                let contiguous = events.iter().enumerate().take_while(|(i, e)| e.offset == from + *i as u64).count();
+                events.truncate(contiguous.min(max));
+                if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+                    return Ok::<_, BackendError>(events);
+                }
+                self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await?;
+            }
+        };
+        let events = read.await;
+        if let Err(e) = self.broker.lite_subscription(&q.broker_addr, LiteAction::Remove, &client, &group, parent, &[lite], None).await {
+            tracing::warn!(%tp, error = %e, "removing a catch-up lite subscription failed");
+        }
+        events
+    }
+
+    /// Nobody reads `tp` here any more: its buffer goes, and its subscription at the broker once
+    /// no new reader has taken it up meanwhile.
+    pub(super) fn stop_pulling_lite(self: &Arc<Self>, tp: &TopicPartition) {
+        if self.lite.queues.lock().unwrap().remove(tp).is_none() {
+            return;
+        }
+        let (this, tp) = (Arc::downgrade(self), tp.clone());
+        tokio::spawn(async move {
+            let Some(this) = this.upgrade() else { return };
+            // In order with the next reader's polls: it resubscribes if it came first.
+            let lock = this.cursor_lock(&tp);
+            let _in_order = lock.lock().await;
+            if this.lite.queues.lock().unwrap().contains_key(&tp) {
+                return;
+            }
+            let Some((parent, lite)) = this.lite_of(&tp.topic) else { return };
+            let removed = async {
+                let q = this.lite_queue(&tp).await?;
+                let group = this.ensure_lite_group(&q.broker_addr, parent, false).await?;
+                this.broker.lite_subscription(&q.broker_addr, LiteAction::Remove, &this.lite_client(false), &group, parent, &[lite], None).await
+            };
+            if let Err(e) = removed.await {
+                tracing::warn!(%tp, error = %e, "removing a lite subscription at the broker failed (its pops are dropped here)");
+            }
+        });
+    }
+
+    /// Starts the poller of `parent` on `broker` unless it runs.
+    fn spawn_lite_poller(&self, parent: &str, broker: &str, partition: u32) {
+        let key = (parent.to_string(), broker.to_string());
+        if !self.lite.pollers.lock().unwrap().insert(key.clone()) {
+            return;
+        }
+        let Some(this) = self.me.get().and_then(Weak::upgrade) else {
+            self.lite.pollers.lock().unwrap().remove(&key);
+            return;
+        };
+        tokio::spawn(run_lite_poller(Arc::downgrade(&this), key, partition));
+    }
+
+    /// Hands popped messages to their lite topics' buffers: each only if it is the offset
+    /// expected next; a later one means the group's offset moved under ackgate (set it again).
+    fn deliver_lite(&self, parent: &str, partition: u32, messages: Vec<super::message::Decoded>) {
+        let mut queues = self.lite.queues.lock().unwrap();
+        let mut woken = Vec::new();
+        for message in messages {
+            let m = match message {
+                Ok(m) => m,
+                Err(bad) => {
+                    tracing::warn!(parent, error = %bad.error, "a popped lite message could not be decoded; skipped (its lite topic reads it again from the cursor)");
+                    crate::core::metrics::undecodable_records().increment(1);
+                    continue;
+                }
+            };
+            let Some(lite) = m.property(LITE_TOPIC).map(str::to_string) else { continue };
+            let Ok(topic) = TopicName::parse(&format!("{parent}@{lite}")) else { continue };
+            let tp = TopicPartition::new(topic, partition);
+            let Some(queue) = queues.get_mut(&tp) else { continue };
+            let Some(offset) = lite_offset(&m, &lmq_name(parent, &lite)) else { continue };
+            match queue.expected {
+                Some(expected) if offset == expected && queue.buffered.len() < BUFFERED_MAX => {
+                    queue.buffered.push_back(Event { partition, offset, ..m.into_event() });
+                    queue.expected = Some(offset + 1);
+                    woken.push(queue.arrived.clone());
+                }
+                // Popped again after a reset: already buffered or taken.
+                Some(expected) if offset < expected => {}
+                // Past a gap, or no room: set the group's offset again at the next poll.
+                _ => {
+                    queue.expected = None;
+                    woken.push(queue.arrived.clone());
+                }
+            }
+        }
+        drop(queues);
+        for arrived in woken {
+            arrived.notify_waiters();
+        }
+    }
+
+    fn lite_broker_in_use(&self, parent: &str, broker: &str) -> bool {
+        self.lite.queues.lock().unwrap().iter().any(|(tp, q)| q.broker_name == broker && tp.topic.lite().is_some_and(|(p, _)| p == parent))
+    }
+}
+
+/// POPs the lite topics of one parent on one broker that this instance reads, until none is read.
+async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, String), partition: u32) {
+    tracing::debug!(parent, broker, "lite poller started");
+    loop {
+        let Some(this) = log.upgrade() else { return };
+        if this.stop.is_cancelled() {
+            return;
+        }
+        {
+            // Checked and ended under the pollers lock: a reader registering now starts another.
+            let mut pollers = this.lite.pollers.lock().unwrap();
+            if !this.lite_broker_in_use(&parent, &broker) {
+                pollers.remove(&(parent.clone(), broker.clone()));
+                tracing::debug!(parent, broker, "lite poller ended: no lite topic of it is read here");
+                return;
+            }
+        }
+        let addr = this.broker_addrs.lock().unwrap().get(&broker).cloned();
+        let polled = match &addr {
+            Some(addr) => match this.ensure_lite_group(addr, &parent, false).await {
+                Ok(group) => {
+                    let client = this.lite_client(false);
+                    match this.broker.pop_lite(addr, &client, &group, &parent, 32, this.settings.invisible_time, POLL_WAIT).await {
+                        Ok(messages) if messages.is_empty() => {
+                            // The broker's own dispatch marks expire (30 s) and are capped per client:
+                            // ask it to look again at every lite topic of ours with messages past
+                            // the group's offset.
+                            this.broker.trigger_lite_dispatch(addr, &group, &client).await
+                        }
+                        Ok(messages) => {
+                            crate::core::metrics::rocketmq_lite_popped(&parent).increment(messages.len() as u64);
+                            this.deliver_lite(&parent, partition, messages);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            },
+            None => Err(BackendError::Unavailable(format!("broker {broker} has no known master address"))),
+        };
+        let stop = this.stop.clone();
+        drop(this);
+        if let Err(e) = polled {
+            tracing::warn!(parent, broker, error = %e, "lite pop failed; retrying");
+            tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_millis(500)) => {} }
+        }
+    }
+}
