@@ -159,6 +159,11 @@ pub trait LogBackend: Send + Sync + 'static {
         Err(BackendError::InvalidInput(format!("this backend cannot find offsets of {tp} by time")))
     }
 
+    /// The lite topics (`parent@lite`) of `parent`, sorted by name: RocketMQ 5.x only.
+    async fn lite_topics(&self, parent: &TopicName) -> Result<Vec<TopicName>, BackendError> {
+        Err(BackendError::InvalidInput(format!("{parent} has no lite topics: lite topics exist only on RocketMQ, under rocketmq.lite_parents")))
+    }
+
     /// Moves the pull cursor (boot alignment, rewinds).
     fn seek(&self, tp: &TopicPartition, offset: u64);
 

@@ -19,10 +19,10 @@ use super::AppState;
     tag = "dead letters",
     summary = "Gaps reported to clients (events removed by retention before they were read), one page at a time",
     params(
-        ("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("limit" = Option<u32>, Query, description = "gaps per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition#from`)", pattern = r"^[A-Za-z0-9._-]{1,249}#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$"),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition#from`)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$"),
     ),
     security(("admin_token" = [])),
     responses(

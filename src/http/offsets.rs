@@ -44,11 +44,11 @@ pub const MAX_PAGE: usize = 10_000;
     tag = "offsets",
     summary = "Stored ack offsets, filtered by key-prefix scans, one page at a time",
     params(
-        ("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0),
         ("limit" = Option<u32>, Query, description = "offsets per page, 1 to 10000 (default 1000)", minimum = 1, maximum = 10000),
-        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition`)", pattern = r"^[A-Za-z0-9._-]{1,249}#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}$"),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition`)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}$"),
     ),
     security(("admin_token" = [])),
     responses(
@@ -105,7 +105,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     operation_id = "get_client_offsets",
     tag = "offsets",
     summary = "One client's offsets on a topic, with log end and lag",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
+    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::ClientOffsets),
@@ -161,7 +161,7 @@ pub struct ResetBody {
     operation_id = "reset_offset",
     tag = "offsets",
     summary = "Reset an offline client's offset (backwards allowed, at most the log end)",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
+    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
     request_body = crate::http::schemas::ResetOffset,
     security(("admin_token" = [])),
     responses(
@@ -220,7 +220,7 @@ fn live(client_id: &ClientId) -> ApiError {
     operation_id = "delete_client_offsets",
     tag = "offsets",
     summary = "Forget an offline client's offsets on a topic",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
+    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::Deleted),

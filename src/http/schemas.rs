@@ -121,6 +121,8 @@ pub struct TopicInfo {
 #[derive(serde::Serialize, ToSchema)]
 pub struct TopicList {
     pub topics: Vec<TopicInfo>,
+    /// With `parent`: the `after` of the next page (absent on the last).
+    pub next: Option<String>,
 }
 
 #[derive(serde::Serialize, ToSchema)]
@@ -289,7 +291,7 @@ pub struct DeadLetterList {
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedriveRequest {
-    #[schema(pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)]
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499)]
     pub topic: String,
     #[schema(pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)]
     pub client_id: String,
@@ -297,7 +299,7 @@ pub struct RedriveRequest {
     #[schema(minimum = 0, maximum = 4294967295u64)]
     pub partition: Option<u32>,
     /// The `next` of a previous answer (`topic#client_id#partition#offset`).
-    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$")]
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$")]
     pub after: Option<String>,
     /// Dead letters in this page, 1 to 1000 (default 100).
     #[schema(minimum = 1, maximum = 1000)]

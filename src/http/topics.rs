@@ -1,9 +1,10 @@
 //! Topics: publish (`POST /topics/{topic}/events`), list, create and delete.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::body::{to_bytes, Body};
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -19,6 +20,10 @@ use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOu
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::StoreError;
 use crate::core::protocol::ErrorCode;
+
+/// Lite topics per page of `GET /topics?parent=` unless `limit` says otherwise, and the most.
+const LITE_PAGE: usize = 100;
+const LITE_PAGE_MAX: usize = 1000;
 
 /// One event of a publish body. `payload` is kept as raw JSON text, never parsed into a tree.
 #[derive(Deserialize)]
@@ -58,7 +63,7 @@ fn too_large(message: String) -> ApiError {
     tag = "topics",
     summary = "Publish one event or a batch",
     params(
-        ("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("Idempotency-Key" = Option<String>, Header, description = "makes a retry within publish.idempotency_window_secs answer the first request's offsets without writing again", pattern = r"^[!-~]{1,128}$", min_length = 1, max_length = 128),
     ),
     request_body = crate::http::schemas::PublishRequest,
@@ -158,15 +163,52 @@ fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
     operation_id = "list_topics",
     tag = "topics",
     summary = "List topics with per-partition bounds and pull offsets",
+    params(
+        ("parent" = Option<String>, Query, description = "RocketMQ: list the lite topics (`parent@lite`) of this parent instead, paged by `limit` and `after`", pattern = r"^[A-Za-z0-9._-]{1,249}$"),
+        ("limit" = Option<u32>, Query, description = "with `parent`: lite topics per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "with `parent`: the `next` of the previous page (a lite topic name)"),
+    ),
     responses(
         (status = 200, body = crate::http::schemas::TopicList),
+        (status = 400, description = "bad_request: an unknown parameter, a bad limit, or a parent that has no lite topics (not RocketMQ, not in rocketmq.lite_parents)", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "not_found: the parent topic does not exist", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "parent" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use parent, limit or after")));
+    }
     let backend = &app.dispatcher.backend;
+    let (listed, next) = match query.get("parent") {
+        None if query.contains_key("limit") || query.contains_key("after") => {
+            return Err(ApiError::bad_request("limit and after page the lite topics of a parent: add parent"));
+        }
+        None => (backend.topics().await?, None),
+        Some(parent) => {
+            let parent = TopicName::parse(parent)
+                .ok()
+                .filter(|p| p.lite().is_none())
+                .ok_or_else(|| ApiError::invalid_name(format!("parent {parent:?} is not a topic name")))?;
+            let limit = super::page_limit(&query, LITE_PAGE, LITE_PAGE_MAX)?;
+            let after = query.get("after");
+            let names = backend.lite_topics(&parent).await?;
+            let mut page: Vec<TopicName> = names.into_iter().filter(|t| after.is_none_or(|a| t.as_str() > a.as_str())).take(limit + 1).collect();
+            let next = (page.len() > limit).then(|| {
+                page.truncate(limit);
+                page[limit - 1].to_string()
+            });
+            let mut listed = Vec::with_capacity(page.len());
+            for topic in page {
+                let count = backend.partitions(&topic).await?.unwrap_or(0);
+                listed.push((topic, count));
+            }
+            (listed, next)
+        }
+    };
     let mut topics = Vec::new();
-    for (topic, count) in backend.topics().await? {
+    for (topic, count) in listed {
         let mut partitions = Vec::with_capacity(count as usize);
         for partition in 0..count {
             let tp = TopicPartition::new(topic.clone(), partition);
@@ -180,7 +222,11 @@ pub async fn list(State(app): State<AppState>) -> Result<Json<Value>, ApiError> 
         }
         topics.push(json!({"name": topic.as_str(), "partitions": partitions}));
     }
-    Ok(Json(json!({ "topics": topics })))
+    let mut body = json!({ "topics": topics });
+    if let Some(next) = next {
+        body["next"] = json!(next);
+    }
+    Ok(Json(body))
 }
 
 #[derive(Deserialize)]
@@ -223,7 +269,7 @@ pub async fn create(State(app): State<AppState>, JsonBody(body): JsonBody<Create
     operation_id = "delete_topic",
     tag = "topics",
     summary = "Delete a topic and every client's offsets on it",
-    params(("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249)),
+    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::TopicDeleted),

@@ -96,6 +96,21 @@ async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
     let deleted = http().delete(format!("{}/topics/chat@room-9", gw.base)).send().await.unwrap();
     assert_eq!(deleted.status(), 400);
+    // The parent's lite topics, paged, with their bounds.
+    publish_room(&gw.base, "room-0", 0, 1).await;
+    let (status, page) = get_json(&format!("{}/topics?parent=chat&limit=2", gw.base)).await;
+    assert_eq!(status, 200, "{page}");
+    let names: Vec<&str> = page["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!((names, page["next"].as_str()), (vec!["chat@room-0", "chat@room-1"], Some("chat@room-1")), "{page}");
+    let room_1 = &page["topics"][1]["partitions"][0];
+    assert_eq!((room_1["log_start"].as_u64(), room_1["log_end"].as_u64(), room_1["pull_offset"].as_u64()), (Some(0), Some(7), Some(7)), "{page}");
+    let (_, last) = get_json(&format!("{}/topics?parent=chat&limit=2&after=chat@room-1", gw.base)).await;
+    assert_eq!(last["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect::<Vec<_>>(), vec!["chat@room-2"], "{last}");
+    assert!(last.get("next").is_none(), "the last page has no next: {last}");
+    for bad in ["parent=orders", "limit=2", "parent=chat&limit=0", "parent=chat&page=2"] {
+        let (status, body) = get_json(&format!("{}/topics?{bad}", gw.base)).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
     // A lite topic of a parent not in rocketmq.lite_parents does not exist.
     let (status, body) = post_json(&format!("{}/topics/other@room-1/events", gw.base), json!({"payload": 1})).await;
     assert_eq!(status, 404, "{body}");

@@ -373,6 +373,26 @@ impl Broker {
         Ok(())
     }
 
+    /// Every lite topic of `parent` the broker stores, as GET_LITE_CLIENT_INFO lists them for a
+    /// client of a wildcard group (ensured here, with an empty subscription).
+    pub async fn lite_topic_names(&self, broker_addr: &str, group: &str, client: &str, parent: &str) -> Result<Vec<String>, BackendError> {
+        let attributes = serde_json::json!({ "+lite.bind.topic": parent, "+lite.sub.wildcard": "true" });
+        self.create_group(broker_addr, group, attributes).await?;
+        let entry = serde_json::json!({"action": "COMPLETE_ADD", "clientId": client, "group": group, "topic": parent, "liteTopicSet": [], "version": 0});
+        let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": [entry] })).expect("JSON");
+        let r = self.call(broker_addr, code::LITE_SUBSCRIPTION_CTL, &[], &body, self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("lite subscription", &r));
+        }
+        let ext = [("parentTopic", parent.to_string()), ("group", group.to_string()), ("clientId", client.to_string()), ("maxCount", "100000000".to_string())];
+        let r = self.call(broker_addr, code::GET_LITE_CLIENT_INFO, &ext, &[], self.timeout).await?;
+        if r.code != response::SUCCESS {
+            return Err(refused("lite client info", &r));
+        }
+        let body: serde_json::Value = parse_json(&r.body)?;
+        Ok(body["liteTopicSet"].as_array().map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()).unwrap_or_default())
+    }
+
     /// TRIGGER_LITE_DISPATCH: the broker looks again at every lite topic `client` subscribes to
     /// in `group` and marks the ones with messages past the group's offset for its next pop (its
     /// own marks are dropped after 30 s or past a per-client count).

@@ -189,6 +189,27 @@ impl RocketMqLog {
         Ok(offset.clamp(bounds.log_start, bounds.log_end))
     }
 
+    /// The lite topics of a served parent, on every broker of it, sorted.
+    pub(super) async fn lite_topics_of(&self, parent: &TopicName) -> Result<Vec<TopicName>, BackendError> {
+        if !self.lite.is_parent(parent.as_str()) {
+            return Err(BackendError::InvalidInput(format!("{parent} is not in rocketmq.lite_parents")));
+        }
+        let route = self.route(parent).await?.ok_or_else(|| BackendError::UnknownTopic(parent.to_string()))?;
+        let group = format!("{}-lite-{}-index-{}", self.settings.consumer_group, self.lite.client_id, group_part(parent.as_str()));
+        let client = format!("{}-index", self.lite.client_id);
+        let mut names = std::collections::BTreeSet::new();
+        for (broker, addr) in route.broker_addrs() {
+            let addr = addr.ok_or_else(|| BackendError::Unavailable(format!("broker {broker} of {parent} is away")))?;
+            for lite in self.broker.lite_topic_names(addr, &group, &client, parent.as_str()).await? {
+                // A name outside ackgate's alphabet (sent by another producer) cannot be addressed.
+                if let Ok(topic) = TopicName::parse(&format!("{parent}@{lite}")) {
+                    names.insert(topic);
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
     /// Publishes to a lite topic: each event to its partition's broker, on the parent, with the
     /// lite property; answers the lite queue offsets.
     pub(super) async fn publish_lite(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {

@@ -785,6 +785,10 @@ impl LogBackend for RocketMqLog {
         }
     }
 
+    async fn lite_topics(&self, parent: &TopicName) -> Result<Vec<TopicName>, BackendError> {
+        self.lite_topics_of(parent).await
+    }
+
     fn seek(&self, tp: &TopicPartition, offset: u64) {
         self.cursors.set(tp, offset);
     }
