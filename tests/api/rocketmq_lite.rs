@@ -96,6 +96,11 @@ async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
     let deleted = http().delete(format!("{}/topics/chat@room-9", gw.base)).send().await.unwrap();
     assert_eq!(deleted.status(), 400);
+    // A batch naming a partition the lite topic lacks is refused whole: nothing of it is stored
+    // (room-2's log end stays 3 below).
+    let (status, body) =
+        post_json(&format!("{}/topics/chat@room-2/events", gw.base), json!({"events": [{"payload": 1}, {"partition": 1, "payload": 2}]})).await;
+    assert_eq!(status, 404, "{body}");
     // The parent's lite topics, paged, with their bounds.
     publish_room(&gw.base, "room-0", 0, 1).await;
     let (status, page) = get_json(&format!("{}/topics?parent=chat&limit=2", gw.base)).await;
@@ -107,6 +112,7 @@ async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
     let (_, last) = get_json(&format!("{}/topics?parent=chat&limit=2&after=chat@room-1", gw.base)).await;
     assert_eq!(last["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect::<Vec<_>>(), vec!["chat@room-2"], "{last}");
     assert!(last.get("next").is_none(), "the last page has no next: {last}");
+    assert_eq!(last["topics"][0]["partitions"][0]["log_end"], 3, "{last}");
     for bad in ["parent=orders", "limit=2", "parent=chat&limit=0", "parent=chat&page=2"] {
         let (status, body) = get_json(&format!("{}/topics?{bad}", gw.base)).await;
         assert_eq!(status, 400, "{bad}: {body}");

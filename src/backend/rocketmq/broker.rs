@@ -38,6 +38,8 @@ impl Sent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LiteAction {
     Add,
+    /// The client's whole subscription becomes these lite topics.
+    Replace,
     Remove,
 }
 
@@ -355,7 +357,11 @@ impl Broker {
         from: Option<u64>,
     ) -> Result<(), BackendError> {
         let mut entry = serde_json::json!({
-            "action": match action { LiteAction::Add => "PARTIAL_ADD", LiteAction::Remove => "PARTIAL_REMOVE" },
+            "action": match action {
+                LiteAction::Add => "PARTIAL_ADD",
+                LiteAction::Replace => "COMPLETE_ADD",
+                LiteAction::Remove => "PARTIAL_REMOVE",
+            },
             "clientId": client,
             "group": group,
             "topic": parent,

@@ -43,9 +43,17 @@ const MULTI_QUEUE_OFFSET: &str = "INNER_MULTI_QUEUE_OFFSET";
 const CLIENT_ID_FILE: &str = "rocketmq-lite-client";
 /// How long one POP_LITE of a poller waits at the broker for a message.
 const POLL_WAIT: Duration = Duration::from_secs(1);
-/// Popped events held per lite topic until its reader takes them; past it they are dropped and
-/// read again (the group's offset is set back).
+/// Popped events (and their payload bytes) held per lite topic until its reader takes them; past
+/// either they are dropped and read again (the group's offset is set back).
 const BUFFERED_MAX: usize = 1024;
+const BUFFERED_MAX_BYTES: usize = 4 << 20;
+/// A lite topic whose reader has not polled for this long is dropped here (its reader is gone).
+const IDLE_QUEUE: Duration = Duration::from_secs(30);
+/// Resyncs from one offset in a row, with the lite queue holding messages past it, after which
+/// the message there is taken as one that cannot be read (an undecodable stand-in is delivered).
+const STUCK_RESYNCS: u32 = 5;
+/// Attempts to read a published message back for its lite offset.
+const VIEW_ATTEMPTS: u32 = 3;
 
 /// Lite-topic state of one backend.
 pub struct LiteState {
@@ -64,8 +72,13 @@ pub struct LiteState {
 
 struct LiteQueue {
     broker_name: String,
-    /// Popped events not taken yet, contiguous.
+    /// Popped events not taken yet, contiguous, and their payload bytes.
     buffered: VecDeque<Event>,
+    buffered_bytes: usize,
+    /// When its reader last polled (a queue left behind by a reader that is gone is dropped).
+    polled_at: std::time::Instant,
+    /// The offset of the last resync and how many ran from it in a row.
+    resynced: (u64, u32),
     /// The offset the next popped message must have (the group's offset as ackgate set it);
     /// `None`: set it again before reading on.
     expected: Option<u64>,
@@ -220,13 +233,14 @@ impl RocketMqLog {
         for p in 0..partitions {
             queues.insert(p, self.lite_queue(&TopicPartition::new(topic.clone(), p)).await?);
         }
+        if let Some(p) = events.iter().filter_map(|e| e.partition).find(|p| *p >= partitions) {
+            return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: lite topic {topic} has {partitions}")));
+        }
         let lmq = lmq_name(parent, lite);
         let mut written = Vec::with_capacity(events.len());
         for event in events {
             let partition = self.partition_for(&event, partitions);
-            let q = queues
-                .get(&partition)
-                .ok_or_else(|| BackendError::UnknownPartition(format!("partition {partition} does not exist: lite topic {topic} has {partitions}")))?;
+            let q = &queues[&partition];
             let uniq = self.new_uniq_key();
             let mut properties: Vec<(&str, &str)> = vec![(UNIQ_KEY, uniq.as_str()), ("WAIT", "true"), (LITE_TOPIC, lite)];
             if let Some(key) = &event.key {
@@ -237,11 +251,24 @@ impl RocketMqLog {
                 .broker
                 .send(&q.broker_addr, super::PRODUCER_GROUP, parent, q.queue_id, encode_properties(&properties), &event.payload, self.settings.publish_timeout)
                 .await?;
-            // Stored: from here on an error must say so (a retry would publish it twice).
-            let stored =
-                |why: String| BackendError::Io(format!("the event was stored in {topic} but its lite offset could not be read ({why}): do not retry it"));
+            // Stored: from here on an error must say so, and not as one worth retrying (a retry
+            // would publish it twice).
+            let stored_count = written.len() + 1;
+            let stored = |why: String| {
+                BackendError::Conflict(format!(
+                    "{stored_count} event(s) were stored in {topic} but the lite offset of the last could not be read ({why}): do not retry them"
+                ))
+            };
             let commit_log_offset = sent.commit_log_offset().ok_or_else(|| stored(format!("message id {:?}", sent.msg_id)))?;
-            let message = self.broker.view_message(&q.broker_addr, commit_log_offset).await.map_err(|e| stored(e.to_string()))?;
+            let mut attempt = 0;
+            let message = loop {
+                attempt += 1;
+                match self.broker.view_message(&q.broker_addr, commit_log_offset).await {
+                    Ok(message) => break message,
+                    Err(e) if attempt >= VIEW_ATTEMPTS => return Err(stored(e.to_string())),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
             let offset = message.ok().as_ref().and_then(|m| lite_offset(m, &lmq)).ok_or_else(|| {
                 stored("the broker did not dispatch it to a lite queue: are enableLmq and enableMultiDispatch on, and is the parent a lite topic?".into())
             })?;
@@ -261,15 +288,21 @@ impl RocketMqLog {
             let queue = queues.entry(tp.clone()).or_insert_with(|| LiteQueue {
                 broker_name: q.broker_name.clone(),
                 buffered: VecDeque::new(),
+                buffered_bytes: 0,
+                polled_at: std::time::Instant::now(),
+                resynced: (u64::MAX, 0),
                 expected: None,
                 arrived: Arc::new(tokio::sync::Notify::new()),
             });
+            queue.polled_at = std::time::Instant::now();
             while queue.buffered.front().is_some_and(|e| e.offset < cursor) {
-                queue.buffered.pop_front();
+                let e = queue.buffered.pop_front().expect("checked");
+                queue.buffered_bytes -= e.payload.len();
             }
             if queue.buffered.front().is_some_and(|e| e.offset != cursor) {
                 // The cursor was moved (a seek below what was popped): read again from it.
                 queue.buffered.clear();
+                queue.buffered_bytes = 0;
             }
             let next = cursor + queue.buffered.len() as u64;
             let resync = (queue.expected != Some(next)).then_some(next);
@@ -279,16 +312,39 @@ impl RocketMqLog {
             }
             (resync, queue.arrived.clone())
         };
-        if let Some(from) = resync_from {
+        if let Some(next) = resync_from {
+            // Below the log start the broker would serve from the log start, past `expected`,
+            // again and again: start there (the reader reports the gap).
+            let bounds = match self.lite_bounds(tp).await {
+                Ok(bounds) => bounds,
+                Err(e) => {
+                    self.forget_expected(tp);
+                    return Err(e);
+                }
+            };
+            let from = next.max(bounds.log_start);
+            if let Some(stuck) = self.stuck_at(tp, from, bounds.log_end) {
+                // The same offset resynced again and again with messages past it: the message
+                // there cannot be read (it does not decode, or names no lite topic). Every
+                // subscriber dead-letters it and goes on (issue 20: never a stopped reader).
+                tracing::warn!(%tp, offset = stuck, "a lite message could not be read after {STUCK_RESYNCS} tries: dead-lettered as undecodable");
+                crate::core::metrics::undecodable_records().increment(1);
+                return Ok(vec![Event::undecodable(tp.partition, stuck)]);
+            }
+            if from != next {
+                if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
+                    queue.buffered.clear();
+                    queue.buffered_bytes = 0;
+                    queue.expected = Some(from);
+                }
+            }
             let client = self.lite_client(false);
             let set = async {
                 self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
                 self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await
             };
             if let Err(e) = set.await {
-                if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
-                    queue.expected = None;
-                }
+                self.forget_expected(tp);
                 return Err(e);
             }
             crate::core::metrics::rocketmq_lite_resyncs(parent).increment(1);
@@ -298,7 +354,12 @@ impl RocketMqLog {
         let take = |queues: &mut HashMap<TopicPartition, LiteQueue>| -> Vec<Event> {
             let Some(queue) = queues.get_mut(tp) else { return Vec::new() };
             let n = queue.buffered.len().min(max);
-            queue.buffered.drain(..n).collect()
+            let taken: Vec<Event> = queue.buffered.drain(..n).collect();
+            queue.buffered_bytes -= taken.iter().map(|e| e.payload.len()).sum::<usize>();
+            if !taken.is_empty() {
+                queue.resynced = (u64::MAX, 0);
+            }
+            taken
         };
         let notified = arrived.notified();
         tokio::pin!(notified);
@@ -325,7 +386,8 @@ impl RocketMqLog {
         let client = self.lite_client(true);
         let lock = self.lite.catch_up.lock().unwrap().entry(parent.to_string()).or_default().clone();
         let _one_at_a_time = lock.lock().await;
-        self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
+        // Replacing the whole subscription: one left behind by a cancelled catch-up goes too.
+        self.broker.lite_subscription(&q.broker_addr, LiteAction::Replace, &client, &group, parent, &[lite], Some(from)).await?;
         let lmq = lmq_name(parent, lite);
         let read = async {
             self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await?;
@@ -333,6 +395,10 @@ impl RocketMqLog {
             loop {
                 let messages =
                     self.broker.pop_lite(&q.broker_addr, &client, &group, parent, max, self.settings.invisible_time, Duration::from_millis(200)).await?;
+                if messages.first().is_some_and(Result::is_err) {
+                    // The first message from `from` does not decode: it stands at `from`.
+                    return Ok(vec![Event::undecodable(tp.partition, from)]);
+                }
                 let mut events: Vec<Event> = messages
                     .into_iter()
                     .filter_map(Result::ok)
@@ -346,6 +412,8 @@ impl RocketMqLog {
                 if !events.is_empty() || tokio::time::Instant::now() >= deadline {
                     return Ok::<_, BackendError>(events);
                 }
+                // An empty answer may come at once: not a tight loop.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await?;
             }
         };
@@ -402,21 +470,26 @@ impl RocketMqLog {
         let mut queues = self.lite.queues.lock().unwrap();
         let mut woken = Vec::new();
         for message in messages {
-            let m = match message {
-                Ok(m) => m,
-                Err(bad) => {
-                    tracing::warn!(parent, error = %bad.error, "a popped lite message could not be decoded; skipped (its lite topic reads it again from the cursor)");
-                    crate::core::metrics::undecodable_records().increment(1);
-                    continue;
-                }
+            let attributed = message.as_ref().ok().and_then(|m| {
+                let lite = m.property(LITE_TOPIC)?;
+                let topic = TopicName::parse(&format!("{parent}@{lite}")).ok()?;
+                Some((TopicPartition::new(topic, partition), lite_offset(m, &lmq_name(parent, lite))?))
+            });
+            let Some((tp, offset)) = attributed else {
+                // Popped (the group's offset moved past it) but not attributable to a lite topic:
+                // every lite topic of this poller sets its offset again and re-reads.
+                tracing::warn!(
+                    parent,
+                    "a popped lite message names no lite topic or offset (or does not decode); its parent's lite topics read again from their cursors"
+                );
+                forget_expected_all(&mut queues, parent, partition, &mut woken);
+                continue;
             };
-            let Some(lite) = m.property(LITE_TOPIC).map(str::to_string) else { continue };
-            let Ok(topic) = TopicName::parse(&format!("{parent}@{lite}")) else { continue };
-            let tp = TopicPartition::new(topic, partition);
             let Some(queue) = queues.get_mut(&tp) else { continue };
-            let Some(offset) = lite_offset(&m, &lmq_name(parent, &lite)) else { continue };
+            let Ok(m) = message else { continue };
             match queue.expected {
-                Some(expected) if offset == expected && queue.buffered.len() < BUFFERED_MAX => {
+                Some(expected) if offset == expected && queue.buffered.len() < BUFFERED_MAX && queue.buffered_bytes < BUFFERED_MAX_BYTES => {
+                    queue.buffered_bytes += m.body.len();
                     queue.buffered.push_back(Event { partition, offset, ..m.into_event() });
                     queue.expected = Some(offset + 1);
                     woken.push(queue.arrived.clone());
@@ -436,8 +509,64 @@ impl RocketMqLog {
         }
     }
 
+    fn forget_expected(&self, tp: &TopicPartition) {
+        if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
+            queue.expected = None;
+        }
+    }
+
+    /// `Some(from)` once resyncs from `from` have run `STUCK_RESYNCS` times in a row with
+    /// messages past it; counts this one otherwise.
+    fn stuck_at(&self, tp: &TopicPartition, from: u64, log_end: u64) -> Option<u64> {
+        let mut queues = self.lite.queues.lock().unwrap();
+        let queue = queues.get_mut(tp)?;
+        let (at, count) = queue.resynced;
+        let count = if at == from { count + 1 } else { 1 };
+        if count > STUCK_RESYNCS && from < log_end {
+            queue.resynced = (u64::MAX, 0);
+            queue.expected = None;
+            return Some(from);
+        }
+        queue.resynced = (from, count);
+        None
+    }
+
+    /// Drops the lite topics of `parent` on `broker` whose reader stopped polling long ago (one
+    /// that raced `stop_pulling`): their subscriptions go at the broker too.
+    async fn drop_idle_lite_queues(&self, parent: &str, broker: &str, addr: &str, group: &str) {
+        let idle: Vec<TopicPartition> = {
+            let mut queues = self.lite.queues.lock().unwrap();
+            let idle: Vec<TopicPartition> = queues
+                .iter()
+                .filter(|(tp, q)| q.broker_name == broker && q.polled_at.elapsed() > IDLE_QUEUE && tp.topic.lite().is_some_and(|(p, _)| p == parent))
+                .map(|(tp, _)| tp.clone())
+                .collect();
+            for tp in &idle {
+                queues.remove(tp);
+            }
+            idle
+        };
+        let lites: Vec<&str> = idle.iter().filter_map(|tp| tp.topic.lite().map(|(_, l)| l)).collect();
+        if !lites.is_empty() {
+            tracing::info!(parent, count = lites.len(), "lite topics nobody polled for 30 s dropped here");
+            if let Err(e) = self.broker.lite_subscription(addr, LiteAction::Remove, &self.lite_client(false), group, parent, &lites, None).await {
+                tracing::warn!(parent, error = %e, "removing idle lite subscriptions failed");
+            }
+        }
+    }
+
     fn lite_broker_in_use(&self, parent: &str, broker: &str) -> bool {
         self.lite.queues.lock().unwrap().iter().any(|(tp, q)| q.broker_name == broker && tp.topic.lite().is_some_and(|(p, _)| p == parent))
+    }
+}
+
+/// Every lite topic of `parent` on the poller's partition re-reads from its cursor.
+fn forget_expected_all(queues: &mut HashMap<TopicPartition, LiteQueue>, parent: &str, partition: u32, woken: &mut Vec<Arc<tokio::sync::Notify>>) {
+    for (tp, queue) in queues.iter_mut() {
+        if tp.partition == partition && tp.topic.lite().is_some_and(|(p, _)| p == parent) {
+            queue.expected = None;
+            woken.push(queue.arrived.clone());
+        }
     }
 }
 
@@ -462,9 +591,15 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
         let polled = match &addr {
             Some(addr) => match this.ensure_lite_group(addr, &parent, false).await {
                 Ok(group) => {
+                    this.drop_idle_lite_queues(&parent, &broker, addr, &group).await;
                     let client = this.lite_client(false);
+                    let started = std::time::Instant::now();
                     match this.broker.pop_lite(addr, &client, &group, &parent, 32, this.settings.invisible_time, POLL_WAIT).await {
                         Ok(messages) if messages.is_empty() => {
+                            if started.elapsed() < POLL_WAIT / 4 {
+                                // Answered at once (the broker's waiters full): not a tight loop.
+                                tokio::time::sleep(POLL_WAIT / 4).await;
+                            }
                             // The broker's own dispatch marks expire (30 s) and are capped per client:
                             // ask it to look again at every lite topic of ours with messages past
                             // the group's offset.
@@ -475,7 +610,14 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
                             this.deliver_lite(&parent, partition, messages);
                             Ok(())
                         }
-                        Err(e) => Err(e),
+                        Err(e) => {
+                            // The broker may have popped (and moved the group's offsets) before the
+                            // answer was lost: every lite topic of this poller re-reads.
+                            let mut woken = Vec::new();
+                            forget_expected_all(&mut this.lite.queues.lock().unwrap(), &parent, partition, &mut woken);
+                            woken.iter().for_each(|n| n.notify_waiters());
+                            Err(e)
+                        }
                     }
                 }
                 Err(e) => Err(e),
