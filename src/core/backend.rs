@@ -161,7 +161,7 @@ pub trait LogBackend: Send + Sync + 'static {
 
     /// The lite topics (`parent@lite`) of `parent`, sorted by name: RocketMQ 5.x only.
     async fn lite_topics(&self, parent: &TopicName) -> Result<Vec<TopicName>, BackendError> {
-        Err(BackendError::InvalidInput(format!("{parent} has no lite topics: lite topics exist only on RocketMQ, under rocketmq.lite_parents")))
+        Err(BackendError::UnknownTopic(format!("{parent} is no lite parent: lite topics exist only on RocketMQ, under rocketmq.lite_parents")))
     }
 
     /// Moves the pull cursor (boot alignment, rewinds).

@@ -165,13 +165,13 @@ fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
     summary = "List topics with per-partition bounds and pull offsets",
     params(
         ("parent" = Option<String>, Query, description = "RocketMQ: list the lite topics (`parent@lite`) of this parent instead, paged by `limit` and `after`", pattern = r"^[A-Za-z0-9._-]{1,249}$"),
-        ("limit" = Option<u32>, Query, description = "with `parent`: lite topics per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "with `parent`: the `next` of the previous page (a lite topic name)"),
+        ("limit" = Option<u32>, Query, description = "topics per page, 1 to 1000 (default 100 once `limit` or `after` is given; without either, every topic)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (a topic name)"),
     ),
     responses(
         (status = 200, body = crate::http::schemas::TopicList),
-        (status = 400, description = "bad_request: an unknown parameter, a bad limit, or a parent that has no lite topics (not RocketMQ, not in rocketmq.lite_parents)", body = crate::http::schemas::ErrorBody),
-        (status = 404, description = "not_found: the parent topic does not exist", body = crate::http::schemas::ErrorBody),
+        (status = 400, description = "bad_request: an unknown parameter or a bad limit", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic: no lite parent of that name (not RocketMQ, not in rocketmq.lite_parents, or the parent does not exist)", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -181,18 +181,26 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use parent, limit or after")));
     }
     let backend = &app.dispatcher.backend;
+    let after = query.get("after");
     let (listed, next) = match query.get("parent") {
-        None if query.contains_key("limit") || query.contains_key("after") => {
-            return Err(ApiError::bad_request("limit and after page the lite topics of a parent: add parent"));
+        None if !query.contains_key("limit") && after.is_none() => (backend.topics().await?, None),
+        None => {
+            // Paged by name, as the lite topics of a parent are.
+            let limit = super::page_limit(&query, LITE_PAGE, LITE_PAGE_MAX)?;
+            let mut page: Vec<(TopicName, u32)> =
+                backend.topics().await?.into_iter().filter(|(t, _)| after.is_none_or(|a| t.as_str() > a.as_str())).take(limit + 1).collect();
+            let next = (page.len() > limit).then(|| {
+                page.truncate(limit);
+                page[limit - 1].0.to_string()
+            });
+            (page, next)
         }
-        None => (backend.topics().await?, None),
         Some(parent) => {
             let parent = TopicName::parse(parent)
                 .ok()
                 .filter(|p| p.lite().is_none())
                 .ok_or_else(|| ApiError::invalid_name(format!("parent {parent:?} is not a topic name")))?;
             let limit = super::page_limit(&query, LITE_PAGE, LITE_PAGE_MAX)?;
-            let after = query.get("after");
             let names = backend.lite_topics(&parent).await?;
             let mut page: Vec<TopicName> = names.into_iter().filter(|t| after.is_none_or(|a| t.as_str() > a.as_str())).take(limit + 1).collect();
             let next = (page.len() > limit).then(|| {

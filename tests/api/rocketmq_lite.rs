@@ -113,10 +113,15 @@ async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
     assert_eq!(last["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect::<Vec<_>>(), vec!["chat@room-2"], "{last}");
     assert!(last.get("next").is_none(), "the last page has no next: {last}");
     assert_eq!(last["topics"][0]["partitions"][0]["log_end"], 3, "{last}");
-    for bad in ["parent=orders", "limit=2", "parent=chat&limit=0", "parent=chat&page=2"] {
+    for bad in ["parent=chat&limit=0", "parent=chat&page=2", "parent=chat@room-1"] {
         let (status, body) = get_json(&format!("{}/topics?{bad}", gw.base)).await;
         assert_eq!(status, 400, "{bad}: {body}");
     }
+    let (status, body) = get_json(&format!("{}/topics?parent=orders", gw.base)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("unknown_topic")), "{body}");
+    // Without parent, limit and after page the regular topics the same way.
+    let (status, body) = get_json(&format!("{}/topics?limit=1", gw.base)).await;
+    assert_eq!((status, body["topics"][0]["name"].as_str(), body["next"].as_str()), (200, Some("chat"), None), "{body}");
     // A lite topic of a parent not in rocketmq.lite_parents does not exist.
     let (status, body) = post_json(&format!("{}/topics/other@room-1/events", gw.base), json!({"payload": 1})).await;
     assert_eq!(status, 404, "{body}");

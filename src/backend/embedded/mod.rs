@@ -280,6 +280,10 @@ impl LogState {
             None => 0,
         };
         let count = if count == 0 {
+            if topic.lite().is_some() {
+                // Not auto-created: a lite topic (`parent@lite`) is RocketMQ's, unknown here.
+                return Err(BackendError::UnknownTopic(format!("{topic} (lite topics exist only on RocketMQ)")));
+            }
             self.create_topic_locked(topic, self.settings.default_partitions)?;
             self.settings.default_partitions
         } else {

@@ -205,7 +205,7 @@ impl RocketMqLog {
     /// The lite topics of a served parent, on every broker of it, sorted.
     pub(super) async fn lite_topics_of(&self, parent: &TopicName) -> Result<Vec<TopicName>, BackendError> {
         if !self.lite.is_parent(parent.as_str()) {
-            return Err(BackendError::InvalidInput(format!("{parent} is not in rocketmq.lite_parents")));
+            return Err(BackendError::UnknownTopic(format!("{parent} is no lite parent: it is not in rocketmq.lite_parents")));
         }
         let route = self.route(parent).await?.ok_or_else(|| BackendError::UnknownTopic(parent.to_string()))?;
         let group = format!("{}-lite-{}-index-{}", self.settings.consumer_group, self.lite.client_id, group_part(parent.as_str()));
