@@ -185,15 +185,8 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     let (listed, next) = match query.get("parent") {
         None if !query.contains_key("limit") && after.is_none() => (backend.topics().await?, None),
         None => {
-            // Paged by name, as the lite topics of a parent are.
             let limit = super::page_limit(&query, LITE_PAGE, LITE_PAGE_MAX)?;
-            let mut page: Vec<(TopicName, u32)> =
-                backend.topics().await?.into_iter().filter(|(t, _)| after.is_none_or(|a| t.as_str() > a.as_str())).take(limit + 1).collect();
-            let next = (page.len() > limit).then(|| {
-                page.truncate(limit);
-                page[limit - 1].0.to_string()
-            });
-            (page, next)
+            page_by_name(backend.topics().await?, |(t, _)| t, after, limit)
         }
         Some(parent) => {
             let parent = TopicName::parse(parent)
@@ -201,12 +194,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
                 .filter(|p| p.lite().is_none())
                 .ok_or_else(|| ApiError::invalid_name(format!("parent {parent:?} is not a topic name")))?;
             let limit = super::page_limit(&query, LITE_PAGE, LITE_PAGE_MAX)?;
-            let names = backend.lite_topics(&parent).await?;
-            let mut page: Vec<TopicName> = names.into_iter().filter(|t| after.is_none_or(|a| t.as_str() > a.as_str())).take(limit + 1).collect();
-            let next = (page.len() > limit).then(|| {
-                page.truncate(limit);
-                page[limit - 1].to_string()
-            });
+            let (page, next) = page_by_name(backend.lite_topics(&parent).await?, |t| t, after, limit);
             let mut listed = Vec::with_capacity(page.len());
             for topic in page {
                 let count = backend.partitions(&topic).await?.unwrap_or(0);
@@ -235,6 +223,18 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         body["next"] = json!(next);
     }
     Ok(Json(body))
+}
+
+/// One page of `items` by name: those named after `after`, at most `limit`, and the `after` of
+/// the next page when there is one.
+fn page_by_name<T>(mut items: Vec<T>, name: impl Fn(&T) -> &TopicName, after: Option<&String>, limit: usize) -> (Vec<T>, Option<String>) {
+    items.sort_by(|a, b| name(a).cmp(name(b)));
+    let mut page: Vec<T> = items.into_iter().filter(|t| after.is_none_or(|a| name(t).as_str() > a.as_str())).take(limit + 1).collect();
+    let next = (page.len() > limit).then(|| {
+        page.truncate(limit);
+        name(&page[limit - 1]).to_string()
+    });
+    (page, next)
 }
 
 #[derive(Deserialize)]

@@ -21,6 +21,24 @@ fn lite_env(namesrv: &str) -> Vec<(&'static str, &str)> {
     ]
 }
 
+/// A test broker and a gateway serving lite parent `chat`, created.
+struct LiteGateway {
+    broker: TestRocketMq,
+    _dir: tempfile::TempDir,
+    data: std::path::PathBuf,
+    gateway: Process,
+}
+
+impl LiteGateway {
+    async fn start() -> Self {
+        let broker = TestRocketMq::start();
+        let (dir, data) = temp_dir();
+        let gateway = Process::start(&data, &lite_env(&broker.namesrv()));
+        create_parent(&gateway.base).await;
+        Self { broker, _dir: dir, data, gateway }
+    }
+}
+
 async fn create_parent(base: &str) {
     let created = http().post(format!("{base}/topics")).json(&json!({"name": "chat", "partitions": 2})).send().await.unwrap();
     assert_eq!(created.status(), 200, "create chat: {:?}", created.text().await);
@@ -59,11 +77,8 @@ fn payload_numbers(events: &[Value], room: &str) -> Vec<u64> {
 /// parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
-    let broker = TestRocketMq::start();
-    let (_dir, data) = temp_dir();
-    let namesrv = broker.namesrv();
-    let gw = Process::start(&data, &lite_env(&namesrv));
-    create_parent(&gw.base).await;
+    let lite = LiteGateway::start().await;
+    let (gw, data) = (&lite.gateway, &lite.data);
     assert_eq!(publish_room(&gw.base, "room-1", 0, 5).await, vec![0, 1, 2, 3, 4]);
     assert_eq!(publish_room(&gw.base, "room-2", 100, 103).await, vec![0, 1, 2]);
 
@@ -131,11 +146,8 @@ async fn lite_topics_deliver_their_own_events_and_commit_per_lite_topic() {
 /// published later (the broker has no queue for it until then).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lite_topic_subscribed_before_its_first_message_gets_it() {
-    let broker = TestRocketMq::start();
-    let (_dir, data) = temp_dir();
-    let namesrv = broker.namesrv();
-    let gw = Process::start(&data, &lite_env(&namesrv));
-    create_parent(&gw.base).await;
+    let lite = LiteGateway::start().await;
+    let gw = &lite.gateway;
     let mut client = TestClient::connect(gw.addr, "early").await;
     client.subscribe("chat@empty-room", json!({})).await;
     client.expect_silence(Duration::from_millis(1500)).await;
@@ -152,12 +164,9 @@ async fn a_lite_topic_subscribed_before_its_first_message_gets_it() {
 async fn sigkill_mid_stream_on_200_lite_topics_loses_nothing_and_mixes_nothing() {
     const ROOMS: usize = 200;
     const PER_ROOM: u64 = 6;
-    let broker = TestRocketMq::start();
-    let (_dir, data) = temp_dir();
+    let LiteGateway { broker, _dir, data, gateway: gw } = LiteGateway::start().await;
     let namesrv = broker.namesrv();
     let env = lite_env(&namesrv);
-    let gw = Process::start(&data, &env);
-    create_parent(&gw.base).await;
     let rooms: Vec<String> = (0..ROOMS).map(|i| format!("r{i}")).collect();
     for room in &rooms {
         publish_room(&gw.base, room, 0, PER_ROOM / 2).await;

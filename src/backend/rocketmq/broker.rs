@@ -255,13 +255,18 @@ impl Broker {
 
     /// Makes sure a consumer group bound to the lite parent `parent` exists (POP_LITE and
     /// LITE_SUBSCRIPTION_CTL refuse any other), with room for one client subscribed to every
-    /// lite topic this instance serves and every pending event it may have.
-    pub async fn ensure_lite_group(&self, broker_addr: &str, group: &str, parent: &str) -> Result<(), BackendError> {
-        let attributes = serde_json::json!({
+    /// lite topic this instance serves and every pending event it may have. `wildcard`: its
+    /// clients see every lite topic of the parent (`lite_topic_names`).
+    pub async fn ensure_lite_group(&self, broker_addr: &str, group: &str, parent: &str, wildcard: bool) -> Result<(), BackendError> {
+        let mut attributes = serde_json::json!({
             "+lite.bind.topic": parent,
             "+lite.sub.client.quota": "100000000",
             "+lite.sub.client.max.event.cnt": "1000000",
         });
+        if wildcard {
+            // Its presence makes the group a wildcard one.
+            attributes["+lite.sub.wildcard"] = serde_json::json!("true");
+        }
         self.create_group(broker_addr, group, attributes).await
     }
 
@@ -380,16 +385,10 @@ impl Broker {
     }
 
     /// Every lite topic of `parent` the broker stores, as GET_LITE_CLIENT_INFO lists them for a
-    /// client of a wildcard group (ensured here, with an empty subscription).
+    /// client of a wildcard group. The client needs a subscription (empty will do); the broker
+    /// keeps subscriptions in memory only, so it is made again each time.
     pub async fn lite_topic_names(&self, broker_addr: &str, group: &str, client: &str, parent: &str) -> Result<Vec<String>, BackendError> {
-        let attributes = serde_json::json!({ "+lite.bind.topic": parent, "+lite.sub.wildcard": "true" });
-        self.create_group(broker_addr, group, attributes).await?;
-        let entry = serde_json::json!({"action": "COMPLETE_ADD", "clientId": client, "group": group, "topic": parent, "liteTopicSet": [], "version": 0});
-        let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": [entry] })).expect("JSON");
-        let r = self.call(broker_addr, code::LITE_SUBSCRIPTION_CTL, &[], &body, self.timeout).await?;
-        if r.code != response::SUCCESS {
-            return Err(refused("lite subscription", &r));
-        }
+        self.lite_subscription(broker_addr, LiteAction::Replace, client, group, parent, &[], None).await?;
         let ext = [("parentTopic", parent.to_string()), ("group", group.to_string()), ("clientId", client.to_string()), ("maxCount", "100000000".to_string())];
         let r = self.call(broker_addr, code::GET_LITE_CLIENT_INFO, &ext, &[], self.timeout).await?;
         if r.code != response::SUCCESS {

@@ -116,6 +116,27 @@ fn write_client_id(path: &Path, id: &str) -> std::io::Result<String> {
 
 /// RocketMQ group names take `[A-Za-z0-9_%|-]`: a topic's `.` is written `%2E` (no two parents
 /// share a group).
+/// What a lite group (and its client) is for: each keeps its own offsets at the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The pollers that feed the shared readers.
+    Read,
+    /// Catch-up reads by offset.
+    CatchUp,
+    /// Listing a parent's lite topics (a wildcard group).
+    Index,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::CatchUp => "catchup",
+            Role::Index => "index",
+        }
+    }
+}
+
 fn group_part(name: &str) -> String {
     name.replace('.', "%2E")
 }
@@ -136,31 +157,34 @@ impl RocketMqLog {
         topic.lite().filter(|(parent, _)| self.lite.is_parent(parent))
     }
 
-    fn lite_group(&self, parent: &str, catch_up: bool) -> String {
-        let kind = if catch_up { "catchup" } else { "read" };
-        format!("{}-lite-{}-{kind}-{}", self.settings.consumer_group, self.lite.client_id, group_part(parent))
+    fn lite_group(&self, parent: &str, role: Role) -> String {
+        format!("{}-lite-{}-{}-{}", self.settings.consumer_group, self.lite.client_id, role.name(), group_part(parent))
     }
 
-    fn lite_client(&self, catch_up: bool) -> String {
-        if catch_up {
-            format!("{}-catchup", self.lite.client_id)
-        } else {
-            self.lite.client_id.clone()
+    fn lite_client(&self, role: Role) -> String {
+        match role {
+            Role::Read => self.lite.client_id.clone(),
+            _ => format!("{}-{}", self.lite.client_id, role.name()),
         }
+    }
+
+    /// The route of a lite topic's parent (`None`: the parent does not exist).
+    async fn parent_route(&self, topic: &TopicName) -> Result<Option<super::layout::Route>, BackendError> {
+        let (parent, _) = self.lite_of(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        self.route(&TopicName::parse(parent).map_err(|e| BackendError::InvalidInput(e.0))?).await
     }
 
     /// Partitions of a lite topic: one per master broker of its parent.
     pub(super) async fn lite_partitions(&self, topic: &TopicName) -> Result<Option<u32>, BackendError> {
-        let Some((parent, _)) = self.lite_of(topic) else { return Ok(None) };
-        let parent = TopicName::parse(parent).map_err(|e| BackendError::InvalidInput(e.0))?;
-        Ok(self.route(&parent).await?.map(|r| r.layout.len() as u32).filter(|n| *n > 0))
+        if self.lite_of(topic).is_none() {
+            return Ok(None);
+        }
+        Ok(self.parent_route(topic).await?.map(|r| r.layout.len() as u32).filter(|n| *n > 0))
     }
 
     /// The broker of a lite topic's partition, with a queue of the parent on it (where sends go).
     async fn lite_queue(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
-        let (parent, _) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
-        let parent = TopicName::parse(parent).map_err(|e| BackendError::InvalidInput(e.0))?;
-        let route = self.route(&parent).await?.ok_or_else(|| BackendError::UnknownTopic(format!("{} (its parent {parent} does not exist)", tp.topic)))?;
+        let route = self.parent_route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(format!("{} (its parent does not exist)", tp.topic)))?;
         let Some((broker, _)) = route.layout.get(tp.partition as usize) else {
             return Err(BackendError::UnknownPartition(format!(
                 "partition {} does not exist: lite topic {} has {}",
@@ -175,11 +199,12 @@ impl RocketMqLog {
         Ok(PartitionQueue { broker_name: broker.clone(), broker_addr: addr.to_string(), queue_id: 0 })
     }
 
-    async fn ensure_lite_group(&self, addr: &str, parent: &str, catch_up: bool) -> Result<String, BackendError> {
-        let group = self.lite_group(parent, catch_up);
+    /// The group of `role` for `parent`, created at the broker once per start.
+    async fn ensure_lite_group(&self, addr: &str, parent: &str, role: Role) -> Result<String, BackendError> {
+        let group = self.lite_group(parent, role);
         let key = (addr.to_string(), group.clone());
         if !self.lite.groups.lock().unwrap().contains(&key) {
-            self.broker.ensure_lite_group(addr, &group, parent).await?;
+            self.broker.ensure_lite_group(addr, &group, parent, role == Role::Index).await?;
             self.lite.groups.lock().unwrap().insert(key);
         }
         Ok(group)
@@ -208,11 +233,11 @@ impl RocketMqLog {
             return Err(BackendError::UnknownTopic(format!("{parent} is no lite parent: it is not in rocketmq.lite_parents")));
         }
         let route = self.route(parent).await?.ok_or_else(|| BackendError::UnknownTopic(parent.to_string()))?;
-        let group = format!("{}-lite-{}-index-{}", self.settings.consumer_group, self.lite.client_id, group_part(parent.as_str()));
-        let client = format!("{}-index", self.lite.client_id);
+        let client = self.lite_client(Role::Index);
         let mut names = std::collections::BTreeSet::new();
         for (broker, addr) in route.broker_addrs() {
             let addr = addr.ok_or_else(|| BackendError::Unavailable(format!("broker {broker} of {parent} is away")))?;
+            let group = self.ensure_lite_group(addr, parent.as_str(), Role::Index).await?;
             for lite in self.broker.lite_topic_names(addr, &group, &client, parent.as_str()).await? {
                 // A name outside ackgate's alphabet (sent by another producer) cannot be addressed.
                 if let Ok(topic) = TopicName::parse(&format!("{parent}@{lite}")) {
@@ -282,7 +307,7 @@ impl RocketMqLog {
     pub(super) async fn poll_lite(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let (parent, lite) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
         let q = self.lite_queue(tp).await?;
-        let group = self.ensure_lite_group(&q.broker_addr, parent, false).await?;
+        let group = self.ensure_lite_group(&q.broker_addr, parent, Role::Read).await?;
         let (resync_from, arrived) = {
             let mut queues = self.lite.queues.lock().unwrap();
             let queue = queues.entry(tp.clone()).or_insert_with(|| LiteQueue {
@@ -338,7 +363,7 @@ impl RocketMqLog {
                     queue.expected = Some(from);
                 }
             }
-            let client = self.lite_client(false);
+            let client = self.lite_client(Role::Read);
             let set = async {
                 self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
                 self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await
@@ -382,8 +407,8 @@ impl RocketMqLog {
         }
         let from = from.max(bounds.log_start);
         let q = self.lite_queue(tp).await?;
-        let group = self.ensure_lite_group(&q.broker_addr, parent, true).await?;
-        let client = self.lite_client(true);
+        let group = self.ensure_lite_group(&q.broker_addr, parent, Role::CatchUp).await?;
+        let client = self.lite_client(Role::CatchUp);
         let lock = self.lite.catch_up.lock().unwrap().entry(parent.to_string()).or_default().clone();
         let _one_at_a_time = lock.lock().await;
         // Replacing the whole subscription: one left behind by a cancelled catch-up goes too.
@@ -442,8 +467,8 @@ impl RocketMqLog {
             let Some((parent, lite)) = this.lite_of(&tp.topic) else { return };
             let removed = async {
                 let q = this.lite_queue(&tp).await?;
-                let group = this.ensure_lite_group(&q.broker_addr, parent, false).await?;
-                this.broker.lite_subscription(&q.broker_addr, LiteAction::Remove, &this.lite_client(false), &group, parent, &[lite], None).await
+                let group = this.ensure_lite_group(&q.broker_addr, parent, Role::Read).await?;
+                this.broker.lite_subscription(&q.broker_addr, LiteAction::Remove, &this.lite_client(Role::Read), &group, parent, &[lite], None).await
             };
             if let Err(e) = removed.await {
                 tracing::warn!(%tp, error = %e, "removing a lite subscription at the broker failed (its pops are dropped here)");
@@ -549,7 +574,7 @@ impl RocketMqLog {
         let lites: Vec<&str> = idle.iter().filter_map(|tp| tp.topic.lite().map(|(_, l)| l)).collect();
         if !lites.is_empty() {
             tracing::info!(parent, count = lites.len(), "lite topics nobody polled for 30 s dropped here");
-            if let Err(e) = self.broker.lite_subscription(addr, LiteAction::Remove, &self.lite_client(false), group, parent, &lites, None).await {
+            if let Err(e) = self.broker.lite_subscription(addr, LiteAction::Remove, &self.lite_client(Role::Read), group, parent, &lites, None).await {
                 tracing::warn!(parent, error = %e, "removing idle lite subscriptions failed");
             }
         }
@@ -589,10 +614,10 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
         }
         let addr = this.broker_addrs.lock().unwrap().get(&broker).cloned();
         let polled = match &addr {
-            Some(addr) => match this.ensure_lite_group(addr, &parent, false).await {
+            Some(addr) => match this.ensure_lite_group(addr, &parent, Role::Read).await {
                 Ok(group) => {
                     this.drop_idle_lite_queues(&parent, &broker, addr, &group).await;
-                    let client = this.lite_client(false);
+                    let client = this.lite_client(Role::Read);
                     let started = std::time::Instant::now();
                     match this.broker.pop_lite(addr, &client, &group, &parent, 32, this.settings.invisible_time, POLL_WAIT).await {
                         Ok(messages) if messages.is_empty() => {
