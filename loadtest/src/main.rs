@@ -7,7 +7,9 @@
 //! (`--instances N --kill-instance-after SECS`), ping round trips during a retention sweep
 //! (`--sweep-offsets M`) and head latency after a restart with an absent client behind
 //! (`--broadcast N --behind M`), and the highest broadcast rate within a latency bound
-//! (`--broadcast N --find-rate --p99-ms MS`). `--json` prints the summary as one object.
+//! (`--broadcast N --find-rate --p99-ms MS`). With `--rocketmq ... --lite`, the split and idle
+//! shapes use RocketMQ lite topics of one parent (`ltlite@...`): one lite topic per client or
+//! session. `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
 mod client;
@@ -42,6 +44,10 @@ pub struct Cli {
     /// RocketMQ mode with `--rocketmq`: `pop` (5.x, deferred broker ACK) or `pull` (4.x).
     #[arg(long, default_value = "pop")]
     pub rocketmq_mode: String,
+    /// With `--rocketmq` (pop): each client (split) or idle session reads its own lite topic of
+    /// the parent `ltlite` (`rocketmq.lite_parents`), instead of its own topic.
+    #[arg(long, requires = "rocketmq", conflicts_with_all = ["fanout", "broadcast", "instances", "rate"])]
+    pub lite: bool,
     /// Consumers (each its own client_id).
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
@@ -145,6 +151,9 @@ impl Cli {
             env.push(("ACKGATE_STORAGE__BACKEND".to_string(), "rocketmq".to_string()));
             env.push(("ACKGATE_ROCKETMQ__NAMESRV_ADDR".to_string(), namesrv.clone()));
             env.push(("ACKGATE_ROCKETMQ__MODE".to_string(), self.rocketmq_mode.clone()));
+            if self.lite {
+                env.push(("ACKGATE_ROCKETMQ__LITE_PARENTS".to_string(), format!("[{:?}]", shapes::LITE_PARENT)));
+            }
         }
         for pair in &self.gateway_env {
             if let Some((key, value)) = pair.split_once('=') {

@@ -70,6 +70,37 @@ impl Http {
     }
 }
 
+/// The lite parent of `--lite` runs (`rocketmq.lite_parents` of a gateway the loadtest starts).
+pub const LITE_PARENT: &str = "ltlite";
+
+/// The topic a client or session of a run reads: its own lite topic with `--lite`.
+fn own_topic(cli: &Cli, name: String) -> String {
+    if cli.lite {
+        format!("{LITE_PARENT}@{name}")
+    } else {
+        name
+    }
+}
+
+/// Creates the run's topic: with `--lite`, the lite parent (once; a lite topic needs no creation).
+async fn create_own_topic(cli: &Cli, http: &Http, topic: &str) -> anyhow::Result<()> {
+    static PARENT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    if cli.lite {
+        PARENT.get_or_try_init(|| http.create_topic(LITE_PARENT, 1)).await.map(|_| ())
+    } else {
+        http.create_topic(topic, cli.partitions).await
+    }
+}
+
+/// Partitions of the run's topics: a lite topic has one per broker of its parent (one here).
+fn own_partitions(cli: &Cli) -> u32 {
+    if cli.lite {
+        1
+    } else {
+        cli.partitions
+    }
+}
+
 /// A payload of about `bytes` bytes of JSON text.
 fn filler(bytes: usize) -> String {
     "x".repeat(bytes.saturating_sub(8))
@@ -109,14 +140,32 @@ fn resources(summary: &mut Summary, gateway: &Gateway, cpu_before: Option<f64>, 
     }
 }
 
+/// Every topic `GET /topics` lists, and with `lite` every lite topic of `LITE_PARENT` (listed
+/// by its parent, in pages).
+async fn list_topics(http: &Http, lite: bool) -> anyhow::Result<Vec<Value>> {
+    let mut listed: Vec<Value> = http.get("/topics").await?["topics"].as_array().cloned().unwrap_or_default();
+    if !lite {
+        return Ok(listed);
+    }
+    let mut after = String::new();
+    loop {
+        let page = http.get(&format!("/topics?parent={LITE_PARENT}&limit=1000{after}")).await?;
+        listed.extend(page["topics"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => return Ok(listed),
+        }
+    }
+}
+
 /// Waits until every client's committed offsets equal the log end of every partition it reads.
 async fn check_committed(http: &Http, topics: &[(String, Vec<String>)], settle: Duration, summary: &mut Summary) -> anyhow::Result<()> {
     let deadline = Instant::now() + settle;
     loop {
         let mut behind = Vec::new();
-        let listed = http.get("/topics").await?;
+        let listed = list_topics(http, topics.iter().any(|(t, _)| t.contains('@'))).await?;
         for (topic, clients) in topics {
-            let Some(info) = listed["topics"].as_array().and_then(|ts| ts.iter().find(|t| t["name"] == topic.as_str())) else {
+            let Some(info) = listed.iter().find(|t| t["name"] == topic.as_str()) else {
                 bail!("topic {topic} missing from GET /topics");
             };
             // Indexed: a broadcast run has 10,000 clients times the partitions. Every page: the
@@ -175,7 +224,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
         clients
             .iter()
             .enumerate()
-            .map(|(i, c)| (format!("{run}-t{i}"), vec![c.clone()], per + u64::from((i as u64) < cli.events % cli.clients as u64)))
+            .map(|(i, c)| (own_topic(cli, format!("{run}-t{i}")), vec![c.clone()], per + u64::from((i as u64) < cli.events % cli.clients as u64)))
             .collect()
     };
     let paced = cli.rate.is_some();
@@ -201,10 +250,11 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     };
     // Named only when it is not the default, so earlier WebSocket figures keep their shape names.
     let shape = if cli.transport == Transport::Sse { format!("{shape}, over SSE") } else { shape };
+    let shape = if cli.lite { format!("{shape}, each client on its own lite topic") } else { shape };
     let mut summary = Summary::new(shape);
     let mut expected: BTreeMap<String, BTreeMap<u32, HashSet<u64>>> = BTreeMap::new();
     for (topic, _, _) in &assignments {
-        http.create_topic(topic, cli.partitions).await?;
+        create_own_topic(cli, &http, topic).await?;
     }
     if let Some(behind) = cli.behind {
         if !cli.fanout || cli.url.is_some() {
@@ -218,7 +268,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
         let _progress = Progress::start("publish", published.clone(), assignments.iter().map(|a| a.2).sum());
         let started = Instant::now();
         for (topic, _, count) in &assignments {
-            expected.insert(topic.clone(), preload(&http, topic, cli.partitions, *count, cli.payload_bytes, &published).await?);
+            expected.insert(topic.clone(), preload(&http, topic, own_partitions(cli), *count, cli.payload_bytes, &published).await?);
         }
         summary.add("publish_events_per_s", (cli.events as f64 / started.elapsed().as_secs_f64()).round());
     }
@@ -389,9 +439,15 @@ async fn paced_publish(
 pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary> {
     let gateway = cli.gateway()?;
     let http = Http::new(&gateway.base, cli.admin_token.clone());
-    let topic = format!("idle{}", std::process::id());
-    http.create_topic(&topic, cli.partitions).await?;
-    let mut summary = Summary::new(format!("{sessions} idle sessions, each subscribed to a {}-partition topic", cli.partitions));
+    let run = format!("idle{}", std::process::id());
+    // One topic for every session; with `--lite`, one lite topic per session.
+    let topic_of = |i: usize| if cli.lite { own_topic(cli, format!("{run}-{i}")) } else { run.clone() };
+    create_own_topic(cli, &http, &run).await?;
+    let shape = match cli.lite {
+        true => format!("{sessions} idle sessions, each subscribed to its own lite topic"),
+        false => format!("{sessions} idle sessions, each subscribed to a {}-partition topic", cli.partitions),
+    };
+    let mut summary = Summary::new(shape);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = gateway.rss_bytes();
     let connected = Arc::new(AtomicU64::new(0));
@@ -400,7 +456,7 @@ pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary
     let started = Instant::now();
     for chunk in (0..sessions).collect::<Vec<_>>().chunks(200) {
         let batch = chunk.iter().map(|i| {
-            let (ws_url, topic, connected) = (gateway.ws.clone(), topic.clone(), connected.clone());
+            let (ws_url, topic, connected) = (gateway.ws.clone(), topic_of(*i), connected.clone());
             async move {
                 let mut ws = client::connect(&ws_url, &format!("idle-{i}")).await?;
                 use futures_util::{SinkExt, StreamExt};

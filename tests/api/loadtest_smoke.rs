@@ -120,3 +120,16 @@ fn loadtest_takeover_smoke_a_drained_instance_hands_its_followers_over_spread_ou
     assert!(summary["moved_spread_ms"].as_u64().unwrap() >= 1000, "the moves were spread over the drain window: {summary}");
     drop(broker);
 }
+
+/// `--lite` against rocketmq-rust: 30 clients, each on its own lite topic of `ltlite`; nothing
+/// lost, every committed offset at its lite topic's log end; then the idle shape's lite form.
+#[test]
+fn loadtest_lite_smoke_thirty_lite_topics_nothing_lost() {
+    let broker = crate::rocketmq_broker::TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    let split = run(&["--rocketmq", &namesrv, "--lite", "--clients", "30", "--events", "300"]);
+    assert_eq!((split["complete"].as_bool(), split["deliveries"].as_u64()), (Some(true), Some(300)), "{split}");
+    assert!(split["shape"].as_str().unwrap().contains("own lite topic"), "{split}");
+    let idle = run(&["--rocketmq", &namesrv, "--lite", "--idle-sessions", "30"]);
+    assert_eq!((idle["complete"].as_bool(), idle["sessions_live"].as_u64()), (Some(true), Some(30)), "{idle}");
+}

@@ -41,6 +41,8 @@ use pop::{Handle, Ledger, Positions};
 
 /// Producer group named in sends (RocketMQ requires one; it holds no state for ackgate).
 const PRODUCER_GROUP: &str = "ackgate-producer";
+/// Attempts of a topic creation the broker does not answer in time.
+const CREATE_ATTEMPTS: u32 = 3;
 /// Original positions remembered for revived messages.
 const POSITIONS_REMEMBERED: usize = 1_000_000;
 
@@ -493,15 +495,33 @@ impl LogBackend for RocketMqLog {
         // created on several masters by other tools is served across all of them.)
         let brokers = self.broker.brokers().await?;
         let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
-        self.broker.create_topic(addr, topic.as_str(), partitions, self.lite.is_parent(topic.as_str())).await?;
-        // The broker registers the topic with the name server right after creating it.
-        for _ in 0..50 {
+        // Creating is idempotent at the broker (UPDATE_AND_CREATE_TOPIC), so a request the broker
+        // did not answer in time is sent again: on a loaded machine rocketmq-rust took longer than
+        // the request timeout now and then (CI saw `POST /topics` answer 503).
+        let lite_parent = self.lite.is_parent(topic.as_str());
+        let mut attempt = 0;
+        while let Err(e) = self.broker.create_topic(addr, topic.as_str(), partitions, lite_parent).await {
+            attempt += 1;
+            match e {
+                BackendError::Unavailable(_) if attempt < CREATE_ATTEMPTS => {
+                    tracing::warn!(%topic, attempt, error = %e, "creating a RocketMQ topic failed; trying again");
+                }
+                e => return Err(e),
+            }
+        }
+        // The broker registers the topic with the name server as it creates it; the route may
+        // still take a moment on a loaded machine.
+        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
+        loop {
             if self.refresh_route(topic).await?.is_some() {
                 return Ok(true);
             }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(%topic, "a created RocketMQ topic is not routed by the name server within rocketmq.publish_timeout_ms");
+                return Err(BackendError::Unavailable(format!("topic {topic} was created but the name server does not route it yet")));
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(BackendError::Unavailable(format!("topic {topic} was created but the name server does not route it yet")))
     }
 
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError> {
