@@ -243,7 +243,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             if cli.fanout { "fan-out" } else { "split" },
             cli.clients,
             cli.events,
-            cli.partitions,
+            own_partitions(cli),
             cli.payload_bytes,
             cli.ack
         )

@@ -68,6 +68,9 @@ pub struct LiteState {
     groups: Mutex<HashSet<(String, String)>>,
     /// Catch-up reads of one parent run one at a time (one catch-up client per parent).
     catch_up: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Dispatch triggers of the read client running, by (parent, broker address), and whether
+    /// another is owed after it (`trigger_read_dispatch`).
+    triggering: Mutex<HashMap<(String, String), bool>>,
 }
 
 struct LiteQueue {
@@ -101,6 +104,7 @@ impl LiteState {
             pollers: Mutex::new(HashSet::new()),
             groups: Mutex::new(HashSet::new()),
             catch_up: Mutex::new(HashMap::new()),
+            triggering: Mutex::new(HashMap::new()),
         })
     }
 
@@ -364,14 +368,11 @@ impl RocketMqLog {
                 }
             }
             let client = self.lite_client(Role::Read);
-            let set = async {
-                self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await?;
-                self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await
-            };
-            if let Err(e) = set.await {
+            if let Err(e) = self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await {
                 self.forget_expected(tp);
                 return Err(e);
             }
+            self.trigger_read_dispatch(parent, &q.broker_addr, &group);
             crate::core::metrics::rocketmq_lite_resyncs(parent).increment(1);
             tracing::debug!(%tp, from, "lite topic: the group's offset set to the pull cursor");
             self.spawn_lite_poller(parent, &q.broker_name, tp.partition);
@@ -532,6 +533,41 @@ impl RocketMqLog {
         for arrived in woken {
             arrived.notify_waiters();
         }
+    }
+
+    /// Asks the broker to dispatch for the read client again, coalesced per parent and broker: a
+    /// trigger looks at every lite topic the client subscribes to, so one per resync made
+    /// subscribing to 10,000 lite topics quadratic (147 s, `loadtest --lite --idle-sessions`).
+    /// A resync while one runs makes it run once more after, so each resync is followed by a
+    /// trigger that started after it.
+    fn trigger_read_dispatch(&self, parent: &str, addr: &str, group: &str) {
+        let key = (parent.to_string(), addr.to_string());
+        {
+            let mut triggering = self.lite.triggering.lock().unwrap();
+            if let Some(again) = triggering.get_mut(&key) {
+                *again = true;
+                return;
+            }
+            triggering.insert(key.clone(), false);
+        }
+        let Some(this) = self.me.get().and_then(Weak::upgrade) else { return };
+        let (group, client) = (group.to_string(), self.lite_client(Role::Read));
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = this.broker.trigger_lite_dispatch(&key.1, &group, &client).await {
+                    // The poller triggers again after its next empty pop.
+                    tracing::warn!(parent = %key.0, error = %e, "asking the broker to dispatch lite topics failed");
+                }
+                let mut triggering = this.lite.triggering.lock().unwrap();
+                match triggering.get_mut(&key) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        triggering.remove(&key);
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     fn forget_expected(&self, tp: &TopicPartition) {
