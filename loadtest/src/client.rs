@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use futures_util::{FutureExt, SinkExt, StreamExt};
@@ -310,6 +310,9 @@ async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
 }
 
 /// The fields of an `event` frame the loadtest needs (the payload is skipped, not parsed into a tree).
+/// Subscribes answered `unavailable` and sent again, over the whole run (in the summary when any).
+pub static SUBSCRIBE_RETRIES: AtomicU64 = AtomicU64::new(0);
+
 #[derive(serde::Deserialize)]
 struct Frame<'a> {
     #[serde(rename = "type")]
@@ -424,6 +427,13 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
                             awaiting = None;
                         }
                     }
+                }
+                "error" if frame.code == Some("unavailable") && frame.req.as_ref().and_then(Value::as_str) == Some("sub") => {
+                    // What a client does with `unavailable`: subscribe again a little later (a
+                    // broker too busy to answer the subscribe's offset queries in time).
+                    SUBSCRIBE_RETRIES.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    ws.send(subscribe.to_string()).await?;
                 }
                 "error" => bail!("{}: error frame {text}", plan.client_id),
                 "subscribed" => {

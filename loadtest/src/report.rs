@@ -47,10 +47,15 @@ impl Summary {
     }
 
     pub fn print(&self, as_json: bool) {
+        let mut figures = self.figures.clone();
+        let retries = crate::client::SUBSCRIBE_RETRIES.load(Ordering::Relaxed);
+        if retries > 0 {
+            figures.push(("subscribe_retries".into(), retries.into()));
+        }
         if as_json {
             let mut object = Map::new();
             object.insert("shape".into(), self.shape.clone().into());
-            for (k, v) in &self.figures {
+            for (k, v) in &figures {
                 object.insert(k.clone(), v.clone());
             }
             object.insert("complete".into(), self.complete.into());
@@ -59,7 +64,7 @@ impl Summary {
             return;
         }
         println!("loadtest {}", self.shape);
-        for (k, v) in &self.figures {
+        for (k, v) in &figures {
             println!("  {k:<28} {v}");
         }
         println!("  {:<28} {}", "complete", if self.complete { "yes: every client got every event, committed = log end" } else { "NO" });

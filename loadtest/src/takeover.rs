@@ -464,6 +464,7 @@ async fn sessions_per_instance(http: &reqwest::Client, urls: &[String], token: &
 /// Publishes `events` at `rate`/s in 10 ms ticks, to the live instances in turn (an instance that
 /// fails is skipped from then on; its request is retried elsewhere, which may write it twice:
 /// extra offsets, never missing ones). Returns the offsets written per partition.
+// The run's knobs one by one (instances, topic, rate, count, ...): a struct would only rename them.
 #[allow(clippy::too_many_arguments)]
 async fn publish(
     http: &reqwest::Client,

@@ -350,6 +350,7 @@ impl Broker {
 
     /// LITE_SUBSCRIPTION_CTL: adds lite topics of `parent` to (or removes them from) `client`'s
     /// subscription in `group`. An add with `from` sets the group's offset of each to it.
+    // One argument per field of the request's subscription entry (clippy.toml says why).
     #[allow(clippy::too_many_arguments)]
     pub async fn lite_subscription(
         &self,
@@ -361,22 +362,20 @@ impl Broker {
         lites: &[&str],
         from: Option<u64>,
     ) -> Result<(), BackendError> {
-        let mut entry = serde_json::json!({
-            "action": match action {
-                LiteAction::Add => "PARTIAL_ADD",
-                LiteAction::Replace => "COMPLETE_ADD",
-                LiteAction::Remove => "PARTIAL_REMOVE",
-            },
-            "clientId": client,
-            "group": group,
-            "topic": parent,
-            "liteTopicSet": lites,
-            "version": 0,
-        });
-        if let Some(from) = from {
-            entry["offsetOption"] = serde_json::json!({"type": "Offset", "value": from});
-        }
-        let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": [entry] })).expect("JSON");
+        self.lite_subscription_set(broker_addr, vec![subscription_entry(action, client, group, parent, lites, from)]).await
+    }
+
+    /// LITE_SUBSCRIPTION_CTL with one add per offset: the lite topics of each set are added to
+    /// `client`'s subscription with the group's offset set to that offset. One request however
+    /// many lite topics (the broker copies the client's whole subscription per entry, so one add
+    /// per lite topic is quadratic in the lite topics read).
+    pub async fn lite_resubscribe(&self, broker_addr: &str, client: &str, group: &str, parent: &str, at: &[(u64, Vec<&str>)]) -> Result<(), BackendError> {
+        let entries = at.iter().map(|(from, lites)| subscription_entry(LiteAction::Add, client, group, parent, lites, Some(*from))).collect();
+        self.lite_subscription_set(broker_addr, entries).await
+    }
+
+    async fn lite_subscription_set(&self, broker_addr: &str, entries: Vec<serde_json::Value>) -> Result<(), BackendError> {
+        let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": entries })).expect("JSON");
         let r = self.call(broker_addr, code::LITE_SUBSCRIPTION_CTL, &[], &body, self.timeout).await?;
         if r.code != response::SUCCESS {
             return Err(refused("lite subscription", &r));
@@ -412,6 +411,7 @@ impl Broker {
 
     /// POP_LITE_MESSAGE: messages of the lite topics of `parent` that `client` subscribes to, from
     /// the group's offset of each (which the pop moves past them); empty after `wait`.
+    // One argument per field of the POP_LITE request header (clippy.toml says why).
     #[allow(clippy::too_many_arguments)]
     pub async fn pop_lite(
         &self,
@@ -636,6 +636,26 @@ fn quote_integer_keys(body: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// One entry of a LITE_SUBSCRIPTION_CTL body; an add with `from` sets the group's offset.
+fn subscription_entry(action: LiteAction, client: &str, group: &str, parent: &str, lites: &[&str], from: Option<u64>) -> serde_json::Value {
+    let mut entry = serde_json::json!({
+        "action": match action {
+            LiteAction::Add => "PARTIAL_ADD",
+            LiteAction::Replace => "COMPLETE_ADD",
+            LiteAction::Remove => "PARTIAL_REMOVE",
+        },
+        "clientId": client,
+        "group": group,
+        "topic": parent,
+        "liteTopicSet": lites,
+        "version": 0,
+    });
+    if let Some(from) = from {
+        entry["offsetOption"] = serde_json::json!({"type": "Offset", "value": from});
+    }
+    entry
 }
 
 #[cfg(test)]

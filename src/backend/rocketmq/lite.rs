@@ -14,8 +14,12 @@
 //!   here, a poller per parent and broker POPs for all of them at once, and each message goes to
 //!   its lite topic's buffer only if it is the next offset expected; anything else (a restart, a
 //!   rewind, a pop racing a reset) sets the group's offset back to the cursor (an add with an
-//!   offset) and asks the broker to dispatch again. A lite topic nobody reads here costs nothing:
-//!   no subscription, no buffer, no task (the poller of a parent ends with its last reader).
+//!   offset) and asks the broker to dispatch again. Those resyncs go out batched, one request for
+//!   up to `RESYNC_BATCH` lite topics (`send_owed`). A pop whose answer is lost may have moved
+//!   some lite topics' offsets, which ones is not known: each lite topic of the poller compares
+//!   its expected offset with the log end at its next poll and resyncs only if a message was
+//!   there to pop. A lite topic nobody reads here costs nothing: no subscription, no buffer, no
+//!   task (the poller of a parent ends with its last reader).
 //! - Catch-up reads by offset (a subscriber below the shared reader) use a second group and
 //!   client: set its offset, dispatch, pop, one lite topic at a time per parent.
 //! - The deferred broker ACK has nothing to do: the pop already committed. What replaces the
@@ -54,6 +58,8 @@ const IDLE_QUEUE: Duration = Duration::from_secs(30);
 const STUCK_RESYNCS: u32 = 5;
 /// Attempts to read a published message back for its lite offset.
 const VIEW_ATTEMPTS: u32 = 3;
+/// Lite topics whose group offsets one request sets at most.
+const RESYNC_BATCH: usize = 1000;
 
 /// Lite-topic state of one backend.
 pub struct LiteState {
@@ -68,9 +74,18 @@ pub struct LiteState {
     groups: Mutex<HashSet<(String, String)>>,
     /// Catch-up reads of one parent run one at a time (one catch-up client per parent).
     catch_up: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Dispatch triggers of the read client running, by (parent, broker address), and whether
-    /// another is owed after it (`trigger_read_dispatch`).
-    triggering: Mutex<HashMap<(String, String), bool>>,
+    /// What the read client owes the broker, by (parent, broker address): group offsets to set
+    /// again and a dispatch trigger, sent by one task per key (`send_owed`).
+    owed: Mutex<HashMap<(String, String), Owed>>,
+}
+
+/// Requests owed to one broker for one parent's read client.
+#[derive(Default)]
+struct Owed {
+    /// Lite topics whose group offset is to be set, and where (in the order asked).
+    resyncs: Vec<(TopicPartition, u64)>,
+    /// A dispatch trigger is owed.
+    trigger: bool,
 }
 
 struct LiteQueue {
@@ -85,6 +100,12 @@ struct LiteQueue {
     /// The offset the next popped message must have (the group's offset as ackgate set it);
     /// `None`: set it again before reading on.
     expected: Option<u64>,
+    /// A pop whose answer was lost (or a popped message naming no lite topic) may have moved the
+    /// group's offset past `expected`: the next poll compares `expected` with the log end.
+    suspect: bool,
+    /// The broker served past `expected` (below its log start, or past a gap): the next resync
+    /// reads the bounds first.
+    check_bounds: bool,
     arrived: Arc<tokio::sync::Notify>,
 }
 
@@ -104,7 +125,7 @@ impl LiteState {
             pollers: Mutex::new(HashSet::new()),
             groups: Mutex::new(HashSet::new()),
             catch_up: Mutex::new(HashMap::new()),
-            triggering: Mutex::new(HashMap::new()),
+            owed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -311,8 +332,8 @@ impl RocketMqLog {
     pub(super) async fn poll_lite(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let (parent, lite) = self.lite_of(&tp.topic).ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
         let q = self.lite_queue(tp).await?;
-        let group = self.ensure_lite_group(&q.broker_addr, parent, Role::Read).await?;
-        let (resync_from, arrived) = {
+        self.ensure_lite_group(&q.broker_addr, parent, Role::Read).await?;
+        let (mut resync, suspect_at, arrived) = {
             let mut queues = self.lite.queues.lock().unwrap();
             let queue = queues.entry(tp.clone()).or_insert_with(|| LiteQueue {
                 broker_name: q.broker_name.clone(),
@@ -321,6 +342,8 @@ impl RocketMqLog {
                 polled_at: std::time::Instant::now(),
                 resynced: (u64::MAX, 0),
                 expected: None,
+                suspect: false,
+                check_bounds: false,
                 arrived: Arc::new(tokio::sync::Notify::new()),
             });
             queue.polled_at = std::time::Instant::now();
@@ -338,43 +361,41 @@ impl RocketMqLog {
             if resync.is_some() {
                 // Set before asking: a pop still in flight from the old offset is told apart.
                 queue.expected = Some(next);
+                queue.suspect = false;
             }
-            (resync, queue.arrived.clone())
+            let suspect_at = (resync.is_none() && queue.suspect && queue.buffered.is_empty()).then_some(next);
+            (resync, suspect_at, queue.arrived.clone())
         };
-        if let Some(next) = resync_from {
-            // Below the log start the broker would serve from the log start, past `expected`,
-            // again and again: start there (the reader reports the gap).
-            let bounds = match self.lite_bounds(tp).await {
-                Ok(bounds) => bounds,
+        if let Some(at) = suspect_at {
+            // A lost pop moved the group's offset only if there was a message to pop.
+            let log_end = self.broker.queue_offset(&q.broker_addr, &lmq_name(parent, lite), 0, true).await?;
+            let mut queues = self.lite.queues.lock().unwrap();
+            if let Some(queue) = queues.get_mut(tp).filter(|queue| queue.suspect && queue.expected == Some(at)) {
+                queue.suspect = false;
+                if log_end > at {
+                    resync = Some(at);
+                }
+            }
+        }
+        if let Some(next) = resync {
+            let from = match self.resync_from(tp, next).await {
+                Ok(Resync::From(from)) => from,
+                Ok(Resync::Stuck) => {
+                    // The same offset resynced again and again with messages past it: the message
+                    // there cannot be read (it does not decode). Every subscriber dead-letters it
+                    // and goes on (issue 20: never a stopped reader).
+                    tracing::warn!(%tp, offset = next, "a lite message could not be read after {STUCK_RESYNCS} tries: dead-lettered as undecodable");
+                    crate::core::metrics::undecodable_records().increment(1);
+                    return Ok(vec![Event::undecodable(tp.partition, next)]);
+                }
                 Err(e) => {
                     self.forget_expected(tp);
                     return Err(e);
                 }
             };
-            let from = next.max(bounds.log_start);
-            if let Some(stuck) = self.stuck_at(tp, from, bounds.log_end) {
-                // The same offset resynced again and again with messages past it: the message
-                // there cannot be read (it does not decode, or names no lite topic). Every
-                // subscriber dead-letters it and goes on (issue 20: never a stopped reader).
-                tracing::warn!(%tp, offset = stuck, "a lite message could not be read after {STUCK_RESYNCS} tries: dead-lettered as undecodable");
-                crate::core::metrics::undecodable_records().increment(1);
-                return Ok(vec![Event::undecodable(tp.partition, stuck)]);
-            }
-            if from != next {
-                if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
-                    queue.buffered.clear();
-                    queue.buffered_bytes = 0;
-                    queue.expected = Some(from);
-                }
-            }
-            let client = self.lite_client(Role::Read);
-            if let Err(e) = self.broker.lite_subscription(&q.broker_addr, LiteAction::Add, &client, &group, parent, &[lite], Some(from)).await {
-                self.forget_expected(tp);
-                return Err(e);
-            }
-            self.trigger_read_dispatch(parent, &q.broker_addr, &group);
+            self.owe(parent, &q.broker_addr, Some((tp.clone(), from)));
             crate::core::metrics::rocketmq_lite_resyncs(parent).increment(1);
-            tracing::debug!(%tp, from, "lite topic: the group's offset set to the pull cursor");
+            tracing::debug!(%tp, from, "lite topic: the group's offset is set to the pull cursor");
             self.spawn_lite_poller(parent, &q.broker_name, tp.partition);
         }
         let take = |queues: &mut HashMap<TopicPartition, LiteQueue>| -> Vec<Event> {
@@ -508,7 +529,7 @@ impl RocketMqLog {
                     parent,
                     "a popped lite message names no lite topic or offset (or does not decode); its parent's lite topics read again from their cursors"
                 );
-                forget_expected_all(&mut queues, parent, partition, &mut woken);
+                suspect_all(&mut queues, parent, partition);
                 continue;
             };
             let Some(queue) = queues.get_mut(&tp) else { continue };
@@ -522,8 +543,10 @@ impl RocketMqLog {
                 }
                 // Popped again after a reset: already buffered or taken.
                 Some(expected) if offset < expected => {}
-                // Past a gap, or no room: set the group's offset again at the next poll.
-                _ => {
+                // Past a gap (the bounds are read before reading again), or no room: set the
+                // group's offset again at the next poll.
+                expected => {
+                    queue.check_bounds = expected.is_some_and(|expected| offset > expected);
                     queue.expected = None;
                     woken.push(queue.arrived.clone());
                 }
@@ -535,61 +558,66 @@ impl RocketMqLog {
         }
     }
 
-    /// Asks the broker to dispatch for the read client again, coalesced per parent and broker: a
-    /// trigger looks at every lite topic the client subscribes to, so one per resync made
-    /// subscribing to 10,000 lite topics quadratic (147 s, `loadtest --lite --idle-sessions`).
-    /// A resync while one runs makes it run once more after, so each resync is followed by a
-    /// trigger that started after it.
-    fn trigger_read_dispatch(&self, parent: &str, addr: &str, group: &str) {
-        let key = (parent.to_string(), addr.to_string());
-        {
-            let mut triggering = self.lite.triggering.lock().unwrap();
-            if let Some(again) = triggering.get_mut(&key) {
-                *again = true;
-                return;
-            }
-            triggering.insert(key.clone(), false);
-        }
-        let Some(this) = self.me.get().and_then(Weak::upgrade) else { return };
-        let (group, client) = (group.to_string(), self.lite_client(Role::Read));
-        tokio::spawn(async move {
-            loop {
-                if let Err(e) = this.broker.trigger_lite_dispatch(&key.1, &group, &client).await {
-                    // The poller triggers again after its next empty pop.
-                    tracing::warn!(parent = %key.0, error = %e, "asking the broker to dispatch lite topics failed");
-                }
-                let mut triggering = this.lite.triggering.lock().unwrap();
-                match triggering.get_mut(&key) {
-                    Some(again) if *again => *again = false,
-                    _ => {
-                        triggering.remove(&key);
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
     fn forget_expected(&self, tp: &TopicPartition) {
         if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
             queue.expected = None;
         }
     }
 
-    /// `Some(from)` once resyncs from `from` have run `STUCK_RESYNCS` times in a row with
-    /// messages past it; counts this one otherwise.
-    fn stuck_at(&self, tp: &TopicPartition, from: u64, log_end: u64) -> Option<u64> {
-        let mut queues = self.lite.queues.lock().unwrap();
-        let queue = queues.get_mut(tp)?;
-        let (at, count) = queue.resynced;
-        let count = if at == from { count + 1 } else { 1 };
-        if count > STUCK_RESYNCS && from < log_end {
-            queue.resynced = (u64::MAX, 0);
-            queue.expected = None;
-            return Some(from);
+    /// Where a resync of `tp` at `next` sets the group's offset: `next`, or the log start if the
+    /// broker served past the offset expected (it serves from the log start when asked below it);
+    /// `Stuck` once resyncs at `next` ran `STUCK_RESYNCS` times in a row with messages past it.
+    /// The bounds are read only when one of those may apply (two requests per lite topic).
+    async fn resync_from(&self, tp: &TopicPartition, next: u64) -> Result<Resync, BackendError> {
+        let (count, check_bounds) = {
+            let queues = self.lite.queues.lock().unwrap();
+            let Some(queue) = queues.get(tp) else { return Ok(Resync::From(next)) };
+            let (at, count) = queue.resynced;
+            (if at == next { count + 1 } else { 1 }, queue.check_bounds)
+        };
+        let mut from = next;
+        if check_bounds || count > 1 {
+            let bounds = self.lite_bounds(tp).await?;
+            if count > STUCK_RESYNCS && next < bounds.log_end {
+                if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
+                    queue.resynced = (u64::MAX, 0);
+                    queue.expected = None;
+                    queue.check_bounds = false;
+                }
+                return Ok(Resync::Stuck);
+            }
+            from = next.max(bounds.log_start);
         }
-        queue.resynced = (from, count);
-        None
+        if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
+            queue.resynced = (next, count);
+            queue.check_bounds = false;
+            if from != next {
+                queue.buffered.clear();
+                queue.buffered_bytes = 0;
+                queue.expected = Some(from);
+            }
+        }
+        Ok(Resync::From(from))
+    }
+
+    /// Owes the broker a resync of a lite topic (if any) and a dispatch trigger after it, sent by
+    /// the task of `(parent, addr)` (started unless it runs).
+    fn owe(&self, parent: &str, addr: &str, resync: Option<(TopicPartition, u64)>) {
+        let key = (parent.to_string(), addr.to_string());
+        {
+            let mut owed = self.lite.owed.lock().unwrap();
+            let running = owed.contains_key(&key);
+            let entry = owed.entry(key.clone()).or_default();
+            entry.resyncs.extend(resync);
+            entry.trigger = true;
+            if running {
+                return;
+            }
+        }
+        match self.me.get().and_then(Weak::upgrade) {
+            Some(this) => drop(tokio::spawn(send_owed(this, key))),
+            None => drop(self.lite.owed.lock().unwrap().remove(&key)),
+        }
     }
 
     /// Drops the lite topics of `parent` on `broker` whose reader stopped polling long ago (one
@@ -621,12 +649,79 @@ impl RocketMqLog {
     }
 }
 
-/// Every lite topic of `parent` on the poller's partition re-reads from its cursor.
-fn forget_expected_all(queues: &mut HashMap<TopicPartition, LiteQueue>, parent: &str, partition: u32, woken: &mut Vec<Arc<tokio::sync::Notify>>) {
+/// Every lite topic of `parent` on the poller's partition compares its expected offset with the
+/// log end at its next poll (a pop moved the group's offsets of lite topics it cannot name).
+fn suspect_all(queues: &mut HashMap<TopicPartition, LiteQueue>, parent: &str, partition: u32) {
     for (tp, queue) in queues.iter_mut() {
         if tp.partition == partition && tp.topic.lite().is_some_and(|(p, _)| p == parent) {
-            queue.expected = None;
-            woken.push(queue.arrived.clone());
+            queue.suspect = true;
+        }
+    }
+}
+
+/// How a lite topic's group offset is set again (`resync_from`).
+enum Resync {
+    From(u64),
+    /// The message at the offset cannot be read.
+    Stuck,
+}
+
+/// Lite topics whose group offset is set to one offset.
+type LitesAt<'a> = (u64, Vec<&'a str>);
+
+/// The offset to set for each lite topic (the last one asked wins), and the same as one entry per
+/// offset with its lite topics (sorted, for a request).
+fn resync_entries(resyncs: &[(TopicPartition, u64)]) -> (HashMap<&TopicPartition, u64>, Vec<LitesAt<'_>>) {
+    let last: HashMap<&TopicPartition, u64> = resyncs.iter().map(|(tp, from)| (tp, *from)).collect();
+    let mut by_offset: std::collections::BTreeMap<u64, Vec<&str>> = std::collections::BTreeMap::new();
+    for (tp, from) in &last {
+        if let Some((_, lite)) = tp.topic.lite() {
+            by_offset.entry(*from).or_default().push(lite);
+        }
+    }
+    let mut at: Vec<(u64, Vec<&str>)> = by_offset.into_iter().collect();
+    at.iter_mut().for_each(|(_, lites)| lites.sort_unstable());
+    (last, at)
+}
+
+/// Sends what the read client owes the broker for one parent, until nothing is owed: the group
+/// offsets to set, up to `RESYNC_BATCH` lite topics per request (one entry per offset), then a
+/// dispatch trigger, so every resync is followed by a trigger that started after it. One request
+/// per lite topic made 10,000 lite topics with traffic stall the broker (it copies the client's
+/// whole subscription per request), and a pop answer lost there set all 10,000 again.
+async fn send_owed(this: Arc<RocketMqLog>, key: (String, String)) {
+    let (parent, addr) = (&key.0, &key.1);
+    let (group, client) = (this.lite_group(parent, Role::Read), this.lite_client(Role::Read));
+    loop {
+        let resyncs: Vec<(TopicPartition, u64)> = {
+            let mut owed = this.lite.owed.lock().unwrap();
+            let Some(o) = owed.get_mut(&key) else { return };
+            if o.resyncs.is_empty() && !o.trigger {
+                owed.remove(&key);
+                return;
+            }
+            o.trigger = false;
+            let n = o.resyncs.len().min(RESYNC_BATCH);
+            o.resyncs.drain(..n).collect()
+        };
+        if !resyncs.is_empty() {
+            let (last, at) = resync_entries(&resyncs);
+            if let Err(e) = this.broker.lite_resubscribe(addr, &client, &group, parent, &at).await {
+                tracing::warn!(parent = %parent, lite_topics = last.len(), error = %e, "setting lite group offsets failed; their readers ask again");
+                let mut queues = this.lite.queues.lock().unwrap();
+                for (tp, from) in last {
+                    if let Some(queue) = queues.get_mut(tp).filter(|queue| queue.expected == Some(from)) {
+                        // Not counted toward a stuck message: the broker did not answer.
+                        queue.expected = None;
+                        queue.resynced = (u64::MAX, 0);
+                    }
+                }
+                continue;
+            }
+        }
+        if let Err(e) = this.broker.trigger_lite_dispatch(addr, &group, &client).await {
+            // The poller triggers again after its next empty pop.
+            tracing::warn!(parent = %parent, error = %e, "asking the broker to dispatch lite topics failed");
         }
     }
 }
@@ -673,10 +768,8 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
                         }
                         Err(e) => {
                             // The broker may have popped (and moved the group's offsets) before the
-                            // answer was lost: every lite topic of this poller re-reads.
-                            let mut woken = Vec::new();
-                            forget_expected_all(&mut this.lite.queues.lock().unwrap(), &parent, partition, &mut woken);
-                            woken.iter().for_each(|n| n.notify_waiters());
+                            // answer was lost: every lite topic of this poller checks at its next poll.
+                            suspect_all(&mut this.lite.queues.lock().unwrap(), &parent, partition);
                             Err(e)
                         }
                     }
@@ -691,5 +784,28 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
             tracing::warn!(parent, broker, error = %e, "lite pop failed; retrying");
             tokio::select! { _ = stop.cancelled() => return, _ = tokio::time::sleep(Duration::from_millis(500)) => {} }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(name: &str) -> TopicPartition {
+        TopicPartition::new(TopicName::parse(name).unwrap(), 0)
+    }
+
+    #[test]
+    fn resyncs_become_one_entry_per_offset_and_the_last_offset_of_a_lite_topic_wins() {
+        let resyncs = vec![(tp("chat@b"), 7), (tp("chat@a"), 0), (tp("chat@c"), 7), (tp("chat@a"), 3), (tp("chat@d"), 0)];
+        let (last, at) = resync_entries(&resyncs);
+        assert_eq!(last.len(), 4);
+        assert_eq!(last[&tp("chat@a")], 3, "the later resync of a lite topic replaces the earlier");
+        assert_eq!(at, vec![(0, vec!["d"]), (3, vec!["a"]), (7, vec!["b", "c"])]);
+        // 10,000 lite topics read from one offset are one entry, not 10,000 requests.
+        let many: Vec<(TopicPartition, u64)> = (0..10_000).map(|i| (tp(&format!("chat@room-{i}")), 0)).collect();
+        let (_, at) = resync_entries(&many);
+        assert_eq!(at.len(), 1);
+        assert_eq!(at[0].1.len(), 10_000);
     }
 }
