@@ -255,7 +255,8 @@ pub struct RocketMqConfig {
     pub max_pending_acks: u64,
     /// POP: parent topics whose lite topics (RocketMQ 5.x, one small topic per room or user) are
     /// served as `parent@lite`, e.g. ["chat"]. The broker needs enableLmq and enableMultiDispatch;
-    /// POST /topics creates a listed parent as a lite parent (message.type=LITE).
+    /// POST /topics creates a listed parent as a lite parent (message.type=LITE). Each is a topic
+    /// name without `@`; pop mode only.
     pub lite_parents: Vec<String>,
 }
 
@@ -327,7 +328,7 @@ pub struct DeliveryConfig {
     /// Events read from the log in one go.
     pub fetch_batch: usize,
     /// The pause before attempt n+1 after attempt n timed out, or was nacked without delay_ms: the
-    /// n-th value, the last repeating (at most 64 values); empty = at once.
+    /// n-th value, the last repeating (at most 64 values, each at most 2678400000); empty = at once.
     pub redelivery_backoff_ms: Vec<u64>,
     /// Per-topic rules, by pattern (a topic name, or a prefix ending in *; the exact name, else the
     /// longest prefix, wins), e.g.

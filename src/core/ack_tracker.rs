@@ -77,11 +77,6 @@ impl AckTracker {
         offset < self.delivered_end && !self.pending.contains_key(&offset)
     }
 
-    /// Attempts made so far for a pending event (0 when not pending).
-    pub fn attempts(&self, offset: u64) -> u32 {
-        self.pending.get(&offset).map_or(0, |p| p.attempts)
-    }
-
     /// Records a delivery of `offset` with delivery sequence `seq`; returns its attempt number, or
     /// `None` when the event is already acknowledged and must not be sent.
     pub fn on_delivery(&mut self, offset: u64, seq: u64) -> Option<u32> {

@@ -31,10 +31,6 @@ pub struct Metrics {
     pub dead_letters: Counter,
     /// Seconds from a delivery to its ack.
     pub ack_latency: Histogram,
-    pub offset_writes_advanced: Counter,
-    pub offset_writes_stale: Counter,
-    pub offset_write_failures: Counter,
-    pub broker_acks: Counter,
     pub pull_events: Counter,
     /// Publishes answered from an `Idempotency-Key` without writing.
     pub publish_replays: Counter,
@@ -43,6 +39,14 @@ pub struct Metrics {
 }
 
 pub const SESSIONS: &str = "ackgate_sessions";
+pub const DELIVERIES: &str = "ackgate_deliveries_total";
+pub const REDELIVERIES: &str = "ackgate_redeliveries_total";
+pub const ACKS: &str = "ackgate_acks_total";
+pub const DEAD_LETTERS: &str = "ackgate_dead_letters_total";
+pub const OFFSET_WRITES: &str = "ackgate_offset_writes_total";
+pub const BROKER_ACKS: &str = "ackgate_broker_acks_total";
+pub const PULL_EVENTS: &str = "ackgate_pull_events_total";
+pub const WS_FRAMES: &str = "ackgate_ws_frames_total";
 pub const IN_FLIGHT: &str = "ackgate_in_flight";
 pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
@@ -74,14 +78,14 @@ pub const ALL: [&str; 33] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
-    "ackgate_deliveries_total",
-    "ackgate_redeliveries_total",
-    "ackgate_acks_total",
-    "ackgate_dead_letters_total",
+    DELIVERIES,
+    REDELIVERIES,
+    ACKS,
+    DEAD_LETTERS,
     ACK_LATENCY,
-    "ackgate_offset_writes_total",
-    "ackgate_broker_acks_total",
-    "ackgate_pull_events_total",
+    OFFSET_WRITES,
+    BROKER_ACKS,
+    PULL_EVENTS,
     OFFSETS_ABOVE_LOG_END,
     TRANSIENT_LOG_ENDS,
     CONNECTIONS,
@@ -92,7 +96,7 @@ pub const ALL: [&str; 33] = [
     GAP_EVENTS,
     DEAD_LETTERS_REDRIVEN,
     PUBLISH_REPLAYS,
-    "ackgate_ws_frames_total",
+    WS_FRAMES,
     HTTP_REQUESTS,
     HTTP_DURATION,
     ROCKETMQ_POPPED,
@@ -212,20 +216,17 @@ impl Metrics {
         describe_gauge!(SESSIONS, "Live sessions on this instance, by transport (websocket, sse)");
         describe_gauge!(IN_FLIGHT, "Unacknowledged deliveries across sessions");
         describe_gauge!(PULL_LAG, "Events in the log not yet pulled, per topic and partition");
-        describe_counter!("ackgate_deliveries_total", "Events pushed to sessions (first deliveries and redeliveries)");
-        describe_counter!("ackgate_redeliveries_total", "Events pushed again, by reason: timeout, nack, disconnect");
-        describe_counter!("ackgate_acks_total", "Deliveries acknowledged by clients");
-        describe_counter!("ackgate_dead_letters_total", "Events given up on (max_attempts or term)");
+        describe_counter!(DELIVERIES, "Events pushed to sessions (first deliveries and redeliveries)");
+        describe_counter!(REDELIVERIES, "Events pushed again, by reason: timeout, nack, disconnect");
+        describe_counter!(ACKS, "Deliveries acknowledged by clients");
+        describe_counter!(DEAD_LETTERS, "Events given up on (max_attempts or term)");
         describe_histogram!(ACK_LATENCY, Unit::Seconds, "Time from a delivery to its ack");
         describe_counter!(
-            "ackgate_offset_writes_total",
+            OFFSET_WRITES,
             "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)"
         );
-        describe_counter!(
-            "ackgate_broker_acks_total",
-            "Deferred broker ACKs (ack_pulled_message) handed to the backend after durable offset writes, by result: ok, skipped"
-        );
-        describe_counter!("ackgate_pull_events_total", "Events pulled from the log by partition readers");
+        describe_counter!(BROKER_ACKS, "Deferred broker ACKs (ack_pulled_message) handed to the backend after durable offset writes, by result: ok, skipped");
+        describe_counter!(PULL_EVENTS, "Events pulled from the log by partition readers");
         describe_counter!(OFFSETS_ABOVE_LOG_END, "Committed offsets found above the log end on two reads a second apart (a log that lost its tail, a topic recreated outside ackgate) and lowered to it");
         describe_counter!(
             TRANSIENT_LOG_ENDS,
@@ -257,25 +258,20 @@ impl Metrics {
         describe_counter!(ROCKETMQ_LITE_POPPED, "RocketMQ lite-topic messages popped, per parent topic");
         describe_counter!(ROCKETMQ_LITE_RESYNCS, "Times a lite topic's group offset at the broker was set to ackgate's pull cursor, per parent topic");
         describe_counter!(PUBLISH_REPLAYS, "Publishes with an Idempotency-Key answered with the first request's offsets, nothing written");
-        describe_counter!("ackgate_ws_frames_total", "WebSocket frames, by direction (in, out) and kind");
+        describe_counter!(WS_FRAMES, "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
         describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");
-        let redelivery = |reason: &'static str| metrics::counter!("ackgate_redeliveries_total", "reason" => reason);
-        let offset_write = |result: &'static str| metrics::counter!("ackgate_offset_writes_total", "result" => result);
+        let redelivery = |reason: &'static str| metrics::counter!(REDELIVERIES, "reason" => reason);
         Self {
-            deliveries: metrics::counter!("ackgate_deliveries_total"),
+            deliveries: metrics::counter!(DELIVERIES),
             redeliveries: [redelivery("timeout"), redelivery("nack"), redelivery("disconnect")],
-            acks: metrics::counter!("ackgate_acks_total"),
-            dead_letters: metrics::counter!("ackgate_dead_letters_total"),
+            acks: metrics::counter!(ACKS),
+            dead_letters: metrics::counter!(DEAD_LETTERS),
             ack_latency: metrics::histogram!(ACK_LATENCY),
-            offset_writes_advanced: offset_write("advanced"),
-            offset_writes_stale: offset_write("stale"),
-            offset_write_failures: offset_write("failed"),
-            broker_acks: metrics::counter!("ackgate_broker_acks_total", "result" => "ok"),
-            pull_events: metrics::counter!("ackgate_pull_events_total"),
+            pull_events: metrics::counter!(PULL_EVENTS),
             publish_replays: metrics::counter!(PUBLISH_REPLAYS),
-            frames_in: FRAMES_IN.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "in", "kind" => kind)),
-            frames_out: FRAMES_OUT.map(|kind| metrics::counter!("ackgate_ws_frames_total", "direction" => "out", "kind" => kind)),
+            frames_in: FRAMES_IN.map(|kind| metrics::counter!(WS_FRAMES, "direction" => "in", "kind" => kind)),
+            frames_out: FRAMES_OUT.map(|kind| metrics::counter!(WS_FRAMES, "direction" => "out", "kind" => kind)),
         }
     }
 

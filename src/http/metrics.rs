@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
 use super::AppState;
-use crate::core::metrics::{ACK_LATENCY, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, PULL_LAG, SESSIONS};
+use crate::core::metrics::{ACK_LATENCY, BROKER_ACKS, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PULL_LAG, SESSIONS};
 use crate::core::session_registry::Transport;
 
 /// Histogram buckets in seconds: 50 us to 10 s.
@@ -81,12 +81,12 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::gauge!(CONNECTIONS).set(app.connections.open() as f64);
     let writes = &d.writer.stats;
     // The offset writer thread keeps its own counters; export them as they stand.
-    metrics::counter!("ackgate_offset_writes_total", "result" => "advanced").absolute(writes.advanced.load(Ordering::Relaxed));
-    metrics::counter!("ackgate_offset_writes_total", "result" => "stale").absolute(writes.stale.load(Ordering::Relaxed));
-    metrics::counter!("ackgate_offset_writes_total", "result" => "obsolete").absolute(writes.obsolete.load(Ordering::Relaxed));
-    metrics::counter!("ackgate_offset_writes_total", "result" => "failed").absolute(writes.failed_batches.load(Ordering::Relaxed));
-    metrics::counter!("ackgate_broker_acks_total", "result" => "ok").absolute(writes.broker_acks.load(Ordering::Relaxed));
-    metrics::counter!("ackgate_broker_acks_total", "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
+    metrics::counter!(OFFSET_WRITES, "result" => "advanced").absolute(writes.advanced.load(Ordering::Relaxed));
+    metrics::counter!(OFFSET_WRITES, "result" => "stale").absolute(writes.stale.load(Ordering::Relaxed));
+    metrics::counter!(OFFSET_WRITES, "result" => "obsolete").absolute(writes.obsolete.load(Ordering::Relaxed));
+    metrics::counter!(OFFSET_WRITES, "result" => "failed").absolute(writes.failed_batches.load(Ordering::Relaxed));
+    metrics::counter!(BROKER_ACKS, "result" => "ok").absolute(writes.broker_acks.load(Ordering::Relaxed));
+    metrics::counter!(BROKER_ACKS, "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
     record_pull_lag(&app).await;
     let Some(handle) = install_recorder() else {
         return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
