@@ -374,6 +374,18 @@ impl Broker {
         self.lite_subscription_set(broker_addr, entries).await
     }
 
+    /// LITE_SUBSCRIPTION_CTL making `lite` the only lite topic of `client` in `group`, with the
+    /// group's offset of it set to `from`: a complete add (which drops what an earlier request
+    /// left) sets no offset at the broker, so a partial add with the offset follows in the same
+    /// request.
+    pub async fn lite_subscribe_only(&self, broker_addr: &str, client: &str, group: &str, parent: &str, lite: &str, from: u64) -> Result<(), BackendError> {
+        let entries = vec![
+            subscription_entry(LiteAction::Replace, client, group, parent, &[lite], None),
+            subscription_entry(LiteAction::Add, client, group, parent, &[lite], Some(from)),
+        ];
+        self.lite_subscription_set(broker_addr, entries).await
+    }
+
     async fn lite_subscription_set(&self, broker_addr: &str, entries: Vec<serde_json::Value>) -> Result<(), BackendError> {
         let body = serde_json::to_vec(&serde_json::json!({ "subscriptionSet": entries })).expect("JSON");
         let r = self.call(broker_addr, code::LITE_SUBSCRIPTION_CTL, &[], &body, self.timeout).await?;

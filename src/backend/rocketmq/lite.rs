@@ -23,7 +23,9 @@
 //! - Catch-up reads by offset (a subscriber below the shared reader) use a second group and
 //!   client: set its offset, dispatch, pop, one lite topic at a time per parent.
 //! - The deferred broker ACK has nothing to do: the pop already committed. What replaces the
-//!   broker's redelivery is ackgate's cursor, aligned at boot to the lowest committed offset.
+//!   broker's redelivery is ackgate's cursor and the clients' committed offsets: lite topics are
+//!   not aligned at boot (there may be 100,000), so a client below a reader's checkpointed
+//!   cursor reads by catch-up.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
@@ -433,8 +435,10 @@ impl RocketMqLog {
         let client = self.lite_client(Role::CatchUp);
         let lock = self.lite.catch_up.lock().unwrap().entry(parent.to_string()).or_default().clone();
         let _one_at_a_time = lock.lock().await;
-        // Replacing the whole subscription: one left behind by a cancelled catch-up goes too.
-        self.broker.lite_subscription(&q.broker_addr, LiteAction::Replace, &client, &group, parent, &[lite], Some(from)).await?;
+        // Replacing the whole subscription (one left behind by a cancelled catch-up goes too) and
+        // setting the offset: rocketmq-rust sets none on a complete add, so a catch-up after an
+        // earlier one popped from where that one ended (a rewound client got nothing).
+        self.broker.lite_subscribe_only(&q.broker_addr, &client, &group, parent, lite, from).await?;
         let lmq = lmq_name(parent, lite);
         let read = async {
             self.broker.trigger_lite_dispatch(&q.broker_addr, &group, &client).await?;

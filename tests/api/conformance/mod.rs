@@ -17,6 +17,10 @@ use crate::support::*;
 mod embedded;
 mod kafka;
 mod rocketmq;
+mod rocketmq_lite;
+
+/// The parent of the lite topics of `Harness::rocketmq_lite`.
+const LITE_PARENT: &str = "lp";
 
 /// The backend under test.
 pub enum Backend {
@@ -29,6 +33,9 @@ pub enum Backend {
 
 pub struct Harness {
     pub backend: Backend,
+    /// RocketMQ lite topics: every topic a body names is a lite topic of `LITE_PARENT` (with one
+    /// partition per master broker).
+    lite: Option<u32>,
     _dir: tempfile::TempDir,
     pub data: PathBuf,
     /// The embedded log's clock: `cut_log` moves it past the log retention.
@@ -48,10 +55,47 @@ impl Harness {
         Self::new(Backend::RocketMq(TestRocketMq::start(), mode))
     }
 
+    /// RocketMQ (pop) where each topic a body names is a lite topic of `LITE_PARENT`, on a
+    /// cluster of `partitions` masters (a lite topic has one partition per master).
+    pub fn rocketmq_lite(partitions: u32) -> Self {
+        let mut harness = Self::new(Backend::RocketMq(TestRocketMq::start_cluster(partitions as usize, ""), "pop"));
+        harness.lite = Some(partitions);
+        harness
+    }
+
+    /// The topic a body calls `name`: itself, or the lite topic `LITE_PARENT@name`.
+    pub fn topic(&self, name: &str) -> String {
+        match self.lite {
+            Some(_) => format!("{LITE_PARENT}@{name}"),
+            None => name.to_string(),
+        }
+    }
+
+    /// Creates the topic a body calls `name`; for a lite topic its parent (a lite topic needs
+    /// no creation), and the body must ask for as many partitions as the cluster has masters.
+    /// ackgate creates a topic on the first master only, so the parent is created on every master
+    /// at the broker, as another tool would, and a lite topic has a partition on each.
+    pub async fn create_topic(&self, base: &str, name: &str, partitions: u32) {
+        let (Some(masters), Backend::RocketMq(broker, _)) = (self.lite, &self.backend) else { return create_topic(base, name, partitions).await };
+        assert_eq!(partitions, masters, "a lite topic has one partition per master: run this body on {partitions} brokers");
+        let admin = ackgate::backend::rocketmq::Broker::new(broker.namesrv(), Duration::from_secs(5));
+        for (_, addr) in broker.brokers().await {
+            admin.create_topic(&addr, LITE_PARENT, 1, true).await.expect("create the lite parent");
+        }
+        // Routed on every master before the gateway first looks (it keeps a route it found).
+        for _ in 0..100 {
+            if admin.route(LITE_PARENT).await.unwrap().is_some_and(|brokers| brokers.len() == masters as usize) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the lite parent {LITE_PARENT} is not routed on {masters} masters");
+    }
+
     fn new(backend: Backend) -> Self {
         let (dir, data) = temp_dir();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-        Self { backend, _dir: dir, data, clock: Arc::new(ManualClock::new(now)) }
+        Self { backend, lite: None, _dir: dir, data, clock: Arc::new(ManualClock::new(now)) }
     }
 
     pub fn config(&self) -> Config {
@@ -63,6 +107,9 @@ impl Harness {
             config.storage.backend = ackgate::config::BackendKind::RocketMq;
             config.rocketmq.namesrv_addr = broker.namesrv();
             config.rocketmq.mode = if *mode == "pull" { ackgate::config::RocketMqMode::Pull } else { ackgate::config::RocketMqMode::Pop };
+            if self.lite.is_some() {
+                config.rocketmq.lite_parents = vec![LITE_PARENT.to_string()];
+            }
         } else {
             // Log retention runs often, so `cut_log` below only has to wait for it; an hour of
             // log retention is far below the offsets' (a week), so moving the clock past the
@@ -134,9 +181,14 @@ pub async fn try_bounds(base: &str, topic: &str, partition: u32) -> Option<(u64,
     Some(bounds(base, topic, partition).await)
 }
 
-/// `(log_start, log_end, pull_offset)` of one partition from `GET /topics`.
+/// `(log_start, log_end, pull_offset)` of one partition from `GET /topics` (for a lite topic
+/// `GET /topics?parent=`).
 pub async fn bounds(base: &str, topic: &str, partition: u32) -> (u64, u64, Option<u64>) {
-    let (status, body) = get_json(&format!("{base}/topics")).await;
+    let url = match topic.split_once('@') {
+        Some((parent, _)) => format!("{base}/topics?parent={parent}&limit=1000"),
+        None => format!("{base}/topics"),
+    };
+    let (status, body) = get_json(&url).await;
     assert_eq!(status, 200, "GET /topics: {body}");
     let topic = body["topics"].as_array().unwrap().iter().find(|t| t["name"] == topic).unwrap_or_else(|| panic!("{topic} listed in {body}"));
     let p = &topic["partitions"][partition as usize];
@@ -193,9 +245,10 @@ async fn committed(base: &str, topic: &str, client: &str, partition: u32) -> Opt
 /// batches; on the brokers the wall clock, waited on.
 pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "timed", 2).await;
+    let t = h.topic("timed");
+    h.create_topic(&gw.base, "timed", 2).await;
     for partition in 0..2 {
-        publish_to(&gw.base, "timed", partition, 0, 3).await;
+        publish_to(&gw.base, &t, partition, 0, 3).await;
     }
     let between = match &h.backend {
         Backend::Embedded => {
@@ -210,23 +263,23 @@ pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Ha
         }
     };
     for partition in 0..2 {
-        publish_to(&gw.base, "timed", partition, 10, 2).await;
-        assert_eq!(log_end_reaches(&gw.base, "timed", partition, 5).await, 5);
+        publish_to(&gw.base, &t, partition, 10, 2).await;
+        assert_eq!(log_end_reaches(&gw.base, &t, partition, 5).await, 5);
     }
     let mut client = TestClient::connect(gw.addr(), "by-time").await;
-    let subscribed = client.subscribe("timed", json!({"from": {"time": between}})).await;
+    let subscribed = client.subscribe(&t, json!({"from": {"time": between}})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 3}, {"partition": 1, "from": 3}]), "{subscribed}");
     let mut got = numbers(&client.recv_events(4).await);
     got.sort();
     assert_eq!(got, vec![10, 10, 11, 11]);
     client.close().await;
     let mut early = TestClient::connect(gw.addr(), "from-zero").await;
-    let subscribed = early.subscribe("timed", json!({"from": {"time": 0}})).await;
+    let subscribed = early.subscribe(&t, json!({"from": {"time": 0}})).await;
     assert_eq!(subscribed["partitions"][1]["from"], 0, "{subscribed}");
     early.close().await;
     // The admin reset by time, for a client that has read everything.
-    consume_and_ack(gw.addr(), "rewound", "timed", 10).await.close().await;
-    let url = format!("{}/admin/offsets/timed/rewound/1", gw.base);
+    consume_and_ack(gw.addr(), "rewound", &t, 10).await.close().await;
+    let url = format!("{}/admin/offsets/{t}/rewound/1", gw.base);
     let mut status = 409;
     for _ in 0..100 {
         let response = http().put(&url).json(&json!({"time": between})).send().await.unwrap();
@@ -257,35 +310,37 @@ async fn publish_with_key(base: &str, topic: &str, key: &str, body: &Value) -> (
 /// 400.
 pub async fn an_idempotent_publish_writes_once(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "once", 1).await;
-    create_topic(&gw.base, "twice", 1).await;
+    let once = h.topic("once");
+    let twice = h.topic("twice");
+    h.create_topic(&gw.base, "once", 1).await;
+    h.create_topic(&gw.base, "twice", 1).await;
     let first = json!({"events": [{"partition": 0, "payload": {"n": 0}}, {"partition": 0, "payload": {"n": 1}}]});
-    let (status, replayed, answer) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    let (status, replayed, answer) = publish_with_key(&gw.base, &once, "order-42", &first).await;
     assert_eq!((status, replayed), (200, false), "{answer}");
     assert_eq!(answer["offsets"], json!([{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}]));
-    let (status, replayed, again) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    let (status, replayed, again) = publish_with_key(&gw.base, &once, "order-42", &first).await;
     assert_eq!((status, replayed, &again), (200, true, &answer), "a retry answers the first offsets");
-    let (status, _, other) = publish_with_key(&gw.base, "once", "order-42", &json!({"partition": 0, "payload": {"n": 9}})).await;
+    let (status, _, other) = publish_with_key(&gw.base, &once, "order-42", &json!({"partition": 0, "payload": {"n": 9}})).await;
     assert_eq!((status, other["error"]["code"].as_str()), (409, Some("conflict")), "{other}");
     // The key is per topic.
-    let (status, replayed, elsewhere) = publish_with_key(&gw.base, "twice", "order-42", &first).await;
+    let (status, replayed, elsewhere) = publish_with_key(&gw.base, &twice, "order-42", &first).await;
     assert_eq!((status, replayed), (200, false), "{elsewhere}");
     // Nothing was written by the retry or the refused body: the next event lands at 2.
-    assert_eq!(publish_to(&gw.base, "once", 0, 2, 1).await, vec![2]);
+    assert_eq!(publish_to(&gw.base, &once, 0, 2, 1).await, vec![2]);
     for bad in [b"has space".to_vec(), vec![b'k'; 129], "caf\u{e9}".as_bytes().to_vec()] {
         let key = reqwest::header::HeaderValue::from_bytes(&bad).unwrap();
-        let response = http().post(format!("{}/topics/once/events", gw.base)).header("Idempotency-Key", key).json(&first).send().await.unwrap();
+        let response = http().post(format!("{}/topics/{once}/events", gw.base)).header("Idempotency-Key", key).json(&first).send().await.unwrap();
         assert_eq!(response.status(), 400, "key {:?}", String::from_utf8_lossy(&bad));
     }
     gw.stop().await;
 
     // Remembered in the offset store: a retry after a restart still writes nothing.
     let gw = h.start().await;
-    let (status, replayed, again) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    let (status, replayed, again) = publish_with_key(&gw.base, &once, "order-42", &first).await;
     assert_eq!((status, replayed, &again), (200, true, &answer));
     // Past the window the key is forgotten: the same request writes again.
     h.clock.advance(h.config().publish.idempotency_window_secs * 1000 + 1000);
-    let (status, replayed, later) = publish_with_key(&gw.base, "once", "order-42", &first).await;
+    let (status, replayed, later) = publish_with_key(&gw.base, &once, "order-42", &first).await;
     assert_eq!((status, replayed), (200, false), "{later}");
     assert_eq!(later["offsets"], json!([{"partition": 0, "offset": 3}, {"partition": 0, "offset": 4}]));
     gw.stop().await;
@@ -295,16 +350,17 @@ pub async fn an_idempotent_publish_writes_once(h: &Harness) {
 /// shows the log end; events keep key, headers and JSON or binary payloads.
 pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "orders", 2).await;
-    assert_eq!(publish_to(&gw.base, "orders", 1, 0, 3).await, vec![0, 1, 2]);
-    let single = publish(&gw.base, "orders", json!({"partition": 1, "key": "k-1", "headers": {"h": "v"}, "payload": {"n": 3}})).await;
+    let t = h.topic("orders");
+    h.create_topic(&gw.base, "orders", 2).await;
+    assert_eq!(publish_to(&gw.base, &t, 1, 0, 3).await, vec![0, 1, 2]);
+    let single = publish(&gw.base, &t, json!({"partition": 1, "key": "k-1", "headers": {"h": "v"}, "payload": {"n": 3}})).await;
     assert_eq!(single["offsets"], json!([{"partition": 1, "offset": 3}]));
-    publish(&gw.base, "orders", json!({"partition": 1, "payload_base64": "AAEC"})).await;
-    assert_eq!(log_end_reaches(&gw.base, "orders", 1, 5).await, 5);
-    assert_eq!(bounds(&gw.base, "orders", 0).await.1, 0);
+    publish(&gw.base, &t, json!({"partition": 1, "payload_base64": "AAEC"})).await;
+    assert_eq!(log_end_reaches(&gw.base, &t, 1, 5).await, 5);
+    assert_eq!(bounds(&gw.base, &t, 0).await.1, 0);
 
     let mut client = TestClient::connect(gw.addr(), "fields").await;
-    let subscribed = client.subscribe("orders", json!({})).await;
+    let subscribed = client.subscribe(&t, json!({})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}, {"partition": 1, "from": 0}]));
     let events = client.recv_events(5).await;
     assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
@@ -320,21 +376,22 @@ pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
 /// log end, durably (the `ack_ok` answer and the admin route agree).
 pub async fn subscribe_receives_everything_and_acks_commit(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "feed", 2).await;
-    publish_to(&gw.base, "feed", 0, 0, 10).await;
-    publish_to(&gw.base, "feed", 1, 10, 10).await;
+    let t = h.topic("feed");
+    h.create_topic(&gw.base, "feed", 2).await;
+    publish_to(&gw.base, &t, 0, 0, 10).await;
+    publish_to(&gw.base, &t, 1, 10, 10).await;
     let mut client = TestClient::connect(gw.addr(), "reader").await;
-    client.subscribe("feed", json!({})).await;
+    client.subscribe(&t, json!({})).await;
     let events = client.recv_events(20).await;
     let mut seen = numbers(&events);
     seen.sort();
     assert_eq!(seen, (0..20).collect::<Vec<_>>());
     let ok = client.ack_confirmed(&ids(&events), "all").await;
-    assert_eq!(ok["committed"], json!({"feed": {"0": 10, "1": 10}}));
-    assert_eq!(committed(&gw.base, "feed", "reader", 0).await, Some(10));
-    assert_eq!(committed(&gw.base, "feed", "reader", 1).await, Some(10));
+    assert_eq!(ok["committed"], json!({ t.as_str(): {"0": 10, "1": 10} }));
+    assert_eq!(committed(&gw.base, &t, "reader", 0).await, Some(10));
+    assert_eq!(committed(&gw.base, &t, "reader", 1).await, Some(10));
     // Published after the subscription: delivered live.
-    publish_to(&gw.base, "feed", 1, 20, 1).await;
+    publish_to(&gw.base, &t, 1, 20, 1).await;
     let live = client.recv_events(1).await;
     assert_eq!(numbers(&live), vec![20]);
     gw.stop().await;
@@ -344,10 +401,11 @@ pub async fn subscribe_receives_everything_and_acks_commit(h: &Harness) {
 /// what it did not ack comes again.
 pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "jobs", 1).await;
-    publish_to(&gw.base, "jobs", 0, 0, 10).await;
+    let t = h.topic("jobs");
+    h.create_topic(&gw.base, "jobs", 1).await;
+    publish_to(&gw.base, &t, 0, 0, 10).await;
     let mut client = TestClient::connect(gw.addr(), "worker").await;
-    client.subscribe("jobs", json!({})).await;
+    client.subscribe(&t, json!({})).await;
     let events = client.recv_events(10).await;
     client.ack_confirmed(&ids(&events[..6]), "six").await;
     client.close().await;
@@ -355,13 +413,13 @@ pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
 
     let gw = h.start().await;
     let mut client = TestClient::connect(gw.addr(), "worker").await;
-    let subscribed = client.subscribe("jobs", json!({})).await;
+    let subscribed = client.subscribe(&t, json!({})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 6}]));
     let events = client.recv_events(4).await;
     assert_eq!(numbers(&events), vec![6, 7, 8, 9]);
     client.ack_confirmed(&ids(&events), "rest").await;
     client.expect_silence(Duration::from_millis(300)).await;
-    assert_eq!(committed(&gw.base, "jobs", "worker", 0).await, Some(10));
+    assert_eq!(committed(&gw.base, &t, "worker", 0).await, Some(10));
     gw.stop().await;
 }
 
@@ -369,15 +427,16 @@ pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
 /// leaves the other clients' stream alone).
 pub async fn an_admin_rewind_replays_from_the_new_offset(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "audit", 1).await;
-    publish_to(&gw.base, "audit", 0, 0, 8).await;
+    let t = h.topic("audit");
+    h.create_topic(&gw.base, "audit", 1).await;
+    publish_to(&gw.base, &t, 0, 0, 8).await;
     for name in ["rewound", "steady"] {
-        consume_and_ack(gw.addr(), name, "audit", 8).await.close().await;
+        consume_and_ack(gw.addr(), name, &t, 8).await.close().await;
     }
     let mut reset = None;
     for _ in 0..100 {
         // 409 until the closed session is gone.
-        let r = http().put(format!("{}/admin/offsets/audit/rewound/0", gw.base)).json(&json!({"offset": 2})).send().await.unwrap();
+        let r = http().put(format!("{}/admin/offsets/{t}/rewound/0", gw.base)).json(&json!({"offset": 2})).send().await.unwrap();
         if r.status() == 200 {
             reset = Some(r.json::<Value>().await.unwrap());
             break;
@@ -386,15 +445,15 @@ pub async fn an_admin_rewind_replays_from_the_new_offset(h: &Harness) {
     }
     assert_eq!(reset.expect("reset accepted once offline")["committed"], 2);
     let mut steady = TestClient::connect(gw.addr(), "steady").await;
-    steady.subscribe("audit", json!({})).await;
+    steady.subscribe(&t, json!({})).await;
     let mut rewound = TestClient::connect(gw.addr(), "rewound").await;
-    let subscribed = rewound.subscribe("audit", json!({})).await;
+    let subscribed = rewound.subscribe(&t, json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 2);
     let replayed = rewound.recv_events(6).await;
     assert_eq!(numbers(&replayed), vec![2, 3, 4, 5, 6, 7]);
     rewound.ack_confirmed(&ids(&replayed), "replayed").await;
     steady.expect_silence(Duration::from_millis(300)).await;
-    publish_to(&gw.base, "audit", 0, 8, 1).await;
+    publish_to(&gw.base, &t, 0, 8, 1).await;
     assert_eq!(numbers(&steady.recv_events(1).await), vec![8]);
     assert_eq!(numbers(&rewound.recv_events(1).await), vec![8]);
     gw.stop().await;
@@ -404,24 +463,29 @@ pub async fn an_admin_rewind_replays_from_the_new_offset(h: &Harness) {
 /// clients known for it, and the slowest client gets what it had not acknowledged.
 pub async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "ledger", 1).await;
-    publish_to(&gw.base, "ledger", 0, 0, 12).await;
-    consume_and_ack(gw.addr(), "fast", "ledger", 12).await.close().await;
+    let t = h.topic("ledger");
+    h.create_topic(&gw.base, "ledger", 1).await;
+    publish_to(&gw.base, &t, 0, 0, 12).await;
+    consume_and_ack(gw.addr(), "fast", &t, 12).await.close().await;
     let mut slow = TestClient::connect(gw.addr(), "slow").await;
-    slow.subscribe("ledger", json!({})).await;
+    slow.subscribe(&t, json!({})).await;
     let events = slow.recv_events(12).await;
     slow.ack_confirmed(&ids(&events[..5]), "five").await;
     slow.close().await;
-    assert_eq!(bounds(&gw.base, "ledger", 0).await.2, Some(12), "everything was pulled before the restart");
+    assert_eq!(bounds(&gw.base, &t, 0).await.2, Some(12), "everything was pulled before the restart");
     gw.stop().await;
 
     let gw = h.start().await;
-    assert_eq!(bounds(&gw.base, "ledger", 0).await.2, Some(5), "pull cursor aligned to the slowest client");
+    if h.lite.is_none() {
+        // Lite topics are not aligned at start (a parent may have 100,000): a client below the
+        // shared reader's checkpointed cursor reads by catch-up, which the deliveries below check.
+        assert_eq!(bounds(&gw.base, &t, 0).await.2, Some(5), "pull cursor aligned to the slowest client");
+    }
     let mut slow = TestClient::connect(gw.addr(), "slow").await;
-    slow.subscribe("ledger", json!({})).await;
+    slow.subscribe(&t, json!({})).await;
     assert_eq!(numbers(&slow.recv_events(7).await), (5..12).collect::<Vec<_>>());
     let mut fast = TestClient::connect(gw.addr(), "fast").await;
-    let subscribed = fast.subscribe("ledger", json!({})).await;
+    let subscribed = fast.subscribe(&t, json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 12);
     fast.expect_silence(Duration::from_millis(300)).await;
     gw.stop().await;
@@ -430,18 +494,19 @@ pub async fn boot_alignment_starts_pulling_at_the_slowest_committed_offset(h: &H
 /// A resume token above the stored offset wins; one below it does not replay.
 pub async fn a_resume_token_starts_at_the_larger_of_token_and_stored_offset(h: &Harness) {
     let gw = h.start().await;
-    create_topic(&gw.base, "ticks", 2).await;
-    publish_to(&gw.base, "ticks", 0, 0, 10).await;
-    publish_to(&gw.base, "ticks", 1, 100, 10).await;
+    let t = h.topic("ticks");
+    h.create_topic(&gw.base, "ticks", 2).await;
+    publish_to(&gw.base, &t, 0, 0, 10).await;
+    publish_to(&gw.base, &t, 1, 100, 10).await;
     let mut client = TestClient::connect(gw.addr(), "mobile").await;
-    client.subscribe("ticks", json!({})).await;
+    client.subscribe(&t, json!({})).await;
     let events = client.recv_events(20).await;
     let on_p1: Vec<&Value> = events.iter().filter(|e| e["partition"] == 1).collect();
     client.ack_confirmed(&on_p1[..4].iter().map(|e| id(e)).collect::<Vec<_>>(), "p1").await;
     client.close().await;
 
     let mut client = TestClient::connect(gw.addr(), "mobile").await;
-    let subscribed = client.subscribe("ticks", json!({"resume": {"0": 7, "1": 2}})).await;
+    let subscribed = client.subscribe(&t, json!({"resume": {"0": 7, "1": 2}})).await;
     assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 7}, {"partition": 1, "from": 4}]));
     let mut got = numbers(&client.recv_events(3 + 6).await);
     got.sort();
