@@ -203,16 +203,44 @@ function fillDeadLetters(deadLetters) {
   });
 }
 
+/** The page of topics shown: the topics, or one page of a lite parent's lite topics. */
+const topicsPage = { parent: "", after: "", next: "" };
+
+function topicsPath() {
+  if (!topicsPage.parent) return "/topics";
+  const query = new URLSearchParams({ parent: topicsPage.parent, limit: "100" });
+  if (topicsPage.after) query.set("after", topicsPage.after);
+  return `/topics?${query}`;
+}
+
+function fillTopics(answer) {
+  const rows = answer.topics.flatMap((t) => t.partitions.map((p) => ({ topic: t.name, ...p })));
+  fillTable("topics", rows, [(r) => r.topic, (r) => r.partition, (r) => r.log_start, (r) => r.log_end, (r) => r.pull_offset ?? ""]);
+  topicsPage.next = answer.next ?? "";
+  $("lite-next").hidden = !topicsPage.next;
+}
+
+$("lite-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  Object.assign(topicsPage, { parent: $("lite-parent").value.trim(), after: "", next: "" });
+  refreshAdmin();
+});
+$("lite-next").onclick = () => {
+  topicsPage.after = topicsPage.next;
+  refreshAdmin();
+};
+
 async function refreshAdmin() {
   try {
-    const [sessions, offsets, deadLetters, gaps] = await Promise.all(
-      ["/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps"].map(async (path) => {
+    const [topics, sessions, offsets, deadLetters, gaps] = await Promise.all(
+      [topicsPath(), "/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps"].map(async (path) => {
         const response = await fetch(path, { headers: adminHeaders() });
         const body = await response.json();
         if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}`);
         return body;
       }),
     );
+    fillTopics(topics);
     fillTable("sessions", sessions.sessions, [
       (s) => s.session_id, (s) => s.client_id, (s) => s.transport, (s) => s.subscriptions.join(", "), (s) => s.in_flight,
       (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,

@@ -215,3 +215,24 @@ async fn sigkill_mid_stream_on_200_lite_topics_loses_nothing_and_mixes_nothing()
         assert_eq!(seen[room], (0..PER_ROOM).collect::<BTreeSet<_>>(), "{room} got every event of its own");
     }
 }
+
+/// The browser console lists a lite parent's lite topics with their bounds (tests/browser/lite.mjs
+/// in headless Chromium), and says so when the name is no lite parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_a_parents_lite_topics_in_a_real_browser() {
+    let lite = LiteGateway::start().await;
+    let gw = &lite.gateway;
+    publish_room(&gw.base, "room-a", 0, 3).await;
+    publish_room(&gw.base, "room-b", 0, 1).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/lite.mjs");
+    let base = gw.base.clone();
+    let output = tokio::task::spawn_blocking(move || std::process::Command::new("node").args([script, &base, "chat", "orders"]).output().expect("node runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "browser test failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let rows: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("row: ")).collect();
+    assert_eq!(rows, vec!["chat@room-a 0 0 3", "chat@room-b 0 0 1"], "{stdout}");
+    let error = stdout.lines().find_map(|l| l.strip_prefix("error: ")).expect("an error line");
+    assert!(error.contains("404 unknown_topic"), "{error}");
+}
