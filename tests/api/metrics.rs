@@ -91,6 +91,17 @@ async fn metrics_move_with_a_real_exchange() {
             ["_bucket", "_count", "_sum"].iter().find_map(|s| family.strip_suffix(s).filter(|f| ackgate::core::metrics::ALL.contains(f))).unwrap_or(family);
         assert!(ackgate::core::metrics::ALL.contains(&family), "{key} is not in core::metrics::ALL");
     }
+    // And the reverse: every metric core/metrics.rs names is exported, except the other backends'
+    // and those created by the first event they count (none of which this exchange makes).
+    use ackgate::core::metrics::*;
+    let first_counted_event =
+        [OFFSETS_ABOVE_LOG_END, TRANSIENT_LOG_ENDS, CONNECTIONS_REFUSED, UNDECODABLE_RECORDS, KAFKA_HEADERS_DROPPED, GAPS, GAP_EVENTS, DEAD_LETTERS_REDRIVEN];
+    for family in ALL.iter().filter(|f| !f.starts_with("ackgate_rocketmq_") && !first_counted_event.contains(f)) {
+        assert!(
+            m.keys().any(|k| k.split('{').next().unwrap().trim_end_matches("_count").trim_end_matches("_sum").trim_end_matches("_bucket") == *family),
+            "{family} is not exported"
+        );
+    }
 
     // Every response carries a request id; a caller's own id is echoed.
     let response = http().get(format!("{}/healthz", gw.base)).header("x-request-id", "trace-42").send().await.unwrap();
