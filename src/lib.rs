@@ -43,10 +43,10 @@
 //! - `gateway`: wiring: `Gateway::build(config)` then `run(shutdown)`.
 
 pub mod backend;
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod config;
 pub mod core;
-pub mod data_format;
+pub(crate) mod data_format;
 pub mod gateway;
 pub mod http;
 pub mod store;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub mod embedded;
 pub mod kafka;
 pub mod rocketmq;

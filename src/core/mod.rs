@@ -1,39 +1,39 @@
 //! The domain core: no HTTP, no RocksDB, no Kafka client. Everything here is driven through
 //! plain Rust types and the `LogBackend` / `OffsetStore` traits.
 
-pub mod access;
-pub mod ack_floor;
+pub(crate) mod access;
+pub(crate) mod ack_floor;
 pub mod ack_tracker;
-pub mod alignment;
+pub(crate) mod alignment;
 pub mod backend;
 pub mod client_state;
 pub mod clock;
 pub mod dead_letters;
-pub mod delivery_settings;
-pub mod dispatcher;
-pub mod drain;
-pub mod feeder;
-pub mod frame_errors;
+pub(crate) mod delivery_settings;
+pub(crate) mod dispatcher;
+pub(crate) mod drain;
+pub(crate) mod feeder;
+pub(crate) mod frame_errors;
 pub mod idempotency;
-pub mod in_flight;
-pub mod log_end;
+pub(crate) mod in_flight;
+pub(crate) mod log_end;
 pub mod metrics;
 pub mod names;
-pub mod offset_retention;
-pub mod offset_writer;
+pub(crate) mod offset_retention;
+pub(crate) mod offset_writer;
 pub mod offsets;
-pub mod partition_watch;
+pub(crate) mod partition_watch;
 pub mod protocol;
 pub mod reader;
-pub mod redelivery;
-pub mod redrive;
-pub mod rendezvous;
-pub mod session;
-pub mod session_control;
-pub mod session_registry;
-pub mod subscription_plan;
-pub mod waiting;
-pub mod window;
+pub(crate) mod redelivery;
+pub(crate) mod redrive;
+pub(crate) mod rendezvous;
+pub(crate) mod session;
+pub(crate) mod session_control;
+pub(crate) mod session_registry;
+pub(crate) mod subscription_plan;
+pub(crate) mod waiting;
+pub(crate) mod window;
 
 /// Maps and sets on the per-event path (in-flight deliveries, ack trackers, a session's
 /// subscriptions): foldhash instead of SipHash, which was ~3% of a busy session's CPU. Still

@@ -3,28 +3,28 @@
 //! Events in `sse`; every
 //! accepted connection drains before it closes (`lingering`).
 
-pub mod auth;
-pub mod connections;
-pub mod console;
-pub mod dead_letters;
-pub mod drain;
-pub mod error;
-pub mod exposure;
-pub mod gaps;
-pub mod health;
-pub mod lingering;
-pub mod metrics;
-pub mod offsets;
+pub(crate) mod auth;
+pub(crate) mod connections;
+pub(crate) mod console;
+pub(crate) mod dead_letters;
+pub(crate) mod drain;
+pub(crate) mod error;
+pub(crate) mod exposure;
+pub(crate) mod gaps;
+pub(crate) mod health;
+pub(crate) mod lingering;
+pub(crate) mod metrics;
+pub(crate) mod offsets;
 pub mod openapi;
-pub mod recommend;
-pub mod request_log;
-pub mod schemas;
-pub mod sessions;
-pub mod sse;
-pub mod tls;
-pub mod topics;
-pub mod whole_number;
-pub mod ws;
+pub(crate) mod recommend;
+pub(crate) mod request_log;
+pub(crate) mod schemas;
+pub(crate) mod sessions;
+pub(crate) mod sse;
+pub(crate) mod tls;
+pub(crate) mod topics;
+pub(crate) mod whole_number;
+pub(crate) mod ws;
 
 use std::sync::Arc;
 
