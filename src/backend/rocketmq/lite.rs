@@ -81,11 +81,18 @@ pub struct LiteState {
     owed: Mutex<HashMap<(String, String), Owed>>,
 }
 
+/// One lite topic's group offset to set: to `from`, for its resync number `seq`.
+struct OwedResync {
+    tp: TopicPartition,
+    from: u64,
+    seq: u64,
+}
+
 /// Requests owed to one broker for one parent's read client.
 #[derive(Default)]
 struct Owed {
     /// Lite topics whose group offset is to be set, and where (in the order asked).
-    resyncs: Vec<(TopicPartition, u64)>,
+    resyncs: Vec<OwedResync>,
     /// A dispatch trigger is owed.
     trigger: bool,
 }
@@ -108,6 +115,14 @@ struct LiteQueue {
     /// The broker served past `expected` (below its log start, or past a gap): the next resync
     /// reads the bounds first.
     check_bounds: bool,
+    /// When the group's offset was last set as `expected` says (`None` while a resync is owed):
+    /// a message past `expected` from a pop that started before is from the old offset, not a gap.
+    resync_landed: Option<std::time::Instant>,
+    /// `(cursor, log_start)` of the last resync that found the cursor below the log start: the
+    /// events buffered from the log start are served to that cursor (the reader reports the gap).
+    clamped: Option<(u64, u64)>,
+    /// The number of its latest resync: the answer to an older one says nothing of it.
+    resync_seq: u64,
     arrived: Arc<tokio::sync::Notify>,
 }
 
@@ -346,24 +361,35 @@ impl RocketMqLog {
                 expected: None,
                 suspect: false,
                 check_bounds: false,
+                resync_landed: None,
+                clamped: None,
+                resync_seq: 0,
                 arrived: Arc::new(tokio::sync::Notify::new()),
             });
             queue.polled_at = std::time::Instant::now();
-            while queue.buffered.front().is_some_and(|e| e.offset < cursor) {
+            // Where the buffer must start: the cursor, or the log start a resync found above it.
+            let start = match queue.clamped {
+                Some((below, log_start)) if below == cursor => log_start,
+                _ => cursor,
+            };
+            while queue.buffered.front().is_some_and(|e| e.offset < start) {
                 let e = queue.buffered.pop_front().expect("checked");
                 queue.buffered_bytes -= e.payload.len();
             }
-            if queue.buffered.front().is_some_and(|e| e.offset != cursor) {
+            if queue.buffered.front().is_some_and(|e| e.offset != start) {
                 // The cursor was moved (a seek below what was popped): read again from it.
                 queue.buffered.clear();
                 queue.buffered_bytes = 0;
             }
-            let next = cursor + queue.buffered.len() as u64;
-            let resync = (queue.expected != Some(next)).then_some(next);
-            if resync.is_some() {
+            let next = start + queue.buffered.len() as u64;
+            let mut resync = None;
+            if queue.expected != Some(next) {
                 // Set before asking: a pop still in flight from the old offset is told apart.
                 queue.expected = Some(next);
                 queue.suspect = false;
+                queue.resync_landed = None;
+                queue.resync_seq += 1;
+                resync = Some((next, queue.resync_seq));
             }
             let suspect_at = (resync.is_none() && queue.suspect && queue.buffered.is_empty()).then_some(next);
             (resync, suspect_at, queue.arrived.clone())
@@ -375,11 +401,16 @@ impl RocketMqLog {
             if let Some(queue) = queues.get_mut(tp).filter(|queue| queue.suspect && queue.expected == Some(at)) {
                 queue.suspect = false;
                 if log_end > at {
-                    resync = Some(at);
+                    queue.resync_landed = None;
+                    queue.resync_seq += 1;
+                    resync = Some((at, queue.resync_seq));
                 }
             }
         }
-        if let Some(next) = resync {
+        // A poll dropped from here until the resync is owed (its reader replaced) must not leave
+        // `expected` naming an offset nobody asked the broker for.
+        let mut unowed = UnowedResync { state: &self.lite, tp, armed: resync.is_some() };
+        if let Some((next, seq)) = resync {
             let from = match self.resync_from(tp, next).await {
                 Ok(Resync::From(from)) => from,
                 Ok(Resync::Stuck) => {
@@ -395,7 +426,8 @@ impl RocketMqLog {
                     return Err(e);
                 }
             };
-            self.owe(parent, &q.broker_addr, Some((tp.clone(), from)));
+            self.owe(parent, &q.broker_addr, Some(OwedResync { tp: tp.clone(), from, seq }));
+            unowed.armed = false;
             crate::core::metrics::rocketmq_lite_resyncs(parent).increment(1);
             tracing::debug!(%tp, from, "lite topic: the group's offset is set to the pull cursor");
             self.spawn_lite_poller(parent, &q.broker_name, tp.partition);
@@ -517,7 +549,7 @@ impl RocketMqLog {
 
     /// Hands popped messages to their lite topics' buffers: each only if it is the offset
     /// expected next; a later one means the group's offset moved under ackgate (set it again).
-    fn deliver_lite(&self, parent: &str, partition: u32, messages: Vec<super::message::Decoded>) {
+    fn deliver_lite(&self, parent: &str, partition: u32, messages: Vec<super::message::Decoded>, pop_started: std::time::Instant) {
         let mut queues = self.lite.queues.lock().unwrap();
         let mut woken = Vec::new();
         for message in messages {
@@ -533,7 +565,7 @@ impl RocketMqLog {
                     parent,
                     "a popped lite message names no lite topic or offset (or does not decode); its parent's lite topics read again from their cursors"
                 );
-                suspect_all(&mut queues, parent, partition);
+                suspect_all(&mut queues, parent, partition, false);
                 continue;
             };
             let Some(queue) = queues.get_mut(&tp) else { continue };
@@ -547,10 +579,13 @@ impl RocketMqLog {
                 }
                 // Popped again after a reset: already buffered or taken.
                 Some(expected) if offset < expected => {}
+                // From a pop that started before the group's offset was set to `expected`: the
+                // old offset, not a gap (counting it made a delayed resync look stuck).
+                Some(expected) if offset > expected && queue.resync_landed.is_none_or(|landed| landed > pop_started) => {}
                 // Past a gap (the bounds are read before reading again), or no room: set the
                 // group's offset again at the next poll.
                 expected => {
-                    queue.check_bounds = expected.is_some_and(|expected| offset > expected);
+                    queue.check_bounds |= expected.is_some_and(|expected| offset > expected);
                     queue.expected = None;
                     woken.push(queue.arrived.clone());
                 }
@@ -582,7 +617,7 @@ impl RocketMqLog {
         let mut from = next;
         if check_bounds || count > 1 {
             let bounds = self.lite_bounds(tp).await?;
-            if count > STUCK_RESYNCS && next < bounds.log_end {
+            if count > STUCK_RESYNCS && bounds.log_start <= next && next < bounds.log_end {
                 if let Some(queue) = self.lite.queues.lock().unwrap().get_mut(tp) {
                     queue.resynced = (u64::MAX, 0);
                     queue.expected = None;
@@ -599,6 +634,7 @@ impl RocketMqLog {
                 queue.buffered.clear();
                 queue.buffered_bytes = 0;
                 queue.expected = Some(from);
+                queue.clamped = Some((next, from));
             }
         }
         Ok(Resync::From(from))
@@ -606,7 +642,7 @@ impl RocketMqLog {
 
     /// Owes the broker a resync of a lite topic (if any) and a dispatch trigger after it, sent by
     /// the task of `(parent, addr)` (started unless it runs).
-    fn owe(&self, parent: &str, addr: &str, resync: Option<(TopicPartition, u64)>) {
+    fn owe(&self, parent: &str, addr: &str, resync: Option<OwedResync>) {
         let key = (parent.to_string(), addr.to_string());
         {
             let mut owed = self.lite.owed.lock().unwrap();
@@ -619,7 +655,7 @@ impl RocketMqLog {
             }
         }
         match self.me.get().and_then(Weak::upgrade) {
-            Some(this) => drop(tokio::spawn(send_owed(this, key))),
+            Some(this) => drop(tokio::spawn(send_owed(Arc::downgrade(&this), key))),
             None => drop(self.lite.owed.lock().unwrap().remove(&key)),
         }
     }
@@ -655,10 +691,30 @@ impl RocketMqLog {
 
 /// Every lite topic of `parent` on the poller's partition compares its expected offset with the
 /// log end at its next poll (a pop moved the group's offsets of lite topics it cannot name).
-fn suspect_all(queues: &mut HashMap<TopicPartition, LiteQueue>, parent: &str, partition: u32) {
+fn suspect_all(queues: &mut HashMap<TopicPartition, LiteQueue>, parent: &str, partition: u32, recount: bool) {
     for (tp, queue) in queues.iter_mut() {
         if tp.partition == partition && tp.topic.lite().is_some_and(|(p, _)| p == parent) {
             queue.suspect = true;
+            if recount {
+                queue.resynced = (u64::MAX, 0);
+            }
+        }
+    }
+}
+
+/// Forgets a lite topic's `expected` when dropped armed (`poll_lite`).
+struct UnowedResync<'a> {
+    state: &'a LiteState,
+    tp: &'a TopicPartition,
+    armed: bool,
+}
+
+impl Drop for UnowedResync<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Some(queue) = self.state.queues.lock().unwrap().get_mut(self.tp) {
+                queue.expected = None;
+            }
         }
     }
 }
@@ -675,12 +731,12 @@ type LitesAt<'a> = (u64, Vec<&'a str>);
 
 /// The offset to set for each lite topic (the last one asked wins), and the same as one entry per
 /// offset with its lite topics (sorted, for a request).
-fn resync_entries(resyncs: &[(TopicPartition, u64)]) -> (HashMap<&TopicPartition, u64>, Vec<LitesAt<'_>>) {
-    let last: HashMap<&TopicPartition, u64> = resyncs.iter().map(|(tp, from)| (tp, *from)).collect();
+fn resync_entries(resyncs: &[OwedResync]) -> (HashMap<&TopicPartition, &OwedResync>, Vec<LitesAt<'_>>) {
+    let last: HashMap<&TopicPartition, &OwedResync> = resyncs.iter().map(|r| (&r.tp, r)).collect();
     let mut by_offset: std::collections::BTreeMap<u64, Vec<&str>> = std::collections::BTreeMap::new();
-    for (tp, from) in &last {
+    for (tp, resync) in &last {
         if let Some((_, lite)) = tp.topic.lite() {
-            by_offset.entry(*from).or_default().push(lite);
+            by_offset.entry(resync.from).or_default().push(lite);
         }
     }
     let mut at: Vec<(u64, Vec<&str>)> = by_offset.into_iter().collect();
@@ -693,34 +749,57 @@ fn resync_entries(resyncs: &[(TopicPartition, u64)]) -> (HashMap<&TopicPartition
 /// dispatch trigger, so every resync is followed by a trigger that started after it. One request
 /// per lite topic made 10,000 lite topics with traffic stall the broker (it copies the client's
 /// whole subscription per request), and a pop answer lost there set all 10,000 again.
-async fn send_owed(this: Arc<RocketMqLog>, key: (String, String)) {
+async fn send_owed(log: Weak<RocketMqLog>, key: (String, String)) {
     let (parent, addr) = (&key.0, &key.1);
-    let (group, client) = (this.lite_group(parent, Role::Read), this.lite_client(Role::Read));
     loop {
-        let resyncs: Vec<(TopicPartition, u64)> = {
+        let Some(this) = log.upgrade() else { return };
+        let (group, client) = (this.lite_group(parent, Role::Read), this.lite_client(Role::Read));
+        let resyncs: Vec<OwedResync> = {
             let mut owed = this.lite.owed.lock().unwrap();
             let Some(o) = owed.get_mut(&key) else { return };
-            if o.resyncs.is_empty() && !o.trigger {
+            if (o.resyncs.is_empty() && !o.trigger) || this.stop.is_cancelled() {
                 owed.remove(&key);
                 return;
             }
             o.trigger = false;
             let n = o.resyncs.len().min(RESYNC_BATCH);
-            o.resyncs.drain(..n).collect()
+            let queues = this.lite.queues.lock().unwrap();
+            // A lite topic nobody reads any more is not subscribed again.
+            o.resyncs.drain(..n).filter(|r| queues.contains_key(&r.tp)).collect()
         };
         if !resyncs.is_empty() {
             let (last, at) = resync_entries(&resyncs);
             if let Err(e) = this.broker.lite_resubscribe(addr, &client, &group, parent, &at).await {
                 tracing::warn!(parent = %parent, lite_topics = last.len(), error = %e, "setting lite group offsets failed; their readers ask again");
                 let mut queues = this.lite.queues.lock().unwrap();
-                for (tp, from) in last {
-                    if let Some(queue) = queues.get_mut(tp).filter(|queue| queue.expected == Some(from)) {
+                for (tp, resync) in last {
+                    if let Some(queue) = queues.get_mut(tp).filter(|queue| queue.resync_seq == resync.seq) {
                         // Not counted toward a stuck message: the broker did not answer.
                         queue.expected = None;
                         queue.resynced = (u64::MAX, 0);
                     }
                 }
                 continue;
+            }
+            let landed = std::time::Instant::now();
+            let gone: Vec<&str> = {
+                let mut queues = this.lite.queues.lock().unwrap();
+                let mut gone = Vec::new();
+                for (tp, resync) in &last {
+                    match queues.get_mut(*tp) {
+                        Some(queue) if queue.resync_seq == resync.seq => queue.resync_landed = Some(landed),
+                        Some(_) => {}
+                        None => gone.extend(tp.topic.lite().map(|(_, lite)| lite)),
+                    }
+                }
+                gone
+            };
+            if !gone.is_empty() {
+                // Its reader left while the request was on its way (and removed the subscription
+                // before this add): remove it again.
+                if let Err(e) = this.broker.lite_subscription(addr, LiteAction::Remove, &client, &group, parent, &gone, None).await {
+                    tracing::warn!(parent = %parent, error = %e, "removing lite subscriptions of readers that left failed");
+                }
             }
         }
         if let Err(e) = this.broker.trigger_lite_dispatch(addr, &group, &client).await {
@@ -767,13 +846,15 @@ async fn run_lite_poller(log: Weak<RocketMqLog>, (parent, broker): (String, Stri
                         }
                         Ok(messages) => {
                             crate::core::metrics::rocketmq_lite_popped(&parent).increment(messages.len() as u64);
-                            this.deliver_lite(&parent, partition, messages);
+                            this.deliver_lite(&parent, partition, messages, started);
                             Ok(())
                         }
                         Err(e) => {
                             // The broker may have popped (and moved the group's offsets) before the
                             // answer was lost: every lite topic of this poller checks at its next poll.
-                            suspect_all(&mut this.lite.queues.lock().unwrap(), &parent, partition);
+                            // A broker too loaded to answer pops is no sign of a message that
+                            // cannot be read: the stuck counts start again.
+                            suspect_all(&mut this.lite.queues.lock().unwrap(), &parent, partition, true);
                             Err(e)
                         }
                     }
@@ -801,13 +882,14 @@ mod tests {
 
     #[test]
     fn resyncs_become_one_entry_per_offset_and_the_last_offset_of_a_lite_topic_wins() {
-        let resyncs = vec![(tp("chat@b"), 7), (tp("chat@a"), 0), (tp("chat@c"), 7), (tp("chat@a"), 3), (tp("chat@d"), 0)];
+        let owed = |name: &str, from: u64| OwedResync { tp: tp(name), from, seq: from };
+        let resyncs = vec![owed("chat@b", 7), owed("chat@a", 0), owed("chat@c", 7), owed("chat@a", 3), owed("chat@d", 0)];
         let (last, at) = resync_entries(&resyncs);
         assert_eq!(last.len(), 4);
-        assert_eq!(last[&tp("chat@a")], 3, "the later resync of a lite topic replaces the earlier");
+        assert_eq!((last[&tp("chat@a")].from, last[&tp("chat@a")].seq), (3, 3), "the later resync of a lite topic replaces the earlier");
         assert_eq!(at, vec![(0, vec!["d"]), (3, vec!["a"]), (7, vec!["b", "c"])]);
         // 10,000 lite topics read from one offset are one entry, not 10,000 requests.
-        let many: Vec<(TopicPartition, u64)> = (0..10_000).map(|i| (tp(&format!("chat@room-{i}")), 0)).collect();
+        let many: Vec<OwedResync> = (0..10_000).map(|i| owed(&format!("chat@room-{i}"), 0)).collect();
         let (_, at) = resync_entries(&many);
         assert_eq!(at.len(), 1);
         assert_eq!(at[0].1.len(), 10_000);
