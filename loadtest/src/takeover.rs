@@ -28,7 +28,7 @@ use crate::gateway::Gateway;
 use crate::report::{Progress, Summary};
 use crate::Cli;
 
-/// Closes after which a client must not reconnect by itself (PROTOCOL.md).
+/// Closes after which a client must not reconnect by itself (docs/protocol.md).
 const FINAL_CLOSES: [u16; 2] = [1008, 4001];
 const PROBE_INTERVAL_MS: u64 = 500;
 

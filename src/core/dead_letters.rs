@@ -26,7 +26,7 @@ impl DeadLetter {
 
 /// Events a client will never receive because the log no longer held them when it read there
 /// (retention removed them): offsets `from`..`to`-1 of one partition, reported to the client as
-/// `subscribed.partitions[].gap` or a `gap` frame (PROTOCOL.md) and kept for the admin view.
+/// `subscribed.partitions[].gap` or a `gap` frame (docs/protocol.md) and kept for the admin view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gap {
     pub topic: TopicName,

@@ -365,7 +365,7 @@ impl Dispatcher {
         self.readers.remove_topic(topic);
     }
 
-    /// Reports a gap of `client_id` (PROTOCOL.md `gap`): logged, counted, and kept for
+    /// Reports a gap of `client_id` (docs/protocol.md `gap`): logged, counted, and kept for
     /// `GET /admin/gaps` (written on the blocking pool, in the background: the session does not
     /// wait for it, and a failed write is logged).
     pub fn report_gap(&self, client_id: &ClientId, topic: &TopicName, partition: u32, (from, to): (u64, u64)) {

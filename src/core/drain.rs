@@ -1,4 +1,4 @@
-//! Draining an instance for a rolling deploy (PROTOCOL.md, `POST /admin/drain`, SIGTERM): the
+//! Draining an instance for a rolling deploy (docs/protocol.md, `POST /admin/drain`, SIGTERM): the
 //! instance stops taking sessions and turns not-ready, then closes the sessions it has one by
 //! one over the drain window, each with a `reconnect` frame (when to come back) and close 1012,
 //! so its clients reconnect elsewhere spread over the window instead of all in one second.

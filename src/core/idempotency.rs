@@ -1,4 +1,4 @@
-//! Idempotent publish (PROTOCOL.md, `POST /topics/{topic}/events`): a publisher that sends an
+//! Idempotent publish (docs/protocol.md, `POST /topics/{topic}/events`): a publisher that sends an
 //! `Idempotency-Key` and retries after a timeout gets the first request's offsets back instead of
 //! a second copy of its events. What a key answered is remembered in the offset store for
 //! `publish.idempotency_window_secs`, with a digest of the request body, so the same key with

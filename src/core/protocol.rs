@@ -1,4 +1,4 @@
-//! WebSocket frames of PROTOCOL.md, sans IO: parsing client frames and writing gateway frames.
+//! WebSocket frames of docs/protocol.md, sans IO: parsing client frames and writing gateway frames.
 //!
 //! Parsing never panics; every failure is a `FrameError` that the session answers with an `error`
 //! frame. Event frames are written by hand so the stored JSON payload is copied into the frame as
@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::backend::Event;
 use super::client_state::DeliveryRef;
 
-/// Stable error codes of PROTOCOL.md (WebSocket `error` frames and REST error bodies).
+/// Stable error codes of docs/protocol.md (WebSocket `error` frames and REST error bodies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -33,7 +33,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code, in PROTOCOL.md's order (the OpenAPI document lists the same; a test checks).
+    /// Every code, in docs/protocol.md's order (the OpenAPI document lists the same; a test checks).
     pub const ALL: [ErrorCode; 13] = [
         Self::BadFrame,
         Self::InvalidName,
@@ -69,7 +69,7 @@ impl ErrorCode {
     }
 }
 
-/// WebSocket close codes of PROTOCOL.md.
+/// WebSocket close codes of docs/protocol.md.
 pub mod close_code {
     pub const GOING_AWAY: u16 = 1001;
     pub const POLICY: u16 = 1008;
@@ -168,7 +168,7 @@ impl From<StartFromWire> for StartFrom {
 
 /// Longest redelivery delay a `nack` may ask for: one day.
 const MAX_NACK_DELAY_MS: u64 = 86_400_000;
-/// Longest `term` reason kept with a dead letter (PROTOCOL.md: at most 1 KiB).
+/// Longest `term` reason kept with a dead letter (docs/protocol.md: at most 1 KiB).
 const MAX_TERM_REASON_BYTES: usize = 1024;
 
 /// A frame sent by the client.

@@ -1,4 +1,4 @@
-//! How an unacknowledged event comes again (PROTOCOL.md, delivery rules): after the ack timeout,
+//! How an unacknowledged event comes again (docs/protocol.md, delivery rules): after the ack timeout,
 //! or a `nack`, it is pushed again once the pause `delivery.redelivery_backoff_ms` names for that
 //! attempt has passed, until `max_attempts` deliveries make it a dead letter. A topic may have its
 //! own rules (`[delivery.topics."<pattern>"]`, an exact name or a prefix ending in `*`; the exact

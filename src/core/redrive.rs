@@ -1,4 +1,4 @@
-//! Dead-letter redrive (PROTOCOL.md `POST /admin/dead-letters/redrive`): dead letters an operator
+//! Dead-letter redrive (docs/protocol.md `POST /admin/dead-letters/redrive`): dead letters an operator
 //! marked are read from the log again and handed to the client's session, which delivers them as
 //! events with `"redrive": true` outside its committed floor (`client_state::REDRIVE_SLOT`).
 //!

@@ -89,7 +89,7 @@ pub(super) struct Registry {
     pub(super) next_offline: u64,
     /// Session tasks still running per client, from `register` to the very end of the task: a
     /// session taken over keeps running until it has closed, and its client counts as live (no
-    /// reset, delete or sweep) until none runs (PROTOCOL.md, "session").
+    /// reset, delete or sweep) until none runs (docs/protocol.md, "session").
     pub(super) running: HashMap<ClientId, usize>,
     /// All running session tasks: what `limits.max_sessions` bounds.
     pub(super) running_total: usize,

@@ -1,4 +1,4 @@
-//! Who may reach the gateway from a browser (PROTOCOL.md, "Exposure"). Any page a user opens can
+//! Who may reach the gateway from a browser (docs/protocol.md, "Exposure"). Any page a user opens can
 //! open a WebSocket or send a simple POST to any address, loopback included, and the browser
 //! attaches no credential ackgate could tell apart. Two checks, before auth and before any body
 //! is read:

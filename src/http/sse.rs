@@ -378,7 +378,7 @@ const FINAL_CLOSE_RETRY_MS: u64 = 86_400_000;
 /// The `retry:` of a welcome: what browsers wait by default.
 const DEFAULT_RETRY_MS: u64 = 3_000;
 
-/// Closes after which a client must not reconnect by itself (PROTOCOL.md, close codes).
+/// Closes after which a client must not reconnect by itself (docs/protocol.md, close codes).
 fn is_final(code: u16) -> bool {
     code == close_code::POLICY || code == close_code::TAKEN_OVER
 }

@@ -127,7 +127,7 @@ async fn a_client_can_never_ack_or_reset_another_clients_deliveries() {
     gw.stop().await;
 }
 
-/// A token whose `nbf` is in the future is not valid yet (PROTOCOL.md: `nbf`, when present, is
+/// A token whose `nbf` is in the future is not valid yet (docs/protocol.md: `nbf`, when present, is
 /// checked); one whose `nbf` has passed is.
 #[tokio::test]
 async fn a_token_not_valid_yet_is_refused() {

@@ -16,6 +16,8 @@ fn documents() -> Vec<PathBuf> {
         std::fs::read_dir(repo().join("docs")).expect("docs/ exists").map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")).collect();
     docs.sort();
     files.extend(docs);
+    // The JS package's own README is read on npm as well as here.
+    files.push(repo().join("clients/js/README.md"));
     files
 }
 

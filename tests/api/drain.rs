@@ -1,4 +1,4 @@
-//! Draining an instance (issue 25, PROTOCOL.md `POST /admin/drain`): not ready, no new sessions,
+//! Draining an instance (issue 25, docs/protocol.md `POST /admin/drain`): not ready, no new sessions,
 //! and the sessions closed one by one over `server.drain_ms`, each with `reconnect` then 1012.
 
 use std::time::{Duration, Instant};

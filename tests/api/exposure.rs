@@ -1,4 +1,4 @@
-//! Safe to put in front of browsers (issue 20, PROTOCOL.md "Exposure"): the Origin and Host
+//! Safe to put in front of browsers (issue 20, docs/protocol.md "Exposure"): the Origin and Host
 //! checks, no anonymous start off loopback, limits before any request is read, and WebSocket
 //! keepalive. Every test here failed on the code before its fix (the issue note lists them).
 
@@ -289,7 +289,7 @@ async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
     gw.stop().await;
 }
 
-/// Nothing read from a log may stop a partition (PROTOCOL.md "Exposure", Producers): an event of
+/// Nothing read from a log may stop a partition (docs/protocol.md "Exposure", Producers): an event of
 /// the embedded log that cannot be decoded is dead-lettered (`undecodable`) for the subscriber and
 /// the partition goes on. Failed before the fix: every read that reached it failed and was
 /// retried forever, so the client received nothing past offset 0.

@@ -164,7 +164,7 @@ async fn a_committed_offset_above_the_log_end_is_lowered_at_subscribe() {
     gw.stop().await;
 }
 
-/// Fault 3 at the edge: a reset above the partition's log end is refused (PROTOCOL.md: 400).
+/// Fault 3 at the edge: a reset above the partition's log end is refused (docs/protocol.md: 400).
 #[tokio::test]
 async fn a_reset_above_the_log_end_is_refused() {
     let (_dir, data) = temp_dir();

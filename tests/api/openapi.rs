@@ -8,7 +8,7 @@ use crate::support::*;
 const REGENERATE: &str = "regenerate it with: scripts/run openapi > openapi/openapi.json";
 
 /// With `auth.admin_token` set the gateway serves the repository's document; without it, the same
-/// document without security requirements (PROTOCOL.md, `/openapi.json`: it follows the
+/// document without security requirements (docs/protocol.md, `/openapi.json`: it follows the
 /// configuration).
 #[tokio::test]
 async fn the_served_document_follows_the_configuration_and_equals_the_repository_copy() {
@@ -105,7 +105,7 @@ fn every_protocol_route_is_documented_with_its_bodies_and_errors() {
         }
     }
     assert!(links >= 6, "the stateful links are documented ({links})");
-    // Every client op and server frame type of PROTOCOL.md is described.
+    // Every client op and server frame type of docs/protocol.md is described.
     let frames = serde_json::to_string(&schemas["ClientFrame"]).unwrap() + &serde_json::to_string(&schemas["ServerFrame"]).unwrap();
     for name in
         ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error"]

@@ -5,7 +5,7 @@
 //! phase follows the document's links into the detail routes (`/admin/sessions/{session_id}`,
 //! `/admin/offsets/{topic}/{client_id}/...`).
 //!
-//! The served document follows the configuration (PROTOCOL.md, `/openapi.json`): it declares the
+//! The served document follows the configuration (docs/protocol.md, `/openapi.json`): it declares the
 //! admin token on the routes it guards when the token is set, and no security requirement when
 //! it is not; each run fuzzes what its gateway serves.
 
@@ -70,7 +70,7 @@ async fn fuzz(admin_token: Option<&str>) {
         .collect();
 
     // The gateway serves the document of its configuration: without security requirements
-    // when auth is off (PROTOCOL.md, `/openapi.json`).
+    // when auth is off (docs/protocol.md, `/openapi.json`).
     let doc: Value = client.get(format!("{}/openapi.json", gw.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(admin_token.is_some(), doc.to_string().contains("\"security\""), "security requirements follow auth.admin_token");
     let doc_path = dir.path().join("openapi.json");

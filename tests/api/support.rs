@@ -225,7 +225,7 @@ pub async fn metric(base: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map_or(0.0, |v| v.parse().unwrap())
 }
 
-/// A client speaking PROTOCOL.md frames over a WebSocket or over Server-Sent Events (frames
+/// A client speaking docs/protocol.md frames over a WebSocket or over Server-Sent Events (frames
 /// POSTed to the session's `ack_url`, their answers read back as if they came down the stream).
 pub struct TestClient {
     conn: Conn,

@@ -1,6 +1,6 @@
 //! Takeover across instances, end to end: three real gateways on one Kafka-protocol broker
 //! (tansu), clients spread by `/session/recommend`, a publisher running, one gateway killed with
-//! SIGKILL mid-stream. Its clients follow the rules of PROTOCOL.md (and of `clients/js/ackgate.js`
+//! SIGKILL mid-stream. Its clients follow the rules of docs/protocol.md (and of `clients/js/ackgate.js`
 //! and `examples/ws_client.rs`): reconnect after a non-final close with backoff, ask
 //! `/session/recommend` of an instance they know, resubscribe with a resume token built from the
 //! `committed` offsets their `ack_ok` frames confirmed.
