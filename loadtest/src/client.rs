@@ -309,10 +309,10 @@ async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
     }
 }
 
-/// The fields of an `event` frame the loadtest needs (the payload is skipped, not parsed into a tree).
 /// Subscribes answered `unavailable` and sent again, over the whole run (in the summary when any).
 pub static SUBSCRIBE_RETRIES: AtomicU64 = AtomicU64::new(0);
 
+/// The fields of an `event` frame the loadtest needs (the payload is skipped, not parsed into a tree).
 #[derive(serde::Deserialize)]
 struct Frame<'a> {
     #[serde(rename = "type")]
