@@ -223,6 +223,7 @@ function fillTopics(answer) {
 $("lite-form").addEventListener("submit", (e) => {
   e.preventDefault();
   Object.assign(topicsPage, { parent: $("lite-parent").value.trim(), after: "", next: "" });
+  $("lite-next").hidden = true;
   refreshAdmin();
 });
 $("lite-next").onclick = () => {
@@ -233,13 +234,17 @@ $("lite-next").onclick = () => {
 /** The topics table, apart from the admin tables: a name that is no lite parent stops only it. */
 async function refreshTopics() {
   const path = topicsPath();
+  // An answer to a page no longer asked for (the parent or page changed meanwhile) is dropped.
+  const current = () => path === topicsPath();
   try {
     const response = await fetch(path);
-    const body = await response.json();
-    if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}: ${body.error.message}`);
+    const body = await response.json().catch(() => ({}));
+    if (!current()) return;
+    if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error?.code ?? ""}: ${body.error?.message ?? ""}`);
     fillTopics(body);
     $("topics-error").textContent = "";
   } catch (err) {
+    if (!current()) return;
     fillTopics({ topics: [] });
     $("topics-error").textContent = err.message;
   }

@@ -309,8 +309,11 @@ async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
     }
 }
 
-/// Subscribes answered `unavailable` and sent again, over the whole run (in the summary when any).
+/// Subscribes answered `unavailable` and sent again since the loadtest started (in the summary
+/// when any; `--find-rate` sums its runs).
 pub static SUBSCRIBE_RETRIES: AtomicU64 = AtomicU64::new(0);
+/// Subscribes of one consumer answered `unavailable` after which the run fails (500 ms apart).
+const MAX_SUBSCRIBE_RETRIES: u32 = 120;
 
 /// The fields of an `event` frame the loadtest needs (the payload is skipped, not parsed into a tree).
 #[derive(serde::Deserialize)]
@@ -352,6 +355,7 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
     let mut awaiting: Option<(u64, Instant)> = None;
     let mut next_req = 1u64;
     let mut unsent: std::collections::VecDeque<String> = Default::default();
+    let mut retries_here = 0u32;
     loop {
         let acked_before = received.acked;
         let message = ws.recv().await.with_context(|| format!("{}: reading", plan.client_id))?;
@@ -430,7 +434,12 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
                 }
                 "error" if frame.code == Some("unavailable") && frame.req.as_ref().and_then(Value::as_str) == Some("sub") => {
                     // What a client does with `unavailable`: subscribe again a little later (a
-                    // broker too busy to answer the subscribe's offset queries in time).
+                    // broker too busy to answer the subscribe's offset queries in time), for a
+                    // minute at most.
+                    retries_here += 1;
+                    if retries_here > MAX_SUBSCRIBE_RETRIES {
+                        bail!("{}: still unavailable after {MAX_SUBSCRIBE_RETRIES} subscribes: {text}", plan.client_id);
+                    }
                     SUBSCRIBE_RETRIES.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     ws.send(subscribe.to_string()).await?;

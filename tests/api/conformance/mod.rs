@@ -174,21 +174,25 @@ impl Harness {
 
 /// Like `bounds`, but `None` while the backend answers an error (a broker restarting).
 pub async fn try_bounds(base: &str, topic: &str, partition: u32) -> Option<(u64, u64, Option<u64>)> {
-    let (status, _) = get_json(&format!("{base}/topics")).await;
+    let (status, _) = get_json(&topics_url(base, topic)).await;
     if status != 200 {
         return None;
     }
     Some(bounds(base, topic, partition).await)
 }
 
+/// Where `GET /topics` lists `topic`: a lite topic among its parent's.
+fn topics_url(base: &str, topic: &str) -> String {
+    match topic.split_once('@') {
+        Some((parent, _)) => format!("{base}/topics?parent={parent}&limit=1000"),
+        None => format!("{base}/topics"),
+    }
+}
+
 /// `(log_start, log_end, pull_offset)` of one partition from `GET /topics` (for a lite topic
 /// `GET /topics?parent=`).
 pub async fn bounds(base: &str, topic: &str, partition: u32) -> (u64, u64, Option<u64>) {
-    let url = match topic.split_once('@') {
-        Some((parent, _)) => format!("{base}/topics?parent={parent}&limit=1000"),
-        None => format!("{base}/topics"),
-    };
-    let (status, body) = get_json(&url).await;
+    let (status, body) = get_json(&topics_url(base, topic)).await;
     assert_eq!(status, 200, "GET /topics: {body}");
     let topic = body["topics"].as_array().unwrap().iter().find(|t| t["name"] == topic).unwrap_or_else(|| panic!("{topic} listed in {body}"));
     let p = &topic["partitions"][partition as usize];
