@@ -23,6 +23,9 @@ use super::waiting::WaitingGuard;
 
 /// How long one long poll of the backend waits for new events.
 const PULL_WAIT: Duration = Duration::from_millis(500);
+/// An empty poll answered sooner than this (a broker that refuses the long poll: RocketMQ's POP
+/// with a skewed clock answers at once) is followed by a pause of as long: never a busy loop.
+const EMPTY_POLL_FLOOR: Duration = Duration::from_millis(50);
 /// How long a subscriber waits at the end before looking again on its own.
 const FETCH_RECHECK: Duration = Duration::from_millis(1000);
 /// Events in a partition's first read by offset, before any size is known: its sizes tell how
@@ -206,6 +209,7 @@ impl PartitionReader {
                 };
                 // A cursor that is not where this ring ends was moved under it (see `append`).
                 let moved = self.backend.pull_offset(&self.tp).is_some_and(|cursor| cursor != covered_to);
+                let started = tokio::time::Instant::now();
                 let polled = tokio::select! {
                     // A cancelled reader must not take another poll: the next generation of this
                     // partition's reader may already have started from the cursor.
@@ -214,7 +218,14 @@ impl PartitionReader {
                     polled = self.backend.poll(&self.tp, ReadFrom::PullCursor, batch, PULL_WAIT) => polled,
                 };
                 match polled {
-                    Ok(events) if events.is_empty() => {}
+                    Ok(events) if events.is_empty() => {
+                        if started.elapsed() < EMPTY_POLL_FLOOR {
+                            tokio::select! {
+                                _ = cancel.cancelled() => return,
+                                _ = tokio::time::sleep(EMPTY_POLL_FLOOR) => {}
+                            }
+                        }
+                    }
                     Ok(events) => {
                         self.pulled_events.increment(events.len() as u64);
                         self.append(events, moved)
@@ -455,5 +466,78 @@ impl Readers {
             }
             keep
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::core::backend::{NewEvent, PartitionBounds};
+
+    /// A backend whose polls all answer empty at once; it notes when the hundredth came.
+    #[derive(Default)]
+    struct AnswersAtOnce {
+        polls: AtomicUsize,
+        hundredth: Mutex<Option<tokio::time::Instant>>,
+        done: Notify,
+    }
+
+    #[async_trait]
+    impl LogBackend for AnswersAtOnce {
+        async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn partitions(&self, _: &TopicName) -> Result<Option<u32>, BackendError> {
+            Ok(Some(1))
+        }
+        async fn create_topic(&self, _: &TopicName, _: u32) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn delete_topic(&self, _: &TopicName) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn publish(&self, _: &TopicName, _: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn log_bounds(&self, _: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+            Ok(PartitionBounds { log_start: 0, log_end: 0 })
+        }
+        async fn poll(&self, _: &TopicPartition, _: ReadFrom, _: usize, _: Duration) -> Result<Vec<Event>, BackendError> {
+            tokio::task::yield_now().await;
+            if self.polls.fetch_add(1, Ordering::SeqCst) + 1 == 100 {
+                *self.hundredth.lock().unwrap() = Some(tokio::time::Instant::now());
+                self.done.notify_one();
+            }
+            Ok(Vec::new())
+        }
+        fn seek(&self, _: &TopicPartition, _: u64) {}
+        fn pull_offset(&self, _: &TopicPartition) -> Option<u64> {
+            Some(0)
+        }
+        fn ack_pulled_message(&self, _: &TopicPartition, _: u64) {}
+        fn checkpoint(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    /// Issue 22, item 9: a backend that answers every poll empty and at once (RocketMQ's POP with
+    /// a skewed clock) made the reader poll it in a busy loop: 100 polls in no time (on the
+    /// paused clock). Now each such answer is followed by a pause.
+    #[tokio::test(start_paused = true)]
+    async fn empty_polls_answered_at_once_are_paced() {
+        let backend = Arc::new(AnswersAtOnce::default());
+        let readers = Readers::new(backend.clone(), 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop());
+        let lease = readers.get(&TopicPartition::new(TopicName::parse("t").unwrap(), 0), 0);
+        let started = tokio::time::Instant::now();
+        let waiting = tokio::spawn(async move { lease.fetch(0, 10, 1 << 20).await });
+        backend.done.notified().await;
+        let took = backend.hundredth.lock().unwrap().expect("set with the notification") - started;
+        assert!(took >= EMPTY_POLL_FLOOR * 99, "100 empty polls within {took:?}: a busy loop");
+        waiting.abort();
     }
 }
