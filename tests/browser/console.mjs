@@ -6,7 +6,7 @@
 //
 // Exits non-zero (with the page's log) on any failure. The Rust test tests/api/browser.rs runs
 // it and then checks through the admin route that the offset moved.
-import { chromium } from "playwright-core";
+import { openPage } from "./page.mjs";
 
 const [base, screenshot] = process.argv.slice(2);
 if (!base || !screenshot) {
@@ -14,16 +14,8 @@ if (!base || !screenshot) {
   process.exit(2);
 }
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-});
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const problems = [];
-page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+const { browser, page, problems } = await openPage(base);
 page.on("console", (m) => m.type() === "error" && problems.push(`console error: ${m.text()}`));
-// Nothing may load from the internet: every request must go to the gateway.
-page.on("request", (r) => !r.url().startsWith(base) && problems.push(`request outside the gateway: ${r.url()}`));
 
 try {
   await page.goto(base + "/", { waitUntil: "load" });

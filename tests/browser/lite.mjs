@@ -7,7 +7,7 @@
 //
 // Exits non-zero (with the page's log) on any failure. tests/api/rocketmq_lite.rs runs it against
 // a gateway on rocketmq-rust and checks the rows.
-import { chromium } from "playwright-core";
+import { openPage } from "./page.mjs";
 
 const [base, parent, notAParent] = process.argv.slice(2);
 if (!base || !parent || !notAParent) {
@@ -15,14 +15,7 @@ if (!base || !parent || !notAParent) {
   process.exit(2);
 }
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-});
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const problems = [];
-page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-page.on("request", (r) => !r.url().startsWith(base) && problems.push(`request outside the gateway: ${r.url()}`));
+const { browser, page, problems } = await openPage(base);
 
 try {
   await page.goto(base + "/", { waitUntil: "load" });

@@ -19,7 +19,7 @@
 //
 // ACKGATE_DEV_ADMIN_TOKEN, when the gateway has auth.admin_token, is sent on the REST calls.
 // Exits non-zero (with the page's state) on any failure.
-import { chromium } from "playwright-core";
+import { openPage } from "./page.mjs";
 
 const [base, screenshot] = process.argv.slice(2);
 if (!base) {
@@ -56,19 +56,10 @@ async function until(what, check, timeoutMs = 10000) {
   }
 }
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-});
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const problems = [];
+const { browser, page, problems } = await openPage(...instances);
 const requests = [];
-page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
 page.on("console", (m) => m.type() === "error" && problems.push(`console error: ${m.text()}`));
-page.on("request", (r) => {
-  if (!instances.some((i) => r.url().startsWith(i))) problems.push(`request outside the gateway: ${r.url()}`);
-  requests.push({ method: r.method(), url: r.url(), type: r.resourceType() });
-});
+page.on("request", (r) => requests.push({ method: r.method(), url: r.url(), type: r.resourceType() }));
 const state = () => page.evaluate(() => window.sseTest).catch(() => null);
 
 try {

@@ -7,7 +7,7 @@
 //
 // Prints `received after the kill: <delivery_id> on <instance>`; exits non-zero with the page's
 // log on any failure.
-import { chromium } from "playwright-core";
+import { openPage } from "./page.mjs";
 
 const [baseA, baseB, screenshot] = process.argv.slice(2);
 if (!baseA || !baseB || !screenshot) {
@@ -15,15 +15,8 @@ if (!baseA || !baseB || !screenshot) {
   process.exit(2);
 }
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-});
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const problems = [];
-page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
 // Only the two instances may be asked anything (the dead one's refusals are expected noise).
-page.on("request", (r) => !r.url().startsWith(baseA) && !r.url().startsWith(baseB) && problems.push(`request outside the instances: ${r.url()}`));
+const { browser, page, problems } = await openPage(baseA, baseB);
 
 try {
   await page.goto(baseA + "/", { waitUntil: "load" });
