@@ -413,6 +413,46 @@ async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its
     gw.terminate();
 }
 
+/// Issue 22 item 9: readiness asked only the name server, which goes on routing masters that
+/// stopped answering (until it expires them, ~2 minutes). With every master stopped (SIGSTOP:
+/// routed, their sockets accept, nothing answers) `/readyz` turns 503 and a publish answers 503;
+/// running again, both recover. One master of two stopped keeps readiness: the other's
+/// partitions are served. On the old code `/readyz` stayed 200 with both stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_needs_a_master_that_answers_not_only_the_name_server() {
+    let broker = TestRocketMq::start_cluster(2, "");
+    create_on_every_master(&broker, "probed", 1).await;
+    let namesrv = broker.namesrv();
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &rocketmq_env(&namesrv, "pull", "30000"));
+    let readyz = || async { http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status().as_u16() };
+    let until = |want: u16| async move {
+        let started = Instant::now();
+        while readyz().await != want {
+            assert!(started.elapsed() < Duration::from_secs(60), "/readyz did not become {want}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    until(200).await;
+
+    broker.signal_broker(2, "STOP");
+    // Three probe rounds in a row (a 2 s probe timeout each, a second apart) make broker-b silent.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(readyz().await, 200, "one master of two silent keeps readiness");
+
+    broker.signal_broker(1, "STOP");
+    until(503).await;
+    let refused = http().post(format!("{}/topics/probed/events", gw.base)).json(&json!({"payload": {}})).send().await.unwrap();
+    assert_eq!(refused.status(), 503, "{:?}", refused.text().await);
+
+    broker.signal_broker(1, "CONT");
+    broker.signal_broker(2, "CONT");
+    until(200).await;
+    let answer = publish(&gw.base, "probed", json!({"payload": {"n": 1}})).await;
+    assert!(answer["offsets"][0]["offset"].is_u64(), "{answer}");
+    gw.terminate();
+}
+
 /// POP with `rocketmq.max_pending_acks = 2`: a client that has not acked yet holds at most two
 /// receipt handles at the gateway, and still gets every event (read by PULL past the bound).
 /// Once it acks, the group's pop position catches up and every handle is acknowledged at the

@@ -48,8 +48,13 @@ impl TestRocketMq {
 
     /// SIGKILL of the `n`th master (1-based, as `start_cluster` named them a, b, ...).
     pub fn kill_broker(&self, n: usize) {
+        self.signal_broker(n, "KILL");
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `KILL`) to the `n`th master.
+    pub fn signal_broker(&self, n: usize, signal: &str) {
         let pid = std::fs::read_to_string(self.dir.path().join(format!("broker-{n}.pid"))).expect("the broker's pid file");
-        let status = Command::new("kill").arg("-9").arg(pid.trim()).status().unwrap();
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.trim()).status().unwrap();
         assert!(status.success());
     }
 

@@ -419,18 +419,57 @@ impl Drop for RocketMqLog {
     }
 }
 
-/// Asks the name server for its brokers every second: readiness, and a fast `unavailable`.
+/// How long a master has to answer the reachability probe.
+const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Probes in a row a master must miss to count as silent: a broker busy for a few seconds (a
+/// burst of thousands of subscribes) must not make the instance refuse publishes.
+const BROKER_SILENT_AFTER: u32 = 3;
+
+/// Every second, asks the name server for its masters and each master for its runtime info:
+/// readiness, and a fast `unavailable`. RocketMQ counts as reachable while the name server
+/// answers and at least one of its masters does. A name server alone is not enough: an instance
+/// cut off from every broker (a network partition, brokers stopped but not yet expired from the
+/// name server, ~2 minutes) could serve nothing. One master silent is logged but keeps readiness,
+/// as a master away does: the other masters' partitions are served here, and every instance
+/// would be unready alike.
 fn spawn_reachability_monitor(log: std::sync::Weak<RocketMqLog>) {
     tokio::spawn(async move {
+        // Probes missed in a row, by master name.
+        let mut missed: HashMap<String, u32> = HashMap::new();
         loop {
             let Some(this) = log.upgrade() else { return };
             let stop = this.stop.clone();
-            let now = this.broker.brokers().await.is_ok_and(|b| !b.is_empty());
+            let now = match this.broker.brokers().await {
+                Ok(brokers) if !brokers.is_empty() => {
+                    let probes = brokers.iter().map(|(_, addr)| this.broker.answers(addr, BROKER_PROBE_TIMEOUT));
+                    let answered = futures_util::future::join_all(probes).await;
+                    let mut any_answers = false;
+                    for ((name, addr), answered) in brokers.iter().zip(answered) {
+                        if answered {
+                            any_answers = true;
+                            if missed.remove(name).is_some_and(|n| n >= BROKER_SILENT_AFTER) {
+                                tracing::info!(broker = %name, %addr, "RocketMQ master answers again");
+                            }
+                            continue;
+                        }
+                        let misses = missed.entry(name.clone()).or_default();
+                        *misses += 1;
+                        if *misses == BROKER_SILENT_AFTER {
+                            tracing::warn!(broker = %name, %addr, "RocketMQ master does not answer; its partitions are unavailable here");
+                        }
+                        any_answers |= *misses < BROKER_SILENT_AFTER;
+                    }
+                    // Masters the name server no longer lists are forgotten.
+                    missed.retain(|name, _| brokers.iter().any(|(n, _)| n == name));
+                    any_answers
+                }
+                _ => false,
+            };
             if this.reachable.swap(now, Ordering::SeqCst) != now {
                 if now {
                     tracing::info!("RocketMQ reachable again");
                 } else {
-                    tracing::warn!("RocketMQ unreachable: publishes answer unavailable, readiness is false");
+                    tracing::warn!("RocketMQ unreachable (no name server or no master answers): publishes answer unavailable, readiness is false");
                 }
             }
             drop(this);

@@ -7,7 +7,7 @@
 //! would cost more than these few hundred lines.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ pub mod code {
     pub const PULL_MESSAGE: i32 = 11;
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
+    pub const GET_BROKER_RUNTIME_INFO: i32 = 28;
     pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
     pub const VIEW_MESSAGE_BY_ID: i32 = 33;
     pub const GET_MAX_OFFSET: i32 = 30;
@@ -80,6 +81,10 @@ impl Response {
 pub enum RemotingError {
     #[error("{addr}: {message}")]
     Connection { addr: String, message: String },
+    /// The request was sent whole, then the connection ended before its answer: the broker may
+    /// have applied it, so it is never sent again from here (a SEND_MESSAGE would be stored twice).
+    #[error("{addr}: connection closed after the request was sent and before its answer (it may have been applied)")]
+    Unanswered { addr: String },
     #[error("{addr}: no response within {timeout:?}")]
     Timeout { addr: String, timeout: Duration },
     #[error("protocol: {0}")]
@@ -95,7 +100,17 @@ struct Connection {
     pending: Pending,
     /// A write stopped mid-frame (its request timed out): nothing more may be written here.
     cut: AtomicBool,
+    /// Frames read from the peer so far. A request that times out with none read since it was
+    /// written found the connection silent (a broker stopped or gone without a word, a half-open
+    /// socket): later requests go over a new connection instead of timing out on it forever.
+    frames_read: Arc<AtomicU64>,
 }
+
+/// TCP keepalive of broker connections: a peer that vanished (a host down, a NAT that forgot
+/// the flow) is found within about a minute, and its connection's reader and waiters end.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
 
 /// One frame being written, holding the connection's writer. Dropped with part of the frame
 /// written (the request's timeout cancelled the write), it retires the connection: the peer
@@ -162,6 +177,8 @@ impl Remoting {
     pub async fn request(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
         let opaque = self.next_opaque.fetch_add(1, Ordering::Relaxed);
         let frame = encode_request(code, opaque, ext, body);
+        // The connection and its `frames_read` once the frame is written whole.
+        let mut sent_on: Option<(Arc<Connection>, u64)> = None;
         let call = async {
             let connection = self.connection(addr).await?;
             let (tx, rx) = oneshot::channel();
@@ -181,11 +198,21 @@ impl Remoting {
                 self.drop_connection(addr, &connection);
                 return Err(gone(addr, &e.to_string()));
             }
-            rx.await.map_err(|_| gone(addr, "connection closed before the response"))
+            sent_on = Some((connection.clone(), connection.frames_read.load(Ordering::Relaxed)));
+            rx.await.map_err(|_| RemotingError::Unanswered { addr: addr.to_string() })
         };
-        match tokio::time::timeout(timeout, call).await {
+        let result = tokio::time::timeout(timeout, call).await;
+        match result {
             Ok(result) => result,
-            Err(_) => Err(RemotingError::Timeout { addr: addr.to_string(), timeout }),
+            Err(_) => {
+                if let Some((connection, read_before)) = sent_on.filter(|(c, read)| c.frames_read.load(Ordering::Relaxed) == *read) {
+                    // Silent for a whole timeout. Only forgotten: requests already waiting on it
+                    // keep their chance, and it closes when the last of them ends.
+                    tracing::warn!(%addr, code, ?timeout, frames_read = read_before, "RocketMQ connection silent for a whole request timeout: the next request opens a new one");
+                    self.forget(addr, &connection);
+                }
+                Err(RemotingError::Timeout { addr: addr.to_string(), timeout })
+            }
         }
     }
 
@@ -195,9 +222,19 @@ impl Remoting {
         }
         let stream = TcpStream::connect(addr).await.map_err(|e| gone(addr, &e.to_string()))?;
         let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL).with_retries(KEEPALIVE_PROBES);
+        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+            tracing::debug!(%addr, error = %e, "TCP keepalive not set on a RocketMQ connection");
+        }
         let (reader, writer) = stream.into_split();
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-        let connection = Arc::new(Connection { writer: tokio::sync::Mutex::new(writer), pending: pending.clone(), cut: AtomicBool::new(false) });
+        let frames_read = Arc::new(AtomicU64::new(0));
+        let connection = Arc::new(Connection {
+            writer: tokio::sync::Mutex::new(writer),
+            pending: pending.clone(),
+            cut: AtomicBool::new(false),
+            frames_read: frames_read.clone(),
+        });
         {
             let mut connections = self.connections.lock().unwrap();
             if let Some(raced) = connections.get(addr) {
@@ -205,7 +242,7 @@ impl Remoting {
             }
             connections.insert(addr.to_string(), connection.clone());
         }
-        tokio::spawn(read_responses(addr.to_string(), reader, pending));
+        tokio::spawn(read_responses(addr.to_string(), reader, pending, frames_read));
         Ok(connection)
     }
 
@@ -229,11 +266,18 @@ impl Remoting {
         self.connections.lock().unwrap().retain(|_, c| c.pending.lock().unwrap().is_some());
     }
 
-    /// Like `request`, reconnecting once when a stale connection fails at once.
+    /// Like `request`, reconnecting once when a stale connection fails at once: before the
+    /// request was sent, or after it for a request that changes nothing at the broker. Any other
+    /// request sent whole is never sent again here, whatever became of its connection
+    /// (`Unanswered`); its caller decides, as a publisher does with its idempotency key.
     pub async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
         self.prune();
         match self.request(addr, code, ext, body, timeout).await {
             Err(RemotingError::Connection { .. }) => {
+                self.prune();
+                self.request(addr, code, ext, body, timeout).await
+            }
+            Err(RemotingError::Unanswered { .. }) if is_read_only(code) => {
                 self.prune();
                 self.request(addr, code, ext, body, timeout).await
             }
@@ -242,14 +286,37 @@ impl Remoting {
     }
 }
 
+/// Requests that read or create-if-missing, so sending one twice is harmless. A SEND_MESSAGE
+/// sent twice is stored twice, a POP twice hides a second batch until its revival, and an ACK or
+/// an invisible-time change names a receipt handle the first may have used up.
+fn is_read_only(code: i32) -> bool {
+    matches!(
+        code,
+        code::PULL_MESSAGE
+            | code::QUERY_CONSUMER_OFFSET
+            | code::UPDATE_AND_CREATE_TOPIC
+            | code::SEARCH_OFFSET_BY_TIMESTAMP
+            | code::VIEW_MESSAGE_BY_ID
+            | code::GET_MAX_OFFSET
+            | code::GET_MIN_OFFSET
+            | code::GET_ROUTEINFO_BY_TOPIC
+            | code::GET_BROKER_CLUSTER_INFO
+            | code::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+            | code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER
+            | code::GET_LITE_CLIENT_INFO
+            | code::GET_BROKER_RUNTIME_INFO
+    )
+}
+
 fn gone(addr: &str, message: &str) -> RemotingError {
     RemotingError::Connection { addr: addr.to_string(), message: message.to_string() }
 }
 
-async fn read_responses(addr: String, mut reader: tokio::net::tcp::OwnedReadHalf, pending: Pending) {
+async fn read_responses(addr: String, mut reader: tokio::net::tcp::OwnedReadHalf, pending: Pending, frames_read: Arc<AtomicU64>) {
     loop {
         match read_frame(&mut reader).await {
             Ok(Some((flag, opaque, response))) => {
+                frames_read.fetch_add(1, Ordering::Relaxed);
                 if flag & RESPONSE_FLAG == 0 {
                     // A request from the broker (consumer-ids-changed notices and the like): ackgate
                     // registers no consumers, so there is nothing to answer.
@@ -384,6 +451,66 @@ mod tests {
         assert_eq!((request.code, request.field("topic")), (code::GET_MAX_OFFSET, Some("t")));
         drop(fresh);
         assert!(second.await.unwrap().is_err(), "the peer closed without answering");
+    }
+
+    /// Reads one request frame from a peer's side of a connection.
+    async fn read_request(socket: &mut TcpStream) -> Option<Response> {
+        let mut length = [0u8; 4];
+        socket.read_exact(&mut length).await.ok()?;
+        let mut frame = vec![0u8; u32::from_be_bytes(length) as usize];
+        socket.read_exact(&mut frame).await.ok()?;
+        decode_frame(&frame).ok().map(|(_, _, request)| request)
+    }
+
+    /// Issue 22 item 9: a publish whose connection closed after it was sent may be stored; sent
+    /// again on a new connection it was stored twice. The peer reads each request and closes
+    /// without an answer, counting what it got; it got the publish twice on the old code.
+    #[tokio::test]
+    async fn a_publish_sent_whole_is_not_sent_again_when_its_answer_is_lost() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let peer = tokio::spawn({
+            let received = received.clone();
+            async move {
+                loop {
+                    let (mut socket, _) = listener.accept().await.unwrap();
+                    if read_request(&mut socket).await.is_some() {
+                        received.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+        let remoting = Remoting::default();
+        let publish = remoting.call(&addr, code::SEND_MESSAGE, &[("topic", "t".into())], b"event", Duration::from_secs(5)).await;
+        assert!(matches!(publish, Err(RemotingError::Unanswered { .. })), "{publish:?}");
+        assert_eq!(received.load(Ordering::SeqCst), 1, "the publish was sent once");
+        // A read is harmless to send again, and is.
+        let read = remoting.call(&addr, code::GET_MAX_OFFSET, &[("topic", "t".into())], b"", Duration::from_secs(5)).await;
+        assert!(read.is_err());
+        assert_eq!(received.load(Ordering::SeqCst), 3, "the read was sent twice");
+        peer.abort();
+    }
+
+    /// Issue 22 item 9: a connection that went silent (a broker stopped without closing it, a
+    /// half-open socket) was kept, and every later request timed out on it. The request after a
+    /// timeout on a silent connection goes over a new one.
+    #[tokio::test]
+    async fn a_request_after_a_timeout_on_a_silent_connection_opens_a_new_one() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let remoting = Remoting::default();
+        let (first_ext, second_ext) = ([("topic", "first".to_string())], [("topic", "second".to_string())]);
+        let request = |ext| remoting.request(&addr, code::GET_MAX_OFFSET, ext, b"", Duration::from_millis(200));
+        let (first, accepted) = tokio::join!(request(&first_ext), listener.accept());
+        assert!(matches!(first, Err(RemotingError::Timeout { .. })), "{first:?}");
+        let (mut silent, _) = accepted.unwrap();
+        assert_eq!(read_request(&mut silent).await.unwrap().field("topic"), Some("first"));
+        // The peer never answers on the first connection; the next request must not go there.
+        let (second, accepted) = tokio::join!(request(&second_ext), tokio::time::timeout(Duration::from_secs(5), listener.accept()));
+        assert!(second.is_err());
+        let (mut fresh, _) = accepted.expect("the second request opened a new connection").unwrap();
+        assert_eq!(read_request(&mut fresh).await.unwrap().field("topic"), Some("second"));
     }
 
     #[test]
