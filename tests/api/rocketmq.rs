@@ -453,6 +453,98 @@ async fn readiness_needs_a_master_that_answers_not_only_the_name_server() {
     gw.terminate();
 }
 
+/// Issue 22: one master of two killed mid-stream and started again (on a new port, with its
+/// store) loses nothing and renumbers nothing. While it is away, its partitions answer 503 and
+/// the other master's are served; once it is back (the route refreshed), publishes to its
+/// partitions succeed and reach the client. Every event a publish answered 200 for arrives once,
+/// from the partition it was sent to, and the client's committed offsets end at the log end.
+async fn a_master_killed_and_restarted_mid_stream(mode: &str) {
+    let broker = TestRocketMq::start_cluster(2, "");
+    create_on_every_master(&broker, "churn", 2).await;
+    let namesrv = broker.namesrv();
+    let mut env = rocketmq_env(&namesrv, mode, "30000");
+    env.push(("ACKGATE_ROCKETMQ__ROUTE_REFRESH_MS", "200"));
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    let mut client = TestClient::connect(gw.addr, "reader").await;
+    client.subscribe("churn", json!({})).await;
+    // n goes to partition n % 4: broker-a's queues are partitions 0 and 1, broker-b's 2 and 3.
+    let send = |n: u64| {
+        let url = format!("{}/topics/churn/events", gw.base);
+        async move { http().post(url).json(&json!({"partition": n % 4, "payload": {"n": n}})).send().await.unwrap().status().as_u16() }
+    };
+    let mut received: Vec<(u64, u64)> = Vec::new();
+    let mut take = |events: Vec<Value>| {
+        received.extend(events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())));
+        events
+    };
+
+    for n in 0..20 {
+        assert_eq!(send(n).await, 200);
+    }
+    let events = take(client.recv_events(20).await);
+    client.ack_confirmed(&ids(&events), "before").await;
+
+    broker.kill_broker(2);
+    let mut published: Vec<u64> = (0..20).collect();
+    for n in 20..40 {
+        let status = send(n).await;
+        if n % 4 < 2 {
+            assert_eq!(status, 200, "broker-a's partition {} is served while broker-b is away", n % 4);
+            published.push(n);
+        } else {
+            assert_eq!(status, 503, "broker-b's partition {} answers unavailable while it is away", n % 4);
+        }
+    }
+    let events = take(client.recv_events(10).await);
+    client.ack_confirmed(&ids(&events), "away").await;
+
+    broker.restart_broker(2);
+    for n in 40..60 {
+        let started = Instant::now();
+        while send(n).await != 200 {
+            assert!(started.elapsed() < Duration::from_secs(60), "publishes to partition {} did not recover", n % 4);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        published.push(n);
+    }
+    let mut events = Vec::new();
+    let started = Instant::now();
+    while events.len() < 20 {
+        assert!(started.elapsed() < Duration::from_secs(60), "after the restart only {} of 20 events arrived", events.len());
+        if let Some(frame) = client.try_recv(Duration::from_secs(1)).await.filter(|f| f["type"] == "event") {
+            events.push(frame);
+        }
+    }
+    let events = take(events);
+    client.ack_confirmed(&ids(&events), "after").await;
+
+    let mut delivered: Vec<u64> = received.iter().map(|(_, n)| *n).collect();
+    delivered.sort_unstable();
+    assert_eq!(delivered, published, "every event published arrives once");
+    assert!(received.iter().all(|(partition, n)| *partition == n % 4), "each event from the partition it was sent to: {received:?}");
+    let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
+    assert!(layout.contains("churn=broker-a:2,broker-b:2"), "{layout}");
+    let (_, offsets) = get_json(&format!("{}/admin/offsets/churn/reader", gw.base)).await;
+    let partitions = offsets["partitions"].as_array().unwrap_or_else(|| panic!("{offsets}"));
+    assert_eq!(partitions.len(), 4, "{offsets}");
+    for p in partitions {
+        assert_eq!(p["committed"], p["log_end"], "committed at the log end: {offsets}");
+    }
+    client.close().await;
+    gw.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_a_master_killed_and_restarted_mid_stream_loses_nothing_and_renumbers_nothing() {
+    a_master_killed_and_restarted_mid_stream("pull").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_a_master_killed_and_restarted_mid_stream_loses_nothing_and_renumbers_nothing() {
+    a_master_killed_and_restarted_mid_stream("pop").await;
+}
+
 /// POP with `rocketmq.max_pending_acks = 2`: a client that has not acked yet holds at most two
 /// receipt handles at the gateway, and still gets every event (read by PULL past the bound).
 /// Once it acks, the group's pop position catches up and every handle is acknowledged at the

@@ -37,7 +37,7 @@ impl TestRocketMq {
     /// A name server and `brokers` masters of one cluster (broker-a, broker-b, ...).
     pub fn start_cluster(brokers: usize, extra: &str) -> Self {
         let broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), extra: extra.to_string(), brokers };
-        broker.run("start");
+        broker.run("start", &[]);
         broker
     }
 
@@ -51,6 +51,12 @@ impl TestRocketMq {
         self.signal_broker(n, "KILL");
     }
 
+    /// Starts the `n`th master again after `kill_broker` (same store, a new port); returns once
+    /// the name server routes it.
+    pub fn restart_broker(&self, n: usize) {
+        self.run("restart-broker", &[&n.to_string()]);
+    }
+
     /// Sends `signal` (`STOP`, `CONT`, `KILL`) to the `n`th master.
     pub fn signal_broker(&self, n: usize, signal: &str) {
         let pid = std::fs::read_to_string(self.dir.path().join(format!("broker-{n}.pid"))).expect("the broker's pid file");
@@ -58,11 +64,13 @@ impl TestRocketMq {
         assert!(status.success());
     }
 
-    fn run(&self, verb: &str) {
+    /// `scripts/rocketmq-test-broker VERB PORT ARGS...` with this cluster's data dir and settings.
+    fn run(&self, verb: &str, args: &[&str]) {
         let status = Command::new("bash")
             .arg(script())
             .arg(verb)
             .arg(self.port.to_string())
+            .args(args)
             .env("ACKGATE_DEV_ROCKETMQ_DATA", self.dir.path())
             .env("ACKGATE_DEV_ROCKETMQ_BROKER_EXTRA", &self.extra)
             .env("ACKGATE_DEV_ROCKETMQ_BROKERS", self.brokers.to_string())
@@ -115,6 +123,6 @@ impl TestRocketMq {
 
 impl Drop for TestRocketMq {
     fn drop(&mut self) {
-        self.run("stop");
+        self.run("stop", &[]);
     }
 }

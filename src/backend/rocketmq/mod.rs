@@ -455,7 +455,7 @@ fn spawn_reachability_monitor(log: std::sync::Weak<RocketMqLog>) {
                         let misses = missed.entry(name.clone()).or_default();
                         *misses += 1;
                         if *misses == BROKER_SILENT_AFTER {
-                            tracing::warn!(broker = %name, %addr, "RocketMQ master does not answer; its partitions are unavailable here");
+                            tracing::warn!(broker = %name, %addr, missed = BROKER_SILENT_AFTER, "RocketMQ master does not answer its probes; requests for its partitions time out");
                         }
                         any_answers |= *misses < BROKER_SILENT_AFTER;
                     }

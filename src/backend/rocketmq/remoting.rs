@@ -100,17 +100,29 @@ struct Connection {
     pending: Pending,
     /// A write stopped mid-frame (its request timed out): nothing more may be written here.
     cut: AtomicBool,
-    /// Frames read from the peer so far. A request that times out with none read since it was
-    /// written found the connection silent (a broker stopped or gone without a word, a half-open
+    /// Frames read from the peer so far. A request that times out with none read since it
+    /// started found the connection silent (a broker stopped or gone without a word, a half-open
     /// socket): later requests go over a new connection instead of timing out on it forever.
     frames_read: Arc<AtomicU64>,
+    /// The task reading responses: a connection no request uses any more stops it, so a silent
+    /// peer (which never closes its end) does not keep a socket and a task per retired connection.
+    reader: tokio::task::AbortHandle,
 }
 
-/// TCP keepalive of broker connections: a peer that vanished (a host down, a NAT that forgot
-/// the flow) is found within about a minute, and its connection's reader and waiters end.
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// How a peer that vanished (a host down, a NAT that forgot the flow) is found within about a
+/// minute, and its connection's reader and waiters end: TCP keepalive while the connection is
+/// idle, and a limit on how long sent data may stay unacknowledged while it is not (without it,
+/// Linux retransmits for ~15 minutes).
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_PROBES: u32 = 3;
+const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(60);
 
 /// One frame being written, holding the connection's writer. Dropped with part of the frame
 /// written (the request's timeout cancelled the write), it retires the connection: the peer
@@ -177,10 +189,12 @@ impl Remoting {
     pub async fn request(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
         let opaque = self.next_opaque.fetch_add(1, Ordering::Relaxed);
         let frame = encode_request(code, opaque, ext, body);
-        // The connection and its `frames_read` once the frame is written whole.
+        // Once the frame is written whole: the connection, and its `frames_read` when the
+        // request started (a silence judged over the whole timeout, not from the write on).
         let mut sent_on: Option<(Arc<Connection>, u64)> = None;
         let call = async {
             let connection = self.connection(addr).await?;
+            let read_at_start = connection.frames_read.load(Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
             match connection.pending.lock().unwrap().as_mut() {
                 Some(pending) => pending.insert(opaque, tx),
@@ -198,7 +212,7 @@ impl Remoting {
                 self.drop_connection(addr, &connection);
                 return Err(gone(addr, &e.to_string()));
             }
-            sent_on = Some((connection.clone(), connection.frames_read.load(Ordering::Relaxed)));
+            sent_on = Some((connection.clone(), read_at_start));
             rx.await.map_err(|_| RemotingError::Unanswered { addr: addr.to_string() })
         };
         let result = tokio::time::timeout(timeout, call).await;
@@ -223,26 +237,20 @@ impl Remoting {
         let stream = TcpStream::connect(addr).await.map_err(|e| gone(addr, &e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL).with_retries(KEEPALIVE_PROBES);
-        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+        let socket = socket2::SockRef::from(&stream);
+        if let Err(e) = socket.set_tcp_keepalive(&keepalive).and_then(|()| socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT))) {
             tracing::debug!(%addr, error = %e, "TCP keepalive not set on a RocketMQ connection");
         }
         let (reader, writer) = stream.into_split();
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
         let frames_read = Arc::new(AtomicU64::new(0));
-        let connection = Arc::new(Connection {
-            writer: tokio::sync::Mutex::new(writer),
-            pending: pending.clone(),
-            cut: AtomicBool::new(false),
-            frames_read: frames_read.clone(),
-        });
-        {
-            let mut connections = self.connections.lock().unwrap();
-            if let Some(raced) = connections.get(addr) {
-                return Ok(raced.clone());
-            }
-            connections.insert(addr.to_string(), connection.clone());
+        let reader = tokio::spawn(read_responses(addr.to_string(), reader, pending.clone(), frames_read.clone())).abort_handle();
+        let connection = Arc::new(Connection { writer: tokio::sync::Mutex::new(writer), pending, cut: AtomicBool::new(false), frames_read, reader });
+        let mut connections = self.connections.lock().unwrap();
+        if let Some(raced) = connections.get(addr) {
+            return Ok(raced.clone()); // ours is dropped, and its reader with it
         }
-        tokio::spawn(read_responses(addr.to_string(), reader, pending, frames_read));
+        connections.insert(addr.to_string(), connection.clone());
         Ok(connection)
     }
 
@@ -269,7 +277,8 @@ impl Remoting {
     /// Like `request`, reconnecting once when a stale connection fails at once: before the
     /// request was sent, or after it for a request that changes nothing at the broker. Any other
     /// request sent whole is never sent again here, whatever became of its connection
-    /// (`Unanswered`); its caller decides, as a publisher does with its idempotency key.
+    /// (`Unanswered`): its caller decides (a publish answers `unavailable`; whether it was stored
+    /// is unknown).
     pub async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
         self.prune();
         match self.request(addr, code, ext, body, timeout).await {
@@ -277,7 +286,7 @@ impl Remoting {
                 self.prune();
                 self.request(addr, code, ext, body, timeout).await
             }
-            Err(RemotingError::Unanswered { .. }) if is_read_only(code) => {
+            Err(RemotingError::Unanswered { .. }) if is_idempotent(code) => {
                 self.prune();
                 self.request(addr, code, ext, body, timeout).await
             }
@@ -286,10 +295,11 @@ impl Remoting {
     }
 }
 
-/// Requests that read or create-if-missing, so sending one twice is harmless. A SEND_MESSAGE
-/// sent twice is stored twice, a POP twice hides a second batch until its revival, and an ACK or
-/// an invisible-time change names a receipt handle the first may have used up.
-fn is_read_only(code: i32) -> bool {
+/// Requests that read, create-if-missing, delete or trigger, so sending one twice is harmless. A
+/// SEND_MESSAGE sent twice is stored twice, a POP twice hides a second batch until its revival,
+/// an ACK or an invisible-time change names a receipt handle the first may have used up, and a
+/// lite subscription change may have been overtaken by a later one.
+fn is_idempotent(code: i32) -> bool {
     matches!(
         code,
         code::PULL_MESSAGE
@@ -305,6 +315,9 @@ fn is_read_only(code: i32) -> bool {
             | code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER
             | code::GET_LITE_CLIENT_INFO
             | code::GET_BROKER_RUNTIME_INFO
+            | code::DELETE_TOPIC_IN_BROKER
+            | code::DELETE_TOPIC_IN_NAMESRV
+            | code::TRIGGER_LITE_DISPATCH
     )
 }
 
@@ -501,7 +514,7 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let remoting = Remoting::default();
         let (first_ext, second_ext) = ([("topic", "first".to_string())], [("topic", "second".to_string())]);
-        let request = |ext| remoting.request(&addr, code::GET_MAX_OFFSET, ext, b"", Duration::from_millis(200));
+        let request = |ext| remoting.request(&addr, code::GET_MAX_OFFSET, ext, b"", Duration::from_secs(1));
         let (first, accepted) = tokio::join!(request(&first_ext), listener.accept());
         assert!(matches!(first, Err(RemotingError::Timeout { .. })), "{first:?}");
         let (mut silent, _) = accepted.unwrap();
