@@ -51,8 +51,12 @@ impl Harness {
         Self::new(Backend::Kafka(std::sync::Mutex::new(TestBroker::start())))
     }
 
-    pub fn rocketmq(mode: &'static str) -> Self {
-        Self::new(Backend::RocketMq(TestRocketMq::start(), mode))
+    /// RocketMQ in `mode` on a cluster of `masters` masters. With several, a topic whose
+    /// partitions divide evenly among them is created at the broker on every master (a queue set
+    /// on each, as `mqadmin updateTopic -c cluster` does); any other through `POST /topics`
+    /// (the first master only).
+    pub fn rocketmq(mode: &'static str, masters: usize) -> Self {
+        Self::new(Backend::RocketMq(TestRocketMq::start_cluster(masters, ""), mode))
     }
 
     /// RocketMQ (pop) where each topic a body names is a lite topic of `LITE_PARENT`, on a
@@ -73,23 +77,33 @@ impl Harness {
 
     /// Creates the topic a body calls `name`; for a lite topic its parent (a lite topic needs
     /// no creation), and the body must ask for as many partitions as the cluster has masters.
-    /// ackgate creates a topic on the first master only, so the parent is created on every master
-    /// at the broker, as another tool would, and a lite topic has a partition on each.
+    /// ackgate creates a topic on the first master only, so a topic spread over several masters
+    /// (a lite parent, or a topic of a multi-master cluster) is created on every master at the
+    /// broker, as another tool would.
     pub async fn create_topic(&self, base: &str, name: &str, partitions: u32) {
-        let (Some(masters), Backend::RocketMq(broker, _)) = (self.lite, &self.backend) else { return create_topic(base, name, partitions).await };
-        assert_eq!(partitions, masters, "a lite topic has one partition per master: run this body on {partitions} brokers");
+        let Backend::RocketMq(broker, _) = &self.backend else { return create_topic(base, name, partitions).await };
+        let masters = broker.brokers().await;
+        let count = masters.len() as u32;
+        let (topic, queues, lite) = match self.lite {
+            Some(_) => {
+                assert_eq!(partitions, count, "a lite topic has one partition per master: run this body on {partitions} brokers");
+                (LITE_PARENT, 1, true)
+            }
+            None if count > 1 && partitions % count == 0 => (name, partitions / count, false),
+            None => return create_topic(base, name, partitions).await,
+        };
         let admin = ackgate::backend::rocketmq::Broker::new(broker.namesrv(), Duration::from_secs(5));
-        for (_, addr) in broker.brokers().await {
-            admin.create_topic(&addr, LITE_PARENT, 1, true).await.expect("create the lite parent");
+        for (_, addr) in &masters {
+            admin.create_topic(addr, topic, queues, lite).await.expect("create the topic on a master");
         }
         // Routed on every master before the gateway first looks (it keeps a route it found).
         for _ in 0..100 {
-            if admin.route(LITE_PARENT).await.unwrap().is_some_and(|brokers| brokers.len() == masters as usize) {
+            if admin.route(topic).await.unwrap().is_some_and(|brokers| brokers.len() == masters.len()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("the lite parent {LITE_PARENT} is not routed on {masters} masters");
+        panic!("{topic} is not routed on {count} masters");
     }
 
     fn new(backend: Backend) -> Self {

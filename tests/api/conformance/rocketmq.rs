@@ -4,10 +4,10 @@
 //! which a test cannot wait for, and it has no request that cuts a queue's head.
 
 macro_rules! rocketmq_conformance {
-    ($mode:literal) => {
+    ($mode:literal, $masters:literal) => {
         use crate::conformance as body;
         fn harness() -> crate::conformance::Harness {
-            crate::conformance::Harness::rocketmq($mode)
+            crate::conformance::Harness::rocketmq($mode, $masters)
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn publish_answers_offsets_and_events_keep_their_fields() {
@@ -45,9 +45,19 @@ macro_rules! rocketmq_conformance {
 }
 
 mod pop {
-    rocketmq_conformance!("pop");
+    rocketmq_conformance!("pop", 1);
 }
 
 mod pull {
-    rocketmq_conformance!("pull");
+    rocketmq_conformance!("pull", 1);
+}
+
+/// On two masters (issue 22): the two-partition bodies' topics have a queue on each master, the
+/// one-partition bodies' a queue on the first (as `POST /topics` creates them).
+mod pop_two_masters {
+    rocketmq_conformance!("pop", 2);
+}
+
+mod pull_two_masters {
+    rocketmq_conformance!("pull", 2);
 }
