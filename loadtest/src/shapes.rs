@@ -83,13 +83,23 @@ fn own_topic(cli: &Cli, name: String) -> String {
 }
 
 /// Creates the run's topic: with `--lite`, the lite parent (once; a lite topic needs no creation).
+/// On a RocketMQ cluster of several masters whose count divides `--partitions`, the topic is
+/// created at the brokers with a queue set on every master, as an operator would with
+/// `mqadmin updateTopic -c cluster` (`POST /topics` creates it on the first master only).
 async fn create_own_topic(cli: &Cli, http: &Http, topic: &str) -> anyhow::Result<()> {
     static PARENT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     if cli.lite {
-        PARENT.get_or_try_init(|| http.create_topic(LITE_PARENT, 1)).await.map(|_| ())
-    } else {
-        http.create_topic(topic, cli.partitions).await
+        return PARENT.get_or_try_init(|| http.create_topic(LITE_PARENT, 1)).await.map(|_| ());
     }
+    if let Some(namesrv) = &cli.rocketmq {
+        let broker = ackgate::backend::rocketmq::Broker::new(namesrv.clone(), std::time::Duration::from_secs(5));
+        let masters = broker.brokers().await.map_err(|e| anyhow::anyhow!("asking {namesrv} for its masters: {e}"))?.len() as u32;
+        if masters > 1 && cli.partitions.is_multiple_of(masters) {
+            broker.create_topic_on_every_master(topic, cli.partitions / masters, false).await.map_err(|e| anyhow::anyhow!("creating {topic}: {e}"))?;
+            return Ok(());
+        }
+    }
+    http.create_topic(topic, cli.partitions).await
 }
 
 /// Partitions of the run's topics: a lite topic has one per broker of its parent (one here).

@@ -300,17 +300,7 @@ async fn pop_a_slow_live_client_gets_each_event_once_and_is_settled_late() {
 /// Creates `topic` with `queues` queues on every master of the cluster (as `mqadmin updateTopic
 /// -c` does) and waits until the name server routes all of them.
 async fn create_on_every_master(broker: &TestRocketMq, topic: &str, queues: u32) -> Vec<(String, String)> {
-    let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
-    let masters = broker.brokers().await;
-    for (_, addr) in &masters {
-        client.create_topic(addr, topic, queues, false).await.unwrap();
-    }
-    let started = Instant::now();
-    while client.route(topic).await.unwrap().map_or(0, |r| r.len()) < masters.len() {
-        assert!(started.elapsed() < WAIT, "the name server does not route {topic} on every master");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    masters
+    Broker::new(broker.namesrv(), Duration::from_secs(5)).create_topic_on_every_master(topic, queues, false).await.expect("created on every master")
 }
 
 /// A topic with queues on two masters: every queue is a partition (broker-a's queues first),

@@ -227,6 +227,26 @@ impl Broker {
         Ok(())
     }
 
+    /// Creates `topic` with `queues` queues on every master the name server knows, as
+    /// `mqadmin updateTopic -c cluster` does (ackgate's own `POST /topics` uses the first master
+    /// only), and returns the masters once the name server routes it on each. For tests, the
+    /// loadtest and tools; not used by the gateway.
+    pub async fn create_topic_on_every_master(&self, topic: &str, queues: u32, lite_parent: bool) -> Result<Vec<(String, String)>, BackendError> {
+        const ROUTED_WITHIN: Duration = Duration::from_secs(30);
+        let masters = self.brokers().await?;
+        for (_, addr) in &masters {
+            self.create_topic(addr, topic, queues, lite_parent).await?;
+        }
+        let started = std::time::Instant::now();
+        while self.route(topic).await?.map_or(0, |route| route.len()) < masters.len() {
+            if started.elapsed() > ROUTED_WITHIN {
+                return Err(BackendError::Unavailable(format!("{topic} is not routed on all {} masters", masters.len())));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(masters)
+    }
+
     pub async fn delete_topic(&self, broker_addr: &str, topic: &str) -> Result<(), BackendError> {
         let ext = [("topic", topic.to_string())];
         let r = self.call(broker_addr, code::DELETE_TOPIC_IN_BROKER, &ext, &[], self.timeout).await?;

@@ -92,18 +92,9 @@ impl Harness {
             None if count > 1 && partitions % count == 0 => (name, partitions / count, false),
             None => return create_topic(base, name, partitions).await,
         };
-        let admin = ackgate::backend::rocketmq::Broker::new(broker.namesrv(), Duration::from_secs(5));
-        for (_, addr) in &masters {
-            admin.create_topic(addr, topic, queues, lite).await.expect("create the topic on a master");
-        }
         // Routed on every master before the gateway first looks (it keeps a route it found).
-        for _ in 0..100 {
-            if admin.route(topic).await.unwrap().is_some_and(|brokers| brokers.len() == masters.len()) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("{topic} is not routed on {count} masters");
+        let admin = ackgate::backend::rocketmq::Broker::new(broker.namesrv(), Duration::from_secs(5));
+        admin.create_topic_on_every_master(topic, queues, lite).await.expect("created on every master");
     }
 
     fn new(backend: Backend) -> Self {
