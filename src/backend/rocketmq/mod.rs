@@ -425,7 +425,7 @@ const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// burst of thousands of subscribes) must not make the instance refuse publishes.
 const BROKER_SILENT_AFTER: u32 = 3;
 
-/// Every second, asks the name server for its masters and each master for its runtime info:
+/// Every second, asks the name server for its masters and each master for a log end:
 /// readiness, and a fast `unavailable`. RocketMQ counts as reachable while the name server
 /// answers and at least one of its masters does. A name server alone is not enough: an instance
 /// cut off from every broker (a network partition, brokers stopped but not yet expired from the
@@ -441,7 +441,7 @@ fn spawn_reachability_monitor(log: std::sync::Weak<RocketMqLog>) {
             let stop = this.stop.clone();
             let now = match this.broker.brokers().await {
                 Ok(brokers) if !brokers.is_empty() => {
-                    let probes = brokers.iter().map(|(_, addr)| this.broker.answers(addr, BROKER_PROBE_TIMEOUT));
+                    let probes = brokers.iter().map(|(name, addr)| this.broker.answers(name, addr, BROKER_PROBE_TIMEOUT));
                     let answered = futures_util::future::join_all(probes).await;
                     let mut any_answers = false;
                     for ((name, addr), answered) in brokers.iter().zip(answered) {

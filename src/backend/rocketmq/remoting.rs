@@ -21,7 +21,6 @@ pub mod code {
     pub const PULL_MESSAGE: i32 = 11;
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
-    pub const GET_BROKER_RUNTIME_INFO: i32 = 28;
     pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
     pub const VIEW_MESSAGE_BY_ID: i32 = 33;
     pub const GET_MAX_OFFSET: i32 = 30;
@@ -314,7 +313,6 @@ fn is_idempotent(code: i32) -> bool {
             | code::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
             | code::GET_ALL_TOPIC_LIST_FROM_NAMESERVER
             | code::GET_LITE_CLIENT_INFO
-            | code::GET_BROKER_RUNTIME_INFO
             | code::DELETE_TOPIC_IN_BROKER
             | code::DELETE_TOPIC_IN_NAMESRV
             | code::TRIGGER_LITE_DISPATCH
