@@ -299,6 +299,15 @@ async fn pop_a_slow_live_client_gets_each_event_once_and_is_settled_late() {
 
 /// Creates `topic` with `queues` queues on every master of the cluster (as `mqadmin updateTopic
 /// -c` does) and waits until the name server routes all of them.
+/// Waits (up to a minute) until `/readyz` answers `want`.
+async fn readyz_becomes(base: &str, want: u16) {
+    let (url, started) = (format!("{base}/readyz"), Instant::now());
+    while http().get(&url).send().await.unwrap().status() != want {
+        assert!(started.elapsed() < Duration::from_secs(60), "/readyz did not become {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn create_on_every_master(broker: &TestRocketMq, topic: &str, queues: u32) -> Vec<(String, String)> {
     Broker::new(broker.namesrv(), Duration::from_secs(5)).create_topic_on_every_master(topic, queues, false).await.expect("created on every master")
 }
@@ -366,16 +375,7 @@ async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its
         list.iter().find(|t| t["name"] == "spread").map(|t| t["partitions"].as_array().map_or(0, Vec::len))
     };
     assert_eq!(partitions(&get_json(&format!("{}/topics", gw.base)).await.1), Some(4));
-    let ready = |want: u16| {
-        let url = format!("{}/readyz", gw.base);
-        async move {
-            let started = Instant::now();
-            while http().get(&url).send().await.unwrap().status() != want {
-                assert!(started.elapsed() < Duration::from_secs(60), "/readyz did not become {want}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let ready = |want: u16| readyz_becomes(&gw.base, want);
     ready(200).await;
 
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
@@ -416,13 +416,7 @@ async fn readiness_needs_a_master_that_answers_not_only_the_name_server() {
     let (_dir, data) = temp_dir();
     let gw = Process::start(&data, &rocketmq_env(&namesrv, "pull", "30000"));
     let readyz = || async { http().get(format!("{}/readyz", gw.base)).send().await.unwrap().status().as_u16() };
-    let until = |want: u16| async move {
-        let started = Instant::now();
-        while readyz().await != want {
-            assert!(started.elapsed() < Duration::from_secs(60), "/readyz did not become {want}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let until = |want: u16| readyz_becomes(&gw.base, want);
     until(200).await;
 
     broker.signal_broker(2, "STOP");

@@ -281,11 +281,7 @@ impl Remoting {
     pub async fn call(&self, addr: &str, code: i32, ext: &[(&str, String)], body: &[u8], timeout: Duration) -> Result<Response, RemotingError> {
         self.prune();
         match self.request(addr, code, ext, body, timeout).await {
-            Err(RemotingError::Connection { .. }) => {
-                self.prune();
-                self.request(addr, code, ext, body, timeout).await
-            }
-            Err(RemotingError::Unanswered { .. }) if is_idempotent(code) => {
+            Err(e) if matches!(e, RemotingError::Connection { .. }) || (matches!(e, RemotingError::Unanswered { .. }) && is_idempotent(code)) => {
                 self.prune();
                 self.request(addr, code, ext, body, timeout).await
             }
