@@ -101,6 +101,12 @@ pub enum BackendError {
     Unavailable(String),
     #[error("backend I/O: {0}")]
     Io(String),
+    /// The partition's log ends at `log_end`, below the offset read: it lost its tail (a topic
+    /// recreated outside ackgate, a failover to a replica behind, a truncated consume queue).
+    /// Answered by a poll at the pull cursor, and by a partition reader to a subscriber that
+    /// stood above the new end.
+    #[error("the log ends at {log_end}, below the offset read")]
+    Truncated { log_end: u64 },
 }
 
 /// Where a `poll` reads.

@@ -26,6 +26,10 @@ pub struct Fed {
     /// Offsets `from`..`to`-1 that retention removed before this feeder read them: the session
     /// tells its client (a `gap` frame) before these events.
     pub gap: Option<(u64, u64)>,
+    /// The partition's log was found to end here, below this feeder's position: the events the
+    /// session holds from there on are gone, and the feeder has stopped (the session closes, so
+    /// that its client resubscribes at the new end).
+    pub truncated: Option<u64>,
     pub events: Vec<(Arc<Event>, WindowPermit)>,
 }
 
@@ -49,7 +53,9 @@ pub struct FeedPlan {
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<FedBatch>, cancel: CancellationToken) {
     let FeedPlan { reader, partition, from: mut next, batch, subscription, topic } = plan;
-    let new_batch = |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, gap: None, events: Vec::with_capacity(capacity) });
+    let new_batch =
+        |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, gap: None, truncated: None, events: Vec::with_capacity(capacity) });
+    let mut known_truncations = reader.truncations();
     loop {
         // Read only what the window has room for, once it has some: events never wait outside
         // the window in bulk (a whole fetch of large events, held per subscriber, was how a
@@ -59,11 +65,17 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
             fetched = async {
                 window.room().await;
                 let (slots, bytes) = (window.free_slots().clamp(1, batch), window.free_bytes().max(1));
-                reader.fetch(next, slots, usize::try_from(bytes).unwrap_or(usize::MAX)).await
+                reader.fetch(next, slots, usize::try_from(bytes).unwrap_or(usize::MAX), &mut known_truncations).await
             } => fetched,
         };
         let events = match fetched {
             Ok(events) => events,
+            Err(super::backend::BackendError::Truncated { log_end }) => {
+                let mut fed = new_batch(0);
+                fed.truncated = Some(log_end);
+                let _ = tx.send(fed).await;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(%topic, error = %e, "reading for a subscriber failed; retrying");
                 tokio::select! {

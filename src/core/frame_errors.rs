@@ -12,6 +12,7 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
         BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
         // The detail (broker addresses, file paths) goes to the log, not to the client.
         BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m),
+        truncated @ BackendError::Truncated { .. } => FrameError::unavailable("the log backend", truncated),
     }
 }
 

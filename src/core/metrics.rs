@@ -58,6 +58,7 @@ pub const CONNECTIONS_REFUSED: &str = "ackgate_connections_refused_total";
 pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
 pub const UNDECODABLE_RECORDS: &str = "ackgate_undecodable_records_total";
 pub const TRANSIENT_LOG_ENDS: &str = "ackgate_transient_log_ends_total";
+pub const LOG_TRUNCATIONS: &str = "ackgate_log_truncations_total";
 pub const PUBLISH_REPLAYS: &str = "ackgate_publish_replays_total";
 pub const GAPS: &str = "ackgate_gaps_total";
 pub const GAP_EVENTS: &str = "ackgate_gap_events_total";
@@ -74,7 +75,7 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 33] = [
+pub const ALL: [&str; 34] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
@@ -88,6 +89,7 @@ pub const ALL: [&str; 33] = [
     PULL_EVENTS,
     OFFSETS_ABOVE_LOG_END,
     TRANSIENT_LOG_ENDS,
+    LOG_TRUNCATIONS,
     CONNECTIONS,
     CONNECTIONS_REFUSED,
     UNDECODABLE_RECORDS,
@@ -186,6 +188,12 @@ pub fn transient_log_ends() -> Counter {
     metrics::counter!(TRANSIENT_LOG_ENDS)
 }
 
+/// `ackgate_log_truncations_total`: partitions whose log was found, on two reads a second apart,
+/// to end below the pull cursor while readers ran (`PartitionReader::truncate`).
+pub fn log_truncations() -> Counter {
+    metrics::counter!(LOG_TRUNCATIONS)
+}
+
 /// `ackgate_undecodable_records_total`: records read from the log that could not be decoded
 /// (each read counts; every subscriber dead-letters them with reason `undecodable`).
 pub fn undecodable_records() -> Counter {
@@ -231,6 +239,10 @@ impl Metrics {
         describe_counter!(
             TRANSIENT_LOG_ENDS,
             "Partitions whose log end was read below a committed offset and back above it a second later (a broker's transient answer): nothing lowered"
+        );
+        describe_counter!(
+            LOG_TRUNCATIONS,
+            "Partitions whose log ended below the pull cursor on two reads a second apart (a topic recreated outside ackgate, a failover to a replica behind): the cursor moved down and the sessions above the new end were closed to resubscribe"
         );
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
         describe_counter!(

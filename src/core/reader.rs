@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::backend::{BackendError, Event, LogBackend, ReadFrom};
+use super::log_end;
 use super::names::{TopicName, TopicPartition};
 use super::waiting::WaitingGuard;
 
@@ -40,6 +41,11 @@ struct Buffer {
     events: VecDeque<Arc<Event>>,
     /// Payload bytes of `events`.
     bytes: usize,
+    /// How many times the log was found to end below the pull cursor (`PartitionReader::truncate`),
+    /// and where it ended the last time: a subscriber that stood above that end when it was
+    /// found has nothing left to wait for there.
+    truncations: u64,
+    truncated_to: u64,
 }
 
 impl Buffer {
@@ -108,25 +114,46 @@ impl PartitionReader {
         Ok(self.backend.log_bounds(&self.tp).await?.log_start)
     }
 
+    /// How many truncations of the log this reader has handled: a subscriber's starting
+    /// `known_truncations` for `fetch`.
+    pub fn truncations(&self) -> u64 {
+        self.buffer.lock().unwrap().truncations
+    }
+
     /// Up to `max` events and about `max_bytes` of payload (at least one event) from `from` on,
     /// in offset order; waits when there are none yet. A subscriber only takes what its window
     /// has room for, so events never wait outside the window in bulk (issue 20).
-    pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize) -> Result<Vec<Arc<Event>>, BackendError> {
+    ///
+    /// `known_truncations`: the truncations the caller has seen (from `truncations`). When the
+    /// log was found to end below `from` since then, the answer is `BackendError::Truncated`:
+    /// what the caller handed out from there on no longer exists, and the events the log writes
+    /// next at those offsets are new ones.
+    pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize, known_truncations: &mut u64) -> Result<Vec<Arc<Event>>, BackendError> {
         loop {
             let pulled = self.pulled.notified();
             tokio::pin!(pulled);
             pulled.as_mut().enable();
-            let (direct, covered_to) = {
+            let (direct, covered_to, _ahead) = {
                 let buffer = self.buffer.lock().unwrap();
+                if buffer.truncations != *known_truncations {
+                    if from > buffer.truncated_to {
+                        return Err(BackendError::Truncated { log_end: buffer.truncated_to });
+                    }
+                    *known_truncations = buffer.truncations;
+                }
                 if from >= buffer.covered_from && from < buffer.covered_to {
                     let first = buffer.events.partition_point(|e| e.offset < from);
                     let events = take_within(buffer.events.range(first..).cloned(), max, max_bytes);
                     if !events.is_empty() {
                         return Ok(events);
                     }
-                    (false, buffer.covered_to)
+                    (false, buffer.covered_to, None)
                 } else {
-                    (from != buffer.covered_to, buffer.covered_to)
+                    let direct = from != buffer.covered_to;
+                    // Counted ahead under the buffer's lock, so a truncation (which takes it too)
+                    // either is seen above or forgets this waiter (`truncate`).
+                    let ahead = (direct && from > buffer.covered_to).then(|| AheadGuard::new(&self.ahead, from));
+                    (direct, buffer.covered_to, ahead)
                 }
             };
             // Ahead of the ring, a subscriber waits for the shared reader, which pulls toward it
@@ -136,15 +163,13 @@ impl PartitionReader {
             // stayed ahead of the ring and read by offset again and again (seconds of delay at
             // the head after a restart, issue 21). Only a subscriber below the ring reads the
             // log by offset.
-            let ahead = direct && from > covered_to;
-            if direct && !ahead {
+            if direct && from < covered_to {
                 let events = self.read_by_offset(from, max, max_bytes).await?;
                 if !events.is_empty() {
                     return Ok(events);
                 }
             }
             let _waiting = WaitingGuard::new(&self.waiting);
-            let _ahead = ahead.then(|| AheadGuard::new(&self.ahead, from));
             self.demand.notify_one();
             let _ = tokio::time::timeout(FETCH_RECHECK, pulled).await;
         }
@@ -230,6 +255,15 @@ impl PartitionReader {
                         self.pulled_events.increment(events.len() as u64);
                         self.append(events, moved)
                     }
+                    Err(BackendError::Truncated { log_end }) => {
+                        // Read again a moment later before anything moves down (a broker may
+                        // answer low for a moment); the wait is also the backoff, since a broker
+                        // answers a read above its log end at once.
+                        tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            _ = self.truncate(log_end) => {}
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(tp = %self.tp, error = %e, "pull failed; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -262,6 +296,44 @@ impl PartitionReader {
         buffer.bytes = 0;
         buffer.covered_from = lowest;
         buffer.covered_to = lowest;
+        drop(buffer);
+        self.pulled.notify_waiters();
+    }
+
+    /// The log was found to end at `log_end`, below the pull cursor (a topic recreated outside
+    /// ackgate, a failover to a replica behind). Confirmed by a second read (`core::log_end`),
+    /// the cursor and the ring move down to the new end and every subscriber waiting above it
+    /// is told (`fetch` answers `Truncated`): left alone, the reader would wait for the log to
+    /// grow past the old cursor and every event written below it would be skipped.
+    async fn truncate(&self, log_end: u64) {
+        let confirmed = match log_end::read_again(self.backend.as_ref(), std::slice::from_ref(&self.tp)).await {
+            Ok(bounds) => bounds[0].log_end,
+            Err(e) => {
+                tracing::warn!(tp = %self.tp, error = %e, "reading the log end again after a read above it failed; retrying");
+                return;
+            }
+        };
+        let mut buffer = self.buffer.lock().unwrap();
+        if confirmed >= buffer.covered_to {
+            drop(buffer);
+            log_end::transient(&self.tp, log_end, confirmed);
+            return;
+        }
+        // The lower of the two reads: what a recreated log wrote in the second between them is
+        // new, and is read again rather than skipped.
+        let confirmed = confirmed.min(log_end);
+        tracing::warn!(tp = %self.tp, cursor = buffer.covered_to, log_end = confirmed, "the log ends below the pull cursor (truncated, or recreated outside ackgate): the cursor moves down to the end, and subscribers above it are closed to resubscribe");
+        super::metrics::log_truncations().increment(1);
+        self.backend.seek(&self.tp, confirmed);
+        buffer.events.clear();
+        buffer.bytes = 0;
+        buffer.covered_from = confirmed;
+        buffer.covered_to = confirmed;
+        buffer.truncations += 1;
+        buffer.truncated_to = confirmed;
+        // Waiters above the end are gone once they look again: they must not draw the cursor
+        // back up to them (`jump_to_waiters_ahead`) meanwhile.
+        self.ahead.lock().unwrap().retain(|from, _| *from <= confirmed);
         drop(buffer);
         self.pulled.notify_waiters();
     }
@@ -425,7 +497,7 @@ impl Readers {
             capacity: self.capacity,
             capacity_bytes: self.capacity_bytes,
             batch: self.batch,
-            buffer: Mutex::new(Buffer { covered_from: cursor, covered_to: cursor, events: VecDeque::new(), bytes: 0 }),
+            buffer: Mutex::new(Buffer { covered_from: cursor, covered_to: cursor, events: VecDeque::new(), bytes: 0, truncations: 0, truncated_to: 0 }),
             pulled: Notify::new(),
             demand: Notify::new(),
             waiting: AtomicUsize::new(0),
@@ -534,7 +606,7 @@ mod tests {
         let readers = Readers::new(backend.clone(), 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop());
         let lease = readers.get(&TopicPartition::new(TopicName::parse("t").unwrap(), 0), 0);
         let started = tokio::time::Instant::now();
-        let waiting = tokio::spawn(async move { lease.fetch(0, 10, 1 << 20).await });
+        let waiting = tokio::spawn(async move { lease.fetch(0, 10, 1 << 20, &mut 0).await });
         backend.done.notified().await;
         let took = backend.hundredth.lock().unwrap().expect("set with the notification") - started;
         assert!(took >= EMPTY_POLL_FLOOR * 99, "100 empty polls within {took:?}: a busy loop");

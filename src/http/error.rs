@@ -69,6 +69,7 @@ impl From<BackendError> for ApiError {
             BackendError::UnknownPartition(m) => Self::not_found(m),
             // The detail (broker addresses, file paths) goes to the log, not to the caller.
             BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m).into(),
+            truncated @ BackendError::Truncated { .. } => FrameError::unavailable("the log backend", truncated).into(),
         }
     }
 }

@@ -204,13 +204,13 @@ async fn a_read_from_a_huge_offset_never_moves_the_pull_cursor() {
     let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
     let reader = readers.get(&tp, 0);
     for from in [1u64 << 63, u64::MAX - 1] {
-        let read = tokio::time::timeout(Duration::from_millis(300), reader.fetch(from, 10, usize::MAX)).await;
+        let read = tokio::time::timeout(Duration::from_millis(300), reader.fetch(from, 10, usize::MAX, &mut 0)).await;
         if let Ok(events) = read {
             assert!(events.unwrap().is_empty(), "a read from {from} returned events below it");
         }
     }
     // Whatever the reader pulled meanwhile is in its buffer, in order, for a subscriber at 0.
-    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
+    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(offsets, (0..10).collect::<Vec<_>>());
     shutdown.cancel();
 }
@@ -358,7 +358,7 @@ async fn a_reader_never_claims_offsets_its_cursor_skipped() {
     log.seek(&tp, 5);
     // A subscriber starting at 0 waits for the reader, which pulls from the moved cursor (5..9);
     // it gets 0..9 all the same (read from the log), never 5..9 as if 0..4 were held.
-    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
+    let offsets: Vec<u64> = reader.fetch(0, 10, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(offsets, (0..10).collect::<Vec<_>>());
     shutdown.cancel();
 }
@@ -573,11 +573,11 @@ async fn a_subscriber_ahead_of_the_ring_is_served_by_the_shared_reader() {
     let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
     let reader = readers.get(&tp, 0);
     assert_eq!(reader.pull_offset(), 0);
-    let events = tokio::time::timeout(WAIT, reader.fetch(5, 10, usize::MAX)).await.expect("served").unwrap();
+    let events = tokio::time::timeout(WAIT, reader.fetch(5, 10, usize::MAX, &mut 0)).await.expect("served").unwrap();
     assert_eq!(events.iter().map(|e| e.offset).collect::<Vec<_>>(), (5..10).collect::<Vec<_>>());
     assert_eq!(reader.pull_offset(), 10, "the shared reader moved to the subscriber and pulled its events");
     // A subscriber below the ring still reads the log by offset.
-    let below: Vec<u64> = reader.fetch(0, 3, usize::MAX).await.unwrap().iter().map(|e| e.offset).collect();
+    let below: Vec<u64> = reader.fetch(0, 3, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(below, vec![0, 1, 2]);
     shutdown.cancel();
 }

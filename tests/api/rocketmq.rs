@@ -529,6 +529,63 @@ async fn pop_a_master_killed_and_restarted_mid_stream_loses_nothing_and_renumber
     a_master_killed_and_restarted_mid_stream("pop").await;
 }
 
+/// Issue 22 item 4: the topic is deleted and created again outside ackgate while a client is
+/// subscribed, so its queue ends at 0, below the gateway's cursor and the client's committed
+/// offset (10). The reader reads the end again a second later, moves its cursor down, and the
+/// session is closed with `reconnect` and 1012; the client's committed offset is lowered to the
+/// new end once its writes are durable. The events written next at the reused offsets reach it
+/// when it resubscribes. Before, the reader waited at the old cursor: nothing below offset 10 of
+/// the new queue was ever delivered, and the session stayed open.
+async fn a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end(mode: &str) {
+    let broker = TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    let env = rocketmq_env(&namesrv, mode, "30000");
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    create_topic(&gw.base, "recreated", 1).await;
+    publish_n(&gw.base, "recreated", 0, 10).await;
+    let mut client = consume_and_ack(gw.addr, "c", "recreated", 10).await;
+    assert_eq!(stored_offset(&gw.base, "recreated", "c", 0).await.unwrap()["committed"], 10);
+
+    let outside = Broker::new(namesrv.clone(), Duration::from_secs(5));
+    let addr = broker.broker_addr().await;
+    outside.delete_topic(&addr, "recreated").await.unwrap();
+    outside.create_topic(&addr, "recreated", 1, false).await.unwrap();
+
+    let reconnect = client.recv_type("reconnect").await;
+    assert_eq!(reconnect["after_ms"], 0, "{reconnect}");
+    assert_eq!(client.close_code().await, 1012);
+    wait_for("the committed offset lowered to the new end", async || {
+        stored_offset(&gw.base, "recreated", "c", 0).await.is_some_and(|row| row["committed"] == 0)
+    })
+    .await;
+    assert_eq!(metric(&gw.base, "ackgate_log_truncations_total").await, 1.0);
+
+    for n in 100..103 {
+        send_directly(&broker, "recreated", n).await;
+    }
+    let mut client = TestClient::connect(gw.addr, "c").await;
+    let subscribed = client.subscribe("recreated", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 0, "{subscribed}");
+    let events = client.recv_events(3).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, vec![(0, 100), (1, 101), (2, 102)]);
+    let ack = client.ack_confirmed(&ids(&events), "new").await;
+    assert_eq!(ack["committed"], json!({"recreated": {"0": 3}}));
+    client.close().await;
+    gw.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end() {
+    a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end("pull").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end() {
+    a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end("pop").await;
+}
+
 /// POP with `rocketmq.max_pending_acks = 2`: a client that has not acked yet holds at most two
 /// receipt handles at the gateway, and still gets every event (read by PULL past the bound).
 /// Once it acks, the group's pop position catches up and every handle is acknowledged at the

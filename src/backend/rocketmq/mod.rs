@@ -232,7 +232,9 @@ impl RocketMqLog {
     }
 
     /// Reads by offset with PULL (no handle, no cursor): up to `max` events from `offset` on.
-    async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+    /// `at_cursor`: `offset` is the pull cursor, so a queue that ends below it is a truncation
+    /// for the partition's reader to handle (`BackendError::Truncated`), not a read to retry.
+    async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration, at_cursor: bool) -> Result<Vec<Event>, BackendError> {
         let q = self.queue_of(tp).await?;
         let mut offset = offset;
         // An offset below the log start (or past a hole) is moved once by the broker's answer.
@@ -261,6 +263,7 @@ impl RocketMqLog {
                     }
                 }
                 Pulled::NotFound { next } if next > offset => offset = next,
+                Pulled::OffsetMoved { next } if next < offset && at_cursor => return Err(BackendError::Truncated { log_end: next }),
                 Pulled::OffsetMoved { next } if next < offset => {
                     // The queue ends below `offset` (recreated outside ackgate, a failover to a
                     // replica behind, a truncated consume queue): the broker answers at once, so
@@ -313,7 +316,7 @@ impl RocketMqLog {
     async fn poll_pop(&self, tp: &TopicPartition, cursor: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let popped_to = self.popped_to.lock().unwrap().get(tp).copied().unwrap_or(0);
         if cursor < popped_to {
-            let mut events = self.read_at(tp, cursor, max, Duration::ZERO).await?;
+            let mut events = self.read_at(tp, cursor, max, Duration::ZERO, true).await?;
             events.retain(|e| e.offset < popped_to);
             if !events.is_empty() {
                 return Ok(events);
@@ -324,7 +327,7 @@ impl RocketMqLog {
         // and acknowledged at once, since its clients are past it by then.
         let room = self.settings.max_pending_acks.saturating_sub(self.ledger.len());
         if room == 0 {
-            return self.read_at(tp, cursor, max, wait).await;
+            return self.read_at(tp, cursor, max, wait, true).await;
         }
         let q = self.queue_of(tp).await?;
         let (header, messages) = self
@@ -364,7 +367,10 @@ impl RocketMqLog {
             Some(last) => (last.queue_offset + 1).max(undecodable_to),
             None if undecodable_to > 0 => undecodable_to,
             // Nothing new: everything below the log end was popped already.
-            None => self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await?,
+            None => match self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await? {
+                log_end if log_end < cursor => return Err(BackendError::Truncated { log_end }),
+                log_end => log_end,
+            },
         };
         self.popped_to.lock().unwrap().insert(tp.clone(), pop_position.max(popped_to));
         if fresh.first().is_some_and(|m| m.queue_offset == cursor) {
@@ -375,14 +381,14 @@ impl RocketMqLog {
             return Ok(events);
         }
         if pop_position > cursor {
-            let mut events = self.read_at(tp, cursor, max, Duration::ZERO).await?;
+            let mut events = self.read_at(tp, cursor, max, Duration::ZERO, true).await?;
             events.retain(|e| e.offset < pop_position);
             return Ok(events);
         }
         if popped_any {
             // The pop position is catching up below the cursor (reads went by PULL while the
             // handles were at their bound): the events at the cursor are read by PULL meanwhile.
-            return self.read_at(tp, cursor, max, Duration::ZERO).await;
+            return self.read_at(tp, cursor, max, Duration::ZERO, true).await;
         }
         Ok(Vec::new())
     }
@@ -676,7 +682,7 @@ impl LogBackend for RocketMqLog {
         let lite = tp.topic.lite().is_some();
         match from {
             ReadFrom::Offset(offset) if lite => self.read_lite_at(tp, offset, max).await,
-            ReadFrom::Offset(offset) => self.read_at(tp, offset, max, wait).await,
+            ReadFrom::Offset(offset) => self.read_at(tp, offset, max, wait, false).await,
             ReadFrom::PullCursor => {
                 let lock = self.cursor_lock(tp);
                 let _in_order = lock.lock().await;
@@ -687,7 +693,7 @@ impl LogBackend for RocketMqLog {
                 let events = match self.settings.mode {
                     _ if lite => self.poll_lite(tp, cursor, max, wait).await?,
                     // PULL from the cursor, long-polling up to `wait`.
-                    RocketMqMode::Pull => self.read_at(tp, cursor, max, wait).await?,
+                    RocketMqMode::Pull => self.read_at(tp, cursor, max, wait, true).await?,
                     RocketMqMode::Pop => self.poll_pop(tp, cursor, max, wait).await?,
                 };
                 let next = events.last().map_or(cursor, |e| e.offset + 1);

@@ -19,8 +19,8 @@ use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::Dispatcher;
 use crate::core::feeder::FedBatch;
 use crate::core::in_flight::InFlightWindow;
-use crate::core::names::TopicName;
-use crate::core::offset_retention::touch_client_offsets;
+use crate::core::names::{OffsetKey, TopicName, TopicPartition};
+use crate::core::offset_retention::{lower_to_log_end, touch_client_offsets};
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::StoreError;
 use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
@@ -138,6 +138,9 @@ struct Session {
     control: Arc<crate::core::session_control::ControlInbox>,
     /// Dead letters redriven to it (`redrives`); `None` until the first.
     redrives: Option<Box<redrives::Redrives>>,
+    /// Partitions whose log was truncated below this session, with the new end: the session
+    /// closes, and the client's offsets above the end are lowered once its writes are durable.
+    truncated: Vec<(TopicPartition, u64)>,
 }
 
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
@@ -170,6 +173,7 @@ where
         out: Vec::new(),
         control: control.clone(),
         redrives: None,
+        truncated: Vec::new(),
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {
@@ -249,14 +253,14 @@ where
                 Step::Continue
             }
             Some(fed) = feed_rx.recv() => {
-                s.on_fed(fed).await;
-                while s.out.len() < FEED_DRAIN_FRAMES {
+                let mut step = s.on_fed(fed).await;
+                while matches!(step, Step::Continue) && s.out.len() < FEED_DRAIN_FRAMES {
                     match feed_rx.try_recv() {
-                        Ok(fed) => s.on_fed(fed).await,
+                        Ok(fed) => step = s.on_fed(fed).await,
                         Err(_) => break,
                     }
                 }
-                Step::Continue
+                step
             }
             _ = slow_check.tick() => {
                 if s.subscriptions.values().any(|sub| sub.wanted > sub.partitions) {
@@ -301,6 +305,7 @@ where
     if let Err(e) = d.writer.barrier().await {
         tracing::warn!(session_id = %info.session_id, error = %e, "offset writes of an ending session not confirmed");
     }
+    s.lower_truncated_offsets().await;
     let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
     for topic in &topics {
         s.release_topic(topic);
@@ -399,6 +404,27 @@ impl Session {
             SessionControl::RedriveScanned { topic, subscription } => {
                 self.on_redrive_scanned(&topic, subscription);
                 Step::Continue
+            }
+        }
+    }
+
+    /// Lowers the client's committed offsets that stand above a truncated log's new end (acks
+    /// of events the log no longer holds), so that a return after the log grew past them again
+    /// does not skip what it wrote there. On the blocking pool, like every store write here.
+    async fn lower_truncated_offsets(&mut self) {
+        for (tp, log_end) in std::mem::take(&mut self.truncated) {
+            let (store, now) = (self.d.store.clone(), self.d.clock.now_ms());
+            let key = OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition);
+            let lowering = key.clone();
+            let lowered = tokio::task::spawn_blocking(move || match store.read(&lowering)? {
+                Some(record) if record.committed > log_end => lower_to_log_end(store.as_ref(), &lowering, log_end, now).map(|_| Some(record.committed)),
+                _ => Ok(None),
+            })
+            .await;
+            match lowered.map_err(|e| StoreError::Io(e.to_string())) {
+                Ok(Ok(Some(committed))) => tracing::warn!(%key, committed, log_end, "committed offset above a truncated log's end: lowered to the end"),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) | Err(e) => tracing::warn!(%key, error = %e, "could not lower an offset above a truncated log's end; the next subscribe lowers it"),
             }
         }
     }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Outbound, Session, Subscription};
+use super::{Outbound, Session, Step, Subscription};
 use crate::core::ack_tracker::Epoch;
 use crate::core::backend::Event;
 use crate::core::client_state::{DeliveryRef, EventRef};
@@ -17,7 +17,7 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::protocol::{write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
+use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::subscription_plan::StartPoint;
 
 impl Session {
@@ -157,11 +157,22 @@ impl Session {
 
     /// A batch of one partition's events becoming in-flight deliveries and `event` frames: one
     /// client-state lock, one block of sequence numbers and one clock read for the batch.
-    pub(super) async fn on_fed(&mut self, fed: FedBatch) {
+    /// `Step::Close` when the batch says the partition's log was truncated below this session.
+    pub(super) async fn on_fed(&mut self, fed: FedBatch) -> Step {
         let fed = *fed;
         let Some(subscription) = self.subscriptions.get(&fed.topic).filter(|s| s.id == fed.subscription) else {
-            return; // from a subscription that has ended
+            return Step::Continue; // from a subscription that has ended
         };
+        if let Some(log_end) = fed.truncated {
+            // What this session handed out above `log_end` is gone, and the log writes new events
+            // at those offsets: an ack of an old delivery would pass them. The session ends (its
+            // offsets above the end are lowered once its writes are durable, `run_session`) and
+            // the client resubscribes at the new end, as after a drain.
+            tracing::warn!(session_id = %self.info.session_id, client_id = %self.info.client_id, topic = %fed.topic, partition = fed.partition, log_end, "the log was truncated below this session's position: closing it so that its client resubscribes");
+            self.truncated.push((TopicPartition::new(fed.topic.clone(), fed.partition), log_end));
+            self.send(ServerFrame::Reconnect { after_ms: 0 });
+            return Step::Close(close_code::DRAINING, "the log was truncated below this session; resubscribe");
+        }
         let (slot, epoch) = (subscription.slot, subscription.epoch);
         let (ack_timeout, max_attempts) = (subscription.redelivery.ack_timeout, subscription.redelivery.max_attempts);
         if let Some((from, to)) = fed.gap {
@@ -206,6 +217,7 @@ impl Session {
         self.d.metrics.delivered(pushed);
         self.info.stats.delivered.fetch_add(pushed, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
+        Step::Continue
     }
 
     /// Tells the client that `from`..`to`-1 of a partition are gone (a `gap` frame) and reports it.
