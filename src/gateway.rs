@@ -243,7 +243,11 @@ impl Gateway {
             id => id.to_string(),
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
-        dispatcher.backend.set_ack_floor(Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher))));
+        if dispatcher.backend.acknowledges_at_broker() {
+            let floor = Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher)));
+            dispatcher.backend.set_ack_floor(floor.clone());
+            let _ = dispatcher.ack_floor.set(floor);
+        }
         let public_url = match config.server.public_url.as_str() {
             "" if tls.is_some() => format!("https://{local_addr}"),
             "" => format!("http://{local_addr}"),
@@ -342,6 +346,9 @@ impl Gateway {
         if let Err(e) = app.dispatcher.writer.barrier().await {
             tracing::error!(error = %e, "draining offset writes failed");
         }
+        // The broker ACKs the last acks allow (RocketMQ POP): left unsent, the broker would
+        // revive those events, and nothing after a restart could map them back.
+        app.dispatcher.backend.settle_before_exit().await;
         let writes = &app.dispatcher.writer.stats;
         tracing::info!(
             advanced = writes.advanced.load(Ordering::Relaxed),

@@ -3,7 +3,7 @@
 //! to its topic on this instance has a durable committed offset past it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Weak;
+use std::sync::{Mutex, Weak};
 
 use super::backend::AckFloor;
 use super::dispatcher::Dispatcher;
@@ -12,11 +12,25 @@ use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 /// Floors computed from the live sessions and the offset store.
 pub struct LiveClientsAckFloor {
     dispatcher: Weak<Dispatcher>,
+    /// Clients whose session ended since the last `floors`, by the topics it read: counted once
+    /// more, so that acks made durable as the session ended (the last acks of a client that
+    /// leaves, every session's at a graceful shutdown) still settle what the broker holds. Left
+    /// out, a partition whose last reader left had no floor, and its handles lapsed unacknowledged
+    /// (the broker revives them; after a restart nobody can map them back).
+    departed: Mutex<HashMap<TopicName, HashSet<ClientId>>>,
 }
 
 impl LiveClientsAckFloor {
     pub fn new(dispatcher: Weak<Dispatcher>) -> Self {
-        Self { dispatcher }
+        Self { dispatcher, departed: Mutex::new(HashMap::new()) }
+    }
+
+    /// A session of `client` that read `topics` has ended and its offset writes are durable.
+    pub fn client_left(&self, client: &ClientId, topics: &[TopicName]) {
+        let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        for topic in topics {
+            departed.entry(topic.clone()).or_default().insert(client.clone());
+        }
     }
 }
 
@@ -26,7 +40,8 @@ impl AckFloor for LiveClientsAckFloor {
             return HashMap::new();
         };
         let wanted: HashSet<&TopicName> = tps.iter().map(|tp| &tp.topic).collect();
-        let mut readers: HashMap<TopicName, HashSet<ClientId>> = HashMap::new();
+        let mut readers = std::mem::take(&mut *self.departed.lock().unwrap_or_else(|e| e.into_inner()));
+        readers.retain(|topic, _| wanted.contains(topic));
         for session in d.sessions() {
             let subscriptions = session.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             for topic in subscriptions.iter().filter(|t| wanted.contains(t)) {

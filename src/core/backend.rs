@@ -187,6 +187,18 @@ pub trait LogBackend: Send + Sync + 'static {
     /// without broker-side acknowledgement ignore it.
     fn set_ack_floor(&self, _floor: Arc<dyn AckFloor>) {}
 
+    /// True when the backend acknowledges events at its broker and reads the clients' floors.
+    fn acknowledges_at_broker(&self) -> bool {
+        false
+    }
+
+    /// A client left with durable offsets: what its floor allows may be settled now.
+    fn settle_soon(&self) {}
+
+    /// At graceful shutdown, once every session has ended and its offset writes are durable:
+    /// acknowledges at the broker what the clients' offsets allow (bounded in time).
+    async fn settle_before_exit(&self) {}
+
     /// Writes the pull cursors to the checkpoint file (atomically).
     fn checkpoint(&self) -> Result<(), BackendError>;
 

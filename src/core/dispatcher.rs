@@ -73,6 +73,9 @@ pub struct Dispatcher {
     /// Cancelled when the instance starts draining (`start_drain`): no new sessions, not ready.
     pub draining: CancellationToken,
     drain_started: std::sync::atomic::AtomicBool,
+    /// The clients' floors, set when the backend acknowledges at its broker (RocketMQ POP):
+    /// an ending session reports itself there.
+    pub ack_floor: std::sync::OnceLock<Arc<super::ack_floor::LiveClientsAckFloor>>,
     /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
@@ -114,6 +117,7 @@ impl Dispatcher {
             shutdown,
             draining: CancellationToken::new(),
             drain_started: Default::default(),
+            ack_floor: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

@@ -48,14 +48,16 @@ pub struct FeedPlan {
     pub batch: usize,
     pub subscription: u64,
     pub topic: TopicName,
+    /// `Readers::truncations` when the subscription was planned: a truncation found after it
+    /// reaches this feeder (`PartitionReader::fetch`).
+    pub truncations: u64,
 }
 
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<FedBatch>, cancel: CancellationToken) {
-    let FeedPlan { reader, partition, from: mut next, batch, subscription, topic } = plan;
+    let FeedPlan { reader, partition, from: mut next, batch, subscription, topic, truncations: mut known_truncations } = plan;
     let new_batch =
         |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, gap: None, truncated: None, events: Vec::with_capacity(capacity) });
-    let mut known_truncations = reader.truncations();
     loop {
         // Read only what the window has room for, once it has some: events never wait outside
         // the window in bulk (a whole fetch of large events, held per subscriber, was how a

@@ -9,7 +9,7 @@
 //! what its subscriber's window has room for.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,9 +41,9 @@ struct Buffer {
     events: VecDeque<Arc<Event>>,
     /// Payload bytes of `events`.
     bytes: usize,
-    /// How many times the log was found to end below the pull cursor (`PartitionReader::truncate`),
-    /// and where it ended the last time: a subscriber that stood above that end when it was
-    /// found has nothing left to wait for there.
+    /// When the log was last found to end below the pull cursor (`PartitionReader::truncate`),
+    /// as a count of `Readers::truncations` (0: never), and where it ended then: a subscriber
+    /// planned before that and standing above that end has nothing left to wait for there.
     truncations: u64,
     truncated_to: u64,
 }
@@ -101,6 +101,8 @@ pub struct PartitionReader {
     /// Average payload size of the events read last (0: none yet): sizes the first read of a
     /// catch-up read to its byte budget.
     average_bytes: AtomicUsize,
+    /// `Readers::truncations`, shared by every reader of this instance.
+    truncations_found: Arc<AtomicU64>,
 }
 
 impl PartitionReader {
@@ -114,18 +116,13 @@ impl PartitionReader {
         Ok(self.backend.log_bounds(&self.tp).await?.log_start)
     }
 
-    /// How many truncations of the log this reader has handled: a subscriber's starting
-    /// `known_truncations` for `fetch`.
-    pub fn truncations(&self) -> u64 {
-        self.buffer.lock().unwrap().truncations
-    }
-
     /// Up to `max` events and about `max_bytes` of payload (at least one event) from `from` on,
     /// in offset order; waits when there are none yet. A subscriber only takes what its window
     /// has room for, so events never wait outside the window in bulk (issue 20).
     ///
-    /// `known_truncations`: the truncations the caller has seen (from `truncations`). When the
-    /// log was found to end below `from` since then, the answer is `BackendError::Truncated`:
+    /// `known_truncations`: `Readers::truncations` as the caller last knew it (read before its
+    /// start was planned). When the log was found to end below `from` since then, the answer is
+    /// `BackendError::Truncated`:
     /// what the caller handed out from there on no longer exists, and the events the log writes
     /// next at those offsets are new ones.
     pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize, known_truncations: &mut u64) -> Result<Vec<Arc<Event>>, BackendError> {
@@ -135,7 +132,7 @@ impl PartitionReader {
             pulled.as_mut().enable();
             let (direct, covered_to, _ahead) = {
                 let buffer = self.buffer.lock().unwrap();
-                if buffer.truncations != *known_truncations {
+                if buffer.truncations > *known_truncations {
                     if from > buffer.truncated_to {
                         return Err(BackendError::Truncated { log_end: buffer.truncated_to });
                     }
@@ -151,8 +148,10 @@ impl PartitionReader {
                 } else {
                     let direct = from != buffer.covered_to;
                     // Counted ahead under the buffer's lock, so a truncation (which takes it too)
-                    // either is seen above or forgets this waiter (`truncate`).
-                    let ahead = (direct && from > buffer.covered_to).then(|| AheadGuard::new(&self.ahead, from));
+                    // either is seen above or forgets this waiter (`truncate`); counted waiting
+                    // first, so that the waiters ahead never seem to be all of them while one at
+                    // the ring's end is not counted yet (`jump_to_waiters_ahead`).
+                    let ahead = (direct && from > buffer.covered_to).then(|| (WaitingGuard::new(&self.waiting), AheadGuard::new(&self.ahead, from)));
                     (direct, buffer.covered_to, ahead)
                 }
             };
@@ -169,7 +168,7 @@ impl PartitionReader {
                     return Ok(events);
                 }
             }
-            let _waiting = WaitingGuard::new(&self.waiting);
+            let _waiting = _ahead.is_none().then(|| WaitingGuard::new(&self.waiting));
             self.demand.notify_one();
             let _ = tokio::time::timeout(FETCH_RECHECK, pulled).await;
         }
@@ -329,7 +328,7 @@ impl PartitionReader {
         buffer.bytes = 0;
         buffer.covered_from = confirmed;
         buffer.covered_to = confirmed;
-        buffer.truncations += 1;
+        buffer.truncations = self.truncations_found.fetch_add(1, Ordering::SeqCst) + 1;
         buffer.truncated_to = confirmed;
         // Waiters above the end are gone once they look again: they must not draw the cursor
         // back up to them (`jump_to_waiters_ahead`) meanwhile.
@@ -464,6 +463,9 @@ pub struct Readers {
     tasks: TaskTracker,
     /// `ackgate_pull_events_total`, shared by every reader.
     pulled_events: metrics::Counter,
+    /// Truncations found by any reader since start (`PartitionReader::truncate`): it outlives
+    /// each partition's readers, which come and go with their subscribers.
+    truncations_found: Arc<AtomicU64>,
 }
 
 impl Readers {
@@ -479,7 +481,13 @@ impl Readers {
         pulled_events: metrics::Counter,
     ) -> Self {
         let (readers, stopping) = (Arc::new(Mutex::new(HashMap::new())), Arc::new(Mutex::new(HashMap::new())));
-        Self { backend, capacity, capacity_bytes, batch, readers, stopping, shutdown, tasks, pulled_events }
+        Self { backend, capacity, capacity_bytes, batch, readers, stopping, shutdown, tasks, pulled_events, truncations_found: Arc::default() }
+    }
+
+    /// Truncations found so far: read before a subscription is planned, and handed to its
+    /// feeders, so that one found after the plan read the log's bounds reaches them.
+    pub fn truncations(&self) -> u64 {
+        self.truncations_found.load(Ordering::SeqCst)
     }
 
     /// A lease on the reader of `tp`, started at the backend's pull cursor (or `log_start`) when new.
@@ -504,6 +512,7 @@ impl Readers {
             ahead: Mutex::new(BTreeMap::new()),
             pulled_events: self.pulled_events.clone(),
             average_bytes: AtomicUsize::new(0),
+            truncations_found: self.truncations_found.clone(),
         });
         let (cancel, finished) = (self.shutdown.child_token(), CancellationToken::new());
         let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());

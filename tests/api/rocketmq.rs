@@ -195,6 +195,32 @@ async fn pop_acknowledges_at_the_broker_only_after_the_client_and_exactly_once()
     assert!(after.contains(&2), "nothing is in flight at the broker any more, so it pops again: {after:?}");
 }
 
+/// Issue 22 item 7: a client acks its events without waiting for `ack_ok` and leaves at once,
+/// the only reader of its topic. Its acks become durable as its session ends; the handles they
+/// settle are acknowledged at the broker then, although no live client holds the partition's
+/// floor any more. Before, the settle round ran after the session had unregistered, found no
+/// floor for the partition, and kept the handles until they lapsed unacknowledged (the broker
+/// revives them; at a graceful shutdown, every session's last acks were lost that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_the_last_acks_of_a_client_that_leaves_are_acknowledged_at_the_broker() {
+    let broker = TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    let env = rocketmq_env(&namesrv, "pop", "30000");
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    create_topic(&gw.base, "leaving", 1).await;
+    publish_n(&gw.base, "leaving", 0, 5).await;
+    let mut client = TestClient::connect(gw.addr, "leaver").await;
+    client.subscribe("leaving", json!({})).await;
+    let events = client.recv_events(5).await;
+    wait_for_metric(&gw.base, POPPED, 5).await;
+    client.send(json!({"op": "ack", "delivery_ids": ids(&events)})).await;
+    client.close().await;
+    wait_for("the client's acks durable", async || stored_offset(&gw.base, "leaving", "leaver", 0).await.is_some_and(|row| row["committed"] == 5)).await;
+    settle(&gw.base).await;
+    gw.terminate();
+}
+
 /// Waits until every handle the gateway popped is acknowledged at the broker, checking at every
 /// sample that no handle is acknowledged twice (never more ACKs than pops); looks again after a
 /// pause, since a reader may pop once more right after the clients' last acks.
@@ -533,9 +559,10 @@ async fn pop_a_master_killed_and_restarted_mid_stream_loses_nothing_and_renumber
 /// subscribed, so its queue ends at 0, below the gateway's cursor and the client's committed
 /// offset (10). The reader reads the end again a second later, moves its cursor down, and the
 /// session is closed with `reconnect` and 1012; the client's committed offset is lowered to the
-/// new end once its writes are durable. The events written next at the reused offsets reach it
-/// when it resubscribes. Before, the reader waited at the old cursor: nothing below offset 10 of
-/// the new queue was ever delivered, and the session stayed open.
+/// new end before the close goes out. The events written next at the reused offsets reach it
+/// when it resubscribes, although the new queue has grown past the old offset by then (12
+/// events). Before, the reader waited at the old cursor: nothing below offset 10 of the new queue
+/// was ever delivered, and the session stayed open.
 async fn a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end(mode: &str) {
     let broker = TestRocketMq::start();
     let namesrv = broker.namesrv();
@@ -561,17 +588,17 @@ async fn a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end(m
     .await;
     assert_eq!(metric(&gw.base, "ackgate_log_truncations_total").await, 1.0);
 
-    for n in 100..103 {
+    for n in 100..112 {
         send_directly(&broker, "recreated", n).await;
     }
     let mut client = TestClient::connect(gw.addr, "c").await;
     let subscribed = client.subscribe("recreated", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 0, "{subscribed}");
-    let events = client.recv_events(3).await;
+    let events = client.recv_events(12).await;
     let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
-    assert_eq!(got, vec![(0, 100), (1, 101), (2, 102)]);
+    assert_eq!(got, (0..12).map(|i| (i, 100 + i)).collect::<Vec<_>>());
     let ack = client.ack_confirmed(&ids(&events), "new").await;
-    assert_eq!(ack["committed"], json!({"recreated": {"0": 3}}));
+    assert_eq!(ack["committed"], json!({"recreated": {"0": 12}}));
     client.close().await;
     gw.terminate();
 }

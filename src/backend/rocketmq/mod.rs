@@ -89,6 +89,8 @@ pub struct RocketMqLog {
     ack_floor: OnceLock<Arc<dyn AckFloor>>,
     /// Woken by `ack_pulled_message`, so broker ACKs follow client acks closely.
     acked: tokio::sync::Notify,
+    /// Held by a settle round: the last round at shutdown waits for the one in progress.
+    settling: tokio::sync::Mutex<()>,
     reachable: AtomicBool,
     next_queue: AtomicU64,
     next_uniq: AtomicU64,
@@ -139,6 +141,7 @@ impl RocketMqLog {
             positions: Positions::new(POSITIONS_REMEMBERED),
             ack_floor: OnceLock::new(),
             acked: tokio::sync::Notify::new(),
+            settling: tokio::sync::Mutex::new(()),
             reachable: AtomicBool::new(true),
             next_queue: AtomicU64::new(0),
             next_uniq: AtomicU64::new(0),
@@ -733,6 +736,22 @@ impl LogBackend for RocketMqLog {
 
     fn set_ack_floor(&self, floor: Arc<dyn AckFloor>) {
         let _ = self.ack_floor.set(floor);
+    }
+
+    fn acknowledges_at_broker(&self) -> bool {
+        self.settings.mode == RocketMqMode::Pop
+    }
+
+    fn settle_soon(&self) {
+        if self.settings.mode == RocketMqMode::Pop {
+            self.acked.notify_one();
+        }
+    }
+
+    async fn settle_before_exit(&self) {
+        if self.settings.mode == RocketMqMode::Pop {
+            self.settle_at_exit().await;
+        }
     }
 
     fn checkpoint(&self) -> Result<(), BackendError> {

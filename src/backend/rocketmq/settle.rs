@@ -19,10 +19,23 @@ const BROKER_ACK_ATTEMPTS: u32 = 3;
 const BROKER_REQUESTS_IN_FLIGHT: usize = 16;
 /// A failed invisible-time extension is tried again after this pause.
 const EXTEND_RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// How long a graceful shutdown waits for its last round of broker ACKs.
+const SETTLE_AT_EXIT: Duration = Duration::from_secs(5);
 
 impl RocketMqLog {
-    /// One round of broker ACKs and invisible-time extensions.
+    /// The last round, at graceful shutdown (every session ended, its writes durable): after the
+    /// round in progress, if any, so that no ACK of it is cut off by the exit.
+    pub(super) async fn settle_at_exit(&self) {
+        let owed = self.ledger.len();
+        if tokio::time::timeout(SETTLE_AT_EXIT, self.settle_handles()).await.is_err() {
+            tracing::warn!(timeout = ?SETTLE_AT_EXIT, "the last broker ACKs did not finish; the broker revives what they were for");
+        }
+        tracing::info!(handles_before = owed, handles_left = self.ledger.len(), "last broker ACKs sent (POP)");
+    }
+
+    /// One round of broker ACKs and invisible-time extensions; one round at a time.
     async fn settle_handles(&self) {
+        let _one_round = self.settling.lock().await;
         let Some(floor) = self.ack_floor.get() else { return };
         crate::core::metrics::rocketmq_pending_handles().set(self.ledger.len() as f64);
         let tps = self.ledger.partitions();

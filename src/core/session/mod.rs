@@ -138,9 +138,6 @@ struct Session {
     control: Arc<crate::core::session_control::ControlInbox>,
     /// Dead letters redriven to it (`redrives`); `None` until the first.
     redrives: Option<Box<redrives::Redrives>>,
-    /// Partitions whose log was truncated below this session, with the new end: the session
-    /// closes, and the client's offsets above the end are lowered once its writes are durable.
-    truncated: Vec<(TopicPartition, u64)>,
 }
 
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
@@ -173,7 +170,6 @@ where
         out: Vec::new(),
         control: control.clone(),
         redrives: None,
-        truncated: Vec::new(),
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {
@@ -305,8 +301,13 @@ where
     if let Err(e) = d.writer.barrier().await {
         tracing::warn!(session_id = %info.session_id, error = %e, "offset writes of an ending session not confirmed");
     }
-    s.lower_truncated_offsets().await;
     let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
+    if let Some(floor) = d.ack_floor.get() {
+        // Still counted for one settle round: this client's last acks are durable now, and once
+        // it has unregistered no live client may hold the partition's floor.
+        floor.client_left(&info.client_id, &topics);
+        d.backend.settle_soon();
+    }
     for topic in &topics {
         s.release_topic(topic);
     }
@@ -408,24 +409,22 @@ impl Session {
         }
     }
 
-    /// Lowers the client's committed offsets that stand above a truncated log's new end (acks
-    /// of events the log no longer holds), so that a return after the log grew past them again
-    /// does not skip what it wrote there. On the blocking pool, like every store write here.
-    async fn lower_truncated_offsets(&mut self) {
-        for (tp, log_end) in std::mem::take(&mut self.truncated) {
-            let (store, now) = (self.d.store.clone(), self.d.clock.now_ms());
-            let key = OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition);
-            let lowering = key.clone();
-            let lowered = tokio::task::spawn_blocking(move || match store.read(&lowering)? {
-                Some(record) if record.committed > log_end => lower_to_log_end(store.as_ref(), &lowering, log_end, now).map(|_| Some(record.committed)),
-                _ => Ok(None),
-            })
-            .await;
-            match lowered.map_err(|e| StoreError::Io(e.to_string())) {
-                Ok(Ok(Some(committed))) => tracing::warn!(%key, committed, log_end, "committed offset above a truncated log's end: lowered to the end"),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) | Err(e) => tracing::warn!(%key, error = %e, "could not lower an offset above a truncated log's end; the next subscribe lowers it"),
-            }
+    /// Lowers the client's committed offset of `tp` if it stands above a truncated log's new end
+    /// (acks of events the log no longer holds), so that a return after the log grew past it
+    /// again does not skip what it wrote there. On the blocking pool, like every store write here.
+    async fn lower_truncated_offset(&self, tp: &TopicPartition, log_end: u64) {
+        let (store, now) = (self.d.store.clone(), self.d.clock.now_ms());
+        let key = OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition);
+        let lowering = key.clone();
+        let lowered = tokio::task::spawn_blocking(move || match store.read(&lowering)? {
+            Some(record) if record.committed > log_end => lower_to_log_end(store.as_ref(), &lowering, log_end, now).map(|_| Some(record.committed)),
+            _ => Ok(None),
+        })
+        .await;
+        match lowered.map_err(|e| StoreError::Io(e.to_string())) {
+            Ok(Ok(Some(committed))) => tracing::warn!(%key, committed, log_end, "committed offset above a truncated log's end: lowered to the end"),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) | Err(e) => tracing::warn!(%key, error = %e, "could not lower an offset above a truncated log's end; the next subscribe lowers it"),
         }
     }
 

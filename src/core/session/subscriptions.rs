@@ -40,6 +40,9 @@ impl Session {
         let id = self.next_subscription;
         self.next_subscription += 1;
         let epoch = Epoch { session: self.info.number, subscription: id };
+        // Read before the plan reads the log's bounds: a truncation found after this is one the
+        // plan may not have seen, so the feeders must hear of it.
+        let truncations = self.d.readers.truncations();
         let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume, epoch, 0).await {
             Ok(starts) => starts,
             Err(e) => {
@@ -68,7 +71,7 @@ impl Session {
         for start in starts.iter().filter(|s| s.gap.is_some()) {
             self.d.report_gap(&self.info.client_id, &topic, start.partition, start.gap.expect("filtered"));
         }
-        self.feed(&topic, &starts, id, &cancel);
+        self.feed(&topic, &starts, id, &cancel, truncations);
         // Listed before the partition count is read: a growth after this reaches it as a
         // control message, one before it through the count (`Dispatcher::partitions_grown`).
         self.info.subscriptions.lock().unwrap().push(topic.clone());
@@ -85,12 +88,20 @@ impl Session {
         Ok(())
     }
 
-    /// One feeder per start point, for subscription `id`.
-    fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken) {
+    /// One feeder per start point, for subscription `id`, planned when `truncations` had been
+    /// found (`Readers::truncations`).
+    fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken, truncations: u64) {
         for start in starts {
             let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
-            let plan =
-                FeedPlan { reader, partition: start.partition, from: start.from, batch: self.d.settings.fetch_batch, subscription: id, topic: topic.clone() };
+            let plan = FeedPlan {
+                reader,
+                partition: start.partition,
+                from: start.from,
+                batch: self.d.settings.fetch_batch,
+                subscription: id,
+                topic: topic.clone(),
+                truncations,
+            };
             self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
         }
     }
@@ -104,6 +115,7 @@ impl Session {
         for topic in growing {
             let Some(subscription) = self.subscriptions.get(&topic) else { continue };
             let (id, epoch, first, cancel) = (subscription.id, subscription.epoch, subscription.partitions, subscription.cancel.clone());
+            let truncations = self.d.readers.truncations();
             let planned = self.d.plan_subscription(&self.info.client_id, &self.client, &topic, StartFrom::Earliest, &BTreeMap::new(), epoch, first).await;
             let starts = match planned {
                 Ok(starts) => starts,
@@ -122,7 +134,7 @@ impl Session {
                     self.gap(&topic, start.partition, from, to);
                 }
             }
-            self.feed(&topic, &starts, id, &cancel);
+            self.feed(&topic, &starts, id, &cancel, truncations);
             let subscription = self.subscriptions.get_mut(&topic).expect("checked above");
             subscription.partitions = subscription.partitions.max(first + starts.len() as u32);
             if starts.is_empty() {
@@ -164,13 +176,8 @@ impl Session {
             return Step::Continue; // from a subscription that has ended
         };
         if let Some(log_end) = fed.truncated {
-            // What this session handed out above `log_end` is gone, and the log writes new events
-            // at those offsets: an ack of an old delivery would pass them. The session ends (its
-            // offsets above the end are lowered once its writes are durable, `run_session`) and
-            // the client resubscribes at the new end, as after a drain.
-            tracing::warn!(session_id = %self.info.session_id, client_id = %self.info.client_id, topic = %fed.topic, partition = fed.partition, log_end, "the log was truncated below this session's position: closing it so that its client resubscribes");
-            self.truncated.push((TopicPartition::new(fed.topic.clone(), fed.partition), log_end));
-            self.send(ServerFrame::Reconnect { after_ms: 0 });
+            let epoch = subscription.epoch;
+            self.close_for_truncation(TopicPartition::new(fed.topic.clone(), fed.partition), epoch, log_end).await;
             return Step::Close(close_code::DRAINING, "the log was truncated below this session; resubscribe");
         }
         let (slot, epoch) = (subscription.slot, subscription.epoch);
@@ -218,6 +225,29 @@ impl Session {
         self.info.stats.delivered.fetch_add(pushed, Ordering::Relaxed);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         Step::Continue
+    }
+
+    /// The log of `tp` ends at `log_end`, below this session's position: what it handed out from
+    /// there is gone, and the log writes new events at those offsets, which an ack of an old
+    /// delivery would pass. Before the client hears anything (it reconnects at once): its acks so
+    /// far are made durable, the partition's tracker (this subscription's) is forgotten, and its
+    /// committed offset above the end is lowered, so the resubscribe starts at the end even when
+    /// the log has grown past the old offset by then. Then `reconnect`, and the caller closes
+    /// with 1012, as a drain does.
+    async fn close_for_truncation(&mut self, tp: TopicPartition, epoch: Epoch, log_end: u64) {
+        tracing::warn!(session_id = %self.info.session_id, client_id = %self.info.client_id, %tp, log_end, "the log was truncated below this session's position: closing it so that its client resubscribes");
+        self.submit_acked().await;
+        if let Err(e) = self.d.writer.barrier().await {
+            tracing::warn!(session_id = %self.info.session_id, error = %e, "offset writes before a truncation close not confirmed");
+        }
+        {
+            let mut client = self.client.lock().unwrap();
+            if client.tracker_of_epoch(&tp, epoch).is_some() {
+                client.trackers.remove(&tp);
+            }
+        }
+        self.lower_truncated_offset(&tp, log_end).await;
+        self.send(ServerFrame::Reconnect { after_ms: 0 });
     }
 
     /// Tells the client that `from`..`to`-1 of a partition are gone (a `gap` frame) and reports it.
