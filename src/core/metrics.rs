@@ -117,8 +117,8 @@ pub fn rocketmq_popped() -> Counter {
     metrics::counter!(ROCKETMQ_POPPED)
 }
 
-/// `ackgate_rocketmq_unmapped_revived_total`: revived messages whose original position is unknown
-/// here, left to the broker.
+/// `ackgate_rocketmq_unmapped_revived_total`: revived messages whose original is neither known
+/// here nor found at the broker by its `UNIQ_KEY`, left to the broker.
 pub fn rocketmq_unmapped_revived() -> Counter {
     metrics::counter!(ROCKETMQ_UNMAPPED_REVIVED)
 }
@@ -255,7 +255,10 @@ impl Metrics {
         describe_counter!(GAP_EVENTS, "Events in the gaps reported to clients, per topic");
         describe_counter!(DEAD_LETTERS_REDRIVEN, "Dead letters an operator marked to be delivered again (POST /admin/dead-letters/redrive)");
         describe_counter!(ROCKETMQ_POPPED, "Messages popped from the RocketMQ broker (POP mode)");
-        describe_counter!(ROCKETMQ_UNMAPPED_REVIVED, "Revived RocketMQ messages whose original position is unknown here, left to the broker");
+        describe_counter!(
+            ROCKETMQ_UNMAPPED_REVIVED,
+            "Revived RocketMQ messages whose original is neither known here nor found at the broker by its UNIQ_KEY, left to the broker"
+        );
         describe_gauge!(ROCKETMQ_PENDING_HANDLES, "Popped RocketMQ messages whose broker ACK is still to be sent");
         describe_counter!(ROCKETMQ_BROKER_ACKS, "ACK requests to the RocketMQ broker (POP mode), by result: acked, retried, failed");
         describe_counter!(ROCKETMQ_INVISIBLE_EXTENSIONS, "Invisible-time extensions of popped RocketMQ messages, by result: ok, failed");

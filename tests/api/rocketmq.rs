@@ -221,6 +221,49 @@ async fn pop_the_last_acks_of_a_client_that_leaves_are_acknowledged_at_the_broke
     gw.terminate();
 }
 
+/// Issue 22 item 8: after a restart, the broker hands out a revived copy of an event the client
+/// acknowledged before it (a revived copy names neither the original's queue nor its offset:
+/// Apache's PopReviveService copies only the properties, `UNIQ_KEY` among them). The new instance
+/// has not read the original since it started, so its `UNIQ_KEY` table does not know it: the
+/// original is looked up at the broker by that key (QUERY_MESSAGE), found below the client's
+/// committed offset, and the copy is acknowledged at the broker, never delivered. Before, it was
+/// left to the broker (`ackgate_rocketmq_unmapped_revived_total`), which revived it again and
+/// again. rocketmq-rust never revives by itself, so the copy is written to the group's retry
+/// topic by hand, as the broker's revive service writes it; the broker's POP hands it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_a_revived_copy_unknown_since_a_restart_is_found_by_its_uniq_key_and_acknowledged() {
+    let broker = TestRocketMq::start();
+    let namesrv = broker.namesrv();
+    let env = rocketmq_env(&namesrv, "pop", "30000");
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &env);
+    create_topic(&gw.base, "revived", 1).await;
+    publish_n(&gw.base, "revived", 0, 3).await;
+    consume_and_ack(gw.addr, "c", "revived", 3).await.close().await;
+    settle(&gw.base).await;
+    assert!(gw.terminate().success());
+
+    let outside = Broker::new(namesrv.clone(), Duration::from_secs(5));
+    let addr = broker.broker_addr().await;
+    let Ok(ackgate::backend::rocketmq::Pulled::Found { messages, .. }) = outside.pull(&addr, GROUP, "revived", 0, 1, 1, Duration::ZERO).await else {
+        panic!("event 1 is in the queue");
+    };
+    let original = messages.into_iter().next().unwrap().unwrap();
+    let uniq = original.property("UNIQ_KEY").expect("ackgate sets UNIQ_KEY").to_string();
+    let properties = ackgate::backend::rocketmq::message::encode_properties(&[("UNIQ_KEY", &uniq), ("1ST_POP_TIME", "1")]);
+    broker.write_revived_copy(GROUP, "revived", properties, &original.body).await;
+
+    let gw = Process::start(&data, &env);
+    let mut client = TestClient::connect(gw.addr, "c").await;
+    let subscribed = client.subscribe("revived", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 3, "{subscribed}");
+    wait_for_metric(&gw.base, BROKER_ACKED, 1).await;
+    assert_eq!(metric(&gw.base, "ackgate_rocketmq_unmapped_revived_total").await, 0.0);
+    client.expect_silence(Duration::from_millis(500)).await;
+    client.close().await;
+    gw.terminate();
+}
+
 /// Waits until every handle the gateway popped is acknowledged at the broker, checking at every
 /// sample that no handle is acknowledged twice (never more ACKs than pops); looks again after a
 /// pause, since a reader may pop once more right after the clients' last acks.

@@ -112,6 +112,31 @@ impl TestRocketMq {
         assert_eq!(r.code, 0, "reset offset refused: {:?}", r.remark);
     }
 
+    /// Writes `body` to `group`'s POP retry topic of `topic` (`%RETRY%{group}_{topic}`, created
+    /// here) with `properties`, as the broker's revive service writes a revived copy. rocketmq-rust
+    /// 1.0.0 diverts a send to a retry topic to a DLQ while the group it parses out of the topic's
+    /// name (everything after `%RETRY%`) holds *no* queue lock: its `isLockAllExpired` test is
+    /// inverted against Apache's, which diverts while a lock is held. So a queue lock is taken
+    /// for that group first (LOCK_BATCH_MQ, held 60 s).
+    pub async fn write_revived_copy(&self, group: &str, topic: &str, properties: String, body: &[u8]) {
+        let addr = self.broker_addr().await;
+        let retry_topic = format!("%RETRY%{group}_{topic}");
+        let client = ackgate::backend::rocketmq::Broker::new(self.namesrv(), Duration::from_secs(5));
+        client.create_topic(&addr, &retry_topic, 1, false).await.unwrap();
+        let lock = serde_json::json!({
+            // The group the broker parses out of the retry topic's name (all after `%RETRY%`).
+            "consumerGroup": format!("{group}_{topic}"),
+            "clientId": "ackgate-test-locker",
+            "onlyThisBroker": true,
+            "mqSet": [{"topic": retry_topic, "brokerName": "ackgate-test-broker", "queueId": 0}],
+        });
+        let r = Remoting::default().call(&addr, 41, &[], lock.to_string().as_bytes(), Duration::from_secs(5)).await.expect("RocketMQ answers");
+        assert_eq!(r.code, 0, "lock refused: {:?}", r.remark);
+        client.send(&addr, "outside", &retry_topic, 0, properties, body, Duration::from_secs(5)).await.unwrap();
+        let r = self.call(&addr, code::GET_MAX_OFFSET, &[("topic", retry_topic.clone()), ("queueId", "0".to_string())]).await;
+        assert_eq!(r.number("offset").ok(), Some(1), "the copy is in {retry_topic}, not diverted to the DLQ");
+    }
+
     /// The consumer offset the broker holds for `group` on a queue (`None`: it holds none).
     pub async fn consumer_offset(&self, group: &str, topic: &str, queue: u32) -> Option<i64> {
         let ext =

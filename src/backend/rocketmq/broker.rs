@@ -366,6 +366,27 @@ impl Broker {
         Ok(Sent { queue_offset, msg_id: r.field("msgId").unwrap_or_default().to_string() })
     }
 
+    /// QUERY_MESSAGE by unique key: the messages of `topic` stored on this broker under the
+    /// producer's `UNIQ_KEY` (the broker's index), with their queue and queue offset. Empty when
+    /// the index has none.
+    pub async fn query_by_uniq_key(&self, broker_addr: &str, topic: &str, uniq_key: &str) -> Result<Vec<Decoded>, BackendError> {
+        let ext = [
+            ("topic", topic.to_string()),
+            ("key", uniq_key.to_string()),
+            ("maxNum", "32".to_string()),
+            ("beginTimestamp", "0".to_string()),
+            ("endTimestamp", i64::MAX.to_string()),
+            // The broker's flag for a lookup by unique key (`_UNIQUE_KEY_QUERY`).
+            ("_UNIQUE_KEY_QUERY", "true".to_string()),
+        ];
+        let r = self.call(broker_addr, code::QUERY_MESSAGE, &ext, &[], self.timeout).await?;
+        match r.code {
+            response::SUCCESS => Ok(decode_messages(&r.body)),
+            response::QUERY_NOT_FOUND => Ok(Vec::new()),
+            _ => Err(refused("query message by unique key", &r)),
+        }
+    }
+
     /// VIEW_MESSAGE_BY_ID: the stored message at a commit log offset (with the properties the
     /// store added, such as a lite message's queue offset).
     pub async fn view_message(&self, broker_addr: &str, commit_log_offset: u64) -> Result<Decoded, BackendError> {

@@ -70,6 +70,18 @@ pub fn queue_of(layout: &Layout, partition: u32) -> Option<(&str, u32)> {
     None
 }
 
+/// The partition a broker's queue is, if the layout has it.
+pub fn partition_of(layout: &Layout, broker: &str, queue_id: u32) -> Option<u32> {
+    let mut first = 0u32;
+    for (name, queues) in layout {
+        if name == broker {
+            return (queue_id < *queues).then(|| first.saturating_add(queue_id));
+        }
+        first = first.saturating_add(*queues);
+    }
+    None
+}
+
 pub fn partitions(layout: &Layout) -> u32 {
     layout.iter().map(|(_, q)| *q).fold(0u32, u32::saturating_add)
 }
@@ -205,6 +217,20 @@ mod tests {
 
     fn layout(entries: &[(&str, u32)]) -> Layout {
         entries.iter().map(|(b, q)| (b.to_string(), *q)).collect()
+    }
+
+    #[test]
+    fn a_brokers_queue_maps_back_to_its_partition() {
+        let l = layout(&[("broker-a", 2), ("broker-b", 3)]);
+        assert_eq!(partition_of(&l, "broker-a", 1), Some(1));
+        assert_eq!(partition_of(&l, "broker-b", 0), Some(2));
+        assert_eq!(partition_of(&l, "broker-b", 2), Some(4));
+        assert_eq!(partition_of(&l, "broker-b", 3), None, "a queue the layout does not have");
+        assert_eq!(partition_of(&l, "broker-c", 0), None);
+        for p in 0..5 {
+            let (broker, queue) = queue_of(&l, p).unwrap();
+            assert_eq!(partition_of(&l, broker, queue), Some(p));
+        }
     }
 
     #[test]

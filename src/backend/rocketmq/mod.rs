@@ -355,7 +355,7 @@ impl RocketMqLog {
                     continue;
                 }
             };
-            let Some((original_tp, original_offset, handle)) = self.handle_of(&q, tp, &header, &message) else {
+            let Some((original_tp, original_offset, handle)) = self.handle_of(&q, tp, &header, &message).await else {
                 continue;
             };
             crate::core::metrics::rocketmq_popped().increment(1);
@@ -396,16 +396,57 @@ impl RocketMqLog {
         Ok(Vec::new())
     }
 
-    /// The original partition and offset of a popped message, and its receipt handle; `None`
-    /// for a revived message whose original is unknown here (left to the broker, counted).
-    fn handle_of(&self, q: &PartitionQueue, polled: &TopicPartition, header: &broker::PopHeader, m: &StoredMessage) -> Option<(TopicPartition, u64, Handle)> {
+    /// The original partition and offset of a popped message, and its receipt handle. A revived
+    /// message whose original this instance has not read since it started (the `UNIQ_KEY` table
+    /// is in memory) is looked up at the brokers; `None` when that fails too (left to the broker,
+    /// counted).
+    async fn handle_of(
+        &self,
+        q: &PartitionQueue,
+        polled: &TopicPartition,
+        header: &broker::PopHeader,
+        m: &StoredMessage,
+    ) -> Option<(TopicPartition, u64, Handle)> {
         let popped = pop::receipt(&self.settings.consumer_group, q, polled, header, m, &self.positions);
-        let revived = m.topic.starts_with("%RETRY%") || m.property(POP_CK).is_some();
-        if popped.is_none() && revived {
-            crate::core::metrics::rocketmq_unmapped_revived().increment(1);
-            tracing::warn!(topic = %polled.topic, uniq_key = m.property(UNIQ_KEY).unwrap_or("-"), "a revived message whose original position is unknown here is left to the broker");
+        if popped.is_some() || !pop::is_revived(m) {
+            return popped;
         }
-        popped
+        let uniq = m.property(UNIQ_KEY);
+        let found = match uniq {
+            Some(uniq) => self.find_original(&polled.topic, uniq).await,
+            None => None,
+        };
+        let Some((tp, offset)) = found else {
+            crate::core::metrics::rocketmq_unmapped_revived().increment(1);
+            tracing::warn!(topic = %polled.topic, uniq_key = uniq.unwrap_or("-"), "a revived message whose original is not found is left to the broker");
+            return None;
+        };
+        self.positions.learn(uniq.expect("found by it"), &tp, offset);
+        tracing::info!(%tp, offset, "a revived message's original found at the broker by its UNIQ_KEY");
+        Some((tp, offset, pop::handle(&self.settings.consumer_group, q, polled, header, m)))
+    }
+
+    /// Where the original of a revived message is: QUERY_MESSAGE by its `UNIQ_KEY` (the broker's
+    /// index) at each master of `topic`. A revived copy names neither the original's queue nor its
+    /// offset (Apache's `PopReviveService` copies the properties only), so the index is the one
+    /// way back after a restart.
+    async fn find_original(&self, topic: &TopicName, uniq: &str) -> Option<(TopicPartition, u64)> {
+        let route = self.route(topic).await.ok()??;
+        for (broker_name, addr) in route.broker_addrs() {
+            let Some(addr) = addr else { continue };
+            let found = match self.broker.query_by_uniq_key(addr, topic.as_str(), uniq).await {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::warn!(%topic, broker = broker_name, uniq_key = uniq, error = %e, "looking up a revived message's original failed");
+                    continue;
+                }
+            };
+            let original = found.into_iter().flatten().find(|m| m.topic == topic.as_str() && m.property(UNIQ_KEY) == Some(uniq));
+            if let Some(partition) = original.and_then(|m| Some((layout::partition_of(&route.layout, broker_name, m.queue_id)?, m.queue_offset))) {
+                return Some((TopicPartition::new(topic.clone(), partition.0), partition.1));
+            }
+        }
+        None
     }
 
     /// The partition of an event: the one it names, its key's, or the next in turn.

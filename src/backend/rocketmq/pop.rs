@@ -11,7 +11,8 @@
 //!
 //! A revived message comes back from the retry topic with another queue and offset, but keeps
 //! its `UNIQ_KEY`; `Positions` maps that key to the original `topic#partition` and offset,
-//! learned from every message this instance reads (popped or pulled).
+//! learned from every message this instance reads (popped or pulled). A key it has not learned
+//! (an original read before a restart) is looked up at the broker (`RocketMqLog::handle_of`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,8 +36,30 @@ pub fn receipt(
     m: &StoredMessage,
     positions: &Positions,
 ) -> Option<(TopicPartition, u64, Handle)> {
+    let handle = handle(group, queue, polled, header, m);
+    if !is_revived(m) {
+        // A POP of one queue answers that queue's messages (and revived ones): the partition polled.
+        if m.queue_id != queue.queue_id {
+            return None;
+        }
+        if let Some(uniq) = m.property(UNIQ_KEY) {
+            positions.learn(uniq, polled, m.queue_offset);
+        }
+        return Some((polled.clone(), m.queue_offset, handle));
+    }
+    let (tp, offset) = positions.find(m.property(UNIQ_KEY)?)?;
+    Some((tp, offset, handle))
+}
+
+/// A message the broker revived (from the group's retry topic, or carrying its own checkpoint).
+pub fn is_revived(m: &StoredMessage) -> bool {
+    m.topic.starts_with("%RETRY%") || m.property(POP_CK).is_some()
+}
+
+/// The receipt handle of a popped message, fresh or revived.
+pub fn handle(group: &str, queue: &PartitionQueue, polled: &TopicPartition, header: &PopHeader, m: &StoredMessage) -> Handle {
     let in_retry_topic = m.topic.starts_with("%RETRY%");
-    let revived = in_retry_topic || m.property(POP_CK).is_some();
+    let revived = is_revived(m);
     let extra_info = match m.property(POP_CK) {
         Some(ck) => ck.to_string(),
         None => {
@@ -62,19 +85,7 @@ pub fn receipt(
         m.topic.clone()
     };
     let invisible_until = header.pop_time + header.invisible_time;
-    let handle = Handle { topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until, retry_extend_at: 0 };
-    if !revived {
-        // A POP of one queue answers that queue's messages (and revived ones): the partition polled.
-        if m.queue_id != queue.queue_id {
-            return None;
-        }
-        if let Some(uniq) = m.property(UNIQ_KEY) {
-            positions.learn(uniq, polled, m.queue_offset);
-        }
-        return Some((polled.clone(), m.queue_offset, handle));
-    }
-    let (tp, offset) = positions.find(m.property(UNIQ_KEY)?)?;
-    Some((tp, offset, handle))
+    Handle { topic, queue_id: m.queue_id, queue_offset: m.queue_offset, extra_info, invisible_until, retry_extend_at: 0 }
 }
 
 /// One receipt handle: what an ACK_MESSAGE or CHANGE_MESSAGE_INVISIBLETIME for it needs.

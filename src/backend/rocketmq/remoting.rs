@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 pub mod code {
     pub const SEND_MESSAGE: i32 = 10;
     pub const PULL_MESSAGE: i32 = 11;
+    pub const QUERY_MESSAGE: i32 = 12;
     pub const QUERY_CONSUMER_OFFSET: i32 = 14;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
     pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
@@ -48,6 +49,7 @@ pub mod response {
     pub const PULL_NOT_FOUND: i32 = 19;
     pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
     pub const PULL_OFFSET_MOVED: i32 = 21;
+    pub const QUERY_NOT_FOUND: i32 = 22;
     pub const POLLING_FULL: i32 = 209;
     pub const POLLING_TIMEOUT: i32 = 210;
 }
@@ -298,6 +300,7 @@ fn is_idempotent(code: i32) -> bool {
     matches!(
         code,
         code::PULL_MESSAGE
+            | code::QUERY_MESSAGE
             | code::QUERY_CONSUMER_OFFSET
             | code::UPDATE_AND_CREATE_TOPIC
             | code::SEARCH_OFFSET_BY_TIMESTAMP
