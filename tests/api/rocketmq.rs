@@ -264,6 +264,37 @@ async fn pop_a_revived_copy_unknown_since_a_restart_is_found_by_its_uniq_key_and
     gw.terminate();
 }
 
+/// Issue 22 item 6, end to end: a body a raw producer compressed (zlib, the compressed flag in
+/// its sysFlag, as Apache's Java producer sends bodies over 4 KiB) reaches the client inflated,
+/// in both modes.
+async fn a_compressed_body_arrives_inflated(mode: ackgate::config::RocketMqMode) {
+    let broker = TestRocketMq::start();
+    let (_dir, data) = temp_dir();
+    let mut config = pull_config(&data, &broker);
+    config.rocketmq.mode = mode;
+    let gw = InProcess::start(config).await;
+    create_topic(&gw.base, "zipped", 1).await;
+    let text = "compressible ".repeat(500);
+    broker.send_compressed("zipped", 0, json!({"n": 7, "text": text}).to_string().as_bytes()).await;
+    let mut client = TestClient::connect(gw.addr(), "unzipper").await;
+    client.subscribe("zipped", json!({})).await;
+    let event = client.recv_events(1).await.remove(0);
+    assert_eq!(event["payload"], json!({"n": 7, "text": text}), "inflated, not the compressed bytes");
+    client.ack_confirmed(&[id(&event)], "done").await;
+    client.close().await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_a_compressed_body_from_a_raw_producer_arrives_inflated() {
+    a_compressed_body_arrives_inflated(ackgate::config::RocketMqMode::Pull).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pop_a_compressed_body_from_a_raw_producer_arrives_inflated() {
+    a_compressed_body_arrives_inflated(ackgate::config::RocketMqMode::Pop).await;
+}
+
 /// Waits until every handle the gateway popped is acknowledged at the broker, checking at every
 /// sample that no handle is acknowledged twice (never more ACKs than pops); looks again after a
 /// pause, since a reader may pop once more right after the clients' last acks.

@@ -137,6 +137,34 @@ impl TestRocketMq {
         assert_eq!(r.number("offset").ok(), Some(1), "the copy is in {retry_topic}, not diverted to the DLQ");
     }
 
+    /// SEND_MESSAGE of `body` zlib-compressed, with the compressed flag (sysFlag bit 0, type bits
+    /// 0: zlib), to one queue of `topic`, as Apache's Java producer sends a body over 4 KiB.
+    pub async fn send_compressed(&self, topic: &str, queue: u32, body: &[u8]) {
+        use std::io::Write;
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(body).unwrap();
+        let compressed = encoder.finish().unwrap();
+        assert!(compressed.len() < body.len(), "the body compresses");
+        let properties = ackgate::backend::rocketmq::message::encode_properties(&[("UNIQ_KEY", "compressed-1")]);
+        let ext = [
+            ("producerGroup", "outside".to_string()),
+            ("topic", topic.to_string()),
+            ("defaultTopic", "TBW102".to_string()),
+            ("defaultTopicQueueNums", "4".to_string()),
+            ("queueId", queue.to_string()),
+            ("sysFlag", "1".to_string()),
+            ("bornTimestamp", "1".to_string()),
+            ("flag", "0".to_string()),
+            ("properties", properties),
+            ("reconsumeTimes", "0".to_string()),
+            ("unitMode", "false".to_string()),
+            ("batch", "false".to_string()),
+        ];
+        let r =
+            Remoting::default().call(&self.broker_addr().await, code::SEND_MESSAGE, &ext, &compressed, Duration::from_secs(5)).await.expect("RocketMQ answers");
+        assert_eq!(r.code, 0, "send refused: {:?}", r.remark);
+    }
+
     /// The consumer offset the broker holds for `group` on a queue (`None`: it holds none).
     pub async fn consumer_offset(&self, group: &str, topic: &str, queue: u32) -> Option<i64> {
         let ext =
