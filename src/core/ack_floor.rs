@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use super::backend::AckFloor;
 use super::dispatcher::Dispatcher;
@@ -12,13 +13,18 @@ use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 /// Floors computed from the live sessions and the offset store.
 pub struct LiveClientsAckFloor {
     dispatcher: Weak<Dispatcher>,
-    /// Clients whose session ended since the last `floors`, by the topics it read: counted once
-    /// more, so that acks made durable as the session ended (the last acks of a client that
-    /// leaves, every session's at a graceful shutdown) still settle what the broker holds. Left
-    /// out, a partition whose last reader left had no floor, and its handles lapsed unacknowledged
-    /// (the broker revives them; after a restart nobody can map them back).
-    departed: Mutex<HashMap<TopicName, HashSet<ClientId>>>,
+    /// Clients whose session ended, by the topics it read, with when: still counted for
+    /// `DEPARTED_COUNTED_FOR`, so that acks made durable as the session ended (the last acks of a
+    /// client that leaves, every session's at a graceful shutdown) still settle what the broker
+    /// holds. Left out, a partition whose last reader left had no floor, and its handles lapsed
+    /// unacknowledged (the broker revives them). Its offsets no longer move, so counting it a
+    /// little longer only holds acks above its floor back that long.
+    departed: Mutex<HashMap<TopicName, HashMap<ClientId, Instant>>>,
 }
+
+/// How long a client that left still counts for the floors of the topics it read: several
+/// settle rounds (one every 200 ms at least), so none misses it.
+const DEPARTED_COUNTED_FOR: Duration = Duration::from_secs(2);
 
 impl LiveClientsAckFloor {
     pub fn new(dispatcher: Weak<Dispatcher>) -> Self {
@@ -27,10 +33,22 @@ impl LiveClientsAckFloor {
 
     /// A session of `client` that read `topics` has ended and its offset writes are durable.
     pub fn client_left(&self, client: &ClientId, topics: &[TopicName]) {
+        let now = Instant::now();
         let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
         for topic in topics {
-            departed.entry(topic.clone()).or_default().insert(client.clone());
+            departed.entry(topic.clone()).or_default().insert(client.clone(), now);
         }
+    }
+
+    /// The clients that left lately, by topic, for the topics in `wanted` (and forgets the
+    /// others that left long enough ago).
+    fn departed_readers(&self, wanted: &HashSet<&TopicName>) -> HashMap<TopicName, HashSet<ClientId>> {
+        let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        departed.retain(|_, clients| {
+            clients.retain(|_, left| left.elapsed() < DEPARTED_COUNTED_FOR);
+            !clients.is_empty()
+        });
+        departed.iter().filter(|(topic, _)| wanted.contains(topic)).map(|(topic, clients)| (topic.clone(), clients.keys().cloned().collect())).collect()
     }
 }
 
@@ -40,8 +58,7 @@ impl AckFloor for LiveClientsAckFloor {
             return HashMap::new();
         };
         let wanted: HashSet<&TopicName> = tps.iter().map(|tp| &tp.topic).collect();
-        let mut readers = std::mem::take(&mut *self.departed.lock().unwrap_or_else(|e| e.into_inner()));
-        readers.retain(|topic, _| wanted.contains(topic));
+        let mut readers = self.departed_readers(&wanted);
         for session in d.sessions() {
             let subscriptions = session.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             for topic in subscriptions.iter().filter(|t| wanted.contains(t)) {

@@ -228,8 +228,11 @@ async fn pop_the_last_acks_of_a_client_that_leaves_are_acknowledged_at_the_broke
 /// original is looked up at the broker by that key (QUERY_MESSAGE), found below the client's
 /// committed offset, and the copy is acknowledged at the broker, never delivered. Before, it was
 /// left to the broker (`ackgate_rocketmq_unmapped_revived_total`), which revived it again and
-/// again. rocketmq-rust never revives by itself, so the copy is written to the group's retry
-/// topic by hand, as the broker's revive service writes it; the broker's POP hands it out.
+/// again. A copy (of event 2) whose born time differs from every stored message of its key (a
+/// producer's retried send keeps the key, with a new born time) is not taken for that original:
+/// it is left to the broker and counted. rocketmq-rust never revives by itself, so the copies are written
+/// to the group's retry topic by hand, as the broker's revive service writes them; the broker's
+/// POP hands them out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pop_a_revived_copy_unknown_since_a_restart_is_found_by_its_uniq_key_and_acknowledged() {
     let broker = TestRocketMq::start();
@@ -245,13 +248,13 @@ async fn pop_a_revived_copy_unknown_since_a_restart_is_found_by_its_uniq_key_and
 
     let outside = Broker::new(namesrv.clone(), Duration::from_secs(5));
     let addr = broker.broker_addr().await;
-    let Ok(ackgate::backend::rocketmq::Pulled::Found { messages, .. }) = outside.pull(&addr, GROUP, "revived", 0, 1, 1, Duration::ZERO).await else {
-        panic!("event 1 is in the queue");
+    let Ok(ackgate::backend::rocketmq::Pulled::Found { messages, .. }) = outside.pull(&addr, GROUP, "revived", 0, 1, 2, Duration::ZERO).await else {
+        panic!("events 1 and 2 are in the queue");
     };
-    let original = messages.into_iter().next().unwrap().unwrap();
-    let uniq = original.property("UNIQ_KEY").expect("ackgate sets UNIQ_KEY").to_string();
-    let properties = ackgate::backend::rocketmq::message::encode_properties(&[("UNIQ_KEY", &uniq), ("1ST_POP_TIME", "1")]);
-    broker.write_revived_copy(GROUP, "revived", properties, &original.body).await;
+    let [original, other] = [0, 1].map(|i| messages[i].clone().unwrap());
+    assert!(original.property("UNIQ_KEY").is_some(), "ackgate sets UNIQ_KEY");
+    assert_eq!((original.queue_offset, other.queue_offset), (1, 2));
+    broker.write_revived_copy(GROUP, "revived", &original, original.born_timestamp).await;
 
     let gw = Process::start(&data, &env);
     let mut client = TestClient::connect(gw.addr, "c").await;
@@ -260,6 +263,10 @@ async fn pop_a_revived_copy_unknown_since_a_restart_is_found_by_its_uniq_key_and
     wait_for_metric(&gw.base, BROKER_ACKED, 1).await;
     assert_eq!(metric(&gw.base, "ackgate_rocketmq_unmapped_revived_total").await, 0.0);
     client.expect_silence(Duration::from_millis(500)).await;
+
+    broker.write_revived_copy(GROUP, "revived", &other, other.born_timestamp + 1).await;
+    wait_for_metric(&gw.base, "ackgate_rocketmq_unmapped_revived_total", 1).await;
+    assert_eq!(metric(&gw.base, BROKER_ACKED).await, 1.0, "the copy with another born time is not acknowledged");
     client.close().await;
     gw.terminate();
 }

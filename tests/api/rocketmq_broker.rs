@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ackgate::backend::rocketmq::message::StoredMessage;
 use ackgate::backend::rocketmq::remoting::{code, Remoting, Response};
 
 pub struct TestRocketMq {
@@ -118,7 +119,8 @@ impl TestRocketMq {
     /// name (everything after `%RETRY%`) holds *no* queue lock: its `isLockAllExpired` test is
     /// inverted against Apache's, which diverts while a lock is held. So a queue lock is taken
     /// for that group first (LOCK_BATCH_MQ, held 60 s).
-    pub async fn write_revived_copy(&self, group: &str, topic: &str, properties: String, body: &[u8]) {
+    /// `born`: the copy's born time (the revive service copies the original's).
+    pub async fn write_revived_copy(&self, group: &str, topic: &str, original: &StoredMessage, born: u64) {
         let addr = self.broker_addr().await;
         let retry_topic = format!("%RETRY%{group}_{topic}");
         let client = ackgate::backend::rocketmq::Broker::new(self.namesrv(), Duration::from_secs(5));
@@ -132,9 +134,14 @@ impl TestRocketMq {
         });
         let r = Remoting::default().call(&addr, 41, &[], lock.to_string().as_bytes(), Duration::from_secs(5)).await.expect("RocketMQ answers");
         assert_eq!(r.code, 0, "lock refused: {:?}", r.remark);
-        client.send(&addr, "outside", &retry_topic, 0, properties, body, Duration::from_secs(5)).await.unwrap();
-        let r = self.call(&addr, code::GET_MAX_OFFSET, &[("topic", retry_topic.clone()), ("queueId", "0".to_string())]).await;
-        assert_eq!(r.number("offset").ok(), Some(1), "the copy is in {retry_topic}, not diverted to the DLQ");
+        let queue_end =
+            async || self.call(&addr, code::GET_MAX_OFFSET, &[("topic", retry_topic.clone()), ("queueId", "0".to_string())]).await.number("offset").ok();
+        let before = queue_end().await;
+        // The original's properties, as the revive service copies them.
+        let mut properties: Vec<(&str, &str)> = original.properties.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        properties.push(("1ST_POP_TIME", "1"));
+        self.send_raw(&retry_topic, 0, 0, born, &properties, &original.body).await;
+        assert_eq!(queue_end().await, before.map(|n| n + 1), "the copy is in {retry_topic}, not diverted to the DLQ");
     }
 
     /// SEND_MESSAGE of `body` zlib-compressed, with the compressed flag (sysFlag bit 0, type bits
@@ -145,23 +152,27 @@ impl TestRocketMq {
         encoder.write_all(body).unwrap();
         let compressed = encoder.finish().unwrap();
         assert!(compressed.len() < body.len(), "the body compresses");
-        let properties = ackgate::backend::rocketmq::message::encode_properties(&[("UNIQ_KEY", "compressed-1")]);
+        self.send_raw(topic, queue, 1, 1, &[("UNIQ_KEY", "compressed-1")], &compressed).await;
+    }
+
+    /// SEND_MESSAGE as a raw producer writes it, with its own sysFlag and born time.
+    async fn send_raw(&self, topic: &str, queue: u32, sys_flag: i32, born: u64, properties: &[(&str, &str)], body: &[u8]) {
+        let properties = ackgate::backend::rocketmq::message::encode_properties(properties);
         let ext = [
             ("producerGroup", "outside".to_string()),
             ("topic", topic.to_string()),
             ("defaultTopic", "TBW102".to_string()),
             ("defaultTopicQueueNums", "4".to_string()),
             ("queueId", queue.to_string()),
-            ("sysFlag", "1".to_string()),
-            ("bornTimestamp", "1".to_string()),
+            ("sysFlag", sys_flag.to_string()),
+            ("bornTimestamp", born.to_string()),
             ("flag", "0".to_string()),
             ("properties", properties),
             ("reconsumeTimes", "0".to_string()),
             ("unitMode", "false".to_string()),
             ("batch", "false".to_string()),
         ];
-        let r =
-            Remoting::default().call(&self.broker_addr().await, code::SEND_MESSAGE, &ext, &compressed, Duration::from_secs(5)).await.expect("RocketMQ answers");
+        let r = Remoting::default().call(&self.broker_addr().await, code::SEND_MESSAGE, &ext, body, Duration::from_secs(5)).await.expect("RocketMQ answers");
         assert_eq!(r.code, 0, "send refused: {:?}", r.remark);
     }
 

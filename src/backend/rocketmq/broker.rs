@@ -369,7 +369,7 @@ impl Broker {
     /// QUERY_MESSAGE by unique key: the messages of `topic` stored on this broker under the
     /// producer's `UNIQ_KEY` (the broker's index), with their queue and queue offset. Empty when
     /// the index has none.
-    pub async fn query_by_uniq_key(&self, broker_addr: &str, topic: &str, uniq_key: &str) -> Result<Vec<Decoded>, BackendError> {
+    pub async fn query_by_uniq_key(&self, broker_addr: &str, topic: &str, uniq_key: &str, timeout: Duration) -> Result<Vec<Decoded>, BackendError> {
         let ext = [
             ("topic", topic.to_string()),
             ("key", uniq_key.to_string()),
@@ -379,7 +379,7 @@ impl Broker {
             // The broker's flag for a lookup by unique key (`_UNIQUE_KEY_QUERY`).
             ("_UNIQUE_KEY_QUERY", "true".to_string()),
         ];
-        let r = self.call(broker_addr, code::QUERY_MESSAGE, &ext, &[], self.timeout).await?;
+        let r = self.call(broker_addr, code::QUERY_MESSAGE, &ext, &[], timeout).await?;
         match r.code {
             response::SUCCESS => Ok(decode_messages(&r.body)),
             response::QUERY_NOT_FOUND => Ok(Vec::new()),

@@ -13,7 +13,7 @@
 //! the order `layout.rs` keeps stable. Lite topics (`parent@lite`, 5.x) are `lite.rs`. This is
 //! the only module that speaks RocketMQ.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -45,6 +45,11 @@ const PRODUCER_GROUP: &str = "ackgate-producer";
 const CREATE_ATTEMPTS: u32 = 3;
 /// Original positions remembered for revived messages.
 const POSITIONS_REMEMBERED: usize = 1_000_000;
+/// How long the lookup of a revived message's original may take (it holds the reader's poll).
+const REVIVED_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Keys of revived messages not found at the broker that are not looked up again (then forgotten
+/// all at once).
+const REVIVED_MISSES_REMEMBERED: usize = 10_000;
 
 pub use crate::config::RocketMqMode;
 
@@ -86,6 +91,9 @@ pub struct RocketMqLog {
     popped_to: Mutex<HashMap<TopicPartition, u64>>,
     ledger: Ledger,
     positions: Positions,
+    /// `UNIQ_KEY`s of revived messages whose original the broker's index did not find: not
+    /// looked up again (`find_original`).
+    revived_misses: Mutex<HashSet<String>>,
     ack_floor: OnceLock<Arc<dyn AckFloor>>,
     /// Woken by `ack_pulled_message`, so broker ACKs follow client acks closely.
     acked: tokio::sync::Notify,
@@ -139,6 +147,7 @@ impl RocketMqLog {
             popped_to: Mutex::new(HashMap::new()),
             ledger: Ledger::default(),
             positions: Positions::new(POSITIONS_REMEMBERED),
+            revived_misses: Mutex::new(HashSet::new()),
             ack_floor: OnceLock::new(),
             acked: tokio::sync::Notify::new(),
             settling: tokio::sync::Mutex::new(()),
@@ -398,8 +407,8 @@ impl RocketMqLog {
 
     /// The original partition and offset of a popped message, and its receipt handle. A revived
     /// message whose original this instance has not read since it started (the `UNIQ_KEY` table
-    /// is in memory) is looked up at the brokers; `None` when that fails too (left to the broker,
-    /// counted).
+    /// is in memory) is looked up at the broker that popped it; `None` when that fails too (left
+    /// to the broker, counted).
     async fn handle_of(
         &self,
         q: &PartitionQueue,
@@ -413,7 +422,7 @@ impl RocketMqLog {
         }
         let uniq = m.property(UNIQ_KEY);
         let found = match uniq {
-            Some(uniq) => self.find_original(&polled.topic, uniq).await,
+            Some(uniq) => self.find_original(q, &polled.topic, uniq, m.born_timestamp).await,
             None => None,
         };
         let Some((tp, offset)) = found else {
@@ -427,26 +436,43 @@ impl RocketMqLog {
     }
 
     /// Where the original of a revived message is: QUERY_MESSAGE by its `UNIQ_KEY` (the broker's
-    /// index) at each master of `topic`. A revived copy names neither the original's queue nor its
-    /// offset (Apache's `PopReviveService` copies the properties only), so the index is the one
-    /// way back after a restart.
-    async fn find_original(&self, topic: &TopicName, uniq: &str) -> Option<(TopicPartition, u64)> {
+    /// index) at the broker that popped the copy, which is the one that holds the original (the
+    /// revive service writes the copy where the original's checkpoint is). A revived copy names
+    /// neither the original's queue nor its offset (Apache's `PopReviveService` copies the
+    /// properties and the born time only), so the index is the one way back after a restart.
+    /// Exactly one stored message of `topic` with that key and that born time must match (a
+    /// producer's retried send keeps the key, with a new born time); a key that found nothing is
+    /// not asked again (`REVIVED_MISSES_REMEMBERED`). It runs inside the partition reader's poll:
+    /// one broker, a short timeout, no resend.
+    async fn find_original(&self, q: &PartitionQueue, topic: &TopicName, uniq: &str, born: u64) -> Option<(TopicPartition, u64)> {
+        if self.revived_misses.lock().unwrap().contains(uniq) {
+            return None;
+        }
         let route = self.route(topic).await.ok()??;
-        for (broker_name, addr) in route.broker_addrs() {
-            let Some(addr) = addr else { continue };
-            let found = match self.broker.query_by_uniq_key(addr, topic.as_str(), uniq).await {
-                Ok(found) => found,
-                Err(e) => {
-                    tracing::warn!(%topic, broker = broker_name, uniq_key = uniq, error = %e, "looking up a revived message's original failed");
-                    continue;
+        let timeout = self.settings.request_timeout.min(REVIVED_LOOKUP_TIMEOUT);
+        let found = match self.broker.query_by_uniq_key(&q.broker_addr, topic.as_str(), uniq, timeout).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(%topic, broker = %q.broker_name, uniq_key = uniq, error = %e, "looking up a revived message's original failed");
+                return None;
+            }
+        };
+        let mut matching = found.into_iter().flatten().filter(|m| m.topic == topic.as_str() && m.property(UNIQ_KEY) == Some(uniq) && m.born_timestamp == born);
+        let original = match (matching.next(), matching.next()) {
+            (Some(original), None) => layout::partition_of(&route.layout, &q.broker_name, original.queue_id).map(|p| (p, original.queue_offset)),
+            _ => None,
+        };
+        match original {
+            Some((partition, offset)) => Some((TopicPartition::new(topic.clone(), partition), offset)),
+            None => {
+                let mut misses = self.revived_misses.lock().unwrap();
+                if misses.len() >= REVIVED_MISSES_REMEMBERED {
+                    misses.clear();
                 }
-            };
-            let original = found.into_iter().flatten().find(|m| m.topic == topic.as_str() && m.property(UNIQ_KEY) == Some(uniq));
-            if let Some(partition) = original.and_then(|m| Some((layout::partition_of(&route.layout, broker_name, m.queue_id)?, m.queue_offset))) {
-                return Some((TopicPartition::new(topic.clone(), partition.0), partition.1));
+                misses.insert(uniq.to_string());
+                None
             }
         }
-        None
     }
 
     /// The partition of an event: the one it names, its key's, or the next in turn.

@@ -24,18 +24,34 @@ const SETTLE_AT_EXIT: Duration = Duration::from_secs(5);
 
 impl RocketMqLog {
     /// The last round, at graceful shutdown (every session ended, its writes durable): after the
-    /// round in progress, if any, so that no ACK of it is cut off by the exit.
+    /// round in progress, if any (so that no ACK of it is cut off by the exit), ACKs only, each
+    /// wait bounded; then the settle task stops.
     pub(super) async fn settle_at_exit(&self) {
         let owed = self.ledger.len();
-        if tokio::time::timeout(SETTLE_AT_EXIT, self.settle_handles()).await.is_err() {
-            tracing::warn!(timeout = ?SETTLE_AT_EXIT, "the last broker ACKs did not finish; the broker revives what they were for");
+        match tokio::time::timeout(SETTLE_AT_EXIT, self.settling.lock()).await {
+            Ok(one_round) => {
+                if tokio::time::timeout(SETTLE_AT_EXIT, self.settle_round(false)).await.is_err() {
+                    tracing::warn!(timeout = ?SETTLE_AT_EXIT, "the last broker ACKs did not finish; the broker revives what they were for");
+                }
+                drop(one_round);
+            }
+            Err(_) => tracing::warn!(timeout = ?SETTLE_AT_EXIT, "the settle round in progress did not finish; no last round"),
         }
+        self.stop.cancel();
         tracing::info!(handles_before = owed, handles_left = self.ledger.len(), "last broker ACKs sent (POP)");
     }
 
     /// One round of broker ACKs and invisible-time extensions; one round at a time.
     async fn settle_handles(&self) {
         let _one_round = self.settling.lock().await;
+        if self.stop.is_cancelled() {
+            return; // after the last round (`settle_at_exit`)
+        }
+        self.settle_round(true).await;
+    }
+
+    /// A round, under the `settling` lock; `extend`: also keep the handles still owed invisible.
+    async fn settle_round(&self, extend: bool) {
         let Some(floor) = self.ack_floor.get() else { return };
         crate::core::metrics::rocketmq_pending_handles().set(self.ledger.len() as f64);
         let tps = self.ledger.partitions();
@@ -57,6 +73,9 @@ impl RocketMqLog {
         // Several requests in flight: one round trip per handle, one after another, held the
         // ledger back behind the broker's latency.
         futures_util::stream::iter(due.ack).for_each_concurrent(BROKER_REQUESTS_IN_FLIGHT, |handle| self.ack_at_broker(handle)).await;
+        if !extend {
+            return;
+        }
         futures_util::stream::iter(due.extend)
             .for_each_concurrent(BROKER_REQUESTS_IN_FLIGHT, |(tp, offset, handle)| async move { self.extend(&tp, offset, handle).await })
             .await;

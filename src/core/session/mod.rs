@@ -298,11 +298,15 @@ where
     // before its topics count as unused): an operator's reset or delete, allowed from then on,
     // must never be undone by a write still queued from here.
     s.submit_acked().await;
-    if let Err(e) = d.writer.barrier().await {
-        tracing::warn!(session_id = %info.session_id, error = %e, "offset writes of an ending session not confirmed");
-    }
+    let durable = match d.writer.barrier().await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(session_id = %info.session_id, error = %e, "offset writes of an ending session not confirmed");
+            false
+        }
+    };
     let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
-    if let Some(floor) = d.ack_floor.get() {
+    if let Some(floor) = d.ack_floor.get().filter(|_| durable) {
         // Still counted for one settle round: this client's last acks are durable now, and once
         // it has unregistered no live client may hold the partition's floor.
         floor.client_left(&info.client_id, &topics);
