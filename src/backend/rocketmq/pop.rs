@@ -12,7 +12,7 @@
 //! A revived message comes back from the retry topic with another queue and offset, but keeps
 //! its `UNIQ_KEY`; `Positions` maps that key to the original `topic#partition` and offset,
 //! learned from every message this instance reads (popped or pulled). A key it has not learned
-//! (an original read before a restart) is looked up at the broker (`RocketMqLog::handle_of`).
+//! (an original read before a restart) is looked up at the broker (`revived.rs`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};

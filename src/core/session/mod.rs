@@ -307,8 +307,8 @@ where
     };
     let topics: Vec<TopicName> = s.subscriptions.keys().cloned().collect();
     if let Some(floor) = d.ack_floor.get().filter(|_| durable) {
-        // Still counted for one settle round: this client's last acks are durable now, and once
-        // it has unregistered no live client may hold the partition's floor.
+        // Still counted for the floors a moment (`LiveClientsAckFloor`): its last acks are durable
+        // now, and once it has unregistered no live client may hold the partition's floor.
         floor.client_left(&info.client_id, &topics);
         d.backend.settle_soon();
     }
