@@ -280,3 +280,42 @@ async fn partitions_added_at_the_broker_reach_live_subscriptions() {
     assert_eq!(back.recv_type("event").await["partition"], 3);
     gw.stop().await;
 }
+
+/// Issue 22 item 4, on Kafka: the log at the broker loses its tail under a live session (a
+/// failover to a replica behind, a topic recreated outside ackgate; here tansu's store is cut
+/// back from 10 events to 4). The session is closed with `reconnect` and 1012, the client's
+/// committed offset is lowered to the new end, and the events written next at the reused
+/// offsets reach it when it resubscribes. Before, the reader waited at the old cursor (tansu
+/// answers a fetch above its end empty; Kafka answers OFFSET_OUT_OF_RANGE and librdkafka
+/// restarted at the log start, whose events the poll skipped as below the cursor): nothing
+/// written below offset 10 reached anyone, and the session stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_cut_back_under_a_live_session_is_read_again_from_its_new_end() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "cut", 1, 0, 10).await;
+    let mut client = consume_and_ack(gw.addr(), "c", "cut", 10).await;
+    assert_eq!(stored_offset(&gw.base, "cut", "c", 0).await.unwrap()["committed"], 10);
+
+    broker.truncate("cut", 0, 4);
+    let reconnect = client.recv_type("reconnect").await;
+    assert_eq!(reconnect["after_ms"], 0, "{reconnect}");
+    assert_eq!(client.close_code().await, 1012);
+    wait_for("the committed offset lowered to the new end", async || stored_offset(&gw.base, "cut", "c", 0).await.is_some_and(|row| row["committed"] == 4))
+        .await;
+    assert_eq!(metric(&gw.base, "ackgate_log_truncations_total").await, 1.0);
+
+    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
+    let published = http().post(format!("{}/topics/cut/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    let subscribed = client.subscribe("cut", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 4, "{subscribed}");
+    let events = client.recv_events(12).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, (0..12).map(|i| (4 + i, 100 + i)).collect::<Vec<_>>());
+    let ack = client.ack_confirmed(&ids(&events), "new").await;
+    assert_eq!(ack["committed"], json!({"cut": {"0": 16}}));
+    gw.stop().await;
+}

@@ -90,6 +90,27 @@ with c:
         assert!(status.success(), "adding partitions to {topic} in {}", db.display());
     }
 
+    /// Cuts `topic`'s `partition` back to `end` (its records from `end` on are gone and the next
+    /// one written gets `end`), as a failover to a replica behind or a topic recreated outside
+    /// ackgate leaves it. tansu reads its log end from the SQLite store at each request, so the
+    /// rows are changed there while the broker runs (python3's sqlite3, as `add_partitions`).
+    pub fn truncate(&self, topic: &str, partition: u32, end: u64) {
+        let script = r#"
+import sqlite3, sys
+db, topic, partition, end = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+c = sqlite3.connect(db, timeout=30)
+with c:
+    tp = c.execute("select tp.id from topition tp join topic t on tp.topic = t.id where t.name = ? and tp.partition = ?", (topic, partition)).fetchone()[0]
+    c.execute("delete from header where topition = ? and offset_id >= ?", (tp, end))
+    c.execute("delete from record where topition = ? and offset_id >= ?", (tp, end))
+    assert c.execute("update watermark set high = ? where topition = ?", (end, tp)).rowcount == 1
+"#;
+        let db = self.dir.path().join("tansu.db");
+        let status =
+            Command::new("python3").arg("-c").arg(script).arg(&db).arg(topic).arg(partition.to_string()).arg(end.to_string()).status().expect("python3 runs");
+        assert!(status.success(), "truncating {topic} in {}", db.display());
+    }
+
     /// Stops the broker process (SIGKILL: an outage, not a clean shutdown); data stays.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -122,6 +122,27 @@ impl KafkaSettings {
 }
 
 impl KafkaLog {
+    /// After a poll at the pull cursor found nothing: when the last fetch answer put the log end
+    /// below the cursor, the log lost its tail (a failover to a replica behind, a topic recreated
+    /// outside ackgate). Kafka answers such a fetch OFFSET_OUT_OF_RANGE and librdkafka restarts
+    /// at the log start (`auto.offset.reset`), whose events the poll skips as below the cursor;
+    /// tansu answers it empty. Either way the cursor would wait above a log that grows below
+    /// it, skipping every event written there. A broker read (ListOffsets) confirms the end
+    /// before the partition's reader hears of it (`Truncated`; it reads once more a second
+    /// later before anything moves down). The first check costs nothing: librdkafka keeps the
+    /// end from each fetch answer.
+    async fn check_log_end_below_cursor(&self, tp: &TopicPartition) -> Result<(), BackendError> {
+        let Some(cursor) = self.cursors.get(tp) else { return Ok(()) };
+        if self.puller.last_fetched_log_end(tp).is_none_or(|end| end >= cursor) {
+            return Ok(());
+        }
+        let bounds = self.log_bounds(tp).await?;
+        if bounds.log_end < cursor {
+            return Err(BackendError::Truncated { log_end: bounds.log_end });
+        }
+        Ok(())
+    }
+
     /// Connects to the cluster (fails when it cannot be reached within the request timeout) and
     /// loads the pull checkpoint from `data_dir`.
     pub async fn open(data_dir: &Path, settings: KafkaSettings) -> Result<Self, BackendError> {
@@ -380,7 +401,13 @@ impl LogBackend for KafkaLog {
 
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         match from {
-            ReadFrom::PullCursor => self.puller.poll_cursor(tp, max, wait).await,
+            ReadFrom::PullCursor => {
+                let events = self.puller.poll_cursor(tp, max, wait).await?;
+                if events.is_empty() {
+                    self.check_log_end_below_cursor(tp).await?;
+                }
+                Ok(events)
+            }
             ReadFrom::Offset(offset) => self.puller.read_at(tp, offset, max, wait).await,
         }
     }

@@ -155,6 +155,20 @@ impl Puller {
         Ok(events)
     }
 
+    /// The log end of `tp` as the last fetch answer gave it (librdkafka keeps each assigned
+    /// partition's high watermark: no request), or `None` before any answer came.
+    pub fn last_fetched_log_end(&self, tp: &TopicPartition) -> Option<u64> {
+        use rdkafka::bindings as rd;
+        let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer lives as long as `self.consumer`; librdkafka reads `topic`
+        // only during the call and writes the two integers.
+        let answered =
+            unsafe { rd::rd_kafka_get_watermark_offsets(self.consumer.client().native_ptr(), topic.as_ptr(), tp.partition as i32, &mut low, &mut high) };
+        // Before the first fetch answer the high watermark is librdkafka's "invalid" (-1001).
+        (answered == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| u64::try_from(high).ok()).flatten()
+    }
+
     /// Reads up to `max` events of `tp` from `offset` on, without touching the pull cursor.
     pub async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         let mut catch_up = self.catch_up_consumer(tp, offset).await;
