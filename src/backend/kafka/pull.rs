@@ -156,7 +156,9 @@ impl Puller {
     }
 
     /// The log end of `tp` as the last fetch answer gave it (librdkafka keeps each assigned
-    /// partition's high watermark: no request), or `None` before any answer came.
+    /// partition's high watermark: no request), or `None` before any answer came or after one
+    /// that carried an error. It can be stale after a seek or a new assignment: a caller confirms
+    /// a low value with the broker.
     pub fn last_fetched_log_end(&self, tp: &TopicPartition) -> Option<u64> {
         use rdkafka::bindings as rd;
         let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
