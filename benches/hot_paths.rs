@@ -93,6 +93,7 @@ fn writes(batch: usize, round: u64) -> Vec<OffsetWrite> {
             last_acked: Some(round),
             updated_at: 1_764_000_000_000 + round,
             generation: 0,
+            epoch: 0,
         })
         .collect()
 }

@@ -103,11 +103,16 @@ pub struct ServerConfig {
     /// Host names (or "host:port") requests may be addressed to. On a loopback listen address,
     /// localhost, 127.0.0.1, [::1] and the public_url host are always allowed and any other Host gets
     /// 403 forbidden (a DNS-rebinding page sends its own name). On other addresses the check applies
-    /// only when this is set.
+    /// only when this is set. ["*"]: any Host (no check). An anonymous listener off loopback
+    /// (auth.allow_anonymous) needs it set.
     pub allowed_hosts: Vec<String>,
     /// A connection that has not sent a whole request head this long after it was accepted (or,
     /// between requests, after the head's first byte) is closed: slowloris sockets never pile up.
     pub header_read_timeout_ms: u64,
+    /// A request body must arrive whole within this long after its head, or the connection is
+    /// closed: a peer that announces a large body and sends it slowly holds no connection slot (the
+    /// header-read timer stops at the end of the head).
+    pub body_read_timeout_ms: u64,
     /// A keep-alive HTTP connection with no request for this long is closed.
     pub idle_timeout_ms: u64,
     /// The gateway pings every WebSocket this often (0 = never); a session from which nothing (a pong
@@ -140,6 +145,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             ws_ping_interval_ms: 25_000,
             ws_pong_timeout_ms: 60_000,
@@ -381,10 +387,17 @@ pub struct LimitsConfig {
     pub max_batch_events: usize,
     /// Size of one REST request body (more: 413 limit_exceeded).
     pub max_body_bytes: usize,
+    /// Largest body of POST /sse/{session_id}/frames (an SSE client's acks and other frames: an ack
+    /// is under 100 bytes); larger: 413 limit_exceeded. Read only after the session and the
+    /// credentials are checked.
+    pub max_frames_body_bytes: usize,
     /// Live sessions on this instance (more: the handshake is refused).
     pub max_sessions: usize,
     /// Topics one session may subscribe to (more: limit_exceeded).
     pub max_subscriptions_per_session: usize,
+    /// Subscribes one session may make in a second (each plans every partition: bounds, store
+    /// reads, a write); more in the same second: an error limit_exceeded. At least 1.
+    pub max_subscribes_per_sec: usize,
     /// Live sessions subscribed to one topic on this instance (more: limit_exceeded).
     pub max_clients_per_topic: usize,
     /// Offline clients whose ack state stays in memory (they left with unacknowledged deliveries;
@@ -413,8 +426,10 @@ impl Default for LimitsConfig {
             ws_read_buffer_bytes: 1024,
             max_batch_events: 10_000,
             max_body_bytes: 16_777_216,
+            max_frames_body_bytes: 1_048_576,
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
+            max_subscribes_per_sec: 100,
             max_clients_per_topic: 100_000,
             max_offline_clients: 10_000,
             close_drain_ms: 1000,
@@ -466,7 +481,9 @@ pub struct AuthConfig {
     /// the holder publish to those topics without the admin token. At least 32 bytes.
     pub jwt_secret: String,
     /// A listen address that is not loopback refuses to start while admin_token or jwt_secret is
-    /// empty (anyone who reaches it could act as any client); true starts anyway, with a warning.
+    /// empty (anyone who reaches it could act as any client); true starts anyway, with a warning,
+    /// when server.allowed_hosts is set (["*"] to accept any Host: a page can then reach it by DNS
+    /// rebinding).
     pub allow_anonymous: bool,
     /// When set, a token's "aud" must contain this.
     pub jwt_audience: String,
@@ -539,11 +556,14 @@ impl Config {
             ("limits.ws_read_buffer_bytes", self.limits.ws_read_buffer_bytes as u64),
             ("limits.max_batch_events", self.limits.max_batch_events as u64),
             ("limits.max_body_bytes", self.limits.max_body_bytes as u64),
+            ("limits.max_frames_body_bytes", self.limits.max_frames_body_bytes as u64),
             ("limits.max_sessions", self.limits.max_sessions as u64),
             ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
+            ("limits.max_subscribes_per_sec", self.limits.max_subscribes_per_sec as u64),
             ("limits.max_clients_per_topic", self.limits.max_clients_per_topic as u64),
             ("limits.max_connections", self.limits.max_connections as u64),
             ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.server.body_read_timeout_ms),
             ("server.idle_timeout_ms", self.server.idle_timeout_ms),
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
             ("server.tls_handshake_timeout_ms", self.server.tls_handshake_timeout_ms),
@@ -573,6 +593,7 @@ impl Config {
             ("server.tls_handshake_timeout_ms", self.server.tls_handshake_timeout_ms),
             ("server.sse_keepalive_ms", self.server.sse_keepalive_ms),
             ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.server.body_read_timeout_ms),
             ("server.idle_timeout_ms", self.server.idle_timeout_ms),
             ("server.ws_ping_interval_ms", self.server.ws_ping_interval_ms),
             ("server.ws_pong_timeout_ms", self.server.ws_pong_timeout_ms),
@@ -654,6 +675,18 @@ impl Config {
                 "server.listen {:?} is not a loopback address, and auth.admin_token or auth.jwt_secret is empty: anyone who can reach it could \
                  read, publish, reset offsets and act as any client. Set both keys, or set auth.allow_anonymous = true to serve without them \
                  (README, \"Before you expose it\")",
+                self.server.listen
+            ));
+        }
+        if !self.server.listens_on_loopback()
+            && (self.auth.admin_token.is_empty() || self.auth.jwt_secret.is_empty())
+            && self.auth.allow_anonymous
+            && self.server.allowed_hosts.is_empty()
+        {
+            problems.push(format!(
+                "server.listen {:?} serves anonymously (auth.allow_anonymous = true) with server.allowed_hosts empty: any web page could rebind \
+                 its own DNS name to this address and act as any client. Set server.allowed_hosts to the names clients use, or to [\"*\"] \
+                 to accept any Host",
                 self.server.listen
             ));
         }

@@ -151,6 +151,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         reset_policy: d.reset_policy,
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
+        max_subscribes_per_sec: config.limits.max_subscribes_per_sec,
         max_sessions: config.limits.max_sessions,
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,
@@ -216,6 +217,9 @@ impl Gateway {
         let opened = Backend::open(&config, &data_dir, clock.clone()).await?;
         let backend: Arc<dyn LogBackend> = opened.log();
         let delivery = delivery_settings(&config);
+        crate::core::topic_removal::finish_pending_removals(backend.as_ref(), store.as_ref())
+            .await
+            .map_err(|e| anyhow::anyhow!("finishing a topic removal cut short: {e}"))?;
         let started = std::time::Instant::now();
         let report = align_pull_offsets_to_ack(backend.as_ref(), store.as_ref(), delivery.reset_policy, clock.now_ms())
             .await
@@ -304,6 +308,7 @@ impl Gateway {
             max_connections: connection_capacity(config.limits.max_connections, descriptors),
             max_per_ip: config.limits.max_connections_per_ip,
             header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
             idle_timeout: Duration::from_millis(config.server.idle_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(config.server.tls_handshake_timeout_ms),
             linger,

@@ -64,14 +64,17 @@ function httpBase(wsUrl) {
   return wsUrl.replace(/^ws/, "http").replace(/\/ws\/?$/, "").replace(/\/+$/, "");
 }
 
-/** `{"<topic>": {"<partition>": offset}}` -> an SSE resume token (base64url, no padding). */
+/**
+ * `{"<topic>": {"<partition>": offset}}` -> an SSE resume token (base64url, no padding). A partition
+ * whose offset epoch is not 0 is written `[offset, epoch]`.
+ */
 function encodeToken(token) {
   let binary = "";
   for (const byte of new TextEncoder().encode(JSON.stringify(token))) binary += String.fromCharCode(byte);
   return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
-/** An SSE resume token (an event's id) -> `{"<topic>": {"<partition>": offset}}`; null if it is not one. */
+/** An SSE resume token (an event's id) -> `{"<topic>": {"<partition>": offset or [offset, epoch]}}`; null if it is not one. */
 function decodeToken(text) {
   try {
     const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((text.length + 3) % 4));
@@ -271,7 +274,12 @@ export class AckgateClient {
     this.queue = []; // events waiting for an `events()` reader
     this.readers = []; // `events()` readers waiting for an event
     this.storageKey = `ackgate:${options.clientId}:resume`;
-    this.committed = this.#loadToken(); // topic -> partition -> durable committed offset
+    this.epochsKey = `ackgate:${options.clientId}:epochs`;
+    this.committed = this.#load(this.storageKey); // topic -> partition -> durable committed offset
+    // topic -> partition -> the offset epoch the gateway last named (`subscribed`, SSE ids): a
+    // token is trusted above the stored offset only within its epoch, and a newer epoch (an
+    // operator's reset, a lost log tail) replaces the token instead of being outbid by it.
+    this.epochs = this.#load(this.epochsKey);
   }
 
   /** Opens the session; resolves with the welcome frame. */
@@ -382,7 +390,10 @@ export class AckgateClient {
     const topics = entries.filter((entry) => fromOf(entry) === from).map(([topic]) => topic);
     const token = {};
     for (const topic of topics) {
-      if (Object.keys(this.committed[topic] || {}).length > 0) token[topic] = this.resumeToken(topic);
+      if (Object.keys(this.committed[topic] || {}).length > 0) {
+        const epochs = this.epochs[topic] || {};
+        token[topic] = Object.fromEntries(Object.entries(this.resumeToken(topic)).map(([p, offset]) => [p, epochs[p] ? [offset, epochs[p]] : offset]));
+      }
     }
     const extended = new URLSearchParams(query);
     extended.set("topics", topics.join(","));
@@ -475,11 +486,15 @@ export class AckgateClient {
    * Subscribes; remembered, so a reconnect subscribes again (with a resume token). Without an
    * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
    */
-  async subscribe(topic, { from, resume } = {}) {
+  async subscribe(topic, { from, resume, epochs } = {}) {
     const frame = { op: "subscribe", topic };
     if (from) frame.from = from;
     const token = resume ?? (this.options.storage ? this.committed[topic] : undefined);
-    if (token && Object.keys(token).length > 0) frame.resume = token;
+    if (token && Object.keys(token).length > 0) {
+      frame.resume = token;
+      const known = epochs ?? this.epochs[topic] ?? {};
+      frame.epochs = Object.fromEntries(Object.keys(token).filter((p) => known[p]).map((p) => [p, known[p]]));
+    }
     const subscribed = await this.#request(frame);
     this.#subscribed(topic, from, subscribed);
     return subscribed;
@@ -488,11 +503,28 @@ export class AckgateClient {
   /** Remembers a subscription and where each of its partitions starts. */
   #subscribed(topic, from, subscribed) {
     this.subscriptions.set(topic, from ? { from } : {});
-    const committed = (this.committed[topic] ||= {});
-    for (const { partition, from: start } of subscribed.partitions || []) {
-      committed[partition] = Math.max(committed[partition] ?? 0, start);
-    }
+    for (const { partition, from: start, epoch } of subscribed.partitions || []) this.#learn(topic, partition, start, epoch ?? 0, true);
     this.#saveToken();
+  }
+
+  /**
+   * A durable committed offset the gateway named, in offset epoch `epoch`: within the epoch the
+   * token only moves up; a newer epoch (the offset was lowered) replaces it. A `subscribed`
+   * (`planned`) names the partition's epoch as it stands now: any other epoch than the one
+   * known replaces the token. True when it moved.
+   */
+  #learn(topic, partition, offset, epoch, planned = false) {
+    const committed = (this.committed[topic] ||= {});
+    const epochs = (this.epochs[topic] ||= {});
+    const known = epochs[partition] ?? 0;
+    if (epoch < known && !planned) return false;
+    if (epoch !== known || committed[partition] === undefined || offset > committed[partition]) {
+      committed[partition] = epoch !== known ? offset : Math.max(committed[partition] ?? 0, offset);
+      if (epoch > 0) epochs[partition] = epoch;
+      else delete epochs[partition];
+      return true;
+    }
+    return false;
   }
 
   unsubscribe(topic) {
@@ -612,6 +644,14 @@ export class AckgateClient {
     return { ...(this.committed[topic] || {}) };
   }
 
+  /**
+   * The offset epochs of `topic`'s resume token (`{"<partition>": epoch}`, partitions of epoch 0
+   * left out): keep them with a token you store yourself and pass both to `subscribe`.
+   */
+  resumeEpochs(topic) {
+    return { ...(this.epochs[topic] || {}) };
+  }
+
   #send(frame) {
     this.transport?.send(frame);
   }
@@ -637,9 +677,9 @@ export class AckgateClient {
     for (const resolve of this.readers.splice(0)) resolve({ value: undefined, done: true });
   }
 
-  #loadToken() {
+  #load(key) {
     try {
-      return JSON.parse(this.options.storage?.getItem(this.storageKey) ?? "{}") || {};
+      return JSON.parse(this.options.storage?.getItem(key) ?? "{}") || {};
     } catch {
       return {};
     }
@@ -648,21 +688,22 @@ export class AckgateClient {
   #saveToken() {
     try {
       this.options.storage?.setItem(this.storageKey, JSON.stringify(this.committed));
+      this.options.storage?.setItem(this.epochsKey, JSON.stringify(this.epochs));
     } catch {
       // A full or forbidden storage only costs the token's survival across a reload.
     }
   }
 
-  /** Durable committed offsets (an `ack_ok`, an SSE event's id) move the resume tokens up. */
+  /**
+   * Durable committed offsets (an `ack_ok`, an SSE event's id: an offset, or `[offset, epoch]`)
+   * move the resume tokens up. An `ack_ok` names no epoch: its session's, which `subscribed` told.
+   */
   #advance(offsets) {
     let moved = false;
     for (const [topic, partitions] of Object.entries(offsets)) {
-      const committed = (this.committed[topic] ||= {});
-      for (const [partition, offset] of Object.entries(partitions)) {
-        if (offset > (committed[partition] ?? 0) || committed[partition] === undefined) {
-          committed[partition] = Math.max(committed[partition] ?? 0, offset);
-          moved = true;
-        }
+      for (const [partition, value] of Object.entries(partitions)) {
+        const [offset, epoch] = Array.isArray(value) ? value : [value, this.epochs[topic]?.[partition] ?? 0];
+        if (this.#learn(topic, partition, offset, epoch)) moved = true;
       }
     }
     // Every SSE event carries a token: the storage is written only when one moved.
@@ -686,6 +727,7 @@ export class AckgateClient {
   /** After an operator's disconnect: the operator may have moved the offsets; no token stands. */
   #forgetTokens() {
     this.committed = {};
+    this.epochs = {};
     this.#saveToken();
   }
 

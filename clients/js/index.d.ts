@@ -36,7 +36,8 @@ export interface SubscribedFrame {
   type: "subscribed";
   topic: string;
   req?: string | number;
-  partitions: { partition: number; from: number; gap?: { from: number; to: number } }[];
+  /** `epoch`: the partition's offset epoch; a token is trusted above the stored offset only within it. */
+  partitions: { partition: number; from: number; epoch: number; gap?: { from: number; to: number } }[];
 }
 
 export interface EventFrame {
@@ -167,7 +168,7 @@ export declare class AckgateClient {
   welcome: WelcomeFrame | null;
   /** Opens the session over the `transport`; resolves with its welcome (`ack_url` set when SSE carries it). */
   connect(): Promise<WelcomeFrame>;
-  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken }): Promise<SubscribedFrame>;
+  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken; epochs?: ResumeToken }): Promise<SubscribedFrame>;
   unsubscribe(topic: string): Promise<{ type: "unsubscribed"; topic: string }>;
   /** Plain by default; `{confirm: true}` resolves with `ack_ok` once the offsets are durable. */
   ack(ids: string | string[], options?: { confirm?: boolean }): Promise<AckOkFrame | void>;
@@ -180,4 +181,6 @@ export declare class AckgateClient {
   /** Closes for good: no reconnect follows. */
   close(): void;
   resumeToken(topic: string): ResumeToken;
+  /** The offset epochs of the resume token's partitions (epoch 0 left out). */
+  resumeEpochs(topic: string): ResumeToken;
 }

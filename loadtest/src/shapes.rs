@@ -538,6 +538,7 @@ pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {
                     last_acked: Some(c % 900),
                     updated_at: now,
                     generation: 0,
+                    epoch: 0,
                 });
                 written += 1;
                 if batch.len() == 10_000 {
@@ -592,7 +593,7 @@ fn write_expired_offsets(data: &std::path::Path, topic: &str, partitions: u32, o
     for n in 0..offsets {
         let client = ClientId::parse(&format!("gone-{}", n / partitions as u64)).map_err(|e| anyhow::anyhow!(e.0))?;
         let key = OffsetKey::new(topic.clone(), client, (n % partitions as u64) as u32);
-        let record = OffsetRecord { committed: 1, last_acked: Some(0), updated_at: two_days_ago };
+        let record = OffsetRecord { committed: 1, last_acked: Some(0), updated_at: two_days_ago, epoch: 0 };
         batch.put_cf(&offsets_cf, key.encode(), record.encode());
         batch.put_cf(&by_client_cf, key.encode_by_client(), []);
         if batch.len() >= 20_000 {

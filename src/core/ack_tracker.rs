@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use super::offsets::OffsetEpoch;
+
 /// A delivered event that has not been acknowledged yet.
 #[derive(Debug, Clone, Default)]
 struct PendingEvent {
@@ -39,6 +41,9 @@ pub struct AckTracker {
     /// must not record deliveries here, or its offsets would raise `delivered_end` past events
     /// the owner has not fed yet (issue 21).
     pub epoch: Epoch,
+    /// The offset epoch of the stored record this tracker started from (`OffsetEpoch`): its
+    /// writes carry it, and a plan that finds the record lowered since discards the tracker.
+    pub offset_epoch: OffsetEpoch,
 }
 
 /// A subscription of a client, ordered by age: a later session's subscriptions come after an
@@ -56,7 +61,7 @@ pub struct Epoch {
 impl AckTracker {
     /// A tracker whose every offset below `committed` counts as acknowledged.
     pub fn new(committed: u64, last_acked: Option<u64>) -> Self {
-        Self { delivered_end: committed, pending: BTreeMap::new(), last_acked, epoch: Epoch::default() }
+        Self { delivered_end: committed, pending: BTreeMap::new(), last_acked, epoch: Epoch::default(), offset_epoch: 0 }
     }
 
     /// The committed offset: next offset not acknowledged.

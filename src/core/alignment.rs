@@ -183,7 +183,7 @@ mod tests {
         let backend = ScriptedEnds { ends: Mutex::new(ends), cursor: Mutex::new(None) };
         let store = MemoryOffsetStore::new();
         let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("c").unwrap(), 0);
-        store.write_offset(OffsetWrite { key: key.clone(), committed: 8, last_acked: Some(7), updated_at: 1, generation: 0 }).unwrap();
+        store.write_offset(OffsetWrite { key: key.clone(), committed: 8, last_acked: Some(7), updated_at: 1, generation: 0, epoch: 0 }).unwrap();
         let report = align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
         let cursor = backend.cursor.lock().unwrap().unwrap();
         (store.read(&key).unwrap().unwrap().committed, cursor, report)

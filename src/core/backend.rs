@@ -47,6 +47,15 @@ impl Event {
         }
     }
 
+    /// What the event weighs in every byte bound (a session's window, a reader's buffer, a
+    /// catch-up read): its payload, key and headers. Counting the payload alone let events with a
+    /// 1-byte payload and a 4 MB header pass every bound (issue 40, item 3).
+    pub fn size_bytes(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let raw_headers: usize = self.headers_base64.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.payload.len() + self.key.as_ref().map_or(0, String::len) + headers + raw_headers
+    }
+
     /// The payload as JSON text, when it is JSON.
     pub fn json_payload(&self) -> Option<&str> {
         if self.payload_is_json {

@@ -25,6 +25,8 @@ pub struct DeliverySettings {
     /// A session whose window stays full this long is closed with 4003; zero disables.
     pub slow_client_timeout: Duration,
     pub max_subscriptions_per_session: usize,
+    /// Subscribes one session may make in a second.
+    pub max_subscribes_per_sec: usize,
     pub max_sessions: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,

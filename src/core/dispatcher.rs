@@ -163,7 +163,7 @@ impl Dispatcher {
         *registry.running.entry(client_id.clone()).or_insert(0) += 1;
         registry.running_total += 1;
         let n = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let session_id = format!("s{n:x}-{:x}", self.clock.now_ms());
+        let session_id = super::session_id::new_session_id(n);
         let info = Arc::new(SessionInfo {
             session_id: session_id.clone(),
             client_id: client_id.clone(),

@@ -103,7 +103,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                 continue;
             }
             // Room at once is the common case: take it without arming a cancellation waiter.
-            let permit = match window.try_acquire(event.payload.len()) {
+            let permit = match window.try_acquire(event.size_bytes()) {
                 Some(permit) => permit,
                 None => {
                     // The window is full: hand over what this batch has so far (the session
@@ -116,7 +116,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        permit = window.acquire(event.payload.len()) => permit,
+                        permit = window.acquire(event.size_bytes()) => permit,
                     }
                 }
             };

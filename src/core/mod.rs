@@ -30,8 +30,10 @@ pub(crate) mod redrive;
 pub(crate) mod rendezvous;
 pub(crate) mod session;
 pub(crate) mod session_control;
+pub(crate) mod session_id;
 pub(crate) mod session_registry;
 pub(crate) mod subscription_plan;
+pub(crate) mod topic_removal;
 pub(crate) mod waiting;
 pub(crate) mod window;
 

@@ -69,7 +69,7 @@ mod tests {
     #[test]
     fn expiry_uses_stored_time_and_never_expires_unknown_time() {
         let day = 86_400_000;
-        let at = |updated_at| OffsetRecord { committed: 1, last_acked: Some(0), updated_at };
+        let at = |updated_at| OffsetRecord { committed: 1, last_acked: Some(0), updated_at, epoch: 0 };
         assert!(!is_expired(&at(UNKNOWN_TIME), u64::MAX, day), "sentinel must never expire (KAFKA-8069)");
         assert!(!is_expired(&at(10 * day), 10 * day + day, day));
         assert!(is_expired(&at(10 * day), 10 * day + day + 1, day));

@@ -221,6 +221,18 @@ mod tests {
         fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
             self.inner.remove_topic(topic)
         }
+        fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+            self.inner.begin_topic_removal(topic)
+        }
+        fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError> {
+            self.inner.topic_log_deleted(topic)
+        }
+        fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+            self.inner.cancel_topic_removal(topic)
+        }
+        fn pending_topic_removals(&self) -> Vec<(TopicName, crate::core::offsets::TopicRemoval)> {
+            self.inner.pending_topic_removals()
+        }
         fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
             self.inner.touch(keys, now)
         }
@@ -283,7 +295,7 @@ mod tests {
     fn write(client: &str, committed: u64) -> WriteRequest {
         let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse(client).unwrap(), 0);
         WriteRequest {
-            writes: vec![OffsetWrite { key, committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0 }],
+            writes: vec![OffsetWrite { key, committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0, epoch: 0 }],
             broker_acks: Vec::new(),
             done: None,
         }

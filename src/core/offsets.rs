@@ -12,6 +12,12 @@ use super::names::{ClientId, OffsetKey, TopicName};
 /// Version byte at the start of every stored record value, so the format can change later.
 const RECORD_FORMAT_VERSION: u8 = 1;
 
+/// A committed offset's *offset epoch* (docs/semantics.md, "Offset epochs"): 0 for a record never
+/// lowered, one more at every lowering (an admin reset, an offset found above the log end). A
+/// resume token, a tracker or a queued write made under an older epoch is fenced: it can never
+/// lift the offset that lowering set.
+pub type OffsetEpoch = u64;
+
 /// `updated_at` value that means "unknown". Such a record is never considered expired: treating a
 /// sentinel as a real timestamp is exactly the KAFKA-8069 bug (offsets expired right after load).
 pub const UNKNOWN_TIME: u64 = 0;
@@ -25,44 +31,76 @@ pub struct OffsetRecord {
     pub last_acked: Option<u64>,
     /// Epoch ms of the last write; `UNKNOWN_TIME` when not known.
     pub updated_at: u64,
+    /// The offset epoch the record is in (`OffsetEpoch`).
+    pub epoch: OffsetEpoch,
 }
 
 impl OffsetRecord {
-    /// Fixed 25-byte encoding: version, committed, last_acked (+1, 0 = none), updated_at.
-    pub fn encode(&self) -> [u8; 25] {
-        let mut out = [0u8; 25];
+    /// Fixed 33-byte encoding: version, committed, last_acked (+1, 0 = none), updated_at, epoch.
+    /// Records written before epochs existed are 25 bytes long and decode as epoch 0.
+    pub fn encode(&self) -> [u8; 33] {
+        let mut out = [0u8; 33];
         out[0] = RECORD_FORMAT_VERSION;
         out[1..9].copy_from_slice(&self.committed.to_be_bytes());
         out[9..17].copy_from_slice(&self.last_acked.map_or(0, |v| v + 1).to_be_bytes());
         out[17..25].copy_from_slice(&self.updated_at.to_be_bytes());
+        out[25..33].copy_from_slice(&self.epoch.to_be_bytes());
         out
     }
 
     /// True when `write` moves this record forward: a higher committed offset, or the same one
-    /// with a higher `last_acked` (out-of-order acks above the floor). Never backwards.
+    /// with a higher `last_acked` (out-of-order acks above the floor). Never backwards, and never
+    /// for a write made under an older epoch (before a lowering: it would undo it).
     pub fn is_advanced_by(&self, write: &OffsetWrite) -> bool {
-        write.committed > self.committed || (write.committed == self.committed && write.last_acked > self.last_acked)
+        write.epoch >= self.epoch && (write.committed > self.committed || (write.committed == self.committed && write.last_acked > self.last_acked))
     }
 
     /// This record after a write that advances it; neither field moves back.
     pub fn advanced_by(&self, write: &OffsetWrite) -> Self {
-        Self { committed: self.committed.max(write.committed), last_acked: self.last_acked.max(write.last_acked), updated_at: write.updated_at }
+        Self {
+            committed: self.committed.max(write.committed),
+            last_acked: self.last_acked.max(write.last_acked),
+            updated_at: write.updated_at,
+            epoch: self.epoch.max(write.epoch),
+        }
     }
 
     /// The record a write creates where there was none.
     pub fn from_write(write: &OffsetWrite) -> Self {
-        Self { committed: write.committed, last_acked: write.last_acked, updated_at: write.updated_at }
+        Self { committed: write.committed, last_acked: write.last_acked, updated_at: write.updated_at, epoch: write.epoch }
+    }
+
+    /// The record a lowering (`OffsetStore::reset`) leaves where `before` was: the new offset, a
+    /// `last_acked` kept only below it, and the next epoch, which fences everything made before.
+    pub fn lowered(before: Option<&OffsetRecord>, committed: u64, now: u64) -> Self {
+        let last_acked = before.and_then(|r| r.last_acked).filter(|l| *l < committed);
+        Self { committed, last_acked, updated_at: now, epoch: before.map_or(0, |r| r.epoch).saturating_add(1) }
     }
 
     /// Decodes a stored value. A value shorter than the current format (an older or damaged
-    /// record) keeps its committed offset and gets `UNKNOWN_TIME`, never an expired time.
+    /// record) keeps its committed offset and gets `UNKNOWN_TIME`, never an expired time, and
+    /// epoch 0.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         if bytes.first() != Some(&RECORD_FORMAT_VERSION) || bytes.len() < 9 {
             return None;
         }
         let word = |at: usize| bytes.get(at..at + 8).map(|b| u64::from_be_bytes(b.try_into().unwrap()));
-        Some(Self { committed: word(1)?, last_acked: word(9).and_then(|v| v.checked_sub(1)), updated_at: word(17).unwrap_or(UNKNOWN_TIME) })
+        Some(Self {
+            committed: word(1)?,
+            last_acked: word(9).and_then(|v| v.checked_sub(1)),
+            updated_at: word(17).unwrap_or(UNKNOWN_TIME),
+            epoch: word(25).unwrap_or(0),
+        })
     }
+}
+
+/// How far a topic's removal got (`OffsetStore::begin_topic_removal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicRemoval {
+    /// Marked; the log may or may not have been deleted.
+    Begun,
+    /// The log is deleted; the offsets, dead letters and gaps are still to go.
+    LogDeleted,
 }
 
 /// One CAS-max write: raise `key` to `committed` (and `last_acked`) unless it is already there.
@@ -76,6 +114,9 @@ pub struct OffsetWrite {
     /// subscription started). A write for an older generation, made before the topic was deleted,
     /// is dropped: it must not land on a new topic of the same name.
     pub generation: u64,
+    /// The offset epoch of the record the write's tracker started from: a write made before a
+    /// lowering is stale, however high its offset.
+    pub epoch: OffsetEpoch,
 }
 
 /// What a CAS-max write did.
@@ -139,7 +180,8 @@ pub trait OffsetStore: Send + Sync + 'static {
     fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
 
     /// Sets `key` to `committed`, backwards allowed (the admin reset route, and an offset found
-    /// above the log end). A `last_acked` at or above the new offset is cleared.
+    /// above the log end), in the record's next epoch (`OffsetRecord::lowered`). Serialized with
+    /// CAS-max writes; a write of an older epoch that comes after it is stale.
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
 
     /// The current generation of `topic`: 0 until it is first deleted, then one more per deletion.
@@ -147,8 +189,28 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     /// Removes every offset of a deleted topic and starts its next generation, as one atomic
     /// step serialized with writes: a write made for the deleted topic can never land on a new
-    /// topic of the same name. Returns how many offsets there were.
+    /// topic of the same name. After `begin_topic_removal` the generation has started already:
+    /// this finishes that removal and clears its mark. Returns how many offsets there were.
     fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError>;
+
+    /// The first step of `DELETE /topics/{topic}`, before the log is deleted: starts the topic's
+    /// next generation (every write made for the old topic is dropped from here) and marks its
+    /// removal pending, durably, so that a removal cut short (a store error, a crash) is finished
+    /// by a retried DELETE or at start, and the old offsets never apply to a topic created again
+    /// under the name.
+    fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError>;
+
+    /// The second step: the log is deleted. From here the removal is finished whatever the log
+    /// holds under the name later (a topic created again is another topic).
+    fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError>;
+
+    /// The log refused the deletion (the topic stays): its removal is no longer pending. The
+    /// generation started by `begin_topic_removal` stays (nothing of the old one was queued:
+    /// the topic had no subscriber).
+    fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError>;
+
+    /// Topics whose removal began and has not finished, with how far it got.
+    fn pending_topic_removals(&self) -> Vec<(TopicName, TopicRemoval)>;
 
     /// Sets `updated_at` of existing records to `now` without changing their offsets (a client
     /// that leaves counts as seen then). Serialized with CAS-max writes. Returns how many existed.
@@ -237,13 +299,31 @@ mod tests {
 
     #[test]
     fn record_round_trips_and_old_records_get_unknown_time() {
-        let record = OffsetRecord { committed: 10, last_acked: Some(9), updated_at: 1_700_000_000_000 };
+        let record = OffsetRecord { committed: 10, last_acked: Some(9), updated_at: 1_700_000_000_000, epoch: 3 };
         assert_eq!(OffsetRecord::decode(&record.encode()), Some(record));
-        let none = OffsetRecord { committed: 0, last_acked: None, updated_at: 5 };
+        let none = OffsetRecord { committed: 0, last_acked: None, updated_at: 5, epoch: u64::MAX };
         assert_eq!(OffsetRecord::decode(&none.encode()), Some(none));
         // A shorter record (no timestamp field) keeps its offset and an unknown time.
         let short = OffsetRecord::decode(&record.encode()[..17]).unwrap();
-        assert_eq!((short.committed, short.updated_at), (10, UNKNOWN_TIME));
+        assert_eq!((short.committed, short.updated_at, short.epoch), (10, UNKNOWN_TIME, 0));
+        // A record written before epochs existed (25 bytes) is in epoch 0.
+        let before_epochs = OffsetRecord::decode(&record.encode()[..25]).unwrap();
+        assert_eq!(before_epochs, OffsetRecord { epoch: 0, ..record });
         assert_eq!(OffsetRecord::decode(&[9, 0, 0]), None);
+    }
+
+    #[test]
+    fn a_lowering_starts_an_epoch_that_fences_older_writes() {
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("c").unwrap(), 0);
+        let write = |committed, epoch| OffsetWrite { key: key.clone(), committed, last_acked: Some(committed - 1), updated_at: 9, generation: 0, epoch };
+        let record = OffsetRecord { committed: 20, last_acked: Some(19), updated_at: 1, epoch: 0 };
+        let reset = OffsetRecord::lowered(Some(&record), 5, 2);
+        assert_eq!(reset, OffsetRecord { committed: 5, last_acked: None, updated_at: 2, epoch: 1 });
+        assert!(!reset.is_advanced_by(&write(21, 0)), "a write queued before the reset must not lift it back");
+        assert!(reset.is_advanced_by(&write(6, 1)));
+        assert_eq!(reset.advanced_by(&write(6, 1)).epoch, 1);
+        assert_eq!(OffsetRecord::lowered(None, 3, 2).epoch, 1, "a reset of a client without a record fences its old tokens too");
+        let last = OffsetRecord { epoch: u64::MAX, ..record };
+        assert_eq!(OffsetRecord::lowered(Some(&last), 3, 2).epoch, u64::MAX, "saturates, never wraps to 0");
     }
 }

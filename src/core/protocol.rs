@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::backend::Event;
 use super::client_state::DeliveryRef;
+use super::offsets::OffsetEpoch;
 
 /// Stable error codes of docs/protocol.md (WebSocket `error` frames and REST error bodies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -171,13 +172,21 @@ const MAX_NACK_DELAY_MS: u64 = 86_400_000;
 /// Longest `term` reason kept with a dead letter (docs/protocol.md: at most 1 KiB).
 const MAX_TERM_REASON_BYTES: usize = 1024;
 
+/// One partition of a resume token: the next offset the client holds, and the offset epoch it
+/// last saw for the partition (`subscribed`'s `epoch`; 0, the oldest, when it sent none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeOffset {
+    pub offset: u64,
+    pub epoch: OffsetEpoch,
+}
+
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientFrame {
     Subscribe {
         topic: String,
         from: StartFrom,
-        resume: BTreeMap<u32, u64>,
+        resume: BTreeMap<u32, ResumeOffset>,
         req: Option<Value>,
     },
     Unsubscribe {
@@ -232,6 +241,8 @@ enum RawFrame {
         from: StartFrom,
         #[serde(default)]
         resume: Option<BTreeMap<String, u64>>,
+        #[serde(default)]
+        epochs: Option<BTreeMap<String, u64>>,
         #[serde(default)]
         req: Option<Value>,
     },
@@ -292,13 +303,20 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
         FrameError::new(ErrorCode::BadFrame, message).with_req(req.filter(is_valid_req))
     })?;
     let frame = match raw {
-        RawFrame::Subscribe { topic, from, resume, req } => {
+        RawFrame::Subscribe { topic, from, resume, epochs, req } => {
+            let partition_of = |field: &str, partition: &str| {
+                partition
+                    .parse::<u32>()
+                    .map_err(|_| FrameError::new(ErrorCode::BadFrame, format!("{field} key {partition:?} is not a partition number")).with_req(req.clone()))
+            };
+            let mut epoch_of = BTreeMap::new();
+            for (partition, epoch) in epochs.unwrap_or_default() {
+                epoch_of.insert(partition_of("epochs", &partition)?, epoch);
+            }
             let mut parsed = BTreeMap::new();
             for (partition, offset) in resume.unwrap_or_default() {
-                let p = partition
-                    .parse::<u32>()
-                    .map_err(|_| FrameError::new(ErrorCode::BadFrame, format!("resume key {partition:?} is not a partition number")).with_req(req.clone()))?;
-                parsed.insert(p, offset);
+                let p = partition_of("resume", &partition)?;
+                parsed.insert(p, ResumeOffset { offset, epoch: epoch_of.get(&p).copied().unwrap_or(0) });
             }
             if let StartFrom::Time(time) = from {
                 if time > i64::MAX as u64 {
@@ -355,11 +373,14 @@ impl ClientFrame {
     }
 }
 
-/// `{"partition", "from", "gap"?}` in a `subscribed` frame.
+/// `{"partition", "from", "epoch", "gap"?}` in a `subscribed` frame.
 #[derive(Debug, Clone, Serialize)]
 pub struct SubscribedPartition {
     pub partition: u32,
     pub from: u64,
+    /// The partition's offset epoch for this client: what a resume token must name to be
+    /// trusted above the stored offset.
+    pub epoch: OffsetEpoch,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gap: Option<GapRange>,
 }
@@ -607,7 +628,20 @@ mod tests {
     #[test]
     fn parses_every_op() {
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":"latest","resume":{"2":7},"req":1}"#).unwrap();
-        assert_eq!(f, ClientFrame::Subscribe { topic: "t".into(), from: StartFrom::Latest, resume: [(2, 7)].into(), req: Some(json!(1)) });
+        assert_eq!(
+            f,
+            ClientFrame::Subscribe {
+                topic: "t".into(),
+                from: StartFrom::Latest,
+                resume: [(2, ResumeOffset { offset: 7, epoch: 0 })].into(),
+                req: Some(json!(1))
+            }
+        );
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","resume":{"2":7,"3":9},"epochs":{"3":4,"5":1}}"#).unwrap();
+        let ClientFrame::Subscribe { resume, .. } = f else { panic!() };
+        assert_eq!(resume, [(2, ResumeOffset { offset: 7, epoch: 0 }), (3, ResumeOffset { offset: 9, epoch: 4 })].into(), "no epoch: the oldest");
+        assert!(parse_client_frame(r#"{"op":"subscribe","topic":"t","epochs":{"x":1}}"#).unwrap_err().message.contains("epochs"));
+        assert!(parse_client_frame(r#"{"op":"subscribe","topic":"t","epochs":{"1":-1}}"#).is_err());
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":{"time":1700000000000}}"#).unwrap();
         assert!(matches!(f, ClientFrame::Subscribe { from: StartFrom::Time(1_700_000_000_000), .. }), "{f:?}");
         for bad in [r#""middle""#, r#"{"time":-1}"#, r#"{"time":"x"}"#, r#"{"at":5}"#, "5", r#"{"time":9223372036854775808}"#] {

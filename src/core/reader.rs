@@ -53,7 +53,7 @@ impl Buffer {
     fn trim(&mut self, max_events: usize, max_bytes: usize) {
         while self.events.len() > max_events || (self.bytes > max_bytes && self.events.len() > 1) {
             let Some(oldest) = self.events.pop_front() else { break };
-            self.bytes -= oldest.payload.len();
+            self.bytes -= oldest.size_bytes();
             self.covered_from = self.events.front().map_or(self.covered_to, |e| e.offset);
         }
     }
@@ -70,10 +70,10 @@ fn take_within<I: Iterator<Item = Arc<Event>>>(events: I, max_events: usize, max
     let mut taken = Vec::new();
     let mut bytes = 0usize;
     for event in events.take(max_events) {
-        if !taken.is_empty() && bytes + event.payload.len() > max_bytes {
+        if !taken.is_empty() && bytes + event.size_bytes() > max_bytes {
             break;
         }
-        bytes += event.payload.len();
+        bytes += event.size_bytes();
         taken.push(event);
     }
     taken
@@ -190,10 +190,10 @@ impl PartitionReader {
             let events = self.backend.poll(&self.tp, ReadFrom::Offset(next), chunk, Duration::ZERO).await?;
             let got = events.len();
             for event in events {
-                if !taken.is_empty() && bytes + event.payload.len() > max_bytes {
+                if !taken.is_empty() && bytes + event.size_bytes() > max_bytes {
                     return Ok(taken);
                 }
-                bytes += event.payload.len();
+                bytes += event.size_bytes();
                 next = event.offset + 1;
                 taken.push(Arc::new(event));
             }
@@ -368,7 +368,7 @@ impl PartitionReader {
             buffer.covered_from = first;
         }
         let last = events[events.len() - 1].offset;
-        buffer.bytes += events.iter().map(|e| e.payload.len()).sum::<usize>();
+        buffer.bytes += events.iter().map(|e| e.size_bytes()).sum::<usize>();
         buffer.events.extend(events.into_iter().map(Arc::new));
         buffer.covered_to = buffer.covered_to.max(last + 1);
         buffer.trim(self.capacity, self.capacity_bytes);

@@ -73,7 +73,7 @@ async fn scan_marks(d: &Dispatcher, scan: &RedriveScan, window: &Window, control
             };
             match read {
                 Read::Event(event) => {
-                    let permit = window.acquire(event.payload.len()).await;
+                    let permit = window.acquire(event.size_bytes()).await;
                     let redriven = RedrivenEvent { topic: scan.topic.clone(), subscription: scan.subscription, dead, event: Arc::new(event), permit };
                     if !control.send(SessionControl::Redriven(Box::new(redriven))) {
                         return Ok(()); // the session ended

@@ -1,6 +1,7 @@
 //! Where a subscription starts: per partition the stored committed offset, the client's resume
-//! token, `from` or the reset policy, never below the log start (a gap when the start wanted was
-//! below it), and the trackers and offset records that go with it (`Dispatcher::plan_subscription`).
+//! token (within the record's offset epoch), `from` or the reset policy, never below the log start
+//! (a gap when the start wanted was below it), and the trackers and offset records that go with it
+//! (`Dispatcher::plan_subscription`).
 
 use std::sync::Mutex;
 
@@ -15,8 +16,8 @@ use super::frame_errors::{backend_frame_error, store_frame_error};
 use super::log_end;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_retention::lower_to_log_end;
-use super::offsets::{OffsetWrite, StoreError};
-use super::protocol::{ErrorCode, FrameError, StartFrom};
+use super::offsets::{OffsetEpoch, OffsetWrite, StoreError};
+use super::protocol::{ErrorCode, FrameError, ResumeOffset, StartFrom};
 
 /// Partitions whose bounds (and times) are asked at once: on Kafka each is a broker round trip.
 const BOUNDS_IN_PARALLEL: usize = 16;
@@ -27,6 +28,8 @@ pub struct StartPoint {
     pub partition: u32,
     pub from: u64,
     pub log_start: u64,
+    /// The partition's offset epoch for this client (the stored record's, after any lowering).
+    pub epoch: OffsetEpoch,
     /// The start the client wanted (its stored offset or token) and the log start above it:
     /// offsets `wanted..log_start` are gone (retention) and will never reach it.
     pub gap: Option<(u64, u64)>,
@@ -35,8 +38,10 @@ pub struct StartPoint {
 impl Dispatcher {
     /// Picks where each partition of `topic` starts for `client`, and prepares its trackers.
     ///
-    /// Per partition: the larger of the stored committed offset and the client's resume token;
-    /// without either, `from` (or the reset policy for `committed`). Never below `log_start`.
+    /// Per partition: the larger of the stored committed offset and the client's resume token
+    /// when the token names the record's offset epoch (a token from before a lowering is fenced:
+    /// the operator's reset or the lost tail stands); without either, `from` (or the reset policy
+    /// for `committed`). Never below `log_start`.
     /// When the start is above the stored committed offset (a resume token, `latest`, or
     /// retention), the committed offset moves there too, or acks above it could never lift it.
     pub async fn plan_subscription(
@@ -45,7 +50,7 @@ impl Dispatcher {
         client: &Mutex<ClientState>,
         topic: &TopicName,
         from: StartFrom,
-        resume: &std::collections::BTreeMap<u32, u64>,
+        resume: &std::collections::BTreeMap<u32, ResumeOffset>,
         epoch: Epoch,
         first: u32,
     ) -> Result<Vec<StartPoint>, FrameError> {
@@ -55,6 +60,14 @@ impl Dispatcher {
             .await
             .map_err(backend_frame_error)?
             .ok_or_else(|| FrameError::new(ErrorCode::UnknownTopic, format!("topic {topic} does not exist")))?;
+        // The offsets of a deleted topic of this name are still being removed (a removal cut
+        // short): they must never apply to this one.
+        if self.store.pending_topic_removals().iter().any(|(t, _)| t == topic) {
+            return Err(FrameError::new(
+                ErrorCode::Unavailable,
+                format!("the offsets of an earlier topic {topic}, deleted, are still being removed; retry once an operator has deleted it again (or restarted the gateway)"),
+            ));
+        }
         if let Some(bad) = resume.keys().find(|p| **p >= partitions) {
             return Err(FrameError::new(ErrorCode::BadFrame, format!("resume names partition {bad}; {topic} has {partitions}")));
         }
@@ -88,20 +101,19 @@ impl Dispatcher {
                 .map_err(backend_frame_error)?,
             _ => Vec::new(),
         };
-        // What this instance remembers of the client's progress, else what the store holds.
+        // What this instance remembers of the client's progress, else what the store holds, and
+        // the record's offset epoch. A tracker of an older epoch is not trusted: the record was
+        // lowered since it started (an admin reset, a lost log tail), and acks it holds count in
+        // the old log only.
         let mut known = Vec::with_capacity(range.len());
+        let mut epochs = Vec::with_capacity(range.len());
         for partition in range.clone() {
             let tp = TopicPartition::new(topic.clone(), partition);
-            let remembered = client.lock().unwrap().trackers.get(&tp).map(|t| (t.floor(), t.last_acked()));
-            let stored = match remembered {
-                Some(known) => Some(known),
-                None => self
-                    .store
-                    .read(&OffsetKey::new(topic.clone(), client_id.clone(), partition))
-                    .map_err(store_frame_error)?
-                    .map(|r| (r.committed, r.last_acked)),
-            };
-            known.push(stored);
+            let record = self.store.read(&OffsetKey::new(topic.clone(), client_id.clone(), partition)).map_err(store_frame_error)?;
+            let epoch = record.map_or(0, |r| r.epoch);
+            let remembered = client.lock().unwrap().trackers.get(&tp).filter(|t| t.offset_epoch >= epoch).map(|t| (t.floor(), t.last_acked()));
+            known.push(remembered.or(record.map(|r| (r.committed, r.last_acked))));
+            epochs.push(epoch);
         }
         // A log end below the committed offset is read again before anything is lowered: it
         // may be a broker's answer of a moment (`core::log_end`).
@@ -126,13 +138,14 @@ impl Dispatcher {
         // Each partition's tracker as planned: put in place only once nothing can fail any more,
         // so a re-subscribe that fails leaves the running subscription's trackers as they were.
         let mut trackers = Vec::with_capacity(range.len());
-        for ((partition, bounds), mut stored) in range.clone().zip(bounds).zip(known) {
+        for (((partition, bounds), mut stored), mut offset_epoch) in range.clone().zip(bounds).zip(known).zip(epochs) {
             let tp = TopicPartition::new(topic.clone(), partition);
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
             if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
                 tracing::warn!(%key, committed, log_end = bounds.log_end, "committed offset above the log end: lowered to the log end");
                 let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
                 stored = Some((lowered.committed, lowered.last_acked));
+                offset_epoch = lowered.epoch;
             }
             let policy = match (from, self.settings.reset_policy) {
                 (StartFrom::Latest, _) => bounds.log_end,
@@ -140,7 +153,20 @@ impl Dispatcher {
                 (StartFrom::Committed, ResetPolicy::Latest) if !subscribed_before => bounds.log_end,
                 _ => bounds.log_start,
             };
-            let requested = resume.get(&partition).map(|r| (*r).min(bounds.log_end));
+            // A token made before the record's last lowering is trusted only up to the offset that
+            // lowering set, which the stored offset already is: it counts for nothing.
+            let fenced = resume.get(&partition).filter(|r| r.epoch < offset_epoch);
+            if let Some(token) = fenced {
+                tracing::info!(%key, token = token.offset, token_epoch = token.epoch, epoch = offset_epoch, "resume token from before the offset was lowered (admin reset or lost log tail): not trusted");
+            }
+            let trusted = resume.get(&partition).filter(|r| r.epoch >= offset_epoch);
+            let requested = trusted.map(|r| r.offset.min(bounds.log_end));
+            // A token of a later epoch than the record's: the record was removed since (offsets
+            // deleted, expired) and is written again. It goes on in the token's epoch, so a later
+            // lowering steps above every epoch the client has seen and fences its token.
+            if let Some(token) = trusted {
+                offset_epoch = offset_epoch.max(token.epoch);
+            }
             let wanted = match (stored, requested) {
                 (Some((committed, _)), Some(token)) => committed.max(token),
                 // Never below what the client acknowledged: replaying its own history is the
@@ -159,10 +185,10 @@ impl Dispatcher {
             let newer = client.lock().unwrap().trackers.get(&tp).is_some_and(|t| t.epoch > epoch);
             let last_acked = stored.and_then(|(_, l)| l);
             if !newer && stored.is_none_or(|(committed, _)| committed < start) {
-                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation });
+                writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation, epoch: offset_epoch });
             }
-            trackers.push((tp, start, last_acked));
-            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, gap });
+            trackers.push((tp, start, last_acked, offset_epoch));
+            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, epoch: offset_epoch, gap });
         }
         // A retention sweep may have read this client's records as expired before it
         // connected: touch them now (a sweep removes only records unchanged since its scan), and
@@ -186,8 +212,8 @@ impl Dispatcher {
         .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
         .map_err(store_frame_error)?;
         for key in missing {
-            if let Some((_, start, last_acked)) = trackers.iter().find(|(tp, _, _)| tp.partition == key.partition) {
-                writes.push(OffsetWrite { key, committed: *start, last_acked: *last_acked, updated_at: now_ms, generation });
+            if let Some((_, start, last_acked, epoch)) = trackers.iter().find(|(tp, ..)| tp.partition == key.partition) {
+                writes.push(OffsetWrite { key, committed: *start, last_acked: *last_acked, updated_at: now_ms, generation, epoch: *epoch });
             }
         }
         // A session taken over meanwhile writes nothing: its successor plans from what is stored.
@@ -198,16 +224,17 @@ impl Dispatcher {
             self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         }
         // The trackers become this subscription's (`Epoch`): kept when one is where the plan
-        // starts (its pending deliveries stay pending), replaced otherwise, and left alone when a
-        // later session of the client planned it meanwhile.
+        // starts in the same offset epoch (its pending deliveries stay pending), replaced
+        // otherwise, and left alone when a later session of the client planned it meanwhile.
         let mut state = client.lock().unwrap();
-        for (tp, start, last_acked) in trackers {
+        for (tp, start, last_acked, offset_epoch) in trackers {
             match state.trackers.get_mut(&tp) {
                 Some(tracker) if tracker.epoch > epoch => {}
-                Some(tracker) if tracker.floor() == start => tracker.epoch = epoch,
+                Some(tracker) if tracker.floor() == start && tracker.offset_epoch == offset_epoch => tracker.epoch = epoch,
                 _ => {
                     let mut tracker = AckTracker::new(start, last_acked);
                     tracker.epoch = epoch;
+                    tracker.offset_epoch = offset_epoch;
                     state.trackers.insert(tp, tracker);
                 }
             }

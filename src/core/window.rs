@@ -1,5 +1,5 @@
 //! A session's in-flight window: at most `delivery.max_in_flight` unacknowledged deliveries and
-//! at most `delivery.max_in_flight_bytes` of their payloads. Feeders take room for each event
+//! at most `delivery.max_in_flight_bytes` of their events (payload, key and headers). Feeders take room for each event
 //! before handing it over and wait while there is none, so nothing more is pushed to the
 //! session; the room comes back when the delivery is acked, dead-lettered or released.
 
@@ -86,10 +86,10 @@ impl Window {
         Self { budget: Arc::new(budget) }
     }
 
-    /// Bytes an event of `payload_len` takes: its size, but never more than the whole budget (a
+    /// Bytes an event of `event_bytes` takes: its size, but never more than the whole budget (a
     /// larger event still goes, alone) and at least 1.
-    fn cost(&self, payload_len: usize) -> u64 {
-        (payload_len as u64).clamp(1, self.budget.max_bytes)
+    fn cost(&self, event_bytes: usize) -> u64 {
+        (event_bytes as u64).clamp(1, self.budget.max_bytes)
     }
 
     fn permit(&self, cost: u64) -> WindowPermit {
@@ -97,14 +97,14 @@ impl Window {
     }
 
     /// Room for an event at once, when there is some (the common case: no waiter to arm).
-    pub fn try_acquire(&self, payload_len: usize) -> Option<WindowPermit> {
-        let cost = self.cost(payload_len);
+    pub fn try_acquire(&self, event_bytes: usize) -> Option<WindowPermit> {
+        let cost = self.cost(event_bytes);
         self.budget.try_take(cost).then(|| self.permit(cost))
     }
 
     /// Waits for room for an event (cancel-safe: dropping the future takes nothing).
-    pub async fn acquire(&self, payload_len: usize) -> WindowPermit {
-        let cost = self.cost(payload_len);
+    pub async fn acquire(&self, event_bytes: usize) -> WindowPermit {
+        let cost = self.cost(event_bytes);
         let budget = &self.budget;
         if !budget.try_take(cost) {
             let _waiting = WaitingGuard::new(&budget.waiting);

@@ -9,6 +9,8 @@
 //!   `server.header_read_timeout_ms`;
 //! - between requests of a keep-alive connection: `server.idle_timeout_ms`, but once bytes of
 //!   the next request arrive, that head too must be whole within the header-read timeout;
+//! - while a request's body is being read: `server.body_read_timeout_ms` from its head (a peer
+//!   that announces 16 MB and trickles them would hold its slot for ever otherwise);
 //! - while a request is being handled, none (a publish may take as long as the backend does).
 //!
 //! An upgraded connection (a WebSocket) leaves this module: its session has its own keepalive.
@@ -43,6 +45,7 @@ pub struct ConnectionLimits {
     /// Open connections from one IP address; 0 = no limit. Beyond it 429.
     pub max_per_ip: usize,
     pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub linger: Linger,
@@ -308,6 +311,8 @@ pub struct Activity {
     idle_since_ms: AtomicU64,
     /// When bytes first arrived while idle after a request: the next request head has started.
     head_started_ms: AtomicU64,
+    /// When the body of the request being handled must have arrived whole (0: no body being read).
+    body_deadline_ms: AtomicU64,
     /// The watchdog is still watching (reads after an upgrade need not record anything).
     watching: AtomicBool,
 }
@@ -319,6 +324,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
+            body_deadline_ms: AtomicU64::new(0),
             watching: AtomicBool::new(false),
         }
     }
@@ -340,16 +346,21 @@ impl Activity {
     }
 
     fn request_done(&self) {
+        self.body_deadline_ms.store(0, Ordering::Relaxed);
         self.idle_since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// How long until the connection must be closed as things stand (`None`: a request is being
-    /// handled). The first head counts from accept (a TLS handshake included), later heads from
-    /// their first byte, and an idle keep-alive connection from its last answer.
+    /// handled and its body, if any, has arrived). The first head counts from accept (a TLS
+    /// handshake included), later heads from their first byte, a body from its head, and an idle
+    /// keep-alive connection from its last answer.
     fn time_left(&self, limits: &ConnectionLimits) -> Option<Duration> {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return None;
+            return match self.body_deadline_ms.load(Ordering::Relaxed) {
+                0 => None,
+                at_ms => Some(Duration::from_millis(at_ms.saturating_sub(self.now_ms()))),
+            };
         }
         let header_read = limits.header_read_timeout.as_millis() as u64;
         let (idle_since, head) = (self.idle_since_ms.load(Ordering::Relaxed), self.head_started_ms.load(Ordering::Relaxed));
@@ -370,11 +381,34 @@ impl Default for Activity {
     }
 }
 
-/// Hands the request to the router with the peer's address, counting it for the watchdog.
-async fn route(router: Router, activity: Arc<Activity>, remote: SocketAddr, request: hyper::Request<Incoming>) -> Result<axum::response::Response, Infallible> {
+/// Hands the request to the router with the peer's address, counting it for the watchdog; a
+/// body is timed from here until it has been read to its end (or dropped unread).
+async fn route(
+    router: Router,
+    activity: Arc<Activity>,
+    remote: SocketAddr,
+    body_read_timeout: Duration,
+    request: hyper::Request<Incoming>,
+) -> Result<axum::response::Response, Infallible> {
+    use hyper::body::Body as _;
     use tower_service::Service;
     activity.request_started();
-    let mut request = request.map(Body::new);
+    let mut request = if request.body().is_end_stream() {
+        request.map(Body::new)
+    } else {
+        let deadline = activity.now_ms().saturating_add(body_read_timeout.as_millis() as u64);
+        activity.body_deadline_ms.store(deadline, Ordering::Relaxed);
+        let read = BodyRead(activity.clone());
+        request.map(|body| {
+            Body::from_stream(futures_util::stream::unfold((Body::new(body).into_data_stream(), Some(read)), |(mut data, mut read)| async move {
+                let chunk = futures_util::StreamExt::next(&mut data).await;
+                if chunk.is_none() {
+                    read.take(); // the whole body arrived: the timer stops
+                }
+                chunk.map(|c| (c, (data, read)))
+            }))
+        })
+    };
     request.extensions_mut().insert(ConnectInfo(PeerAddr(remote)));
     let mut router = router;
     let response = router.call(request).await?;
@@ -394,6 +428,16 @@ async fn route(router: Router, activity: Arc<Activity>, remote: SocketAddr, requ
     }))
 }
 
+/// Stops the body timer when the body has been read whole or is dropped unread (the answer then
+/// goes out, and what is left of the body is the next head's to time).
+struct BodyRead(Arc<Activity>);
+
+impl Drop for BodyRead {
+    fn drop(&mut self) {
+        self.0.body_deadline_ms.store(0, Ordering::Relaxed);
+    }
+}
+
 /// Counts a request done when dropped (with the body of a streamed answer).
 struct RequestDone(Arc<Activity>);
 
@@ -410,7 +454,8 @@ where
     let activity = io.activity();
     activity.watching.store(true, Ordering::Relaxed);
     let watched = activity.clone();
-    let service = hyper::service::service_fn(move |request| route(router.clone(), watched.clone(), remote, request));
+    let body_read_timeout = limits.body_read_timeout;
+    let service = hyper::service::service_fn(move |request| route(router.clone(), watched.clone(), remote, body_read_timeout, request));
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The watchdog below is the header-read timer (hyper's would also close idle keep-alive
     // connections after the shorter header-read time).
@@ -436,7 +481,7 @@ where
             }
             _ = tokio::time::sleep(nap) => {
                 if activity.time_left(limits).is_some_and(|left| left.is_zero()) {
-                    tracing::debug!(%remote, "connection closed: no whole request head in time, or idle too long");
+                    tracing::debug!(%remote, "connection closed: no whole request head (or body) in time, or idle too long");
                     break;
                 }
             }
@@ -465,6 +510,7 @@ mod tests {
             max_connections,
             max_per_ip,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             tls_handshake_timeout: Duration::from_secs(10),
             linger: Linger { grace: Duration::from_secs(1), max_bytes: 1 << 20 },

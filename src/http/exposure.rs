@@ -6,6 +6,14 @@
 //!   something does) must come from the gateway's own origin, a `cluster.peers` instance's or
 //!   one in `server.allowed_origins`. Applies to the WebSocket and SSE handshakes and to every POST, PUT
 //!   and DELETE; requests without `Origin` (curl, servers, native clients) pass.
+//! - **Fetch Metadata**: browsers send no `Origin` on a GET a page makes blind (`<img>`,
+//!   `<iframe>`, `<script>`, a navigation, `fetch` in `no-cors` mode), and an SSE GET opens a
+//!   session and can move offsets (`from=latest`). What browsers do send on every request is
+//!   `Sec-Fetch-Site` and `Sec-Fetch-Dest`: a request that can act whose `Sec-Fetch-Site` is
+//!   `cross-site` or `same-site` must carry an allowed `Origin` (so it is a CORS request whose
+//!   page reads the answer), and `/ws` and `/sse` take only the destinations EventSource, fetch
+//!   and WebSocket send (`empty`, and `websocket` that Chromium sends on a WebSocket handshake).
+//!   Requests without Fetch Metadata (curl, servers, native clients) pass.
 //! - **Host**: on a loopback listener the `Host` must be a loopback name, the `public_url` host
 //!   or one in `server.allowed_hosts`; a page that rebinds its own DNS name to 127.0.0.1 sends
 //!   its own name and is refused. Elsewhere only when `server.allowed_hosts` is set.
@@ -93,7 +101,8 @@ impl Exposure {
         // The instances of the cluster serve the same console: a page of one follows a takeover
         // to another (its /session/recommend names it), so their origins are this one's too.
         let origins = server.allowed_origins.iter().chain(&config.cluster.peers).chain([&server.public_url]).filter_map(|o| parse_origin(o)).collect();
-        let hosts = (server.listens_on_loopback() || !server.allowed_hosts.is_empty()).then(|| {
+        let any_host = server.allowed_hosts.iter().any(|h| h == "*");
+        let hosts = (!any_host && (server.listens_on_loopback() || !server.allowed_hosts.is_empty())).then(|| {
             let mut rules: Vec<HostRule> = ["localhost", "127.0.0.1", "[::1]"].iter().map(|h| HostRule { host: h.to_string(), port: None }).collect();
             if let Some(public) = parse_origin(&server.public_url) {
                 rules.push(HostRule { host: public.host, port: None });
@@ -137,6 +146,26 @@ impl Exposure {
     }
 }
 
+/// The Fetch Metadata check (module documentation), for requests that can act: `Err` with the
+/// reason for a request a page could have sent without reading the answer. An `Origin` that is
+/// present is judged by `check_origin`.
+fn check_fetch_metadata(headers: &HeaderMap, path: &str) -> Result<(), String> {
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}").to_ascii_lowercase());
+    if let Some(site) = text("sec-fetch-site").filter(|s| s == "cross-site" || s == "same-site") {
+        if !headers.contains_key(header::ORIGIN) {
+            return Err(format!(
+                "a {site} request without Origin (one a page can send without reading the answer) cannot act here; pages of allowed origins use fetch, EventSource or WebSocket, which send Origin"
+            ));
+        }
+    }
+    if path == "/ws" || path == "/sse" {
+        if let Some(dest) = text("sec-fetch-dest").filter(|d| d != "empty" && !(path == "/ws" && d == "websocket")) {
+            return Err(format!("{path} is not opened by a browser's {dest:?} request; use EventSource, fetch or WebSocket"));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a request can change something or open a session: the Origin check applies to it.
 fn can_act(method: &Method, path: &str) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || path == "/ws" || path == "/sse"
@@ -177,13 +206,13 @@ pub async fn guard(State(app): State<AppState>, request: Request, next: Next) ->
     let exposure = &app.exposure;
     let mut verdict = exposure.check_host(request.headers(), request.uri());
     if verdict.is_ok() && can_act(request.method(), request.uri().path()) {
-        verdict = exposure.check_origin(request.headers());
+        verdict = check_fetch_metadata(request.headers(), request.uri().path()).and_then(|()| exposure.check_origin(request.headers()));
     }
     match verdict {
         Ok(()) if is_sse(request.uri().path()) && request.headers().contains_key(header::ORIGIN) => sse_cors(exposure, request, next).await,
         Ok(()) => next.run(request).await,
         Err(message) => {
-            tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), "refused by the Origin or Host check");
+            tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), "refused by the Origin, Fetch Metadata or Host check");
             ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response()
         }
     }
@@ -261,6 +290,32 @@ mod tests {
         let listed = exposure("0.0.0.0:8080", false, &[], &["gw.internal"]);
         assert!(listed.check_host(&headers(&[("host", "gw.internal:8080")]), &uri).is_ok());
         assert!(listed.check_host(&headers(&[("host", "evil.example")]), &uri).is_err());
+    }
+
+    #[test]
+    fn fetch_metadata_refuses_what_a_page_sends_blind() {
+        let blind = [
+            ("/sse", &[("sec-fetch-site", "cross-site"), ("sec-fetch-dest", "image")][..]),
+            ("/sse", &[("sec-fetch-site", "same-site"), ("sec-fetch-dest", "empty")]),
+            ("/sse", &[("sec-fetch-site", "same-origin"), ("sec-fetch-dest", "iframe")]),
+            ("/sse", &[("sec-fetch-site", "none"), ("sec-fetch-dest", "document")]),
+            ("/sse", &[("sec-fetch-dest", "websocket")]),
+            ("/ws", &[("sec-fetch-site", "CROSS-SITE"), ("sec-fetch-dest", "websocket")]),
+            ("/topics/t/events", &[("sec-fetch-site", "cross-site")]),
+        ];
+        for (path, pairs) in blind {
+            assert!(check_fetch_metadata(&headers(pairs), path).is_err(), "{path} {pairs:?}");
+        }
+        let fine = [
+            ("/sse", &[][..]),
+            ("/sse", &[("sec-fetch-site", "same-origin"), ("sec-fetch-dest", "empty")]),
+            ("/sse", &[("sec-fetch-site", "cross-site"), ("sec-fetch-dest", "empty"), ("origin", "https://app.example")]),
+            ("/ws", &[("sec-fetch-site", "same-origin"), ("sec-fetch-dest", "websocket"), ("origin", "http://127.0.0.1:8080")]),
+            ("/topics/t/events", &[("sec-fetch-site", "same-origin"), ("sec-fetch-dest", "empty")]),
+        ];
+        for (path, pairs) in fine {
+            assert!(check_fetch_metadata(&headers(pairs), path).is_ok(), "{path} {pairs:?}");
+        }
     }
 
     #[test]

@@ -396,8 +396,11 @@ pub enum ClientFrame {
         /// first offset whose timestamp is at or after it; never below the stored offset).
         from: Option<StartFromSchema>,
         /// Resume token `{"<partition>": next_offset}`: per partition the larger of it and the
-        /// stored committed offset.
+        /// stored committed offset, when the token is of the stored offset's epoch.
         resume: Option<BTreeMap<String, u64>>,
+        /// The offset epoch of each partition of `resume` as the last `subscribed` named it
+        /// (`{"<partition>": epoch}`); a partition without one is of epoch 0, the oldest.
+        epochs: Option<BTreeMap<String, u64>>,
         req: Option<Req>,
     },
     /// Stop; in-flight deliveries of the topic are released for redelivery.
@@ -429,6 +432,9 @@ pub struct SubscribedPartition {
     pub partition: u32,
     /// First offset that will be delivered.
     pub from: u64,
+    /// The partition's offset epoch for this client: one more at every lowering of its committed
+    /// offset (an admin reset, a lost log tail). Keep it with the resume token.
+    pub epoch: u64,
     /// Present when the start wanted (stored offset or token) was below the log start: offsets
     /// `from`..`to`-1 are gone and will never be delivered.
     pub gap: Option<GapRange>,

@@ -5,8 +5,9 @@
 //!
 //! Every `event` message carries an `id:` that is the session's resume token when it was written:
 //! the client's durable committed offsets of its subscribed topics, as base64url of
-//! `{"<topic>": {"<partition>": offset}}`. A browser's EventSource sends it back as
-//! `Last-Event-ID` when it reconnects, on any instance.
+//! `{"<topic>": {"<partition>": offset}}`, where a partition whose offset epoch is not 0 (it was
+//! lowered: an admin reset, a lost log tail) has `[offset, epoch]` instead of the offset. A
+//! browser's EventSource sends it back as `Last-Event-ID` when it reconnects, on any instance.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -30,7 +31,7 @@ use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::protocol::{close_code, ErrorCode};
+use crate::core::protocol::{close_code, ErrorCode, ResumeOffset};
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
 
@@ -185,15 +186,21 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
         return Err(ApiError::bad_request(format!("from must be committed, earliest or latest, got {from:?}")));
     }
     let header_token = headers.get("last-event-id").map(|v| v.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text")));
-    let token = match header_token.transpose()?.filter(|t| !t.is_empty()).or(query.get("resume").map(String::as_str)) {
+    let token = match header_token.transpose()?.filter(|t| !t.is_empty()).or(query.get("resume").map(String::as_str).filter(|t| !t.is_empty())) {
         Some(text) => decode_resume_token(text)?,
         None => BTreeMap::new(),
     };
     let mut frames = Vec::new();
-    for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty()) {
+    let mut named = std::collections::HashSet::new();
+    // Each topic once: a URL naming one over and over would re-plan it as many times.
+    for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty() && named.insert(*t)) {
         let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
         let frame = match token.get(topic.as_str()) {
-            Some(resume) => json!({"op": "subscribe", "topic": topic.as_str(), "from": "committed", "resume": resume}),
+            Some(resume) => {
+                let offsets: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.offset)).collect();
+                let epochs: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.epoch)).collect();
+                json!({"op": "subscribe", "topic": topic.as_str(), "from": "committed", "resume": offsets, "epochs": epochs})
+            }
             None => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
         };
         frames.push(frame.to_string());
@@ -201,24 +208,47 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
     Ok(frames)
 }
 
-/// A resume token: base64url (no padding) of `{"<topic>": {"<partition>": offset}}`.
-pub fn decode_resume_token(text: &str) -> Result<BTreeMap<String, BTreeMap<u32, u64>>, ApiError> {
+/// One partition of a resume token as written: the offset, or `[offset, epoch]` (module docs).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum TokenOffset {
+    Offset(u64),
+    WithEpoch(u64, u64),
+}
+
+impl From<ResumeOffset> for TokenOffset {
+    fn from(r: ResumeOffset) -> Self {
+        match r.epoch {
+            0 => Self::Offset(r.offset),
+            epoch => Self::WithEpoch(r.offset, epoch),
+        }
+    }
+}
+
+/// A resume token: base64url (no padding) of `{"<topic>": {"<partition>": offset or [offset, epoch]}}`.
+/// An offset without an epoch is of the oldest epoch, 0.
+pub fn decode_resume_token(text: &str) -> Result<BTreeMap<String, BTreeMap<u32, ResumeOffset>>, ApiError> {
     let bad = |why: &str| ApiError::bad_request(format!("the resume token does not decode: {why}"));
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')).map_err(|_| bad("not base64url"))?;
-    let parsed: BTreeMap<String, BTreeMap<String, u64>> = serde_json::from_slice(&bytes).map_err(|_| bad("not {\"<topic>\": {\"<partition>\": offset}}"))?;
+    let parsed: BTreeMap<String, BTreeMap<String, TokenOffset>> =
+        serde_json::from_slice(&bytes).map_err(|_| bad("not {\"<topic>\": {\"<partition>\": offset or [offset, epoch]}}"))?;
     let mut token = BTreeMap::new();
     for (topic, partitions) in parsed {
         TopicName::parse(&topic).map_err(|_| bad("a topic name is invalid"))?;
         let mut offsets = BTreeMap::new();
         for (partition, offset) in partitions {
-            offsets.insert(partition.parse::<u32>().map_err(|_| bad("a partition is not a number"))?, offset);
+            let resume = match offset {
+                TokenOffset::Offset(offset) => ResumeOffset { offset, epoch: 0 },
+                TokenOffset::WithEpoch(offset, epoch) => ResumeOffset { offset, epoch },
+            };
+            offsets.insert(partition.parse::<u32>().map_err(|_| bad("a partition is not a number"))?, resume);
         }
         token.insert(topic, offsets);
     }
     Ok(token)
 }
 
-fn encode_resume_token(token: &BTreeMap<String, BTreeMap<String, u64>>) -> String {
+fn encode_resume_token(token: &BTreeMap<String, BTreeMap<String, TokenOffset>>) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).unwrap_or_default())
 }
 
@@ -341,7 +371,7 @@ impl StreamWriter {
     /// a partition left out resumes at the stored committed offset, while a topic left out
     /// would resume at `from` (`latest` skipping what the client holds).
     async fn read_resume_token(&self, topics: &[TopicName]) -> String {
-        let mut token: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        let mut token: BTreeMap<String, BTreeMap<String, TokenOffset>> = BTreeMap::new();
         for topic in topics {
             let offsets = token.entry(topic.to_string()).or_default();
             let partitions = match self.d.backend.partitions(topic).await {
@@ -354,7 +384,7 @@ impl StreamWriter {
             for partition in 0..partitions {
                 match self.d.store.read(&OffsetKey::new(topic.clone(), self.info.client_id.clone(), partition)) {
                     Ok(Some(record)) => {
-                        offsets.insert(partition.to_string(), record.committed);
+                        offsets.insert(partition.to_string(), ResumeOffset { offset: record.committed, epoch: record.epoch }.into());
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -413,7 +443,7 @@ fn frame_type(json: &str) -> &str {
         (status = 401, description = "unauthorized", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "forbidden: the credentials are another client's", body = crate::http::schemas::ErrorBody),
         (status = 404, description = "not_found: no such session on this instance (it ended, or lives on another): reconnect the stream", body = crate::http::schemas::ErrorBody),
-        (status = 413, description = "limit_exceeded: more than limits.max_batch_events frames, or one over limits.max_frame_bytes", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: a body over limits.max_frames_body_bytes, more than limits.max_batch_events frames, or one over limits.max_frame_bytes", body = crate::http::schemas::ErrorBody),
         (status = 429, description = "limit_exceeded: 16 POSTs of this session are waiting for it already", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -422,16 +452,27 @@ pub async fn frames(
     Path(session_id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let gone = || ApiError::not_found(format!("no session {session_id:?} on this instance (it ended, or lives on another): reconnect the stream"));
+    // The session and the credentials first: a body is read only for a session that is there
+    // and the caller's own.
     let session = app.sse.get(&session_id).ok_or_else(gone)?;
     session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &session.client_id)?;
-    let frames: Vec<Box<serde_json::value::RawValue>> =
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body is a JSON array of client frames: {e}")))?;
     let limits = &app.config.limits;
     let too_large = |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, message);
+    let mut body_bytes = Vec::new();
+    let mut data = body.into_data_stream();
+    while let Some(chunk) = data.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the body could not be read: {e}")))?;
+        if body_bytes.len() + chunk.len() > limits.max_frames_body_bytes {
+            return Err(too_large(format!("the body is larger than {} bytes (limits.max_frames_body_bytes)", limits.max_frames_body_bytes)));
+        }
+        body_bytes.extend_from_slice(&chunk);
+    }
+    let frames: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(&body_bytes).map_err(|e| ApiError::bad_request(format!("the body is a JSON array of client frames: {e}")))?;
     if frames.len() > limits.max_batch_events {
         return Err(too_large(format!("{} frames in one POST; at most {} (limits.max_batch_events)", frames.len(), limits.max_batch_events)));
     }
@@ -469,9 +510,14 @@ mod tests {
 
     #[test]
     fn resume_tokens_round_trip_and_bad_ones_are_refused() {
-        let token: BTreeMap<String, BTreeMap<String, u64>> = [("orders".to_string(), [("0".to_string(), 7), ("3".to_string(), u64::MAX)].into())].into();
-        let decoded = decode_resume_token(&encode_resume_token(&token)).unwrap();
-        assert_eq!(decoded["orders"], BTreeMap::from([(0, 7), (3, u64::MAX)]));
+        let at = |offset, epoch| ResumeOffset { offset, epoch };
+        let token: BTreeMap<String, BTreeMap<String, TokenOffset>> =
+            [("orders".to_string(), [("0".to_string(), at(7, 0).into()), ("3".to_string(), at(u64::MAX, 2).into())].into())].into();
+        let encoded = encode_resume_token(&token);
+        let json = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&encoded).unwrap()).unwrap();
+        assert_eq!(json, format!(r#"{{"orders":{{"0":7,"3":[{},2]}}}}"#, u64::MAX), "epoch 0 keeps the old form");
+        let decoded = decode_resume_token(&encoded).unwrap();
+        assert_eq!(decoded["orders"], BTreeMap::from([(0, at(7, 0)), (3, at(u64::MAX, 2))]));
         for bad in ["%%%", "e30", "bnVsbA", "eyJhIjp7IngiOjF9fQ", "eyJhIjp7IjAiOi0xfX0", "eyJiYWQgbmFtZSI6e319"] {
             // %%% not base64; {} decodes (no topics); null; {"a":{"x":1}}; {"a":{"0":-1}}; {"bad name":{}}
             let result = decode_resume_token(bad);

@@ -18,8 +18,9 @@ use super::{AppState, JsonBody};
 use crate::core::backend::NewEvent;
 use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOutcome};
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::offsets::StoreError;
+use crate::core::offsets::{StoreError, TopicRemoval};
 use crate::core::protocol::ErrorCode;
+use crate::core::topic_removal;
 
 /// Lite topics per page of `GET /topics?parent=` unless `limit` says otherwise, and the most.
 const LITE_PAGE: usize = 100;
@@ -297,31 +298,54 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
         .claim_topic_for_deletion(&topic)
         .ok_or_else(|| ApiError::conflict(format!("a live session subscribes to {topic} (or it is being deleted); unsubscribe it first")))?;
     let missing = || ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {topic} does not exist"));
-    if d.backend.partitions(&topic).await?.is_none() {
-        return Err(missing());
+    // A deletion whose removal was cut short (a store error) after its log was deleted: the
+    // retry finishes it first, whatever the log holds under the name now.
+    let pending = d.store.pending_topic_removals().into_iter().find_map(|(t, step)| (t == topic).then_some(step));
+    let exists = d.backend.partitions(&topic).await?.is_some();
+    match (pending, exists) {
+        (Some(TopicRemoval::LogDeleted), _) | (Some(TopicRemoval::Begun), false) => {
+            let finished = finish_removal(d, &topic).await?;
+            if !exists {
+                return Ok(finished);
+            }
+        }
+        (None, false) => return Err(missing()),
+        _ => {}
     }
-    // The log goes first (issue 21): should the backend refuse (a Kafka cluster with
-    // delete.topic.enable=false, a broker away), the topic stays and so must every client's
-    // offsets; deleting them first made `latest` skip the unacknowledged backlog and `earliest`
-    // replay everything. A topic of the same name created later never inherits what is left
-    // should the offset removal below fail: offsets carry the topic's incarnation.
-    if !d.backend.delete_topic(&topic).await? {
-        return Err(missing());
+    // Marked first (and the topic's next generation started, so a write still queued for the old
+    // topic is dropped): a removal cut short after the log is gone is finished by a retry or at
+    // start (`core::topic_removal`). The log goes next (issue 21): should the backend refuse (a
+    // Kafka cluster with delete.topic.enable=false, a broker away), the topic stays and so must
+    // every client's offsets; deleting them first made `latest` skip the unacknowledged backlog.
+    let store = d.store.clone();
+    let marking = topic.clone();
+    tokio::task::spawn_blocking(move || store.begin_topic_removal(&marking)).await.map_err(|e| StoreError::Io(format!("marking the removal: {e}")))??;
+    let deleted = d.backend.delete_topic(&topic).await;
+    if !matches!(deleted, Ok(true)) {
+        if let Err(e) = d.store.cancel_topic_removal(&topic) {
+            tracing::warn!(%topic, error = %e, "the log kept the topic, but its pending removal could not be cleared (the next start clears it)");
+        }
+        return Err(deleted.err().map_or_else(missing, ApiError::from));
     }
     deletion.forget();
-    // Removing them also starts the topic's next generation, so a write still queued for the
-    // old topic is dropped. A prefix scan and a delete per key: on the blocking pool, never on
-    // a worker that inline acks wait for.
+    let store = d.store.clone();
+    let marking = topic.clone();
+    tokio::task::spawn_blocking(move || store.topic_log_deleted(&marking)).await.map_err(|e| StoreError::Io(format!("marking the removal: {e}")))??;
+    finish_removal(d, &topic).await
+}
+
+/// Removes what the store holds of a deleted topic (`core::topic_removal`) and answers the
+/// deletion. A prefix scan and a delete per key: on the blocking pool, never on a worker that
+/// inline acks wait for.
+async fn finish_removal(d: &crate::core::dispatcher::Dispatcher, topic: &TopicName) -> Result<Json<Value>, ApiError> {
     let store = d.store.clone();
     let removing = topic.clone();
-    let (offsets_deleted, dead_letters_deleted) = tokio::task::spawn_blocking(move || -> Result<(usize, usize), StoreError> {
-        store.remove_gaps(Some(&removing), 0)?;
-        Ok((store.remove_topic(&removing)?, store.remove_dead_letters(&removing)?))
-    })
-    .await
-    .map_err(|e| StoreError::Io(format!("removing offsets: {e}")))??;
-    tracing::info!(%topic, offsets_deleted, dead_letters_deleted, "topic deleted with its offsets and dead letters");
-    Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": offsets_deleted, "dead_letters_deleted": dead_letters_deleted})))
+    let removed = tokio::task::spawn_blocking(move || topic_removal::finish_removal(store.as_ref(), &removing))
+        .await
+        .map_err(|e| StoreError::Io(format!("removing offsets: {e}")))?
+        .inspect_err(|e| tracing::warn!(%topic, error = %e, "the topic's log is deleted but its offsets could not all be removed; DELETE it again (or restart) to finish"))?;
+    tracing::info!(%topic, offsets_deleted = removed.offsets, dead_letters_deleted = removed.dead_letters, "topic deleted with its offsets and dead letters");
+    Ok(Json(json!({"deleted": topic.as_str(), "offsets_deleted": removed.offsets, "dead_letters_deleted": removed.dead_letters})))
 }
 
 #[cfg(test)]

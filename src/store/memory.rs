@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -20,6 +20,8 @@ struct Inner {
     dead_letters: Vec<DeadLetter>,
     /// Generation of each topic deleted at least once (absent = 0).
     generations: HashMap<TopicName, u64>,
+    /// Topics whose removal began (`begin_topic_removal`) and has not finished.
+    removals_pending: HashMap<TopicName, TopicRemoval>,
     publishes: HashMap<(TopicName, IdempotencyKey), RememberedPublish>,
     gaps: Vec<Gap>,
     /// Dead letters marked for redrive.
@@ -89,8 +91,7 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut inner = self.lock();
-        let last_acked = inner.records.get(key).and_then(|r| r.last_acked).filter(|l| *l < committed);
-        let record = OffsetRecord { committed, last_acked, updated_at: now };
+        let record = OffsetRecord::lowered(inner.records.get(key), committed, now);
         inner.records.insert(key.clone(), record);
         Ok(record)
     }
@@ -104,8 +105,34 @@ impl OffsetStore for MemoryOffsetStore {
         let before = inner.records.len();
         inner.records.retain(|key, _| key.topic != *topic);
         inner.publishes.retain(|(t, _), _| t != topic);
-        *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+        if inner.removals_pending.remove(topic).is_none() {
+            *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+        }
         Ok(before - inner.records.len())
+    }
+
+    fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if inner.removals_pending.insert(topic.clone(), TopicRemoval::Begun).is_none() {
+            *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError> {
+        if let Some(step) = self.lock().removals_pending.get_mut(topic) {
+            *step = TopicRemoval::LogDeleted;
+        }
+        Ok(())
+    }
+
+    fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        self.lock().removals_pending.remove(topic);
+        Ok(())
+    }
+
+    fn pending_topic_removals(&self) -> Vec<(TopicName, TopicRemoval)> {
+        self.lock().removals_pending.iter().map(|(t, s)| (t.clone(), *s)).collect()
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {

@@ -3,7 +3,8 @@
 //! Column families: `offsets` (topic-ordered key -> record), `by_client` (client-ordered key ->
 //! nothing, the second index that makes a client filter a prefix scan), `dead_letters` with its
 //! client-ordered index `dead_letters_by_client`, `topic_generations` (topic -> u64, how many
-//! times it was deleted) and `publishes` (topic prefix + `Idempotency-Key` -> what that publish
+//! times it was deleted, and while a deletion's removal is pending a ninth byte: 1 begun, 2 the
+//! log deleted) and `publishes` (topic prefix + `Idempotency-Key` -> what that publish
 //! answered, until when: `core::idempotency`), `gaps` (topic-ordered, like dead letters: the
 //! gaps reported to clients) and `redrives` (the dead letters' keys an operator marked for
 //! redelivery, until that is settled).
@@ -23,7 +24,7 @@ use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode,
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
 use crate::core::FastMap;
 
 type Db = DBWithThreadMode<MultiThreaded>;
@@ -61,6 +62,8 @@ const RECENT_RECORDS: usize = 65_536;
 #[derive(Default)]
 struct Serialized {
     generations: Generations,
+    /// Topics whose removal began (`begin_topic_removal`) and has not finished.
+    removals_pending: HashMap<TopicName, TopicRemoval>,
     /// The offset records this store wrote last, for the compare of the next CAS-max write: a
     /// RocksDB point read per ack was a tenth of the gateway's CPU in a broadcast to 5,000
     /// clients (perf; the memtable holds a version per ack). Exact because every change to the
@@ -141,18 +144,31 @@ impl RocksOffsetStore {
             count.store(keys, Ordering::Relaxed);
         }
         let mut generations = Generations::new();
+        let mut removals_pending = HashMap::new();
         store.for_each_with_prefix(CF_TOPIC_GENERATIONS, &[], &mut |key, value| {
             let topic = std::str::from_utf8(key).ok().and_then(|t| TopicName::parse(t).ok());
-            let generation = value.try_into().ok().map(u64::from_be_bytes);
-            match (topic, generation) {
-                (Some(topic), Some(generation)) => {
+            let generation = value.get(..8).and_then(|v| v.try_into().ok()).map(u64::from_be_bytes);
+            let step = match value.get(8..) {
+                Some([]) => Some(None),
+                Some([1]) => Some(Some(TopicRemoval::Begun)),
+                Some([2]) => Some(Some(TopicRemoval::LogDeleted)),
+                _ => None,
+            };
+            match (topic, generation, step) {
+                (Some(topic), Some(generation), Some(step)) => {
+                    if let Some(step) = step {
+                        removals_pending.insert(topic.clone(), step);
+                    }
                     generations.insert(topic, generation);
                     Ok(())
                 }
                 _ => Err(StoreError::Corrupt(format!("unreadable topic generation {:?}", String::from_utf8_lossy(key)))),
             }
         })?;
-        store.lock_writes().generations = generations;
+        let mut serialized = store.lock_writes();
+        serialized.generations = generations;
+        serialized.removals_pending = removals_pending;
+        drop(serialized);
         store.index_dead_letters_if_missing()?;
         Ok(store)
     }
@@ -506,8 +522,7 @@ impl OffsetStore for RocksOffsetStore {
 
     fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut serialized = self.lock_writes();
-        let last_acked = self.get_record(key)?.and_then(|r| r.last_acked).filter(|l| *l < committed);
-        let record = OffsetRecord { committed, last_acked, updated_at: now };
+        let record = OffsetRecord::lowered(self.get_record(key)?.as_ref(), committed, now);
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_OFFSETS)?, key.encode(), record.encode());
         batch.put_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client(), []);
@@ -544,12 +559,56 @@ impl OffsetStore for RocksOffsetStore {
             publishes += 1;
             Ok(())
         })?;
-        let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
+        // Begun by `begin_topic_removal`: its generation has started; only the mark goes.
+        let pending = serialized.removals_pending.contains_key(topic);
+        let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!pending);
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         serialized.generations.insert(topic.clone(), next);
+        serialized.removals_pending.remove(topic);
         self.publishes.fetch_sub(publishes, Ordering::Relaxed);
         Ok(removed)
+    }
+
+    fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        let mut serialized = self.lock_writes();
+        if serialized.removals_pending.contains_key(topic) {
+            return Ok(());
+        }
+        let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
+        let mut value = next.to_be_bytes().to_vec();
+        value.push(1);
+        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
+        serialized.generations.insert(topic.clone(), next);
+        serialized.removals_pending.insert(topic.clone(), TopicRemoval::Begun);
+        Ok(())
+    }
+
+    fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError> {
+        let mut serialized = self.lock_writes();
+        if serialized.removals_pending.get(topic) != Some(&TopicRemoval::Begun) {
+            return Ok(());
+        }
+        let mut value = serialized.generations.get(topic).copied().unwrap_or(0).to_be_bytes().to_vec();
+        value.push(2);
+        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
+        serialized.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
+        Ok(())
+    }
+
+    fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        let mut serialized = self.lock_writes();
+        if !serialized.removals_pending.contains_key(topic) {
+            return Ok(());
+        }
+        let generation = serialized.generations.get(topic).copied().unwrap_or(0);
+        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), generation.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        serialized.removals_pending.remove(topic);
+        Ok(())
+    }
+
+    fn pending_topic_removals(&self) -> Vec<(TopicName, TopicRemoval)> {
+        self.lock_writes().removals_pending.iter().map(|(t, s)| (t.clone(), *s)).collect()
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {

@@ -68,6 +68,32 @@ async fn the_window_is_bounded_in_bytes() {
     gw.stop().await;
 }
 
+/// Issue 40, item 3: the byte window counted payload bytes only, so events with a 1-byte payload
+/// and a large header (or key) passed it: all 5 of these arrived at once in a 1000-byte window.
+/// Now an event weighs its payload, key and headers, and two fill the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_byte_window_counts_keys_and_headers_too() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight_bytes = 1000;
+    let gw = InProcess::start(config).await;
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "stuffed", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let header = "h".repeat(390);
+    let key = "k".repeat(390);
+    let events: Vec<_> =
+        (0..5).map(|n| if n % 2 == 0 { json!({"payload": 1, "headers": {"big": header}}) } else { json!({"payload": 1, "key": key}) }).collect();
+    publish(&gw.base, "stuffed", json!({ "events": events })).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.subscribe("stuffed", json!({})).await;
+    let first = client.recv_events(2).await;
+    client.expect_silence(Duration::from_millis(300)).await;
+    client.send(json!({"op": "ack", "delivery_id": id(&first[0])})).await;
+    assert_eq!(client.recv_type("event").await["offset"], 2, "an ack makes room for one more");
+    client.expect_silence(Duration::from_millis(300)).await;
+    gw.stop().await;
+}
+
 /// Issue 20: memory per slow reader was bounded in events, not bytes. A feeder held a whole fetch
 /// (256 events) outside the in-flight window, and a client starting from `earliest` got private
 /// copies of them: 12 sessions that never read pinned about 160 MiB each with a 2 MiB window.

@@ -81,3 +81,43 @@ async fn the_js_client_over_sse_survives_a_gateway_restart_in_a_real_browser() {
     let row = stored_offset(&restarted.base, "web-sse", "browser-sse", 0).await.expect("the page's client has an offset");
     assert_eq!(row["committed"], 8, "every event acked, across the restart");
 }
+
+/// Issue 40, item 1, in a real browser (tests/browser/blind.mjs): a page on another origin
+/// points an `<img>`, an `<iframe>`, a `<script>` and a no-cors `fetch` at
+/// `/sse?client_id=alice&topics=orders&from=latest`. Before the fix Chromium sent them without
+/// `Origin`, each opened a session as alice and her committed offset moved from 5 to 20 (15 unread
+/// events skipped). Now each is refused (403) before a session exists, even though the page's
+/// origin is allowed, while the same page's own EventSource and WebSocket are welcomed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_cannot_move_offsets_with_requests_it_makes_blind_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let app_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec![format!("http://localhost:{app_port}")];
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "orders", 1, 0, 20).await;
+    let mut alice = TestClient::connect(gw.addr(), "alice").await;
+    alice.subscribe("orders", serde_json::json!({})).await;
+    let events = alice.recv_events(5).await;
+    alice.ack_confirmed(&ids(&events), "a").await;
+    alice.close().await;
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/blind.mjs");
+    let base = gw.base.clone();
+    let output =
+        tokio::task::spawn_blocking(move || Command::new("node").args([script, &base, &app_port.to_string(), "alice", "orders"]).output().expect("node runs"))
+            .await
+            .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "browser test failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for kind in ["image", "document", "script", "fetch"] {
+        // Chromium keeps the 403's JSON from an <img> or a <script> (Opaque Response Blocking):
+        // then it reports that block, which comes only after the answer.
+        let seen = stdout.lines().find_map(|l| l.strip_prefix(&format!("blind {kind}: "))).unwrap_or("missing");
+        assert!(seen == "403" || seen == "net::ERR_BLOCKED_BY_ORB", "blind {kind} answered {seen}:\n{stdout}");
+    }
+    assert!(stdout.contains("eventsource: welcome") && stdout.contains("websocket: welcome"), "the page's own clients:\n{stdout}");
+    assert!(!stdout.contains("problem:"), "{stdout}");
+    assert_eq!(stored_offset(&gw.base, "orders", "alice", 0).await.unwrap()["committed"], 5, "the page skipped alice's backlog:\n{stdout}");
+    gw.stop().await;
+}

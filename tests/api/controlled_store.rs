@@ -66,6 +66,8 @@ pub struct ControlledStore {
     /// While held, `reset` (an operator's offset reset) waits; `resets_waiting` counts them.
     resets: Gate,
     resets_waiting: AtomicUsize,
+    /// While true, `remove_topic` fails (a disk error in the middle of a topic's deletion).
+    topic_removals_failing: AtomicBool,
 }
 
 impl ControlledStore {
@@ -83,7 +85,13 @@ impl ControlledStore {
             touches: Gate::default(),
             resets: Gate::default(),
             resets_waiting: AtomicUsize::new(0),
+            topic_removals_failing: AtomicBool::new(false),
         })
+    }
+
+    /// Makes `remove_topic` fail (true) or work again (false).
+    pub fn fail_topic_removals(&self, failing: bool) {
+        self.topic_removals_failing.store(failing, Ordering::SeqCst);
     }
 
     pub fn hold_writes(&self) {
@@ -222,7 +230,26 @@ impl OffsetStore for ControlledStore {
     }
 
     fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        if self.topic_removals_failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected: the disk failed while removing a topic's offsets".into()));
+        }
         self.inner.remove_topic(topic)
+    }
+
+    fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        self.inner.begin_topic_removal(topic)
+    }
+
+    fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError> {
+        self.inner.topic_log_deleted(topic)
+    }
+
+    fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
+        self.inner.cancel_topic_removal(topic)
+    }
+
+    fn pending_topic_removals(&self) -> Vec<(TopicName, ackgate::core::offsets::TopicRemoval)> {
+        self.inner.pending_topic_removals()
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {

@@ -16,7 +16,7 @@ async fn publish_receive_ack_moves_the_committed_offset_to_log_end() {
     assert_eq!(client.welcome["client_id"], "alice");
     assert_eq!(client.welcome["max_in_flight"], 1000);
     let subscribed = client.subscribe("orders", json!({})).await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}]));
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0, "epoch": 0}]));
     let events = client.recv_events(3).await;
     let offsets: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, vec![0, 1, 2], "first deliveries go out in offset order");

@@ -158,10 +158,23 @@ async fn off_loopback_without_auth_refuses_to_start() {
     assert_eq!(code, Some(2));
     assert!(stderr.contains("at least 32 bytes"), "{stderr}");
 
-    let gw = Process::start_at(&data, "0.0.0.0:0", &[("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true")]);
+    // Issue 40, item 7: anonymous off loopback with no Host check was open to DNS rebinding (any
+    // page could act as any client); it needs server.allowed_hosts now (it started before).
+    let (code, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&config).env("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true"));
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("server.allowed_hosts"), "{stderr}");
+
+    let gw = Process::start_at(&data, "0.0.0.0:0", &[("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true"), ("ACKGATE_SERVER__ALLOWED_HOSTS", r#"["gw.internal"]"#)]);
     gw.wait_for_log("auth.allow_anonymous").await;
-    let (status, _) = get_json(&format!("http://127.0.0.1:{}/healthz", gw.addr.port())).await;
-    assert_eq!(status, 200);
+    let port = gw.addr.port();
+    let rebound = format!("GET /topics HTTP/1.1\r\nHost: rebind.evil.example:{port}");
+    assert_eq!(raw(format!("127.0.0.1:{port}").parse().unwrap(), &rebound, "").await, (403, "forbidden".into()));
+    let named = format!("GET /healthz HTTP/1.1\r\nHost: gw.internal:{port}");
+    assert_eq!(raw(format!("127.0.0.1:{port}").parse().unwrap(), &named, "").await.0, 200);
+    drop(gw);
+    let gw = Process::start_at(&data, "0.0.0.0:0", &[("ACKGATE_AUTH__ALLOW_ANONYMOUS", "true"), ("ACKGATE_SERVER__ALLOWED_HOSTS", r#"["*"]"#)]);
+    let any = format!("GET /healthz HTTP/1.1\r\nHost: anything.example:{}", gw.addr.port());
+    assert_eq!(raw(format!("127.0.0.1:{}", gw.addr.port()).parse().unwrap(), &any, "").await.0, 200, "\"*\" said explicitly: any Host");
 }
 
 /// Reads a raw connection until the server closes it; the bytes it sent first.
@@ -414,4 +427,195 @@ async fn at_256_open_files_every_client_is_answered_or_refused() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The status of `GET /sse?client_id=...&<query>` sent with `headers`; the stream is dropped.
+async fn sse_status(addr: std::net::SocketAddr, client_id: &str, query: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut request = http().get(format!("http://{addr}/sse?client_id={client_id}&{query}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    if status == 200 {
+        return (200, String::new());
+    }
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    (status, body["error"]["code"].as_str().unwrap_or_default().to_string())
+}
+
+/// Issue 40, item 1: browsers send no `Origin` on a GET they make blind (`<img>`, `<iframe>`,
+/// `<script>`, a navigation, a no-cors `fetch`), but they do send Fetch Metadata. Before the fix
+/// each of these opened a session as alice with `from=latest` and moved her committed offset from
+/// 5 to the log end (20): her backlog skipped for good. Now each is refused with 403 before a
+/// session exists; EventSource, fetch and WebSocket requests of allowed pages, and clients that
+/// send no Fetch Metadata (curl, servers), keep working.
+#[tokio::test]
+async fn requests_a_page_makes_blind_cannot_open_a_session_or_move_an_offset() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec!["https://app.example".into()];
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    publish_numbered(&gw.base, "orders", 1, 0, 20).await;
+    let mut alice = TestClient::connect(addr, "alice").await;
+    alice.subscribe("orders", json!({})).await;
+    let events = alice.recv_events(5).await;
+    alice.ack_confirmed(&ids(&events), "a").await;
+    alice.close().await;
+    assert_eq!(stored_offset(&gw.base, "orders", "alice", 0).await.unwrap()["committed"], 5);
+
+    let skip = "topics=orders&from=latest";
+    let blind: [(&str, &[(&str, &str)]); 6] = [
+        ("<img> on another site", &[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors"), ("sec-fetch-dest", "image")]),
+        ("no-cors fetch on another site", &[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors"), ("sec-fetch-dest", "empty")]),
+        ("<iframe> on a sibling subdomain", &[("sec-fetch-site", "same-site"), ("sec-fetch-mode", "navigate"), ("sec-fetch-dest", "iframe")]),
+        ("<script> on the gateway's own origin", &[("sec-fetch-site", "same-origin"), ("sec-fetch-mode", "no-cors"), ("sec-fetch-dest", "script")]),
+        ("a navigation typed or followed", &[("sec-fetch-site", "none"), ("sec-fetch-mode", "navigate"), ("sec-fetch-dest", "document")]),
+        (
+            "a CORS fetch of a foreign origin",
+            &[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "cors"), ("sec-fetch-dest", "empty"), ("origin", "https://evil.example")],
+        ),
+    ];
+    for (what, headers) in blind {
+        assert_eq!(sse_status(addr, "alice", skip, headers).await, (403, "forbidden".into()), "{what}");
+        assert_eq!(handshake(addr, "alice", headers).await, (403, "forbidden".into()), "{what}, /ws");
+    }
+    // A blind cross-site POST is refused too, whatever it carries.
+    let publish =
+        format!("POST /topics/orders/events HTTP/1.1\r\nHost: {addr}\r\nSec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: no-cors\r\nContent-Type: text/plain");
+    assert_eq!(raw(addr, &publish, r#"{"payload":1}"#).await, (403, "forbidden".into()));
+    assert_eq!(stored_offset(&gw.base, "orders", "alice", 0).await.unwrap()["committed"], 5, "nothing moved alice's offset");
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(sessions["sessions"], json!([]), "no session was opened");
+
+    // What real clients send keeps working: EventSource on the gateway's own page, on an allowed
+    // origin (CORS: it carries Origin), WebSocket from an allowed page, and no Fetch Metadata.
+    let own = format!("http://{addr}");
+    let event_source = [("sec-fetch-site", "same-origin"), ("sec-fetch-mode", "cors"), ("sec-fetch-dest", "empty")];
+    assert_eq!(sse_status(addr, "own-page", "topics=orders", &event_source).await.0, 200);
+    let cors = [("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "cors"), ("sec-fetch-dest", "empty"), ("origin", "https://app.example")];
+    assert_eq!(sse_status(addr, "app-page", "topics=orders", &cors).await.0, 200);
+    let socket = [("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "websocket"), ("sec-fetch-dest", "websocket"), ("origin", "https://app.example")];
+    assert_eq!(handshake(addr, "app-socket", &socket).await.0, 101);
+    let same_origin_socket = [("sec-fetch-site", "same-origin"), ("sec-fetch-mode", "websocket"), ("sec-fetch-dest", "empty"), ("origin", own.as_str())];
+    assert_eq!(handshake(addr, "own-socket", &same_origin_socket).await.0, 101);
+    assert_eq!(sse_status(addr, "curl", "topics=orders", &[]).await.0, 200);
+    let own_publish =
+        format!("POST /topics/orders/events HTTP/1.1\r\nHost: {addr}\r\nSec-Fetch-Site: same-origin\r\nOrigin: {own}\r\nContent-Type: application/json");
+    assert_eq!(raw(addr, &own_publish, r#"{"payload":1}"#).await.0, 200);
+    gw.stop().await;
+}
+
+/// Issue 40, item 2: slowloris on the body. With both auth keys set, connections that send a head
+/// announcing 16,000,000 bytes and then trickle the body held their slot for as long as they
+/// liked (the header-read timer stops at the head), and `POST /sse/{id}/frames` read up to 16 MiB
+/// before it looked up the session. Now a body must arrive whole within
+/// `server.body_read_timeout_ms` of its head (the connection is closed otherwise), and the frames
+/// route answers 404 for a session that is not there before it reads a byte of the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_holds_no_slot_and_frames_are_refused_before_their_body_is_read() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.admin_token = "a".repeat(32);
+    config.auth.jwt_secret = "s".repeat(32);
+    config.limits.max_connections = 16;
+    config.server.header_read_timeout_ms = 1000;
+    config.server.idle_timeout_ms = 2000;
+    config.server.body_read_timeout_ms = 1000;
+    let gw = InProcess::start(config).await;
+    let addr = gw.addr();
+    let admin = format!("Authorization: Bearer {}", "a".repeat(32));
+    let heads = [
+        format!("POST /topics/t/events HTTP/1.1\r\nHost: {addr}\r\n{admin}\r\nContent-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"),
+        format!("POST /admin/dead-letters/redrive HTTP/1.1\r\nHost: {addr}\r\n{admin}\r\nContent-Length: 16000000\r\n\r\n"),
+    ];
+    let mut slow = Vec::new();
+    for i in 0..12 {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(heads[i % 2].as_bytes()).await.unwrap();
+        tcp.write_all(&vec![b' '; 64 * 1024]).await.unwrap();
+        slow.push(tcp);
+    }
+    // Each keeps trickling a byte every 200 ms; it is cut off, not served for ever.
+    let trickles: Vec<_> = slow
+        .into_iter()
+        .map(|mut tcp| {
+            tokio::spawn(async move {
+                for _ in 0..100 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if tcp.write_all(b" ").await.is_err() {
+                        return true;
+                    }
+                    let mut byte = [0u8; 1];
+                    if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut byte)).await {
+                        return true;
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    for trickle in trickles {
+        assert!(trickle.await.unwrap(), "a body that never ends is cut off");
+    }
+    // Their slots came back.
+    assert_eq!(raw(addr, &format!("GET /healthz HTTP/1.1\r\nHost: {addr}"), "").await.0, 200);
+
+    gw.stop().await;
+
+    // The frames route (default body timer): no such session, so 404 at once, with 16 MB
+    // announced and none sent. Before, it waited for the whole body.
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let addr = gw.addr();
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(format!("POST /sse/s1-0/frames HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 16000000\r\n\r\n").as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(WAIT, tcp.read(&mut answer)).await.expect("answered without the body").unwrap();
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 404"), "{}", String::from_utf8_lossy(&answer[..n]));
+    gw.stop().await;
+}
+
+/// Issue 40, item 6: subscribes were unlimited, each re-planning every partition (bounds, store
+/// reads, a write): an SSE URL naming a topic a thousand times re-subscribed it a thousand times
+/// per GET. Now `topics=` names each topic once and a session may subscribe
+/// `limits.max_subscribes_per_sec` times a second (an error `limit_exceeded` past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribes_are_limited_per_second_and_sse_topics_named_once() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_subscribes_per_sec = 5;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "t", 1, 0, 1).await;
+    let topics = vec!["t"; 1000].join(",");
+    let mut sse = TestClient::connect_sse(gw.addr(), "repeats", &format!("topics={topics}"), &[]).await;
+    // Every frame up to the first event: one `subscribed` (a thousand before).
+    let mut before_event = Vec::new();
+    loop {
+        let frame = sse.recv().await;
+        if frame["type"] == "event" {
+            break;
+        }
+        before_event.push(frame["type"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(before_event.len(), 1, "frames before the first event: {:?}...", &before_event[..before_event.len().min(3)]);
+    assert_eq!(before_event[0], "subscribed");
+    sse.expect_silence(Duration::from_millis(500)).await;
+    sse.close().await;
+
+    let mut ws = TestClient::connect(gw.addr(), "eager").await;
+    for n in 0..8 {
+        ws.send(json!({"op": "subscribe", "topic": "t", "req": n})).await;
+    }
+    let mut answers = Vec::new();
+    while answers.len() < 8 {
+        let frame = ws.recv().await;
+        if frame["req"].is_number() {
+            answers.push(frame["type"].as_str().unwrap().to_string() + ":" + frame["code"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(answers.iter().filter(|a| *a == "subscribed:").count(), 5, "{answers:?}");
+    assert_eq!(answers.iter().filter(|a| *a == "error:limit_exceeded").count(), 3, "{answers:?}");
+    gw.stop().await;
 }

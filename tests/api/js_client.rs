@@ -1,7 +1,7 @@
 //! The JavaScript client package (`clients/js`) against two real gateways: node's test runner
 //! runs `clients/js/test/` (plain acks with a confirmation per period, rejected requests when
-//! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, a
-//! drained instance followed to its peer; over SSE: acks, a dropped stream resumed with its
+//! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, an
+//! operator's reset over a kept token (fenced by its epoch), a drained instance followed to its peer; over SSE: acks, a dropped stream resumed with its
 //! token, 4002, takeover both ways with a WebSocket client, `auto` falling back); `tsc --noEmit` checks `index.d.ts` against
 //! `examples/typed.ts`; `npm pack --dry-run` packs it offline.
 
@@ -37,7 +37,7 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     // A failed test may leave a stream open, which would keep node (and this test) waiting:
     // the runner exits when its tests are done, and no test runs longer than two minutes.
     let out = run("node", &["--experimental-websocket", "--test", "--test-force-exit", "--test-timeout=120000", "test/"], env).await;
-    assert!(out.contains("# fail 0") && out.contains("# pass 11"), "{out}");
+    assert!(out.contains("# fail 0") && out.contains("# pass 12"), "{out}");
     a.stop().await;
     b.stop().await;
 }

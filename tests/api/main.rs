@@ -12,6 +12,7 @@ mod dead_letters;
 mod delivery;
 mod docs;
 mod drain;
+mod epochs;
 mod errors;
 mod exposure;
 mod js_client;

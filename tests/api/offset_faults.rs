@@ -126,7 +126,7 @@ async fn a_committed_offset_above_the_log_end_is_lowered_at_boot() {
     gw.stop().await;
     {
         let store = RocksOffsetStore::open(&data, false).unwrap();
-        let write = OffsetWrite { key: key("t", "c", 0), committed: 1000, last_acked: Some(999), updated_at: SystemClock.now_ms(), generation: 0 };
+        let write = OffsetWrite { key: key("t", "c", 0), committed: 1000, last_acked: Some(999), updated_at: SystemClock.now_ms(), generation: 0, epoch: 0 };
         store.write_offset(write).unwrap();
     }
     let gw = InProcess::start(test_config(&data)).await;
@@ -149,7 +149,7 @@ async fn a_committed_offset_above_the_log_end_is_lowered_at_subscribe() {
     let gw = start_with(test_config(&data), store.clone()).await;
     publish_numbered(&gw.base, "t", 1, 0, 10).await;
     let before = above_log_end_count(&gw.base).await;
-    let write = OffsetWrite { key: key("t", "c", 0), committed: 1000, last_acked: Some(999), updated_at: SystemClock.now_ms(), generation: 0 };
+    let write = OffsetWrite { key: key("t", "c", 0), committed: 1000, last_acked: Some(999), updated_at: SystemClock.now_ms(), generation: 0, epoch: 0 };
     store.write_offset(write).unwrap();
     let mut client = TestClient::connect(gw.addr(), "c").await;
     let sub = client.subscribe("t", json!({})).await;
@@ -501,7 +501,14 @@ async fn the_offsets_listing_comes_in_pages() {
         for client in ["c1", "c2", "c3"] {
             for partition in 0..4 {
                 store
-                    .write_offset(OffsetWrite { key: key(topic, client, partition), committed: 1, last_acked: Some(0), updated_at: now, generation: 0 })
+                    .write_offset(OffsetWrite {
+                        key: key(topic, client, partition),
+                        committed: 1,
+                        last_acked: Some(0),
+                        updated_at: now,
+                        generation: 0,
+                        epoch: 0,
+                    })
                     .unwrap();
             }
         }
@@ -580,4 +587,45 @@ async fn a_subscriber_ahead_of_the_ring_is_served_by_the_shared_reader() {
     let below: Vec<u64> = reader.fetch(0, 3, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(below, vec![0, 1, 2]);
     shutdown.cancel();
+}
+
+/// Issue 39, item 5: a `DELETE /topics` cut short by a store error after the log was deleted. Before:
+/// the offsets stayed live, the retried DELETE answered 404 (the log was gone), and a topic created
+/// again under the name started its old client at the old offset (3 of its events skipped). Now
+/// the removal is marked in the store before the log goes: a retry finishes it (200), and until
+/// then a subscribe to a topic created again under the name is refused (`unavailable`) instead of
+/// starting at the old offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_deletion_cut_short_is_finished_by_its_retry_and_never_leaks_offsets() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let gw = start_with(test_config(&data), store.clone()).await;
+    let delete =
+        async |topic: &str| until_not_conflict(async || http().delete(format!("{}/topics/{topic}", gw.base)).send().await.unwrap().status().as_u16()).await;
+    for topic in ["retried", "recreated"] {
+        publish_numbered(&gw.base, topic, 1, 0, 3).await;
+        consume_and_ack(gw.addr(), "c", topic, 3).await.close().await;
+        store.fail_topic_removals(true);
+        assert_eq!(delete(topic).await, 503, "the store failed in the middle of deleting {topic}");
+        store.fail_topic_removals(false);
+    }
+    // The operator retries: the log is gone already, the removal is finished.
+    assert_eq!(delete("retried").await, 200, "not 404: the deletion was not over");
+    publish_numbered(&gw.base, "retried", 1, 0, 5).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    assert_eq!(client.subscribe("retried", json!({})).await["partitions"][0]["from"], 0, "a new topic, a new start");
+    client.close().await;
+    // The other is created again before anyone retries: its old offsets are not used.
+    publish_numbered(&gw.base, "recreated", 1, 0, 5).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.send(json!({"op": "subscribe", "topic": "recreated", "req": "s"})).await;
+    let refused = client.recv_type("error").await;
+    assert_eq!(refused["code"], "unavailable", "the old offsets must not apply: {refused}");
+    client.close().await;
+    // A start finishes it as well (the log is there now, so the topic stays, clean).
+    gw.stop().await;
+    let gw = start_with(test_config(&data), store.clone()).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    assert_eq!(client.subscribe("recreated", json!({})).await["partitions"][0]["from"], 0);
+    gw.stop().await;
 }

@@ -22,8 +22,10 @@ fn key(k: u8) -> OffsetKey {
 /// Applies `batches` of writes and checks every outcome and every stored value against a model.
 fn check_running_max(store: &dyn OffsetStore, batches: &[Vec<(u8, u64)>], model: &mut HashMap<OffsetKey, u64>) {
     for batch in batches {
-        let writes: Vec<OffsetWrite> =
-            batch.iter().map(|(k, c)| OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: 1, generation: 0 }).collect();
+        let writes: Vec<OffsetWrite> = batch
+            .iter()
+            .map(|(k, c)| OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: 1, generation: 0, epoch: 0 })
+            .collect();
         let outcomes = store.write_offsets(&writes).unwrap();
         for (write, outcome) in writes.iter().zip(outcomes) {
             let current = model.get(&write.key).copied();
@@ -71,7 +73,8 @@ fn prefix_scans_by_topic_by_client_and_both() {
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     let memory = MemoryOffsetStore::new();
     for store in [&rocks as &dyn OffsetStore, &memory] {
-        let writes: Vec<OffsetWrite> = (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1, generation: 0 }).collect();
+        let writes: Vec<OffsetWrite> =
+            (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1, generation: 0, epoch: 0 }).collect();
         store.write_offsets(&writes).unwrap();
         let scan = |topic: Option<&str>, client: Option<&str>| -> Vec<String> {
             let filter =
@@ -103,7 +106,7 @@ fn prefix_scans_by_topic_by_client_and_both() {
 fn writes_for_a_deleted_topic_never_land_on_its_successor() {
     let dir = tempfile::tempdir().unwrap();
     let memory = MemoryOffsetStore::new();
-    let write = |k: u8, committed: u64, generation: u64| OffsetWrite { key: key(k), committed, last_acked: None, updated_at: 1, generation };
+    let write = |k: u8, committed: u64, generation: u64| OffsetWrite { key: key(k), committed, last_acked: None, updated_at: 1, generation, epoch: 0 };
     let topic_ab = TopicName::parse("ab").unwrap();
     {
         let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
@@ -158,7 +161,7 @@ fn apply(store: &dyn OffsetStore, change: &Change, now: u64) -> String {
                 .iter()
                 .map(|(k, c)| {
                     let generation = store.topic_generation(&key(*k).topic).unwrap();
-                    OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: now, generation }
+                    OffsetWrite { key: key(*k), committed: *c, last_acked: c.checked_sub(1), updated_at: now, generation, epoch: 0 }
                 })
                 .collect();
             format!("{:?}", store.write_offsets(&writes).unwrap())
@@ -197,4 +200,31 @@ proptest! {
             }
         }
     }
+}
+
+/// Issue 39, item 4: a lowering (the admin reset, an offset found above the log end) is not undone
+/// by a CAS-max write made before it, whenever that write lands (queued in the offset writer,
+/// batched, retried): the write carries the offset epoch its tracker started in, and the reset
+/// started the next one. Before epochs the queued write lifted the reset back (5 -> 21). In both
+/// stores, and across a reopen of RocksDB.
+#[test]
+fn a_write_made_before_a_reset_never_lifts_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryOffsetStore::new();
+    let write = |committed: u64, epoch| OffsetWrite { key: key(0), committed, last_acked: Some(committed - 1), updated_at: 1, generation: 0, epoch };
+    {
+        let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+        for store in [&rocks as &dyn OffsetStore, &memory] {
+            assert_eq!(store.write_offset(write(20, 0)).unwrap(), WriteOutcome::Advanced);
+            let reset = store.reset(&key(0), 5, 2).unwrap();
+            assert_eq!((reset.committed, reset.last_acked, reset.epoch), (5, None, 1));
+            assert_eq!(store.write_offsets(&[write(21, 0), write(6, 1)]).unwrap(), vec![WriteOutcome::Stale, WriteOutcome::Advanced]);
+            assert_eq!(store.read(&key(0)).unwrap().map(|r| (r.committed, r.epoch)), Some((6, 1)));
+        }
+    }
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.write_offset(write(u64::MAX, 0)).unwrap(), WriteOutcome::Stale, "the epoch is durable");
+    assert_eq!(rocks.read(&key(0)).unwrap().map(|r| (r.committed, r.epoch)), Some((6, 1)));
+    let again = rocks.reset(&key(0), 0, 3).unwrap();
+    assert_eq!((again.committed, again.epoch), (0, 2), "each reset is an epoch of its own");
 }

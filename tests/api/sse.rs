@@ -166,6 +166,15 @@ async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
         };
         assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{query} / {header}: {body}");
     }
+    // Issue 40, item 12 (schemathesis found it): an empty `resume=` or an empty Last-Event-ID is
+    // no token at all (400 before), and the stored offset applies.
+    // (The token ahead above moved the stored offset to 4.)
+    for (query, header) in [("topics=r&resume=", None), ("topics=r", Some("")), ("topics=r&resume=", Some(""))] {
+        let headers: Vec<(&str, &str)> = header.map(|h| ("last-event-id", h)).into_iter().collect();
+        let mut client = TestClient::try_connect_sse(gw.addr(), "resumer", query, &headers).await.unwrap_or_else(|e| panic!("{query} / {header:?}: {e:?}"));
+        assert_eq!(client.recv_type("subscribed").await["partitions"][0]["from"], 4, "{query} / {header:?}");
+        client.close().await;
+    }
     let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "resumer", "topics=bad%20name", &[]).await else { panic!("a bad topic was accepted") };
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_name")));
     gw.stop().await;
@@ -178,6 +187,7 @@ async fn frame_posts_are_checked() {
     let mut config = test_config(&data);
     config.limits.max_batch_events = 2;
     config.limits.max_frame_bytes = 200;
+    config.limits.max_frames_body_bytes = 1000;
     config.auth.jwt_secret = "s".repeat(32);
     let gw = InProcess::start(config).await;
     let token = |sub: &str| {
@@ -206,6 +216,8 @@ async fn frame_posts_are_checked() {
         ("not json".to_string(), Some(mine.clone()), 400, "bad_request"),
         (format!("[{ping},{ping},{ping}]"), Some(mine.clone()), 413, "limit_exceeded"),
         (format!(r#"[{{"op":"ping","req":"{}"}}]"#, "x".repeat(300)), Some(mine.clone()), 413, "limit_exceeded"),
+        // Issue 40, item 2: a body over limits.max_frames_body_bytes, however few its frames.
+        (format!("[{ping}{}]", " ".repeat(1000)), Some(mine.clone()), 413, "limit_exceeded"),
     ];
     for (body, bearer, status, code) in checks {
         let (got, answer) = post(&body, bearer.as_deref()).await;
@@ -396,7 +408,7 @@ async fn a_reconnect_with_from_latest_skips_nothing_the_client_holds() {
     publish_numbered(&gw.base, "l", 2, 1, 2).await;
     let mut client = TestClient::connect_sse(gw.addr(), "late", "topics=l&from=latest", &[]).await;
     let subscribed = client.recv_type("subscribed").await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 2}, {"partition": 1, "from": 2}]), "{subscribed}");
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 2, "epoch": 0}, {"partition": 1, "from": 2, "epoch": 0}]), "{subscribed}");
     publish_numbered(&gw.base, "l", 2, 0, 1).await;
     publish_numbered(&gw.base, "l", 2, 1, 1).await;
     let events = client.recv_events(2).await;

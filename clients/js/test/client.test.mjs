@@ -299,6 +299,35 @@ test("with storage, the resume token survives a page reload", async () => {
   forgetful.close();
 });
 
+test("with storage, an operator's reset while the page was away stands: the kept token is fenced by its epoch", async () => {
+  await topicWith(A, "js-epoch", 10);
+  const storage = memoryStorage();
+  const first = new AckgateClient(ws(A), { clientId: "js-epoch", storage });
+  const firstEvents = first.events();
+  await first.connect();
+  assert.equal((await first.subscribe("js-epoch")).partitions[0].epoch, 0);
+  const events = await take(firstEvents, 10);
+  await first.ack(events.map((e) => e.delivery_id), { confirm: true });
+  first.close();
+  // The page is closed; the operator rewinds the client to 3.
+  await until("the reset", async () => (await fetch(`${A}/admin/offsets/js-epoch/js-epoch/0`, { method: "PUT", body: JSON.stringify({ offset: 3 }) })).ok);
+
+  const reloaded = new AckgateClient(ws(A), { clientId: "js-epoch", storage });
+  const reloadedEvents = reloaded.events();
+  await reloaded.connect();
+  const subscribed = await reloaded.subscribe("js-epoch");
+  assert.deepEqual([subscribed.partitions[0].from, subscribed.partitions[0].epoch], [3, 1], "the reset stands over the kept token (10)");
+  assert.deepEqual(tokenOf(reloaded), { 0: 3 }, "the token follows the new epoch down");
+  const again = await take(reloadedEvents, 7);
+  assert.deepEqual(again.map((e) => e.offset), [3, 4, 5, 6, 7, 8, 9]);
+  await reloaded.ack(again.map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(tokenOf(reloaded), { 0: 10 });
+  reloaded.close();
+  assert.deepEqual(JSON.parse(storage.getItem("ackgate:js-epoch:epochs")), { "js-epoch": { 0: 1 } }, "the epoch is kept for the next reload");
+});
+
+const tokenOf = (client) => client.resumeToken("js-epoch");
+
 test("over SSE: events arrive, plain acks land in order, a confirmed ack resolves, event ids move the token, POSTs are split and refused as the gateway says", async () => {
   await topicWith(A, "sse-plain", 50);
   const acksOk = [];

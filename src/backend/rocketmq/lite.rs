@@ -374,7 +374,7 @@ impl RocketMqLog {
             };
             while queue.buffered.front().is_some_and(|e| e.offset < start) {
                 let e = queue.buffered.pop_front().expect("checked");
-                queue.buffered_bytes -= e.payload.len();
+                queue.buffered_bytes -= e.size_bytes();
             }
             if queue.buffered.front().is_some_and(|e| e.offset != start) {
                 // The cursor was moved (a seek below what was popped): read again from it.
@@ -436,7 +436,7 @@ impl RocketMqLog {
             let Some(queue) = queues.get_mut(tp) else { return Vec::new() };
             let n = queue.buffered.len().min(max);
             let taken: Vec<Event> = queue.buffered.drain(..n).collect();
-            queue.buffered_bytes -= taken.iter().map(|e| e.payload.len()).sum::<usize>();
+            queue.buffered_bytes -= taken.iter().map(|e| e.size_bytes()).sum::<usize>();
             if !taken.is_empty() {
                 queue.resynced = (u64::MAX, 0);
             }
@@ -572,8 +572,9 @@ impl RocketMqLog {
             let Ok(m) = message else { continue };
             match queue.expected {
                 Some(expected) if offset == expected && queue.buffered.len() < BUFFERED_MAX && queue.buffered_bytes < BUFFERED_MAX_BYTES => {
-                    queue.buffered_bytes += m.body.len();
-                    queue.buffered.push_back(Event { partition, offset, ..m.into_event() });
+                    let event = Event { partition, offset, ..m.into_event() };
+                    queue.buffered_bytes += event.size_bytes();
+                    queue.buffered.push_back(event);
                     queue.expected = Some(offset + 1);
                     woken.push(queue.arrived.clone());
                 }

@@ -120,6 +120,7 @@ impl Session {
                         last_acked: tracker.last_acked(),
                         updated_at: now_ms,
                         generation: client.generation(&tp.topic),
+                        epoch: tracker.offset_epoch,
                     });
                 }
                 // Only a confirmed ack reports the floors (in its `ack_ok`).
@@ -361,6 +362,7 @@ impl Session {
                 last_acked: tracker.last_acked(),
                 updated_at: now_ms,
                 generation,
+                epoch: tracker.offset_epoch,
             })
         };
         let request = WriteRequest { writes: write.into_iter().collect(), broker_acks: vec![(tp, event.offset)], done: None };

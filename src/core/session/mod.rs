@@ -138,6 +138,8 @@ struct Session {
     control: Arc<crate::core::session_control::ControlInbox>,
     /// Dead letters redriven to it (`redrives`); `None` until the first.
     redrives: Option<Box<redrives::Redrives>>,
+    /// The second its last subscribes were made in, and how many (`limits.max_subscribes_per_sec`).
+    subscribes_in_second: (Instant, usize),
 }
 
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
@@ -170,6 +172,7 @@ where
         out: Vec::new(),
         control: control.clone(),
         redrives: None,
+        subscribes_in_second: (Instant::now(), 0),
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {

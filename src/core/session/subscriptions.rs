@@ -17,15 +17,30 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ServerFrame, StartFrom, SubscribedPartition};
+use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::subscription_plan::StartPoint;
 
 impl Session {
-    pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, u64>, req: Option<Value>) -> Result<(), FrameError> {
+    pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, ResumeOffset>, req: Option<Value>) -> Result<(), FrameError> {
         let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
         if !self.access.allows(topic.as_str()) {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
         }
+        // Each subscribe plans every partition (bounds, store reads, a write): a client may not
+        // make thousands a second (an SSE URL naming a topic over and over, a frames POST).
+        let now = tokio::time::Instant::now();
+        let (second, made) = &mut self.subscribes_in_second;
+        if now.duration_since(*second) >= std::time::Duration::from_secs(1) {
+            (*second, *made) = (now, 0);
+        }
+        let per_sec = self.d.settings.max_subscribes_per_sec;
+        if *made >= per_sec {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("a session may subscribe {per_sec} times a second (limits.max_subscribes_per_sec); retry in a second"),
+            ));
+        }
+        *made += 1;
         let limit = self.d.settings.max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
             return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
@@ -65,7 +80,7 @@ impl Session {
             req,
             partitions: starts
                 .iter()
-                .map(|s| SubscribedPartition { partition: s.partition, from: s.from, gap: s.gap.map(|(from, to)| GapRange { from, to }) })
+                .map(|s| SubscribedPartition { partition: s.partition, from: s.from, epoch: s.epoch, gap: s.gap.map(|(from, to)| GapRange { from, to }) })
                 .collect(),
         });
         for start in starts.iter().filter(|s| s.gap.is_some()) {
@@ -240,13 +255,19 @@ impl Session {
         if let Err(e) = self.d.writer.barrier().await {
             tracing::warn!(session_id = %self.info.session_id, error = %e, "offset writes before a truncation close not confirmed");
         }
-        {
+        // A later session of the client that planned this partition meanwhile has its own
+        // tracker (and offset epoch): lowering the record under it would fence its acks; it
+        // meets the truncation itself and lowers then.
+        let newer = {
             let mut client = self.client.lock().unwrap();
             if client.tracker_of_epoch(&tp, epoch).is_some() {
                 client.trackers.remove(&tp);
             }
+            client.trackers.get(&tp).is_some_and(|t| t.epoch > epoch)
+        };
+        if !newer {
+            self.lower_truncated_offset(&tp, log_end).await;
         }
-        self.lower_truncated_offset(&tp, log_end).await;
         self.send(ServerFrame::Reconnect { after_ms: 0 });
     }
 

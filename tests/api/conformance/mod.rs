@@ -277,7 +277,7 @@ pub async fn a_subscribe_by_time_starts_at_the_first_event_at_or_after_it(h: &Ha
     }
     let mut client = TestClient::connect(gw.addr(), "by-time").await;
     let subscribed = client.subscribe(&t, json!({"from": {"time": between}})).await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 3}, {"partition": 1, "from": 3}]), "{subscribed}");
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 3, "epoch": 0}, {"partition": 1, "from": 3, "epoch": 0}]), "{subscribed}");
     let mut got = numbers(&client.recv_events(4).await);
     got.sort();
     assert_eq!(got, vec![10, 10, 11, 11]);
@@ -370,7 +370,7 @@ pub async fn publish_answers_offsets_and_events_keep_their_fields(h: &Harness) {
 
     let mut client = TestClient::connect(gw.addr(), "fields").await;
     let subscribed = client.subscribe(&t, json!({})).await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0}, {"partition": 1, "from": 0}]));
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 0, "epoch": 0}, {"partition": 1, "from": 0, "epoch": 0}]));
     let events = client.recv_events(5).await;
     assert_eq!(events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
     assert_eq!(events[3]["key"], "k-1");
@@ -423,7 +423,7 @@ pub async fn restart_resumes_at_the_committed_offset(h: &Harness) {
     let gw = h.start().await;
     let mut client = TestClient::connect(gw.addr(), "worker").await;
     let subscribed = client.subscribe(&t, json!({})).await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 6}]));
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 6, "epoch": 0}]));
     let events = client.recv_events(4).await;
     assert_eq!(numbers(&events), vec![6, 7, 8, 9]);
     client.ack_confirmed(&ids(&events), "rest").await;
@@ -516,7 +516,7 @@ pub async fn a_resume_token_starts_at_the_larger_of_token_and_stored_offset(h: &
 
     let mut client = TestClient::connect(gw.addr(), "mobile").await;
     let subscribed = client.subscribe(&t, json!({"resume": {"0": 7, "1": 2}})).await;
-    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 7}, {"partition": 1, "from": 4}]));
+    assert_eq!(subscribed["partitions"], json!([{"partition": 0, "from": 7, "epoch": 0}, {"partition": 1, "from": 4, "epoch": 0}]));
     let mut got = numbers(&client.recv_events(3 + 6).await);
     got.sort();
     assert_eq!(got, vec![7, 8, 9, 104, 105, 106, 107, 108, 109]);
