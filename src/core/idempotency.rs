@@ -36,6 +36,25 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key as remembered for a publisher known by `credential` (a JWT's `sub`): one
+    /// publisher's keys never meet another's, so none can squat, probe or use up another's
+    /// (issue 40, item 8). A byte no `Idempotency-Key` may hold (0x00) starts it, and the
+    /// credential's length ends any ambiguity; keys of the admin token and of anonymous publishers
+    /// stay as sent (`None`), as remembered before.
+    pub fn scoped(self, credential: Option<&str>) -> Self {
+        match credential {
+            None => self,
+            Some(sub) => Self(format!("\0{}:{sub}:{}", sub.len(), self.0)),
+        }
+    }
+
+    /// The key as the publisher sent it (without its scope), for messages.
+    pub fn as_sent(&self) -> &str {
+        let Some(scoped) = self.0.strip_prefix('\0') else { return &self.0 };
+        let parsed = scoped.split_once(':').and_then(|(len, rest)| rest.get(len.parse::<usize>().ok()? + 1..));
+        parsed.unwrap_or(&self.0)
+    }
 }
 
 /// SHA-256 of a request body.
@@ -177,7 +196,7 @@ impl IdempotentPublisher {
         if !self.running.lock().unwrap().insert(entry.clone()) {
             return Err(IdempotentPublishError::Conflict(format!(
                 "a publish with Idempotency-Key {:?} is still running; retry in a moment for its answer",
-                key.as_str()
+                key.as_sent()
             )));
         }
         let _running = Running { publisher: self, entry: Some(entry) };
@@ -192,7 +211,7 @@ impl IdempotentPublisher {
             Some(_) => {
                 return Err(IdempotentPublishError::Conflict(format!(
                     "Idempotency-Key {:?} was used with another body on topic {topic} within publish.idempotency_window_secs",
-                    key.as_str()
+                    key.as_sent()
                 )))
             }
             None => {}
@@ -220,6 +239,16 @@ impl IdempotentPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scoped_keys_never_meet_another_publishers_or_a_raw_one() {
+        let key = || IdempotencyKey::parse(b"k:1").unwrap();
+        let (alice, bob, raw) = (key().scoped(Some("alice")), key().scoped(Some("bob")), key().scoped(None));
+        assert!(alice != bob && alice != raw && bob != raw);
+        // A sub that holds the separator cannot forge another sub's key.
+        assert_ne!(IdempotencyKey::parse(b"c").unwrap().scoped(Some("a:b")), IdempotencyKey::parse(b"b:c").unwrap().scoped(Some("a")));
+        assert_eq!((alice.as_sent(), raw.as_sent()), ("k:1", "k:1"));
+    }
 
     #[test]
     fn keys_are_one_to_128_visible_ascii() {

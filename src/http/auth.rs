@@ -142,8 +142,15 @@ pub async fn require_publish_right(State(app): State<AppState>, request: Request
         let message = format!("the token's publish claim does not allow topic {topic:?}");
         return ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response();
     }
+    let mut request = request;
+    request.extensions_mut().insert(PublisherSub(claims.sub));
     next.run(request).await
 }
+
+/// The `sub` of the JWT a publish was allowed by (absent for the admin token and anonymous
+/// publishers): its `Idempotency-Key`s are its own (`IdempotencyKey::scoped`).
+#[derive(Debug, Clone)]
+pub struct PublisherSub(pub String);
 
 #[cfg(test)]
 mod tests {

@@ -81,10 +81,16 @@ fn too_large(message: String) -> ApiError {
         (status = 503, description = "unavailable: backend down", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn publish(State(app): State<AppState>, Path(topic): Path<String>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn publish(
+    State(app): State<AppState>,
+    Path(topic): Path<String>,
+    publisher: Option<axum::Extension<super::auth::PublisherSub>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let topic = parse_topic(&topic)?;
     let key = match headers.get(IDEMPOTENCY_KEY) {
-        Some(raw) => Some(IdempotencyKey::parse(raw.as_bytes()).map_err(ApiError::bad_request)?),
+        Some(raw) => Some(IdempotencyKey::parse(raw.as_bytes()).map_err(ApiError::bad_request)?.scoped(publisher.as_ref().map(|p| p.0 .0.as_str()))),
         None => None,
     };
     let limits = &app.config.limits;

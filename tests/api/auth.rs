@@ -194,3 +194,36 @@ async fn a_publish_claim_allows_publishing_to_its_topics_only() {
     let create = http().post(format!("{}/topics", gw.base)).bearer_auth(&publisher).json(&json!({"name": "orders.new", "partitions": 1})).send().await.unwrap();
     assert_eq!(create.status(), 403);
 }
+
+/// Issue 40, item 8: `Idempotency-Key`s were scoped to (topic, key) only, so one publisher could
+/// squat another's keys (its publish answered 409, or the other's offsets) or probe them. Now a
+/// JWT publisher's keys are its own: the same key from two subs are two publishes, and each retry
+/// answers its own first offsets.
+#[tokio::test]
+async fn idempotency_keys_belong_to_their_publisher() {
+    let (_dir, gw) = start().await;
+    let created = http().post(format!("{}/topics", gw.base)).bearer_auth("admin").json(&json!({"name": "orders", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish = async |bearer: &str, body: Value| -> (u16, Value) {
+        let response = http()
+            .post(format!("{}/topics/orders/events", gw.base))
+            .bearer_auth(bearer)
+            .header("Idempotency-Key", "order-42")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
+    };
+    let alice = token(json!({"sub": "alice", "publish": ["orders"]}));
+    let mallory = token(json!({"sub": "mallory", "publish": ["orders"]}));
+    let (status, first) = publish(&alice, json!({"payload": "alice's"})).await;
+    assert_eq!((status, &first["offsets"][0]["offset"]), (200, &json!(0)));
+    let (status, squat) = publish(&mallory, json!({"payload": "mallory's"})).await;
+    assert_eq!((status, &squat["offsets"][0]["offset"]), (200, &json!(1)), "another publisher's key is not mallory's to meet: {squat}");
+    let (status, probe) = publish(&mallory, json!({"payload": "alice's"})).await;
+    assert_eq!(status, 409, "mallory's own key, another body: {probe}");
+    let (status, retry) = publish(&alice, json!({"payload": "alice's"})).await;
+    assert_eq!((status, retry), (200, first), "alice's retry answers her first offsets");
+    gw.stop().await;
+}
