@@ -398,16 +398,8 @@ async fn route(
     } else {
         let deadline = activity.now_ms().saturating_add(body_read_timeout.as_millis() as u64);
         activity.body_deadline_ms.store(deadline, Ordering::Relaxed);
-        let read = BodyRead(activity.clone());
-        request.map(|body| {
-            Body::from_stream(futures_util::stream::unfold((Body::new(body).into_data_stream(), Some(read)), |(mut data, mut read)| async move {
-                let chunk = futures_util::StreamExt::next(&mut data).await;
-                if chunk.is_none() {
-                    read.take(); // the whole body arrived: the timer stops
-                }
-                chunk.map(|c| (c, (data, read)))
-            }))
-        })
+        let read = Some(BodyRead(activity.clone()));
+        request.map(|inner| Body::new(TimedBody { inner, read }))
     };
     request.extensions_mut().insert(ConnectInfo(PeerAddr(remote)));
     let mut router = router;
@@ -426,6 +418,37 @@ async fn route(
             chunk
         }))
     }))
+}
+
+/// A request body whose timer (`Activity::body_deadline_ms`) stops once it has been read to its
+/// end; otherwise hyper's body as it is (its size hint included: readers size their buffer by it).
+struct TimedBody {
+    inner: Incoming,
+    read: Option<BodyRead>,
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.take(); // the whole body arrived: the timer stops
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Stops the body timer when the body has been read whole or is dropped unread (the answer then
