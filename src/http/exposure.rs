@@ -12,7 +12,8 @@
 //!   `Sec-Fetch-Site` and `Sec-Fetch-Dest`: a request that can act whose `Sec-Fetch-Site` is
 //!   `cross-site` or `same-site` must carry an allowed `Origin` (so it is a CORS request whose
 //!   page reads the answer), and `/ws` and `/sse` take only the destinations EventSource, fetch
-//!   and WebSocket send (`empty`, and `websocket` that Chromium sends on a WebSocket handshake).
+//!   and WebSocket send: `empty`, and on `/ws` also `websocket`, the value MDN lists for a WebSocket
+//!   handshake (Chromium 156 sends no Fetch Metadata on one at all).
 //!   Requests without Fetch Metadata (curl, servers, native clients) pass.
 //! - **Host**: on a loopback listener the `Host` must be a loopback name, the `public_url` host
 //!   or one in `server.allowed_hosts`; a page that rebinds its own DNS name to 127.0.0.1 sends
