@@ -182,12 +182,33 @@ pub struct EmbeddedConfig {
     pub retention_check_interval_ms: u64,
     /// fsync the log on every publish (survives power loss; slower). Off still survives a crash.
     pub sync_writes: bool,
+    /// Whether a publish to a topic that does not exist creates it (with default_partitions):
+    /// "auto" when it is made with the admin token or without auth, never by a JWT publish claim
+    /// (creating topics is the admin token's right); "always" also for JWT publishers; "never":
+    /// only POST /topics creates (a publish to a missing topic is 404 unknown_topic).
+    pub auto_create_topics: AutoCreateTopics,
 }
 
 impl Default for EmbeddedConfig {
     fn default() -> Self {
-        Self { default_partitions: 4, retention_secs: 604_800, retention_bytes_per_partition: 1 << 30, retention_check_interval_ms: 60_000, sync_writes: false }
+        Self {
+            default_partitions: 4,
+            retention_secs: 604_800,
+            retention_bytes_per_partition: 1 << 30,
+            retention_check_interval_ms: 60_000,
+            sync_writes: false,
+            auto_create_topics: AutoCreateTopics::Auto,
+        }
     }
+}
+
+/// `embedded.auto_create_topics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoCreateTopics {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -395,6 +416,9 @@ pub struct LimitsConfig {
     pub max_sessions: usize,
     /// Topics one session may subscribe to (more: limit_exceeded).
     pub max_subscriptions_per_session: usize,
+    /// Topics the embedded log may hold: creating one more (POST /topics, or a publish that would
+    /// create one) is 429 limit_exceeded. At least 1.
+    pub max_topics: usize,
     /// Subscribes one session may make in a second (each plans every partition: bounds, store
     /// reads, a write); more in the same second: an error limit_exceeded. At least 1.
     pub max_subscribes_per_sec: usize,
@@ -430,6 +454,7 @@ impl Default for LimitsConfig {
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
             max_subscribes_per_sec: 100,
+            max_topics: 10_000,
             max_clients_per_topic: 100_000,
             max_offline_clients: 10_000,
             close_drain_ms: 1000,
@@ -560,6 +585,7 @@ impl Config {
             ("limits.max_sessions", self.limits.max_sessions as u64),
             ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
             ("limits.max_subscribes_per_sec", self.limits.max_subscribes_per_sec as u64),
+            ("limits.max_topics", self.limits.max_topics as u64),
             ("limits.max_clients_per_topic", self.limits.max_clients_per_topic as u64),
             ("limits.max_connections", self.limits.max_connections as u64),
             ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),

@@ -80,6 +80,7 @@ impl Backend {
             retention_ms: config.embedded.retention_secs.saturating_mul(1000),
             retention_bytes_per_partition: config.embedded.retention_bytes_per_partition,
             sync_writes: config.embedded.sync_writes,
+            max_topics: config.limits.max_topics,
         };
         let log = EmbeddedLog::open(data_dir, settings, clock).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?;
         Ok(Self::Embedded(Arc::new(log)))

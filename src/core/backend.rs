@@ -106,6 +106,9 @@ pub enum BackendError {
     Conflict(String),
     #[error("{0}")]
     InvalidInput(String),
+    /// A bound of the log's own was reached (`limits.max_topics`).
+    #[error("{0}")]
+    LimitExceeded(String),
     #[error("backend unavailable: {0}")]
     Unavailable(String),
     #[error("backend I/O: {0}")]

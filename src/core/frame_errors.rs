@@ -10,6 +10,7 @@ pub fn backend_frame_error(e: BackendError) -> FrameError {
         BackendError::UnknownTopic(t) => FrameError::new(ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
         BackendError::InvalidInput(m) | BackendError::UnknownPartition(m) => FrameError::new(ErrorCode::BadFrame, m),
         BackendError::Conflict(m) => FrameError::new(ErrorCode::Conflict, m),
+        BackendError::LimitExceeded(m) => FrameError::new(ErrorCode::LimitExceeded, m),
         // The detail (broker addresses, file paths) goes to the log, not to the client.
         BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m),
         truncated @ BackendError::Truncated { .. } => FrameError::unavailable("the log backend", truncated),

@@ -308,7 +308,7 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn submit_waits_for_room_when_the_queue_is_full() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
+        let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 };
         let backend = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(SystemClock)).unwrap());
         let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()), entered: AtomicUsize::new(0) });
         let (writer, thread) = OffsetWriter::start(store.clone(), backend, 1, false);

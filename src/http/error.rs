@@ -66,6 +66,7 @@ impl From<BackendError> for ApiError {
             BackendError::UnknownTopic(t) => Self::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, format!("topic {t} does not exist")),
             BackendError::Conflict(m) => Self::conflict(m),
             BackendError::InvalidInput(m) => Self::bad_request(m),
+            BackendError::LimitExceeded(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m),
             BackendError::UnknownPartition(m) => Self::not_found(m),
             // The detail (broker addresses, file paths) goes to the log, not to the caller.
             BackendError::Unavailable(m) | BackendError::Io(m) => FrameError::unavailable("the log backend", m).into(),

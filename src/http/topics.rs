@@ -74,10 +74,10 @@ fn too_large(message: String) -> ApiError {
         (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
-        (status = 404, description = "unknown_topic (Kafka, RocketMQ; the embedded log auto-creates), or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic (Kafka, RocketMQ; the embedded log creates it unless embedded.auto_create_topics says otherwise), or not_found: a partition the topic does not have", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: the Idempotency-Key was used with another body within the window, or a request with it is still running", body = crate::http::schemas::ErrorBody),
         (status = 413, description = "limit_exceeded: too many events or too large a body", body = crate::http::schemas::ErrorBody),
-        (status = 429, description = "limit_exceeded: publish.idempotency_max_keys keys are remembered", body = crate::http::schemas::ErrorBody),
+        (status = 429, description = "limit_exceeded: publish.idempotency_max_keys keys are remembered, or creating the topic would pass limits.max_topics", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: backend down", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -99,6 +99,10 @@ pub async fn publish(
         .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
     let events = parse_publish_body(&bytes, limits.max_batch_events)?;
     let backend = app.dispatcher.backend.as_ref();
+    if must_exist_before_publish(&app.config, publisher.is_some()) && backend.partitions(&topic).await?.is_none() {
+        let message = format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)");
+        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, message));
+    }
     let (offsets, replayed) = match key {
         None => (backend.publish(&topic, events).await?, false),
         Some(key) => match app.publisher.publish(backend, &topic, key, &bytes, events).await {
@@ -121,6 +125,20 @@ pub async fn publish(
         response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// Whether a publish must find its topic there already, on the embedded log, which creates a
+/// missing one otherwise (`embedded.auto_create_topics`): creating topics is the admin token's
+/// right, so by default a JWT `publish` claim does not (issue 40, item 4). Kafka and RocketMQ
+/// never create one on publish.
+fn must_exist_before_publish(config: &crate::config::Config, by_jwt: bool) -> bool {
+    use crate::config::{AutoCreateTopics, BackendKind};
+    config.storage.backend == BackendKind::Embedded
+        && match config.embedded.auto_create_topics {
+            AutoCreateTopics::Always => false,
+            AutoCreateTopics::Auto => by_jwt,
+            AutoCreateTopics::Never => true,
+        }
 }
 
 /// The request header that makes a publish idempotent.
@@ -269,6 +287,7 @@ pub struct CreateTopic {
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
         (status = 409, description = "conflict: exists with another partition count", body = crate::http::schemas::ErrorBody),
         (status = 413, description = "limit_exceeded: body over limits.max_body_bytes", body = crate::http::schemas::ErrorBody),
+        (status = 429, description = "limit_exceeded: the embedded log holds limits.max_topics topics", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable", body = crate::http::schemas::ErrorBody),
     )
 )]

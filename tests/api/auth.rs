@@ -179,6 +179,8 @@ async fn a_publish_claim_allows_publishing_to_its_topics_only() {
         http().post(format!("{}/topics/{topic}/events", gw.base)).bearer_auth(bearer.to_string()).json(&json!({"payload": 1})).send()
     };
     let publisher = token(json!({"sub": "svc", "publish": ["orders.*"]}));
+    // Created by the admin token: a publish claim does not create topics (the test below).
+    assert_eq!(post("orders.eu", "admin").await.unwrap().status(), 200);
     assert_eq!(post("orders.eu", &publisher).await.unwrap().status(), 200);
     let refused = post("payments", &publisher).await.unwrap();
     assert_eq!(refused.status(), 403);
@@ -226,4 +228,36 @@ async fn idempotency_keys_belong_to_their_publisher() {
     let (status, retry) = publish(&alice, json!({"payload": "alice's"})).await;
     assert_eq!((status, retry), (200, first), "alice's retry answers her first offsets");
     gw.stop().await;
+}
+
+/// Issue 40, item 4: a JWT `publish` claim created topics on the embedded log (a publish to a
+/// missing topic created it), though creating topics needs the admin token. Now such a publish is
+/// 404 `unknown_topic` (`embedded.auto_create_topics = "auto"`), the admin token's still creates,
+/// and `limits.max_topics` bounds how many there may be (429 `limit_exceeded`).
+#[tokio::test]
+async fn a_publish_claim_does_not_create_topics_and_topics_are_bounded() {
+    let (dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.admin_token = "admin".into();
+    config.limits.max_topics = 2;
+    let gw = InProcess::start(config).await;
+    let post = async |topic: &str, bearer: &str| -> (u16, Value) {
+        let response = http().post(format!("{}/topics/{topic}/events", gw.base)).bearer_auth(bearer).json(&json!({"payload": 1})).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
+    };
+    let publisher = token(json!({"sub": "svc", "publish": ["orders.*"]}));
+    let (status, refused) = post("orders.new", &publisher).await;
+    assert_eq!((status, &refused["error"]["code"]), (404, &json!("unknown_topic")), "{refused}");
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    assert_eq!(topics["topics"], json!([]), "nothing was created");
+    assert_eq!(post("orders.new", "admin").await.0, 200, "the admin token creates it");
+    assert_eq!(post("orders.new", &publisher).await.0, 200, "then the claim publishes to it");
+    assert_eq!(post("orders.two", "admin").await.0, 200);
+    let (status, full) = post("orders.three", "admin").await;
+    assert_eq!((status, &full["error"]["code"]), (429, &json!("limit_exceeded")), "{full}");
+    let created = http().post(format!("{}/topics", gw.base)).bearer_auth("admin").json(&json!({"name": "four", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 429);
+    gw.stop().await;
+    drop(dir);
 }

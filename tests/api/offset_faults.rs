@@ -184,7 +184,7 @@ async fn a_reset_above_the_log_end_is_refused() {
 /// readers over it (stopped by cancelling the token).
 async fn ten_events_and_their_readers() -> (tempfile::TempDir, Arc<EmbeddedLog>, Readers, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
-    let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false };
+    let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 };
     let log = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(ManualClock::new(1))).unwrap());
     let events = (0..10)
         .map(|n| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'0' + n], payload_is_json: true })

@@ -47,6 +47,8 @@ pub struct EmbeddedLogSettings {
     pub retention_bytes_per_partition: u64,
     /// Sync the WAL on every publish (slower; survives power loss, not only process crashes).
     pub sync_writes: bool,
+    /// Topics the log may hold; creating one more is `LimitExceeded`.
+    pub max_topics: usize,
 }
 
 /// In-memory bounds of one partition, recovered from the keys at open.
@@ -229,6 +231,10 @@ impl LogState {
         }
         if partitions == 0 || partitions > 10_000 {
             return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
+        }
+        let topics = self.topics.read().unwrap().len();
+        if topics >= self.settings.max_topics {
+            return Err(BackendError::LimitExceeded(format!("the log holds {topics} topics, its maximum (limits.max_topics); delete one first")));
         }
         let cf = self.cf(CF_TOPICS)?;
         self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;

@@ -9,7 +9,7 @@ use crate::core::clock::ManualClock;
 const DAY_MS: u64 = 86_400_000;
 
 fn settings() -> EmbeddedLogSettings {
-    EmbeddedLogSettings { default_partitions: 2, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false }
+    EmbeddedLogSettings { default_partitions: 2, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 }
 }
 
 fn event(partition: Option<u32>, key: Option<&str>, n: u32) -> NewEvent {
