@@ -499,6 +499,7 @@ impl Default for PublishConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Bearer token for /admin/*, publishing, and creating or deleting topics; empty = no auth.
+    /// At least 32 bytes.
     pub admin_token: String,
     /// HS256 secret for /ws tokens; empty = no auth. When set, /ws needs a JWT (?token= or
     /// Authorization: Bearer) whose sub is the client_id; exp ends the session (1008); a "topics"
@@ -719,6 +720,10 @@ impl Config {
         if !self.auth.jwt_secret.is_empty() && self.auth.jwt_secret.len() < MIN_JWT_SECRET_BYTES {
             problems.push(format!("auth.jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.auth.jwt_secret.len()));
         }
+        // A short admin token is guessed as a short secret is (issue 40, item 10).
+        if !self.auth.admin_token.is_empty() && self.auth.admin_token.len() < MIN_JWT_SECRET_BYTES {
+            problems.push(format!("auth.admin_token must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.auth.admin_token.len()));
+        }
         for origin in &self.server.allowed_origins {
             if origin != "*" && crate::http::exposure::parse_origin(origin).is_none() {
                 problems.push(format!("server.allowed_origins: {origin:?} is not \"*\" or scheme://host[:port]"));
@@ -877,8 +882,9 @@ mod tests {
     /// a mistyped key, refused with the right spelling instead of ignored.
     #[test]
     fn environment_values_of_text_keys_are_text_and_mistyped_names_are_named() {
-        let c = load("", &[("ACKGATE_AUTH__ADMIN_TOKEN", "12345"), ("ACKGATE_SERVER__INSTANCE_ID", "true"), ("ACKGATE_DELIVERY__MAX_ATTEMPTS", "3")]).unwrap();
-        assert_eq!((c.auth.admin_token.as_str(), c.server.instance_id.as_str(), c.delivery.max_attempts), ("12345", "true", 3));
+        let digits = "1234567890".repeat(4);
+        let c = load("", &[("ACKGATE_AUTH__ADMIN_TOKEN", &digits), ("ACKGATE_SERVER__INSTANCE_ID", "true"), ("ACKGATE_DELIVERY__MAX_ATTEMPTS", "3")]).unwrap();
+        assert_eq!((c.auth.admin_token.as_str(), c.server.instance_id.as_str(), c.delivery.max_attempts), (digits.as_str(), "true", 3));
         let e = load("", &[("ACKGATE_DELIVERY_ACK_TIMEOUT_MS", "500")]).unwrap_err().to_string();
         assert!(e.contains("did you mean ACKGATE_DELIVERY__ACK_TIMEOUT_MS"), "{e}");
         // The scripts' own variables are not config; any other ACKGATE_ name that is no key stops

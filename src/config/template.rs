@@ -129,7 +129,7 @@ and this same description; `ackgate config-template` prints it.
 
 **Environment.** Every key can be set as `ACKGATE_<SECTION>__<KEY>` (two underscores), e.g.
 `ACKGATE_DELIVERY__ACK_TIMEOUT_MS=500`; the environment wins over the file. A text key takes the
-value as written (`ACKGATE_AUTH__ADMIN_TOKEN=12345` is the token \"12345\"); other values are read as
+value as written (`ACKGATE_SERVER__INSTANCE_ID=12345` is the name \"12345\"); other values are read as
 TOML (numbers, `true`, `[100, 1000]`). `ACKGATE_KAFKA__PROPERTIES__<NAME>` sets one librdkafka
 property, its dots written as `_` (`ACKGATE_KAFKA__PROPERTIES__SASL_PASSWORD` is `sasl.password`),
 so secrets come from the environment one by one. Every other `ACKGATE_` variable is an error that

@@ -157,6 +157,16 @@ async fn off_loopback_without_auth_refuses_to_start() {
     );
     assert_eq!(code, Some(2));
     assert!(stderr.contains("at least 32 bytes"), "{stderr}");
+    // Issue 40, item 10: a short admin token is refused like a short JWT secret (it started).
+    let (code, stderr) = exit_of(
+        Command::new(env!("CARGO_BIN_EXE_ackgate"))
+            .arg("--config")
+            .arg(&config)
+            .env("ACKGATE_AUTH__ADMIN_TOKEN", "t0ken")
+            .env("ACKGATE_AUTH__JWT_SECRET", "s".repeat(32)),
+    );
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("auth.admin_token must be at least 32 bytes"), "{stderr}");
 
     // Issue 40, item 7: anonymous off loopback with no Host check was open to DNS rebinding (any
     // page could act as any client); it needs server.allowed_hosts now (it started before).

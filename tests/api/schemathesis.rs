@@ -129,5 +129,5 @@ async fn schemathesis_finds_nothing_with_the_admin_token_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing_with_the_admin_token_on() {
-    fuzz(Some("fuzz-admin-token")).await;
+    fuzz(Some("fuzz-admin-token-of-at-least-32-bytes")).await;
 }
