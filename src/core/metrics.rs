@@ -59,6 +59,7 @@ pub const KAFKA_HEADERS_DROPPED: &str = "ackgate_kafka_headers_dropped_total";
 pub const UNDECODABLE_RECORDS: &str = "ackgate_undecodable_records_total";
 pub const TRANSIENT_LOG_ENDS: &str = "ackgate_transient_log_ends_total";
 pub const LOG_TRUNCATIONS: &str = "ackgate_log_truncations_total";
+pub const READER_RESTARTS: &str = "ackgate_reader_restarts_total";
 pub const PUBLISH_REPLAYS: &str = "ackgate_publish_replays_total";
 pub const GAPS: &str = "ackgate_gaps_total";
 pub const GAP_EVENTS: &str = "ackgate_gap_events_total";
@@ -75,7 +76,7 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 35] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
@@ -90,6 +91,7 @@ pub const ALL: [&str; 34] = [
     OFFSETS_ABOVE_LOG_END,
     TRANSIENT_LOG_ENDS,
     LOG_TRUNCATIONS,
+    READER_RESTARTS,
     CONNECTIONS,
     CONNECTIONS_REFUSED,
     UNDECODABLE_RECORDS,
@@ -194,6 +196,11 @@ pub fn log_truncations() -> Counter {
     metrics::counter!(LOG_TRUNCATIONS)
 }
 
+/// `ackgate_reader_restarts_total`: partition readers that panicked and were started again.
+pub fn reader_restarts() -> Counter {
+    metrics::counter!(READER_RESTARTS)
+}
+
 /// `ackgate_undecodable_records_total`: records read from the log that could not be decoded
 /// (each read counts; every subscriber dead-letters them with reason `undecodable`).
 pub fn undecodable_records() -> Counter {
@@ -244,6 +251,7 @@ impl Metrics {
             LOG_TRUNCATIONS,
             "Partitions whose log ended below the pull cursor on two reads a second apart (a topic recreated outside ackgate, a failover to a replica behind): the cursor moved down and the sessions above the new end were closed to resubscribe"
         );
+        describe_counter!(READER_RESTARTS, "Partition readers that panicked and were started again a second later (each is logged as an error)");
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
         describe_counter!(
             CONNECTIONS_REFUSED,

@@ -24,6 +24,8 @@ use super::waiting::WaitingGuard;
 
 /// How long one long poll of the backend waits for new events.
 const PULL_WAIT: Duration = Duration::from_millis(500);
+/// The pause before a reader that panicked starts again.
+const READER_RESTART_PAUSE: Duration = Duration::from_secs(1);
 /// An empty poll answered sooner than this (a broker that refuses the long poll: RocketMQ's POP
 /// with a skewed clock answers at once) is followed by a pause of as long: never a busy loop.
 const EMPTY_POLL_FLOOR: Duration = Duration::from_millis(50);
@@ -205,6 +207,26 @@ impl PartitionReader {
             chunk = (max_bytes.saturating_sub(bytes) / average).min(max - taken.len());
         }
         Ok(taken)
+    }
+
+    /// `run`, started again a second after a panic (a bug in a backend's read, a record it
+    /// chokes on): a reader that died would stall the partition for every subscriber, silently
+    /// (issue 40, item 11). Counted in `ackgate_reader_restarts_total` and logged as an error.
+    async fn run_supervised(self: Arc<Self>, cancel: CancellationToken, mut previous: Option<CancellationToken>) {
+        use futures_util::FutureExt as _;
+        loop {
+            let run = std::panic::AssertUnwindSafe(self.clone().run(cancel.clone(), previous.take())).catch_unwind();
+            let Err(panic) = run.await else { return };
+            let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            super::metrics::reader_restarts().increment(1);
+            tracing::error!(tp = %self.tp, panic = %why, "a partition reader panicked; it starts again in a second");
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(READER_RESTART_PAUSE) => {}
+            }
+            // The run that died may have taken the waiters' wake-up with it.
+            self.demand.notify_one();
+        }
     }
 
     /// `previous`: finished once the previous reader of this partition has stopped. Its last
@@ -518,7 +540,7 @@ impl Readers {
         let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());
         let (running, stop, done, stopping, key) = (reader.clone(), cancel.clone(), finished.clone(), self.stopping.clone(), tp.clone());
         self.tasks.spawn(async move {
-            running.run(stop, previous).await;
+            running.run_supervised(stop, previous).await;
             done.cancel();
             let mut stopping = stopping.lock().unwrap();
             if stopping.get(&key).is_some_and(|t| t.is_cancelled()) {
@@ -604,6 +626,70 @@ mod tests {
         async fn is_ready(&self) -> bool {
             true
         }
+    }
+
+    /// A backend whose first poll panics; the next answers the event at offset 0 (moving the pull
+    /// cursor past it), and later ones nothing.
+    #[derive(Default)]
+    struct PanicsOnce {
+        polls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl LogBackend for PanicsOnce {
+        async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn partitions(&self, _: &TopicName) -> Result<Option<u32>, BackendError> {
+            Ok(Some(1))
+        }
+        async fn create_topic(&self, _: &TopicName, _: u32) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn delete_topic(&self, _: &TopicName) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn publish(&self, _: &TopicName, _: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+            Err(BackendError::Unavailable("not in this test".into()))
+        }
+        async fn log_bounds(&self, _: &TopicPartition) -> Result<PartitionBounds, BackendError> {
+            Ok(PartitionBounds { log_start: 0, log_end: 1 })
+        }
+        async fn poll(&self, _: &TopicPartition, _: ReadFrom, _: usize, _: Duration) -> Result<Vec<Event>, BackendError> {
+            match self.polls.fetch_add(1, Ordering::SeqCst) {
+                0 => panic!("a backend bug on the first read"),
+                1 => {
+                    let mut event = Event::undecodable(0, 0);
+                    (event.undecodable, event.payload) = (false, b"1".to_vec());
+                    Ok(vec![event])
+                }
+                _ => Ok(Vec::new()),
+            }
+        }
+        fn seek(&self, _: &TopicPartition, _: u64) {}
+        fn pull_offset(&self, _: &TopicPartition) -> Option<u64> {
+            Some(u64::from(self.polls.load(Ordering::SeqCst) >= 2))
+        }
+        fn ack_pulled_message(&self, _: &TopicPartition, _: u64) {}
+        fn checkpoint(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    /// Issue 40, item 11: a reader task that panicked stayed dead, and the partition stalled for
+    /// every subscriber (this fetch waited for ever). Now it starts again a second later.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_panicked_starts_again() {
+        let backend = Arc::new(PanicsOnce::default());
+        let readers = Readers::new(backend.clone(), 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop());
+        let lease = readers.get(&TopicPartition::new(TopicName::parse("t").unwrap(), 0), 0);
+        let fetched = tokio::time::timeout(Duration::from_secs(60), lease.fetch(0, 10, 1 << 20, &mut 0)).await;
+        let events = fetched.expect("the reader came back").expect("a read");
+        assert_eq!(events.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![0]);
+        assert!(backend.polls.load(Ordering::SeqCst) >= 2);
     }
 
     /// Issue 22, item 9: a backend that answers every poll empty and at once (RocketMQ's POP with

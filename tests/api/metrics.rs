@@ -98,6 +98,7 @@ async fn metrics_move_with_a_real_exchange() {
         OFFSETS_ABOVE_LOG_END,
         TRANSIENT_LOG_ENDS,
         LOG_TRUNCATIONS,
+        READER_RESTARTS,
         CONNECTIONS_REFUSED,
         UNDECODABLE_RECORDS,
         KAFKA_HEADERS_DROPPED,
