@@ -201,25 +201,10 @@ where
         let flushed = {
             let flushing = flush(&mut outbound, &mut s.out);
             tokio::pin!(flushing);
-            // Most flushes finish at once; only a blocked socket needs the slow-client deadline,
-            // or the dead-peer one when that comes first: nothing is read while a write waits,
-            // and a peer that takes no writes and has said nothing for `ws_pong_timeout_ms` is
-            // gone (issue 40, item 10: it held its session for the slow-client timeout, 5 min).
+            // Most flushes finish at once; only a blocked socket needs the slow-client deadline.
             match (&mut flushing).now_or_never() {
                 Some(done) => Ok(done),
-                None => {
-                    let mut limit = (write_limit, "socket write timed out (slow client)");
-                    if !s.d.settings.ping_interval.is_zero() {
-                        if std::mem::take(&mut s.heard) {
-                            s.last_heard = Instant::now();
-                        }
-                        let silent_for = s.d.settings.pong_timeout.saturating_sub(s.last_heard.elapsed());
-                        if silent_for < limit.0 {
-                            limit = (silent_for, "dead peer: took no writes and sent nothing within server.ws_pong_timeout_ms");
-                        }
-                    }
-                    tokio::time::timeout(limit.0, flushing).await.map_err(|_| limit.1)
-                }
+                None => tokio::time::timeout(write_limit, flushing).await,
             }
         };
         match flushed {
@@ -228,8 +213,8 @@ where
                 reason = "socket write failed";
                 break;
             }
-            Err(why) => {
-                reason = why;
+            Err(_) => {
+                reason = "socket write timed out (slow client)";
                 break;
             }
         }
