@@ -420,7 +420,8 @@ pub struct LimitsConfig {
     /// create one) is 429 limit_exceeded. At least 1.
     pub max_topics: usize,
     /// Subscribes one session may make in a second (each plans every partition: bounds, store
-    /// reads, a write); more in the same second: an error limit_exceeded. At least 1.
+    /// reads, a write); more in the same second: an error limit_exceeded. At least
+    /// limits.max_subscriptions_per_session (an SSE URL subscribes all its topics at once).
     pub max_subscribes_per_sec: usize,
     /// Live sessions subscribed to one topic on this instance (more: limit_exceeded).
     pub max_clients_per_topic: usize,
@@ -724,6 +725,14 @@ impl Config {
         if !self.auth.admin_token.is_empty() && self.auth.admin_token.len() < MIN_JWT_SECRET_BYTES {
             problems.push(format!("auth.admin_token must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.auth.admin_token.len()));
         }
+        // An SSE URL names all its topics in one GET, subscribed in one second: a per-second limit
+        // below the per-session one would refuse a URL the session limit allows.
+        if self.limits.max_subscribes_per_sec < self.limits.max_subscriptions_per_session {
+            problems.push(format!(
+                "limits.max_subscribes_per_sec ({}) must be at least limits.max_subscriptions_per_session ({}): an SSE URL subscribes every topic it names at once",
+                self.limits.max_subscribes_per_sec, self.limits.max_subscriptions_per_session
+            ));
+        }
         for origin in &self.server.allowed_origins {
             if origin != "*" && crate::http::exposure::parse_origin(origin).is_none() {
                 problems.push(format!("server.allowed_origins: {origin:?} is not \"*\" or scheme://host[:port]"));
@@ -875,6 +884,8 @@ mod tests {
         assert!(e.contains("offsets.checkpoint_interval_ms"), "{e}");
         let e = load("", &[("ACKGATE_DELIVERY__MAX_ATTEMPTS", "many")]).unwrap_err().to_string();
         assert!(e.contains("max_attempts"), "a type error shows the key: {e}");
+        let e = load("[limits]\nmax_subscribes_per_sec = 10\nmax_subscriptions_per_session = 11\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("limits.max_subscribes_per_sec (10) must be at least limits.max_subscriptions_per_session (11)"), "{e}");
     }
 
     /// Issue 23: a text key takes an environment value as written (a numeric admin token used

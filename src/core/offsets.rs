@@ -189,24 +189,24 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     /// Removes every offset of a deleted topic and starts its next generation, as one atomic
     /// step serialized with writes: a write made for the deleted topic can never land on a new
-    /// topic of the same name. After `begin_topic_removal` the generation has started already:
+    /// topic of the same name. After `topic_log_deleted` the generation has started already:
     /// this finishes that removal and clears its mark. Returns how many offsets there were.
     fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError>;
 
-    /// The first step of `DELETE /topics/{topic}`, before the log is deleted: starts the topic's
-    /// next generation (every write made for the old topic is dropped from here) and marks its
-    /// removal pending, durably, so that a removal cut short (a store error, a crash) is finished
-    /// by a retried DELETE or at start, and the old offsets never apply to a topic created again
-    /// under the name.
+    /// The first step of `DELETE /topics/{topic}`, before the log is deleted: marks its removal
+    /// pending, durably, so that a removal cut short (a store error, a crash) is finished by a
+    /// retried DELETE or at start, and the old offsets never apply to a topic created again
+    /// under the name. The generation stays: the log may still refuse the deletion, and an ack
+    /// queued for the topic must then land.
     fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError>;
 
-    /// The second step: the log is deleted. From here the removal is finished whatever the log
-    /// holds under the name later (a topic created again is another topic).
+    /// The second step: the log is deleted. Starts the topic's next generation (every write made
+    /// for the old log is dropped from here); the removal is finished whatever the log holds
+    /// under the name later (a topic created again is another topic).
     fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError>;
 
-    /// The log refused the deletion (the topic stays): its removal is no longer pending. The
-    /// generation started by `begin_topic_removal` stays (nothing of the old one was queued:
-    /// the topic had no subscriber).
+    /// The log refused the deletion (the topic stays): its removal is no longer pending, and
+    /// nothing else changed.
     fn cancel_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError>;
 
     /// Topics whose removal began and has not finished, with how far it got.

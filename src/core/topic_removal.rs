@@ -1,8 +1,8 @@
 //! Removing a deleted topic's offsets, dead letters and gaps, in steps that survive being cut
 //! short (issue 39, item 5). `DELETE /topics/{topic}` first marks the removal pending in the store
-//! (`OffsetStore::begin_topic_removal`, which also starts the topic's next generation), then
-//! deletes the log and records that (`topic_log_deleted`), then removes what the store holds of
-//! the topic and clears the mark. A removal cut short by a store error is finished by a retried
+//! (`OffsetStore::begin_topic_removal`), then deletes the log and records that
+//! (`topic_log_deleted`, which starts the topic's next generation), then removes what the store
+//! holds of the topic and clears the mark. A removal cut short by a store error is finished by a retried
 //! DELETE, and one cut short by a crash is finished at start, before anything is served; until
 //! then a subscribe to the name is refused. The old offsets never apply to a topic created again
 //! under the name.
@@ -18,12 +18,13 @@ pub struct Removed {
     pub dead_letters: usize,
 }
 
-/// Removes the topic's gaps, offsets (clearing the pending mark) and dead letters. Blocking (a
-/// prefix scan and a delete per key): call it on the blocking pool.
+/// Removes the topic's gaps, dead letters and offsets, the offsets last: their removal clears the
+/// pending mark, so a step cut short before it leaves the removal pending, to be finished by a
+/// retry or at start. Blocking (a prefix scan and a delete per key): call it on the blocking pool.
 pub fn finish_removal(store: &dyn OffsetStore, topic: &TopicName) -> Result<Removed, StoreError> {
     store.remove_gaps(Some(topic), 0)?;
-    let offsets = store.remove_topic(topic)?;
     let dead_letters = store.remove_dead_letters(topic)?;
+    let offsets = store.remove_topic(topic)?;
     Ok(Removed { offsets, dead_letters })
 }
 

@@ -329,6 +329,7 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
     let exists = d.backend.partitions(&topic).await?.is_some();
     match (pending, exists) {
         (Some(TopicRemoval::LogDeleted), _) | (Some(TopicRemoval::Begun), false) => {
+            deletion.forget();
             let finished = finish_removal(d, &topic).await?;
             if !exists {
                 return Ok(finished);
@@ -337,20 +338,31 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
         (None, false) => return Err(missing()),
         _ => {}
     }
-    // Marked first (and the topic's next generation started, so a write still queued for the old
-    // topic is dropped): a removal cut short after the log is gone is finished by a retry or at
-    // start (`core::topic_removal`). The log goes next (issue 21): should the backend refuse (a
-    // Kafka cluster with delete.topic.enable=false, a broker away), the topic stays and so must
-    // every client's offsets; deleting them first made `latest` skip the unacknowledged backlog.
+    // Marked first: a removal cut short after the log is gone is finished by a retry or at start
+    // (`core::topic_removal`). The log goes next (issue 21): should the backend refuse (a Kafka
+    // cluster with delete.topic.enable=false, a broker away), the topic stays and so must every
+    // client's offsets; deleting them first made `latest` skip the unacknowledged backlog.
     let store = d.store.clone();
     let marking = topic.clone();
     tokio::task::spawn_blocking(move || store.begin_topic_removal(&marking)).await.map_err(|e| StoreError::Io(format!("marking the removal: {e}")))??;
     let deleted = d.backend.delete_topic(&topic).await;
     if !matches!(deleted, Ok(true)) {
-        if let Err(e) = d.store.cancel_topic_removal(&topic) {
-            tracing::warn!(%topic, error = %e, "the log kept the topic, but its pending removal could not be cleared (the next start clears it)");
+        // An error may come after the log deleted the topic (a timeout): ask the log again.
+        match d.backend.partitions(&topic).await {
+            Ok(None) => tracing::warn!(%topic, answer = ?deleted, "the log answered the deletion with an error but no longer has the topic: finishing its removal"),
+            Ok(Some(_)) => {
+                if let Err(e) = d.store.cancel_topic_removal(&topic) {
+                    tracing::warn!(%topic, error = %e, "the log kept the topic, but its pending removal could not be cleared (the next start clears it)");
+                }
+                return Err(deleted.err().map_or_else(missing, ApiError::from));
+            }
+            Err(e) => {
+                // Nobody knows whether the topic is gone: the removal stays pending (subscribes
+                // refused) until a retried DELETE or a start finds out.
+                tracing::warn!(%topic, error = %e, "the log could not say whether the topic was deleted; its removal stays pending, DELETE it again");
+                return Err(deleted.err().map_or_else(|| ApiError::from(e), ApiError::from));
+            }
         }
-        return Err(deleted.err().map_or_else(missing, ApiError::from));
     }
     deletion.forget();
     let store = d.store.clone();

@@ -105,23 +105,22 @@ impl OffsetStore for MemoryOffsetStore {
         let before = inner.records.len();
         inner.records.retain(|key, _| key.topic != *topic);
         inner.publishes.retain(|(t, _), _| t != topic);
-        if inner.removals_pending.remove(topic).is_none() {
+        if inner.removals_pending.remove(topic) != Some(TopicRemoval::LogDeleted) {
             *inner.generations.entry(topic.clone()).or_insert(0) += 1;
         }
         Ok(before - inner.records.len())
     }
 
     fn begin_topic_removal(&self, topic: &TopicName) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        if inner.removals_pending.insert(topic.clone(), TopicRemoval::Begun).is_none() {
-            *inner.generations.entry(topic.clone()).or_insert(0) += 1;
-        }
+        self.lock().removals_pending.entry(topic.clone()).or_insert(TopicRemoval::Begun);
         Ok(())
     }
 
     fn topic_log_deleted(&self, topic: &TopicName) -> Result<(), StoreError> {
-        if let Some(step) = self.lock().removals_pending.get_mut(topic) {
-            *step = TopicRemoval::LogDeleted;
+        let mut inner = self.lock();
+        if inner.removals_pending.get(topic) == Some(&TopicRemoval::Begun) {
+            inner.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
+            *inner.generations.entry(topic.clone()).or_insert(0) += 1;
         }
         Ok(())
     }

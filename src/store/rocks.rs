@@ -559,9 +559,9 @@ impl OffsetStore for RocksOffsetStore {
             publishes += 1;
             Ok(())
         })?;
-        // Begun by `begin_topic_removal`: its generation has started; only the mark goes.
-        let pending = serialized.removals_pending.contains_key(topic);
-        let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!pending);
+        // After `topic_log_deleted` the generation has started; only the mark goes.
+        let started = serialized.removals_pending.get(topic) == Some(&TopicRemoval::LogDeleted);
+        let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!started);
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
         self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
         serialized.generations.insert(topic.clone(), next);
@@ -575,11 +575,9 @@ impl OffsetStore for RocksOffsetStore {
         if serialized.removals_pending.contains_key(topic) {
             return Ok(());
         }
-        let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
-        let mut value = next.to_be_bytes().to_vec();
+        let mut value = serialized.generations.get(topic).copied().unwrap_or(0).to_be_bytes().to_vec();
         value.push(1);
         self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
-        serialized.generations.insert(topic.clone(), next);
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::Begun);
         Ok(())
     }
@@ -589,9 +587,11 @@ impl OffsetStore for RocksOffsetStore {
         if serialized.removals_pending.get(topic) != Some(&TopicRemoval::Begun) {
             return Ok(());
         }
-        let mut value = serialized.generations.get(topic).copied().unwrap_or(0).to_be_bytes().to_vec();
+        let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
+        let mut value = next.to_be_bytes().to_vec();
         value.push(2);
         self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
+        serialized.generations.insert(topic.clone(), next);
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
         Ok(())
     }

@@ -68,6 +68,9 @@ pub struct ControlledStore {
     resets_waiting: AtomicUsize,
     /// While true, `remove_topic` fails (a disk error in the middle of a topic's deletion).
     topic_removals_failing: AtomicBool,
+    /// While true, `remove_dead_letters` fails (a disk error after some of a deleted topic's
+    /// store was removed).
+    dead_letter_removals_failing: AtomicBool,
 }
 
 impl ControlledStore {
@@ -86,7 +89,13 @@ impl ControlledStore {
             resets: Gate::default(),
             resets_waiting: AtomicUsize::new(0),
             topic_removals_failing: AtomicBool::new(false),
+            dead_letter_removals_failing: AtomicBool::new(false),
         })
+    }
+
+    /// Makes `remove_dead_letters` fail (true) or work again (false).
+    pub fn fail_dead_letter_removals(&self, failing: bool) {
+        self.dead_letter_removals_failing.store(failing, Ordering::SeqCst);
     }
 
     /// Makes `remove_topic` fail (true) or work again (false).
@@ -284,6 +293,9 @@ impl OffsetStore for ControlledStore {
     }
 
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
+        if self.dead_letter_removals_failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("injected: the disk failed while removing a topic's dead letters".into()));
+        }
         self.inner.remove_dead_letters(topic)
     }
 

@@ -596,6 +596,7 @@ async fn subscribes_are_limited_per_second_and_sse_topics_named_once() {
     let (_dir, data) = temp_dir();
     let mut config = test_config(&data);
     config.limits.max_subscribes_per_sec = 5;
+    config.limits.max_subscriptions_per_session = 5;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     let topics = vec!["t"; 1000].join(",");

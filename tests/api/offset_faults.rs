@@ -629,3 +629,31 @@ async fn a_topic_deletion_cut_short_is_finished_by_its_retry_and_never_leaks_off
     assert_eq!(client.subscribe("recreated", json!({})).await["partitions"][0]["from"], 0);
     gw.stop().await;
 }
+
+/// Review of issue 39, item 5: a deletion cut short after the topic's offsets were removed but
+/// before its dead letters were. Before, `remove_topic` cleared the pending mark first: the
+/// retried DELETE answered 404 (nothing pending, no log) and the dead letter stayed listed for a
+/// topic that no longer exists, redrivable into one created again under the name. Now the mark
+/// goes last: the retry finishes the removal (200, the dead letter with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_cut_short_before_its_dead_letters_went_is_finished_by_the_retry() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let gw = start_with(test_config(&data), store.clone()).await;
+    publish_numbered(&gw.base, "dl", 1, 0, 2).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.subscribe("dl", json!({})).await;
+    let events = client.recv_events(2).await;
+    client.send(json!({"op": "term", "delivery_id": id(&events[0]), "reason": "poison"})).await;
+    client.ack_confirmed(&[id(&events[1])], "a").await;
+    client.close().await;
+    let listed = format!("{}/admin/dead-letters?topic=dl", gw.base);
+    wait_for("the dead letter is listed", async || get_json(&listed).await.1["dead_letters"].as_array().map(Vec::len) == Some(1)).await;
+    let delete = async || until_not_conflict(async || http().delete(format!("{}/topics/dl", gw.base)).send().await.unwrap().status().as_u16()).await;
+    store.fail_dead_letter_removals(true);
+    assert_eq!(delete().await, 503, "the store failed while removing the dead letters");
+    store.fail_dead_letter_removals(false);
+    assert_eq!(delete().await, 200, "the retry finishes the removal, not 404");
+    assert_eq!(get_json(&listed).await.1["dead_letters"], json!([]), "the deleted topic's dead letter went with it");
+    gw.stop().await;
+}

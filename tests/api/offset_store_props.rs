@@ -228,3 +228,42 @@ fn a_write_made_before_a_reset_never_lifts_it_back() {
     let again = rocks.reset(&key(0), 0, 3).unwrap();
     assert_eq!((again.committed, again.epoch), (0, 2), "each reset is an epoch of its own");
 }
+
+/// A topic deletion the log refused leaves the topic as it was (review of issue 39, item 5): the
+/// pending mark is cleared and no generation starts, so an ack still queued for the topic (a
+/// session that had just unsubscribed) lands. Before, `begin_topic_removal` started the next
+/// generation at once and the refused deletion dropped that ack as obsolete. A deletion that went
+/// through starts exactly one generation, whichever step finishes it, and that survives a reopen.
+#[test]
+fn a_refused_topic_deletion_drops_no_queued_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryOffsetStore::new();
+    let topic = key(0).topic;
+    let write = |committed: u64, generation| OffsetWrite { key: key(0), committed, last_acked: None, updated_at: 1, generation, epoch: 0 };
+    {
+        let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+        for store in [&rocks as &dyn OffsetStore, &memory] {
+            store.begin_topic_removal(&topic).unwrap();
+            store.cancel_topic_removal(&topic).unwrap();
+            assert_eq!(store.topic_generation(&topic).unwrap(), 0, "the log refused: the topic is the same topic");
+            assert_eq!(store.write_offset(write(4, 0)).unwrap(), WriteOutcome::Advanced, "the queued ack lands");
+            // Deleted for real, in the three steps, then a crash-free finish: one generation.
+            store.begin_topic_removal(&topic).unwrap();
+            store.topic_log_deleted(&topic).unwrap();
+            assert_eq!(store.topic_generation(&topic).unwrap(), 1, "writes for the deleted log are dropped from here");
+            assert_eq!(store.write_offset(write(9, 0)).unwrap(), WriteOutcome::Obsolete);
+            assert_eq!(store.remove_topic(&topic).unwrap(), 1);
+            assert_eq!(store.topic_generation(&topic).unwrap(), 1, "one deletion, one generation");
+            // A crash after the log's deletion but before it was recorded: the start's
+            // `remove_topic` of a removal still `Begun` starts the generation.
+            store.begin_topic_removal(&topic).unwrap();
+            assert_eq!(store.topic_generation(&topic).unwrap(), 1);
+            store.remove_topic(&topic).unwrap();
+            assert_eq!(store.topic_generation(&topic).unwrap(), 2);
+            assert!(store.pending_topic_removals().is_empty());
+        }
+    }
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.topic_generation(&topic).unwrap(), 2);
+    assert!(rocks.pending_topic_removals().is_empty());
+}
