@@ -1,8 +1,8 @@
 //! Feeders: one task per partition of a subscription that hands events to its session in offset
 //! order, with room in the session's in-flight window for each. When the window is full the
-//! feeder waits, and nothing more is pushed to that session. A feeder reads only once the window
-//! has room, and only as many events and bytes as it has room for: what a session's feeders hold
-//! outside its window is at most one window's worth each (README, "Memory bounds").
+//! feeder waits, and nothing more is pushed to that session. A feeder reserves its window's room
+//! before it reads and reads only as many events and bytes as the reservation holds: what a
+//! session's feeders hold is within its window (docs/operations.md, "Memory bounds").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::backend::Event;
 use super::names::TopicName;
-use super::reader::ReaderLease;
-use super::window::{Window, WindowPermit};
+use super::reader::{ReadRoom, ReaderLease};
+use super::window::{Reservation, Window, WindowPermit};
 
 /// Events of one partition handed to a session in offset order, each holding one slot of its
 /// in-flight window. A batch per fetch, not an event per send: one channel operation and one
@@ -53,32 +53,59 @@ pub struct FeedPlan {
     pub truncations: u64,
 }
 
+/// The room one read of a feeder may fill: its window's free room, reserved only once the reader
+/// has events to hand over (`PartitionReader::fetch_within`).
+struct FeederRoom<'a> {
+    window: &'a Window,
+    batch: usize,
+    reservation: Option<Reservation>,
+}
+
+impl ReadRoom for FeederRoom<'_> {
+    fn take(&mut self) -> Option<(usize, usize)> {
+        self.reservation = self.window.try_reserve(self.batch);
+        let (slots, bytes) = self.reservation.as_ref()?.room();
+        Some((slots, usize::try_from(bytes).unwrap_or(usize::MAX)))
+    }
+
+    fn give_back(&mut self) {
+        self.reservation = None;
+    }
+}
+
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<FedBatch>, cancel: CancellationToken) {
     let FeedPlan { reader, partition, from: mut next, batch, subscription, topic, truncations: mut known_truncations } = plan;
     let new_batch =
         |capacity: usize| Box::new(Fed { subscription, topic: topic.clone(), partition, gap: None, truncated: None, events: Vec::with_capacity(capacity) });
+    // The size of the next event when the last read found it too large for the room reserved:
+    // the feeder waits for that much room, then reads it again (holding it meanwhile, each of a
+    // session's feeders would pin an event outside its window).
+    let mut next_bytes = 1;
     loop {
-        // Read only what the window has room for, once it has some: events never wait outside
-        // the window in bulk (a whole fetch of large events, held per subscriber, was how a
-        // few clients that stop reading pinned gigabytes).
+        // Read only what the window has room for, reserved before the read: events never wait
+        // outside the window (a whole fetch of large events, held per subscriber, was how a few
+        // clients that stop reading pinned gigabytes).
+        let mut room = FeederRoom { window: &window, batch, reservation: None };
         let fetched = tokio::select! {
             _ = cancel.cancelled() => return,
             fetched = async {
-                window.room().await;
-                let (slots, bytes) = (window.free_slots().clamp(1, batch), window.free_bytes().max(1));
-                reader.fetch(next, slots, usize::try_from(bytes).unwrap_or(usize::MAX), &mut known_truncations).await
+                window.room_for(next_bytes).await;
+                reader.fetch_within(next, &mut room, &mut known_truncations).await
             } => fetched,
         };
+        let mut reservation = room.reservation.take();
         let events = match fetched {
             Ok(events) => events,
             Err(super::backend::BackendError::Truncated { log_end }) => {
+                drop(reservation);
                 let mut fed = new_batch(0);
                 fed.truncated = Some(log_end);
                 let _ = tx.send(fed).await;
                 return;
             }
             Err(e) => {
+                drop(reservation);
                 tracing::warn!(%topic, error = %e, "reading for a subscriber failed; retrying");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -86,8 +113,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                 }
             }
         };
-        // Sized for the room there is: with a full window a batch carries one event or a few.
-        let mut fed = new_batch(events.len().min(window.free_slots()));
+        let mut fed = new_batch(events.len());
         // A read that starts above where this feeder stands skipped offsets: retention took
         // them when they are below the log start (else they never existed: Kafka's transaction
         // markers and compaction leave holes, which are no gap).
@@ -97,33 +123,28 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
                 Ok(_) => {}
                 Err(e) => tracing::debug!(%topic, partition, error = %e, "reading the log start after a skip failed; no gap reported"),
             }
+            // Reported once, even when none of these events fits yet.
+            if let Some((_, to)) = fed.gap {
+                next = to;
+            }
         }
+        next_bytes = 1;
         for event in events {
             if event.offset < next {
                 continue;
             }
-            // Room at once is the common case: take it without arming a cancellation waiter.
-            let permit = match window.try_acquire(event.size_bytes()) {
-                Some(permit) => permit,
-                None => {
-                    // The window is full: hand over what this batch has so far (the session
-                    // cannot free room for events it has not seen), then wait.
-                    if !fed.events.is_empty() {
-                        let full = std::mem::replace(&mut fed, new_batch(0));
-                        if tx.send(full).await.is_err() {
-                            return;
-                        }
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        permit = window.acquire(event.size_bytes()) => permit,
-                    }
-                }
+            // A read returns its first event even when it is larger than the room: it waits
+            // for its room, and is read again then.
+            let Some(permit) = reservation.as_mut().and_then(|r| r.take(event.size_bytes())) else {
+                next_bytes = event.size_bytes();
+                break;
             };
             next = event.offset + 1;
             fed.events.push((event, permit));
         }
-        if !fed.events.is_empty() && tx.send(fed).await.is_err() {
+        // What the read did not fill goes back before the batch waits on the channel.
+        drop(reservation);
+        if (!fed.events.is_empty() || fed.gap.is_some()) && tx.send(fed).await.is_err() {
             return;
         }
     }

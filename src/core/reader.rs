@@ -68,6 +68,25 @@ impl Buffer {
 
 /// Events taken in order until `max_events`, or until the next one would pass `max_bytes` (the
 /// first always goes, whatever its size: an event larger than the budget goes alone).
+/// The room a subscriber's read may fill (`PartitionReader::fetch_within`), taken only once
+/// there is something to read: a subscriber waiting at the head of its partition holds none.
+pub trait ReadRoom: Send {
+    /// Events and bytes the read may return now (its first event even when larger); `None`: no
+    /// room now, and the read returns nothing.
+    fn take(&mut self) -> Option<(usize, usize)>;
+    /// The read found nothing after all: the room goes back before the reader waits.
+    fn give_back(&mut self);
+}
+
+/// A fixed room: `(events, bytes)`.
+impl ReadRoom for (usize, usize) {
+    fn take(&mut self) -> Option<(usize, usize)> {
+        Some(*self)
+    }
+
+    fn give_back(&mut self) {}
+}
+
 fn take_within<I: Iterator<Item = Arc<Event>>>(events: I, max_events: usize, max_bytes: usize) -> Vec<Arc<Event>> {
     let mut taken = Vec::new();
     let mut bytes = 0usize;
@@ -118,16 +137,24 @@ impl PartitionReader {
         Ok(self.backend.log_bounds(&self.tp).await?.log_start)
     }
 
-    /// Up to `max` events and about `max_bytes` of payload (at least one event) from `from` on,
-    /// in offset order; waits when there are none yet. A subscriber only takes what its window
-    /// has room for, so events never wait outside the window in bulk (issue 20).
+    /// Up to `max` events and about `max_bytes` of them (at least one event) from `from` on, in
+    /// offset order; waits when there are none yet. `fetch_within` with a fixed room.
+    pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize, known_truncations: &mut u64) -> Result<Vec<Arc<Event>>, BackendError> {
+        self.fetch_within(from, &mut (max, max_bytes), known_truncations).await
+    }
+
+    /// Events from `from` on, in offset order, as many as `room` has for them once there are
+    /// some (at least one event, even when larger); waits when there are none yet, holding no
+    /// room meanwhile. A subscriber reserves its window's room only when it reads, so a session's
+    /// feeders never hold more than its window (issue 20, issue 40 item 3). Nothing when `room`
+    /// has none.
     ///
     /// `known_truncations`: `Readers::truncations` as the caller last knew it (read before its
     /// start was planned). When the log was found to end below `from` since then, the answer is
     /// `BackendError::Truncated`:
     /// what the caller handed out from there on no longer exists, and the events the log writes
     /// next at those offsets are new ones.
-    pub async fn fetch(&self, from: u64, max: usize, max_bytes: usize, known_truncations: &mut u64) -> Result<Vec<Arc<Event>>, BackendError> {
+    pub async fn fetch_within(&self, from: u64, room: &mut dyn ReadRoom, known_truncations: &mut u64) -> Result<Vec<Arc<Event>>, BackendError> {
         loop {
             let pulled = self.pulled.notified();
             tokio::pin!(pulled);
@@ -142,10 +169,12 @@ impl PartitionReader {
                 }
                 if from >= buffer.covered_from && from < buffer.covered_to {
                     let first = buffer.events.partition_point(|e| e.offset < from);
+                    let Some((max, max_bytes)) = room.take() else { return Ok(Vec::new()) };
                     let events = take_within(buffer.events.range(first..).cloned(), max, max_bytes);
                     if !events.is_empty() {
                         return Ok(events);
                     }
+                    room.give_back();
                     (false, buffer.covered_to, None)
                 } else {
                     let direct = from != buffer.covered_to;
@@ -165,10 +194,12 @@ impl PartitionReader {
             // the head after a restart, issue 21). Only a subscriber below the ring reads the
             // log by offset.
             if direct && from < covered_to {
-                let events = self.read_by_offset(from, max, max_bytes).await?;
-                if !events.is_empty() {
-                    return Ok(events);
+                let Some((max, max_bytes)) = room.take() else { return Ok(Vec::new()) };
+                let events = self.read_by_offset(from, max, max_bytes).await;
+                if !matches!(&events, Ok(events) if events.is_empty()) {
+                    return events;
                 }
+                room.give_back();
             }
             let _waiting = _ahead.is_none().then(|| WaitingGuard::new(&self.waiting));
             self.demand.notify_one();

@@ -44,9 +44,28 @@ impl Budget {
         true
     }
 
+    /// Takes up to `want` slots and every free byte, when at least one slot and one byte are
+    /// free: the room a feeder's read may fill.
+    fn try_reserve(&self, want: usize) -> Option<(usize, u64)> {
+        let before = self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_slots).then(|| n + want.min(self.max_slots - n))).ok()?;
+        let slots = want.min(self.max_slots - before);
+        match self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_bytes).then_some(self.max_bytes)) {
+            Ok(before) => Some((slots, self.max_bytes - before)),
+            Err(_) => {
+                // No wake-up, as in `try_take`: the bytes are held by deliveries in flight.
+                self.slots.fetch_sub(slots, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
     fn give_back(&self, cost: u64) {
+        self.give_back_many(1, cost);
+    }
+
+    fn give_back_many(&self, slots: usize, cost: u64) {
         self.bytes.fetch_sub(cost, Ordering::SeqCst);
-        self.slots.fetch_sub(1, Ordering::SeqCst);
+        self.slots.fetch_sub(slots, Ordering::SeqCst);
         // SeqCst on both sides: a waiter counts itself before it checks again, so either it sees
         // this room or this sees it waiting.
         if self.waiting.load(Ordering::SeqCst) > 0 {
@@ -70,6 +89,42 @@ impl std::fmt::Debug for WindowPermit {
 impl Drop for WindowPermit {
     fn drop(&mut self) {
         self.budget.give_back(self.cost);
+    }
+}
+
+/// Room a feeder took for one read (`Window::try_reserve`): each event it hands over becomes a
+/// permit out of it, and what the read did not fill goes back when it drops. The room is taken
+/// before the read, so what a session's feeders read is never more than its window has free
+/// (each used to read a whole free window and only then take room: (1 + partitions) windows).
+pub struct Reservation {
+    budget: Arc<Budget>,
+    slots: usize,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// Room for an event out of the reservation, if it fits (its cost as in `Window::cost`).
+    pub fn take(&mut self, event_bytes: usize) -> Option<WindowPermit> {
+        let cost = (event_bytes as u64).clamp(1, self.budget.max_bytes);
+        if self.slots == 0 || cost > self.bytes {
+            return None;
+        }
+        self.slots -= 1;
+        self.bytes -= cost;
+        Some(WindowPermit { budget: self.budget.clone(), cost })
+    }
+
+    /// Events and bytes it still holds.
+    pub fn room(&self) -> (usize, u64) {
+        (self.slots, self.bytes)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.slots > 0 || self.bytes > 0 {
+            self.budget.give_back_many(self.slots, self.bytes);
+        }
     }
 }
 
@@ -121,6 +176,13 @@ impl Window {
         self.permit(cost)
     }
 
+    /// Up to `max_events` slots and every free byte for one read, when there is room (takes
+    /// nothing otherwise).
+    pub fn try_reserve(&self, max_events: usize) -> Option<Reservation> {
+        let (slots, bytes) = self.budget.try_reserve(max_events.max(1))?;
+        Some(Reservation { budget: self.budget.clone(), slots, bytes })
+    }
+
     /// Deliveries that could still be added (ignoring bytes).
     pub fn free_slots(&self) -> usize {
         self.budget.max_slots.saturating_sub(self.budget.slots.load(Ordering::Relaxed))
@@ -132,11 +194,12 @@ impl Window {
         self.budget.max_bytes.saturating_sub(self.budget.bytes.load(Ordering::Relaxed))
     }
 
-    /// Waits until at least one slot and some bytes are free (cancel-safe; takes nothing): a
-    /// feeder reads from the log only then, and only as much as there is room for.
-    pub async fn room(&self) {
+    /// Waits until a slot and room for an event of `event_bytes` are free (cancel-safe; takes
+    /// nothing): a feeder reads from the log only then, and only as much as there is room for.
+    pub async fn room_for(&self, event_bytes: usize) {
         let budget = &self.budget;
-        let has_room = || self.free_slots() > 0 && self.free_bytes() > 0;
+        let cost = self.cost(event_bytes);
+        let has_room = || self.free_slots() > 0 && self.free_bytes() >= cost;
         if has_room() {
             return;
         }
@@ -182,5 +245,38 @@ mod tests {
         let _y = window.try_acquire(1).unwrap();
         assert!(window.is_full(), "three events in flight");
         assert!(window.try_acquire(1).is_none());
+    }
+
+    /// A read's reservation takes the free room before the read: another feeder of the session
+    /// finds none meanwhile, the events it hands over are permits out of it, and the rest goes
+    /// back when it drops.
+    #[tokio::test]
+    async fn a_reservation_holds_the_free_room_for_one_read() {
+        let window = Window::new(4, 100);
+        let held = window.try_acquire(30).unwrap();
+        let mut reservation = window.try_reserve(10).unwrap();
+        assert_eq!(reservation.room(), (3, 70), "every free slot up to the batch, every free byte");
+        assert!(window.try_reserve(1).is_none() && window.try_acquire(1).is_none(), "taken for the read");
+        let a = reservation.take(50).unwrap();
+        assert!(reservation.take(21).is_none(), "50 + 21 is over what it holds");
+        let b = reservation.take(20).unwrap();
+        assert_eq!(reservation.room(), (1, 0));
+        drop(reservation);
+        assert_eq!((window.free_slots(), window.free_bytes()), (1, 0));
+        drop((a, b, held));
+        assert_eq!((window.free_slots(), window.free_bytes()), (4, 100));
+        // An event larger than the window takes all of it, from an empty window only.
+        let mut whole = window.try_reserve(2).unwrap();
+        assert_eq!(whole.room(), (2, 100));
+        let big = whole.take(1 << 30).unwrap();
+        assert!(whole.take(1).is_none());
+        drop((whole, big));
+        // `room_for` waits until the event's cost is free, not just one byte.
+        let held = window.try_acquire(60).unwrap();
+        let waiting = window.room_for(50);
+        tokio::pin!(waiting);
+        assert!(futures_util::FutureExt::now_or_never(&mut waiting).is_none());
+        drop(held);
+        waiting.await;
     }
 }

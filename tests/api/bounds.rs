@@ -146,6 +146,59 @@ async fn sessions_that_never_read_pin_about_their_window_in_bytes() {
     drop(stalled);
 }
 
+/// Issue 40, item 3: a session's window is its bound in bytes whatever it subscribes to. Each
+/// feeder read as much as the window had free and only then took room for what it read, so a
+/// session on many partitions that never reads held far more: here each of 64 feeders read what
+/// was free of a 1 MiB window of header-stuffed events (256 KiB of headers, a 1-byte payload)
+/// below the reader's ring, at least one event, and waited with it. Now a feeder reserves the
+/// room before it reads, takes only what the reservation holds, and reads an event that did not
+/// fit again once there is room for it. Failed before the fix: the gateway grew by 171 MiB (41 after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_on_many_partitions_that_never_reads_holds_one_window() {
+    const SESSIONS: usize = 8;
+    const PARTITIONS: usize = 64;
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(
+        &data,
+        &[
+            ("ACKGATE_DELIVERY__MAX_IN_FLIGHT_BYTES", "1048576"),
+            ("ACKGATE_DELIVERY__READER_BUFFER_EVENTS", "1"),
+            ("ACKGATE_DELIVERY__READER_BUFFER_BYTES", "1"),
+        ],
+    );
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "wide", "partitions": PARTITIONS})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    // Five events of 256 KiB of headers on every partition, 60 MiB in all.
+    let stuffed = "h".repeat(256 << 10);
+    for partition in 0..PARTITIONS {
+        let events: Vec<_> = (0..5).map(|_| json!({"partition": partition, "headers": {"stuffed": stuffed}, "payload": 1})).collect();
+        publish(&gw.base, "wide", json!({ "events": events })).await;
+    }
+    let before = gw.rss_kib();
+    let mut stalled = Vec::new();
+    for i in 0..SESSIONS {
+        let mut client = TestClient::connect(gw.addr, &format!("never-reads-{i}")).await;
+        client.subscribe("wide", json!({"from": "earliest"})).await;
+        stalled.push(client); // held, never read again
+    }
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+        let rows = sessions["sessions"].as_array().unwrap().clone();
+        let delivered: Vec<_> = rows.iter().map(|s| s["delivered"].clone()).collect();
+        if rows.len() == SESSIONS && rows.iter().all(|s| s["window_full"] == true) && serde_json::Value::from(delivered.clone()) == last {
+            break;
+        }
+        last = serde_json::Value::from(delivered);
+    }
+    let grown_mib = gw.rss_kib().saturating_sub(before) / 1024;
+    // Per session: its window (1 MiB), its frames and the socket's buffers. Before the fix each
+    // of its 64 feeders held an event or more besides.
+    assert!(grown_mib < 100, "the gateway grew by {grown_mib} MiB for {SESSIONS} sessions on {PARTITIONS} partitions that never read");
+    drop(stalled);
+}
+
 /// Issue 25: remembered idempotency keys are bounded by `publish.idempotency_max_keys`: a new key
 /// beyond it is 429 `limit_exceeded` (written nowhere), a retry of a remembered key still
 /// answers, and once the window has passed the expired keys make room without waiting for the
