@@ -121,29 +121,35 @@ async fn sessions_that_never_read_pin_about_their_window_in_bytes() {
         publish(&gw.base, "big", json!({ "events": events })).await;
     }
     let before = gw.rss_kib();
-    let mut stalled = Vec::new();
-    for i in 0..SESSIONS {
-        let mut client = TestClient::connect(gw.addr, &format!("never-reads-{i}")).await;
-        client.subscribe("big", json!({"from": "earliest"})).await;
-        stalled.push(client); // held, never read again
-    }
-    // Until every session's window is full and nothing more moves.
-    let mut last = serde_json::Value::Null;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
-        let rows = sessions["sessions"].as_array().unwrap().clone();
-        let delivered: Vec<_> = rows.iter().map(|s| s["delivered"].clone()).collect();
-        if rows.len() == SESSIONS && rows.iter().all(|s| s["window_full"] == true) && serde_json::Value::from(delivered.clone()) == last {
-            break;
-        }
-        last = serde_json::Value::from(delivered);
-    }
+    let stalled = sessions_that_never_read(&gw, "big", SESSIONS).await;
     let grown_mib = gw.rss_kib().saturating_sub(before) / 1024;
     // Per session: its window (1 MiB of events), their frames, the socket writer's buffer; the
     // ring: 4 MiB. Before the fix a feeder alone held 200 x 256 KiB = 50 MiB per session.
     assert!(grown_mib < 150, "the gateway grew by {grown_mib} MiB for {SESSIONS} sessions that never read");
     drop(stalled);
+}
+
+/// `sessions` clients that subscribe to `topic` from its start and never read, once every one's
+/// window is full and nothing more moves.
+async fn sessions_that_never_read(gw: &Process, topic: &str, sessions: usize) -> Vec<TestClient> {
+    let mut stalled = Vec::new();
+    for i in 0..sessions {
+        let mut client = TestClient::connect(gw.addr, &format!("never-reads-{i}")).await;
+        client.subscribe(topic, json!({"from": "earliest"})).await;
+        stalled.push(client); // held, never read again
+    }
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_, listed) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+        let rows = listed["sessions"].as_array().unwrap().clone();
+        let delivered: Vec<_> = rows.iter().map(|s| s["delivered"].clone()).collect();
+        if rows.len() == sessions && rows.iter().all(|s| s["window_full"] == true) && serde_json::Value::from(delivered.clone()) == last {
+            break;
+        }
+        last = serde_json::Value::from(delivered);
+    }
+    stalled
 }
 
 /// Issue 40, item 3: a session's window is its bound in bytes whatever it subscribes to. Each
@@ -175,23 +181,7 @@ async fn a_session_on_many_partitions_that_never_reads_holds_one_window() {
         publish(&gw.base, "wide", json!({ "events": events })).await;
     }
     let before = gw.rss_kib();
-    let mut stalled = Vec::new();
-    for i in 0..SESSIONS {
-        let mut client = TestClient::connect(gw.addr, &format!("never-reads-{i}")).await;
-        client.subscribe("wide", json!({"from": "earliest"})).await;
-        stalled.push(client); // held, never read again
-    }
-    let mut last = serde_json::Value::Null;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
-        let rows = sessions["sessions"].as_array().unwrap().clone();
-        let delivered: Vec<_> = rows.iter().map(|s| s["delivered"].clone()).collect();
-        if rows.len() == SESSIONS && rows.iter().all(|s| s["window_full"] == true) && serde_json::Value::from(delivered.clone()) == last {
-            break;
-        }
-        last = serde_json::Value::from(delivered);
-    }
+    let stalled = sessions_that_never_read(&gw, "wide", SESSIONS).await;
     let grown_mib = gw.rss_kib().saturating_sub(before) / 1024;
     // Per session: its window (1 MiB), its frames and the socket's buffers. Before the fix each
     // of its 64 feeders held an event or more besides.
