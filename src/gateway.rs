@@ -18,6 +18,7 @@ use crate::config::{Config, OffsetStoreKind};
 use crate::core::ack_floor::LiveClientsAckFloor;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
+use crate::core::bounds_cache::BoundsCache;
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::delivery_settings::DeliverySettings;
 use crate::core::dispatcher::Dispatcher;
@@ -33,6 +34,10 @@ use crate::http::tls::Tls;
 use crate::http::{router, AppState};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
+
+/// How old the bounds `GET /topics` lists may be: anyone may ask for them, and each is a round
+/// trip to the log (issue 40, item 5).
+const LISTED_BOUNDS_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Capacity of the offset writer's queue (requests, each one or more writes).
 const WRITE_QUEUE: usize = 65_536;
@@ -281,7 +286,7 @@ impl Gateway {
             config.publish.idempotency_window_secs,
             config.publish.idempotency_max_keys,
         ));
-        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher, sse: Default::default() };
+        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher, sse: Default::default(), listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)) };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 

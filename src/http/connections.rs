@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use super::lingering::{Linger, LingeringStream, PeerAddr};
 use super::tls::Tls;
+use crate::core::log_throttle::Throttled;
 use crate::core::metrics::connections_refused;
 
 /// What bounds connections before any request is read.
@@ -177,29 +178,6 @@ impl ConnectionCounts {
     }
 }
 
-/// Logs a line at most once a second per kind, with how many were suppressed in between.
-struct Throttled {
-    last_ms: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl Throttled {
-    const fn new() -> Self {
-        Self { last_ms: AtomicU64::new(0), suppressed: AtomicU64::new(0) }
-    }
-
-    /// Some(suppressed count) when a line may be logged now.
-    fn allow(&self, started: Instant) -> Option<u64> {
-        let now = started.elapsed().as_millis() as u64 + 1000;
-        let last = self.last_ms.load(Ordering::Relaxed);
-        if now < last + 1000 || self.last_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.suppressed.swap(0, Ordering::Relaxed))
-    }
-}
-
 /// Serves `router` on `listener` until `stop` is cancelled, then lets every connection finish
 /// its request in flight (graceful shutdown) and returns once all have closed.
 pub async fn serve(
@@ -211,7 +189,6 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     let connections = TaskTracker::new();
-    let started = Instant::now();
     let (refused_log, accept_log) = (Throttled::new(), Throttled::new());
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -229,7 +206,7 @@ pub async fn serve(
             Err(e) => {
                 // Out of descriptors (the cap should prevent it): a short pause, growing to at
                 // most 100 ms, instead of spinning. Sessions run in their own tasks meanwhile.
-                if let Some(suppressed) = accept_log.allow(started) {
+                if let Some(suppressed) = accept_log.allow() {
                     tracing::error!(error = %e, suppressed, open = counts.open(), "accepting a connection failed");
                 }
                 tokio::time::sleep(backoff).await;
@@ -241,7 +218,7 @@ pub async fn serve(
             Ok(slot) => slot,
             Err(refusal) => {
                 connections_refused(refusal.label()).increment(1);
-                if let Some(suppressed) = refused_log.allow(started) {
+                if let Some(suppressed) = refused_log.allow() {
                     tracing::warn!(%remote, reason = refusal.label(), open = counts.open(), suppressed, "connection refused");
                 }
                 refuse(tcp, refusal, &counts);

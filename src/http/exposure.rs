@@ -27,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::AppState;
 use crate::config::Config;
+use crate::core::log_throttle::Throttled;
 use crate::core::protocol::ErrorCode;
 
 /// An origin as browsers send it, normalized: lower case, the default port filled in.
@@ -213,7 +214,11 @@ pub async fn guard(State(app): State<AppState>, request: Request, next: Next) ->
         Ok(()) if is_sse(request.uri().path()) && request.headers().contains_key(header::ORIGIN) => sse_cors(exposure, request, next).await,
         Ok(()) => next.run(request).await,
         Err(message) => {
-            tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), "refused by the Origin, Fetch Metadata or Host check");
+            // Anyone's page can make these: once a second, with the count left out.
+            static REFUSALS: Throttled = Throttled::new();
+            if let Some(suppressed) = REFUSALS.allow() {
+                tracing::info!(method = %request.method(), path = request.uri().path(), reason = %message.escape_debug(), suppressed, "refused by the Origin, Fetch Metadata or Host check");
+            }
             ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response()
         }
     }

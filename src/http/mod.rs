@@ -53,6 +53,8 @@ pub struct AppState {
     pub publisher: Arc<crate::core::idempotency::IdempotentPublisher>,
     /// Server-Sent Events sessions, where their POSTed frames go.
     pub sse: Arc<sse::SseSessions>,
+    /// The bounds `GET /topics` lists, at most a second old (anyone may ask for them).
+    pub listed_bounds: Arc<crate::core::bounds_cache::BoundsCache>,
 }
 
 pub fn router(state: AppState) -> Router {

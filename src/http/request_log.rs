@@ -1,10 +1,12 @@
-//! Request ids and one log line per HTTP request.
+//! Request ids and one log line per HTTP request (a refused or failed one: at most one line a
+//! second per status and route, with how many were left out).
 //!
 //! Every request runs inside a `http` span carrying its `request_id` (the caller's
 //! `x-request-id` when it sends a sane one, else a new one), so any log line a handler writes can
 //! be matched to the request; the id is echoed in the `x-request-id` response header.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -13,6 +15,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
+use crate::core::log_throttle::ThrottledByKind;
+
 const REQUEST_ID: &str = "x-request-id";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -20,6 +24,12 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Probes, scrapes and an SSE session's frames are logged at debug: at info they would drown
 /// everything else (a WebSocket's frames are not logged one by one either).
 const QUIET_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/sse/{session_id}/frames"];
+
+/// The lines of refused and failed requests, per status and route (`None`: no route matched).
+fn refused_lines() -> &'static ThrottledByKind<(u16, Option<String>)> {
+    static LINES: OnceLock<ThrottledByKind<(u16, Option<String>)>> = OnceLock::new();
+    LINES.get_or_init(ThrottledByKind::default)
+}
 
 fn request_id(request: &Request) -> String {
     let given = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok());
@@ -43,10 +53,15 @@ pub async fn log_request(request: Request, next: Next) -> Response {
     let _entered = span.enter();
     if route.as_deref().is_some_and(|r| QUIET_ROUTES.contains(&r)) && status < 400 {
         tracing::debug!(%method, path, status, elapsed_us, "http request");
-    } else if status >= 500 {
-        tracing::warn!(%method, path, status, elapsed_us, "http request");
-    } else {
+    } else if status < 400 {
         tracing::info!(%method, path, status, elapsed_us, "http request");
+    } else if let Some(suppressed) = refused_lines().allow((status, route)) {
+        // Anyone can make these: once a second per status and route, with the count left out.
+        if status >= 500 {
+            tracing::warn!(%method, path, status, elapsed_us, suppressed, "http request");
+        } else {
+            tracing::info!(%method, path, status, elapsed_us, suppressed, "http request");
+        }
     }
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);

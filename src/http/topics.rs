@@ -233,7 +233,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         let mut partitions = Vec::with_capacity(count as usize);
         for partition in 0..count {
             let tp = TopicPartition::new(topic.clone(), partition);
-            let bounds = backend.log_bounds(&tp).await?;
+            let bounds = app.listed_bounds.bounds(backend.as_ref(), &tp).await?;
             partitions.push(json!({
                 "partition": partition,
                 "log_start": bounds.log_start,
