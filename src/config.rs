@@ -120,7 +120,8 @@ pub struct ServerConfig {
     /// in-flight deliveries are released at once.
     pub ws_ping_interval_ms: u64,
     /// A WebSocket from which nothing (a pong or a frame) arrived for this long is a dead peer: its
-    /// session ends and its deliveries are released. Above ws_ping_interval_ms.
+    /// session ends and its deliveries are released. While a write to it waits (nothing is read
+    /// then), also one whose socket took no byte for this long. Above ws_ping_interval_ms.
     pub ws_pong_timeout_ms: u64,
     /// A Server-Sent Events stream (GET /sse) gets a comment line (": ka") this often, so proxies
     /// do not close it while idle. A peer gone without a FIN leaves it unacknowledged, and the

@@ -292,6 +292,13 @@ pub struct Activity {
     body_deadline_ms: AtomicU64,
     /// The watchdog is still watching (reads after an upgrade need not record anything).
     watching: AtomicBool,
+    /// When the socket last took bytes, or its peer last read some of what it holds (0: never):
+    /// a WebSocket session's dead-peer check (`core::session::WriteProgress`).
+    last_write_ms: AtomicU64,
+    /// The socket's descriptor (-1: none, or closed), for the bytes its send queue holds.
+    fd: std::sync::atomic::AtomicI32,
+    /// Bytes its send queue held when last asked (`u64::MAX`: never asked).
+    queued: AtomicU64,
 }
 
 impl Activity {
@@ -303,7 +310,20 @@ impl Activity {
             head_started_ms: AtomicU64::new(0),
             body_deadline_ms: AtomicU64::new(0),
             watching: AtomicBool::new(false),
+            last_write_ms: AtomicU64::new(0),
+            fd: std::sync::atomic::AtomicI32::new(-1),
+            queued: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// The socket whose send queue `WriteProgress` watches (-1: none any more).
+    pub fn watch_socket(&self, fd: i32) {
+        self.fd.store(fd, Ordering::Relaxed);
+    }
+
+    /// Called by the stream for every write the socket took bytes of.
+    pub fn on_bytes_written(&self) {
+        self.last_write_ms.store(self.now_ms(), Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {
@@ -352,6 +372,29 @@ impl Activity {
     }
 }
 
+/// Progress is a write the socket took, or bytes of its send queue the peer took since the last
+/// question: the socket signals room for writes only once much of its buffer is free (half of
+/// megabytes), so a slow reader's writes wait seconds between progress at the socket, while its
+/// send queue shrinks steadily. A peer that reads nothing leaves the queue as it is.
+impl crate::core::session::WriteProgress for Activity {
+    fn since_last_write(&self) -> Duration {
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd >= 0 {
+            let mut queued: libc::c_int = 0;
+            // SAFETY: `fd` is the open socket of the session asking (it is only asked while a
+            // write to it waits), and TIOCOUTQ (SIOCOUTQ) writes one int.
+            if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) } == 0 {
+                let queued = queued.max(0) as u64;
+                if queued < self.queued.swap(queued, Ordering::Relaxed) {
+                    self.on_bytes_written();
+                }
+            }
+        }
+        let last = self.last_write_ms.load(Ordering::Relaxed).max(1);
+        Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+}
+
 impl Default for Activity {
     fn default() -> Self {
         Self::new()
@@ -379,6 +422,8 @@ async fn route(
         request.map(|inner| Body::new(TimedBody { inner, read }))
     };
     request.extensions_mut().insert(ConnectInfo(PeerAddr(remote)));
+    // For a WebSocket's session: how long since its socket last took bytes.
+    request.extensions_mut().insert(activity.clone());
     let mut router = router;
     let response = router.call(request).await?;
     let streaming = response.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));

@@ -44,7 +44,16 @@ pub struct LingeringStream {
 
 impl LingeringStream {
     pub fn new(tcp: TcpStream, linger: Linger, slot: Option<ConnectionSlot>) -> Self {
-        Self { tcp: Some(tcp), linger, slot, activity: Arc::new(Activity::new()) }
+        let activity = Arc::new(Activity::new());
+        activity.watch_socket(std::os::fd::AsRawFd::as_raw_fd(&tcp));
+        Self { tcp: Some(tcp), linger, slot, activity }
+    }
+
+    /// A write the socket took bytes of is progress (a dead peer's socket takes none).
+    fn record_write(&self, written: &Poll<io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0) {
+            self.activity.on_bytes_written();
+        }
     }
 
     fn tcp(&mut self) -> Pin<&mut TcpStream> {
@@ -65,7 +74,9 @@ impl AsyncRead for LingeringStream {
 
 impl AsyncWrite for LingeringStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.tcp().poll_write(cx, buf)
+        let written = self.tcp().poll_write(cx, buf);
+        self.record_write(&written);
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -77,7 +88,9 @@ impl AsyncWrite for LingeringStream {
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        self.tcp().poll_write_vectored(cx, bufs)
+        let written = self.tcp().poll_write_vectored(cx, bufs);
+        self.record_write(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -87,6 +100,7 @@ impl AsyncWrite for LingeringStream {
 
 impl Drop for LingeringStream {
     fn drop(&mut self) {
+        self.activity.watch_socket(-1);
         let Some(tcp) = self.tcp.take() else { return };
         // Outside a runtime (process exit) the socket simply closes.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

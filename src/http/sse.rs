@@ -150,7 +150,7 @@ fn start(
     let dispatcher = app.dispatcher.clone();
     app.dispatcher.tasks.spawn(async move {
         let _listed = listed;
-        run_session(dispatcher, registration, access, Box::pin(inbound), Box::pin(outbound)).await;
+        run_session(dispatcher, registration, access, Box::pin(inbound), Box::pin(outbound), None).await;
     });
 
     let writer = StreamWriter {

@@ -3,21 +3,24 @@
 
 use std::collections::HashMap;
 use std::future::ready;
+use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Query, State};
+use axum::Extension;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 
 use super::auth::session_access;
+use super::connections::Activity;
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::access::Access;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
-use crate::core::session::{run_session, Inbound, Outbound};
+use crate::core::session::{run_session, Inbound, Outbound, WriteProgress};
 use crate::core::session_registry::{Registration, Transport};
 
 #[utoipa::path(
@@ -37,6 +40,7 @@ use crate::core::session_registry::{Registration, Transport};
 pub async fn upgrade(
     State(app): State<AppState>,
     ConnectInfo(PeerAddr(remote)): ConnectInfo<PeerAddr>,
+    activity: Option<Extension<Arc<Activity>>>,
     headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     ws: WebSocketUpgrade,
@@ -65,7 +69,8 @@ pub async fn upgrade(
             // as long as the session (README "Where the memory goes").
             Ok(registration) => {
                 let tasks = app.dispatcher.tasks.clone();
-                tasks.spawn(serve_socket(app, registration, access, socket));
+                let progress = activity.map(|Extension(a)| a as Arc<dyn WriteProgress>);
+                tasks.spawn(serve_socket(app, registration, access, socket, progress));
             }
             Err(e) => {
                 let _running = app.dispatcher.tasks.token();
@@ -102,7 +107,7 @@ fn receive(message: Result<Message, axum::Error>) -> Received {
 }
 
 /// Feeds a real WebSocket to a session.
-async fn serve_socket(app: AppState, registration: Registration, access: Access, socket: WebSocket) {
+async fn serve_socket(app: AppState, registration: Registration, access: Access, socket: WebSocket, progress: Option<Arc<dyn WriteProgress>>) {
     let (sink, stream) = socket.split();
     let inbound = stream.map(receive).take_while(|r| ready(!matches!(r, Received::End))).filter_map(|r| {
         ready(match r {
@@ -117,7 +122,7 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
             Outbound::Ping => Message::Ping(Default::default()),
         }))
     });
-    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound)).await;
+    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound), progress).await;
 }
 
 /// tungstenite reports a frame over the limit as a capacity error ("Space limit exceeded").

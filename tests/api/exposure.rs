@@ -312,6 +312,75 @@ async fn a_silent_websocket_peer_is_ended_and_its_deliveries_released() {
     gw.stop().await;
 }
 
+/// Issue 40, item 10: a silent peer whose socket is full (it reads nothing and answers no ping)
+/// held its session until `delivery.slow_client_timeout_ms` (5 minutes by default), because the
+/// dead-peer check does not run while a write waits. Now a write that waits ends the session as
+/// a dead peer's once the socket has taken no byte and nothing was heard for
+/// `server.ws_pong_timeout_ms`. Failed before the fix: the session stood for 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_with_a_full_socket_ends_at_the_pong_timeout() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(config_for_large_writes(&data, 800)).await;
+    publish_large_events(&gw.base, 120).await;
+    // Subscribes, then reads nothing more: 30 MB head its way and fill both socket buffers.
+    let mut silent = TestClient::connect(gw.addr(), "silent").await;
+    silent.subscribe("big", json!({})).await;
+    let started = Instant::now();
+    wait_for("the silent peer's session to end", async || {
+        let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+        sessions["sessions"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(60), "ended as a dead peer, not as a slow client");
+    drop(silent);
+    gw.stop().await;
+}
+
+/// The other side of the rule above, and why its first version was reverted: a client that
+/// reads slowly keeps a write waiting for many pong timeouts, and its pongs wait unread behind
+/// it; it must stay, because the peer takes bytes of the socket's queue now and then. (Not
+/// much more often than the pong timeout: a receiver advertises no room until half its buffer
+/// is free, megabytes, so at 2.5 MB/s the queue moves about once a second.) Ended after 3 s by
+/// the first version, which counted only what was heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_stays_while_its_writes_wait_longer_than_the_pong_timeout() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(config_for_large_writes(&data, 3000)).await;
+    publish_large_events(&gw.base, 120).await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("big", json!({})).await;
+    // About 2.5 MB/s: each write of a batch of events waits many seconds.
+    for _ in 0..80 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let frame = slow.recv().await;
+        assert_eq!(frame["type"], "event", "{}", frame["type"]);
+    }
+    let (_, sessions) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    let clients: Vec<&str> = sessions["sessions"].as_array().unwrap().iter().map(|s| s["client_id"].as_str().unwrap()).collect();
+    assert_eq!(clients, vec!["slow"], "a slow reader is not a dead peer");
+    drop(slow);
+    gw.stop().await;
+}
+
+fn config_for_large_writes(data: &std::path::Path, pong_timeout_ms: u64) -> ackgate::config::Config {
+    let mut config = test_config(data);
+    config.server.ws_ping_interval_ms = 100;
+    config.server.ws_pong_timeout_ms = pong_timeout_ms;
+    config.delivery.slow_client_timeout_ms = 120_000;
+    config
+}
+
+/// `count` events of 256 KiB on the one partition of topic `big`.
+async fn publish_large_events(base: &str, count: usize) {
+    let created = http().post(format!("{base}/topics")).json(&json!({"name": "big", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let text = "x".repeat(256 << 10);
+    for _ in 0..count / 20 {
+        let events: Vec<_> = (0..20).map(|_| json!({"payload": text})).collect();
+        publish(base, "big", json!({ "events": events })).await;
+    }
+}
+
 /// Nothing read from a log may stop a partition (docs/protocol.md "Exposure", Producers): an event of
 /// the embedded log that cannot be decoded is dead-lettered (`undecodable`) for the subscriber and
 /// the partition goes on. Failed before the fix: every read that reached it failed and was

@@ -142,9 +142,24 @@ struct Session {
     subscribes_in_second: (Instant, usize),
 }
 
+/// How long since the connection under a session last took bytes from it (`http::connections`
+/// records it): a write that waits on a socket that takes nothing is a dead peer's, one that
+/// takes a little at a time is a slow reader's.
+pub trait WriteProgress: Send + Sync {
+    fn since_last_write(&self) -> Duration;
+}
+
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
-pub async fn run_session<I, O>(d: Arc<Dispatcher>, registration: Registration, access: Access, mut inbound: I, mut outbound: O)
-where
+/// `progress`: the socket's write progress, where it has one of its own (a WebSocket): a write
+/// that waits is then also ended as a dead peer's (`flush_blocked`).
+pub async fn run_session<I, O>(
+    d: Arc<Dispatcher>,
+    registration: Registration,
+    access: Access,
+    mut inbound: I,
+    mut outbound: O,
+    progress: Option<Arc<dyn WriteProgress>>,
+) where
     I: Stream<Item = Inbound> + Unpin,
     O: Sink<Outbound> + Unpin,
 {
@@ -201,10 +216,16 @@ where
         let flushed = {
             let flushing = flush(&mut outbound, &mut s.out);
             tokio::pin!(flushing);
-            // Most flushes finish at once; only a blocked socket needs the slow-client deadline.
+            // Most flushes finish at once; only a blocked socket needs a deadline.
             match (&mut flushing).now_or_never() {
                 Some(done) => Ok(done),
-                None => tokio::time::timeout(write_limit, flushing).await,
+                None => {
+                    if std::mem::take(&mut s.heard) {
+                        s.last_heard = Instant::now();
+                    }
+                    let dead_peer = progress.as_deref().filter(|_| !d.settings.ping_interval.is_zero()).map(|p| (p, d.settings.pong_timeout, s.last_heard));
+                    flush_blocked(flushing, write_limit, dead_peer).await
+                }
             }
         };
         match flushed {
@@ -213,8 +234,8 @@ where
                 reason = "socket write failed";
                 break;
             }
-            Err(_) => {
-                reason = "socket write timed out (slow client)";
+            Err(why) => {
+                reason = why;
                 break;
             }
         }
@@ -347,6 +368,34 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Writes queued frames with one flush; false when the socket is gone.
+/// Waits for a write the socket did not take at once: at most `write_limit` (the slow-client
+/// timeout), and with `dead_peer` (the socket's progress, `server.ws_pong_timeout_ms` and when
+/// the peer was last heard from) until the socket has taken no byte and the peer was not heard
+/// from for that long: a dead peer's (issue 40, item 10). Nothing is read meanwhile, so pongs
+/// wait unread: a slow reader whose socket takes bytes now and then is therefore never ended for
+/// its pongs, only for taking nothing.
+async fn flush_blocked(
+    mut flushing: std::pin::Pin<&mut impl std::future::Future<Output = bool>>,
+    write_limit: Duration,
+    dead_peer: Option<(&dyn WriteProgress, Duration, Instant)>,
+) -> Result<bool, &'static str> {
+    const SLOW: &str = "socket write timed out (slow client)";
+    let Some((progress, pong_timeout, last_heard)) = dead_peer else {
+        return tokio::time::timeout(write_limit, flushing).await.map_err(|_| SLOW);
+    };
+    let started = Instant::now();
+    loop {
+        let silent = progress.since_last_write().min(last_heard.elapsed());
+        if silent >= pong_timeout {
+            return Err("dead peer: its socket took nothing and nothing was received within server.ws_pong_timeout_ms");
+        }
+        let Some(left) = write_limit.checked_sub(started.elapsed()) else { return Err(SLOW) };
+        if let Ok(done) = tokio::time::timeout(left.min(pong_timeout - silent), flushing.as_mut()).await {
+            return Ok(done);
+        }
+    }
+}
+
 async fn flush<O: Sink<Outbound> + Unpin>(outbound: &mut O, queue: &mut Vec<Outbound>) -> bool {
     if queue.is_empty() {
         return true;
