@@ -89,7 +89,7 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             if i < LOGGED_PER_TOPIC {
                 tracing::warn!(%key, committed, log_end, "committed offset above the log end: lowered to the log end");
             }
-            lower_to_log_end(store, &key, log_end, now_ms).map_err(|e| e.to_string())?;
+            lower_to_log_end(store, &key, log_end, 0, now_ms).map_err(|e| e.to_string())?;
             report.lowered += 1;
         }
         if count > LOGGED_PER_TOPIC {

@@ -3,7 +3,7 @@
 //! activity, nor shorten what is left), and offsets above the log end are lowered.
 
 use super::names::{ClientId, OffsetKey};
-use super::offsets::{OffsetFilter, OffsetRecord, OffsetStore, StoreError, UNKNOWN_TIME};
+use super::offsets::{OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, StoreError, UNKNOWN_TIME};
 
 /// True when a record has not been written for longer than `retention_ms`. Computed from the
 /// stored `updated_at` only, never from when the record was loaded; an unknown time never expires.
@@ -15,10 +15,11 @@ fn is_expired(record: &OffsetRecord, now_ms: u64, retention_ms: u64) -> bool {
 /// a power loss, or the topic was recreated outside ackgate): it would skip the events published
 /// next at the reused offsets. It is lowered to `log_end`, logged with the key and both numbers,
 /// and counted (the caller logs: boot alignment may lower millions and logs a summary). Besides
-/// the admin reset, the only way an offset goes down.
-pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, log_end: u64, now_ms: u64) -> Result<OffsetRecord, StoreError> {
+/// the admin reset, the only way an offset goes down. In the record's next offset epoch, at least
+/// `min_epoch` (the first of the partition's log epoch, when a lost tail is known).
+pub fn lower_to_log_end(store: &dyn OffsetStore, key: &OffsetKey, log_end: u64, min_epoch: OffsetEpoch, now_ms: u64) -> Result<OffsetRecord, StoreError> {
     super::metrics::offsets_above_log_end().increment(1);
-    store.reset(key, log_end, now_ms)
+    store.reset(key, log_end, min_epoch, now_ms)
 }
 
 /// Removes the offsets of clients that stayed away longer than `retention_ms` (0: never).

@@ -186,7 +186,7 @@ mod tests {
     use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
     use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
     use crate::core::names::{ClientId, OffsetKey, TopicName};
-    use crate::core::offsets::{OffsetFilter, OffsetRecord, StoreError};
+    use crate::core::offsets::{LogEpoch, OffsetFilter, OffsetRecord, StoreError};
     use crate::store::memory::MemoryOffsetStore;
 
     /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.
@@ -212,8 +212,14 @@ mod tests {
         fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError> {
             self.inner.scan_page(filter, after, limit)
         }
-        fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
-            self.inner.reset(key, committed, now)
+        fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+            self.inner.reset(key, committed, min_epoch, now)
+        }
+        fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
+            self.inner.log_epoch(tp)
+        }
+        fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
+            self.inner.step_log_epoch(tp, seen, log_end)
         }
         fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
             self.inner.topic_generation(topic)

@@ -7,7 +7,7 @@
 
 use super::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use super::idempotency::{IdempotencyKey, RememberedPublish};
-use super::names::{ClientId, OffsetKey, TopicName};
+use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 
 /// Version byte at the start of every stored record value, so the format can change later.
 const RECORD_FORMAT_VERSION: u8 = 1;
@@ -15,8 +15,33 @@ const RECORD_FORMAT_VERSION: u8 = 1;
 /// A committed offset's *offset epoch* (docs/semantics.md, "Offset epochs"): 0 for a record never
 /// lowered, one more at every lowering (an admin reset, an offset found above the log end). A
 /// resume token, a tracker or a queued write made under an older epoch is fenced: it can never
-/// lift the offset that lowering set.
+/// lift the offset that lowering set. Its high 32 bits are the partition's log epoch the record
+/// is in (`LogEpoch`), its low 32 bits the lowerings within it, so one comparison orders both: a
+/// lost log tail outranks every reset made before it.
 pub type OffsetEpoch = u64;
+
+/// A partition's *log epoch*: 0 until a reader first found its log's tail lost (a Kafka unclean
+/// election, a RocketMQ broker restored from behind), one more at each; `log_end` is where the log
+/// ended when it began. Durable in the offset store, so every instance and every client that was
+/// away learns it: a committed offset of an older log epoch above `log_end` acked events that are
+/// gone, and is lowered to it at the client's next subscribe however far the log has grown back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogEpoch {
+    pub epoch: u32,
+    pub log_end: u64,
+}
+
+impl LogEpoch {
+    /// The first offset epoch of this log epoch: above every offset epoch of an older one.
+    pub fn first_offset_epoch(&self) -> OffsetEpoch {
+        u64::from(self.epoch) << 32
+    }
+
+    /// The log epoch an offset epoch is in.
+    pub fn of(offset_epoch: OffsetEpoch) -> u32 {
+        (offset_epoch >> 32) as u32
+    }
+}
 
 /// `updated_at` value that means "unknown". Such a record is never considered expired: treating a
 /// sentinel as a real timestamp is exactly the KAFKA-8069 bug (offsets expired right after load).
@@ -71,10 +96,11 @@ impl OffsetRecord {
     }
 
     /// The record a lowering (`OffsetStore::reset`) leaves where `before` was: the new offset, a
-    /// `last_acked` kept only below it, and the next epoch, which fences everything made before.
-    pub fn lowered(before: Option<&OffsetRecord>, committed: u64, now: u64) -> Self {
+    /// `last_acked` kept only below it, and the next epoch (at least `min_epoch`), which fences
+    /// everything made before.
+    pub fn lowered(before: Option<&OffsetRecord>, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Self {
         let last_acked = before.and_then(|r| r.last_acked).filter(|l| *l < committed);
-        Self { committed, last_acked, updated_at: now, epoch: before.map_or(0, |r| r.epoch).saturating_add(1) }
+        Self { committed, last_acked, updated_at: now, epoch: before.map_or(0, |r| r.epoch).saturating_add(1).max(min_epoch) }
     }
 
     /// Decodes a stored value. A value shorter than the current format (an older or damaged
@@ -180,9 +206,18 @@ pub trait OffsetStore: Send + Sync + 'static {
     fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
 
     /// Sets `key` to `committed`, backwards allowed (the admin reset route, and an offset found
-    /// above the log end), in the record's next epoch (`OffsetRecord::lowered`). Serialized with
-    /// CAS-max writes; a write of an older epoch that comes after it is stale.
-    fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError>;
+    /// above the log end), in the record's next epoch, at least `min_epoch`
+    /// (`OffsetRecord::lowered`). Serialized with CAS-max writes; a write of an older epoch that
+    /// comes after it is stale.
+    fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Result<OffsetRecord, StoreError>;
+
+    /// The partition's log epoch (`LogEpoch::default()` until a lost tail was first found).
+    fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError>;
+
+    /// A lost tail of `tp`'s log, found by a reader that was in log epoch `seen`: starts the
+    /// next log epoch, ending at `log_end`, unless a session or an instance that found the same
+    /// loss started it already. Returns the partition's log epoch after it.
+    fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError>;
 
     /// The current generation of `topic`: 0 until it is first deleted, then one more per deletion.
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError>;
@@ -317,13 +352,21 @@ mod tests {
         let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("c").unwrap(), 0);
         let write = |committed, epoch| OffsetWrite { key: key.clone(), committed, last_acked: Some(committed - 1), updated_at: 9, generation: 0, epoch };
         let record = OffsetRecord { committed: 20, last_acked: Some(19), updated_at: 1, epoch: 0 };
-        let reset = OffsetRecord::lowered(Some(&record), 5, 2);
+        let reset = OffsetRecord::lowered(Some(&record), 5, 0, 2);
         assert_eq!(reset, OffsetRecord { committed: 5, last_acked: None, updated_at: 2, epoch: 1 });
         assert!(!reset.is_advanced_by(&write(21, 0)), "a write queued before the reset must not lift it back");
         assert!(reset.is_advanced_by(&write(6, 1)));
         assert_eq!(reset.advanced_by(&write(6, 1)).epoch, 1);
-        assert_eq!(OffsetRecord::lowered(None, 3, 2).epoch, 1, "a reset of a client without a record fences its old tokens too");
+        assert_eq!(OffsetRecord::lowered(None, 3, 0, 2).epoch, 1, "a reset of a client without a record fences its old tokens too");
         let last = OffsetRecord { epoch: u64::MAX, ..record };
-        assert_eq!(OffsetRecord::lowered(Some(&last), 3, 2).epoch, u64::MAX, "saturates, never wraps to 0");
+        assert_eq!(OffsetRecord::lowered(Some(&last), 3, 0, 2).epoch, u64::MAX, "saturates, never wraps to 0");
+        // A lowering into a later log epoch starts at its first offset epoch, above every reset
+        // of the older one, and a write of the older log epoch is fenced.
+        let log = LogEpoch { epoch: 1, log_end: 5 };
+        let reset_often = OffsetRecord { epoch: 7, ..record };
+        let moved = OffsetRecord::lowered(Some(&reset_often), 5, log.first_offset_epoch(), 2);
+        assert_eq!((moved.epoch, LogEpoch::of(moved.epoch)), (1 << 32, 1));
+        assert!(!moved.is_advanced_by(&write(30, 7)));
+        assert_eq!(OffsetRecord::lowered(Some(&moved), 3, 0, 2).epoch, (1 << 32) + 1, "a reset within it steps the low half");
     }
 }

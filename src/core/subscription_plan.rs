@@ -16,7 +16,7 @@ use super::frame_errors::{backend_frame_error, store_frame_error};
 use super::log_end;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_retention::lower_to_log_end;
-use super::offsets::{OffsetEpoch, OffsetWrite, StoreError};
+use super::offsets::{LogEpoch, OffsetEpoch, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, ResumeOffset, StartFrom};
 
 /// Partitions whose bounds (and times) are asked at once: on Kafka each is a broker round trip.
@@ -107,13 +107,32 @@ impl Dispatcher {
         // the old log only.
         let mut known = Vec::with_capacity(range.len());
         let mut epochs = Vec::with_capacity(range.len());
+        let mut logs = Vec::with_capacity(range.len());
         for partition in range.clone() {
             let tp = TopicPartition::new(topic.clone(), partition);
-            let record = self.store.read(&OffsetKey::new(topic.clone(), client_id.clone(), partition)).map_err(store_frame_error)?;
-            let epoch = record.map_or(0, |r| r.epoch);
+            let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
+            let mut record = self.store.read(&key).map_err(store_frame_error)?;
+            // A record made before the partition's log lost its tail (found since by any
+            // instance, while this client was away or served elsewhere): what it acked above
+            // where the log ended is gone, however far the log has grown back since. It is
+            // lowered there, or moved into the log's epoch as it is, so that nothing made before
+            // the loss (a token, a tracker, a queued write) counts any more (issue 39, item 3).
+            let log = self.store.log_epoch(&tp).map_err(store_frame_error)?;
+            if let Some(before) = record.filter(|r| LogEpoch::of(r.epoch) < log.epoch) {
+                let now_ms = self.clock.now_ms();
+                let moved = if before.committed > log.log_end {
+                    tracing::warn!(%key, committed = before.committed, log_end = log.log_end, log_epoch = log.epoch, "committed offset above where the log ended when it lost its tail: lowered there");
+                    lower_to_log_end(self.store.as_ref(), &key, log.log_end, log.first_offset_epoch(), now_ms)
+                } else {
+                    self.store.reset(&key, before.committed, log.first_offset_epoch(), now_ms)
+                };
+                record = Some(moved.map_err(store_frame_error)?);
+            }
+            let epoch = record.map_or(log.first_offset_epoch(), |r| r.epoch);
             let remembered = client.lock().unwrap().trackers.get(&tp).filter(|t| t.offset_epoch >= epoch).map(|t| (t.floor(), t.last_acked()));
             known.push(remembered.or(record.map(|r| (r.committed, r.last_acked))));
             epochs.push(epoch);
+            logs.push(log);
         }
         // A log end below the committed offset is read again before anything is lowered: it
         // may be a broker's answer of a moment (`core::log_end`).
@@ -138,12 +157,15 @@ impl Dispatcher {
         // Each partition's tracker as planned: put in place only once nothing can fail any more,
         // so a re-subscribe that fails leaves the running subscription's trackers as they were.
         let mut trackers = Vec::with_capacity(range.len());
-        for (((partition, bounds), mut stored), mut offset_epoch) in range.clone().zip(bounds).zip(known).zip(epochs) {
+        for ((((partition, bounds), mut stored), mut offset_epoch), log) in range.clone().zip(bounds).zip(known).zip(epochs).zip(logs) {
             let tp = TopicPartition::new(topic.clone(), partition);
             let key = OffsetKey::new(topic.clone(), client_id.clone(), partition);
             if let Some((committed, _)) = stored.filter(|(committed, _)| *committed > bounds.log_end) {
-                tracing::warn!(%key, committed, log_end = bounds.log_end, "committed offset above the log end: lowered to the log end");
-                let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, self.clock.now_ms()).map_err(store_frame_error)?;
+                // The log lost its tail (the end was read twice): the partition's next log epoch
+                // starts, for every client of it, then this one's offset is lowered into it.
+                let log = self.store.step_log_epoch(&tp, log.epoch, bounds.log_end).map_err(store_frame_error)?;
+                tracing::warn!(%key, committed, log_end = bounds.log_end, log_epoch = log.epoch, "committed offset above the log end: lowered to the log end");
+                let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, log.first_offset_epoch(), self.clock.now_ms()).map_err(store_frame_error)?;
                 stored = Some((lowered.committed, lowered.last_acked));
                 offset_epoch = lowered.epoch;
             }

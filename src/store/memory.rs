@@ -5,8 +5,8 @@ use std::sync::Mutex;
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
-use crate::core::names::{ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {
@@ -26,6 +26,8 @@ struct Inner {
     gaps: Vec<Gap>,
     /// Dead letters marked for redrive.
     redrives: BTreeSet<DeadLetterId>,
+    /// Partitions whose log lost its tail at least once (absent: epoch 0).
+    log_epochs: HashMap<TopicPartition, LogEpoch>,
 }
 
 impl Inner {
@@ -89,11 +91,24 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(inner.records.range((from, Bound::Unbounded)).filter(|(k, _)| filter.matches(k)).take(limit).map(|(k, r)| (k.clone(), *r)).collect())
     }
 
-    fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+    fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut inner = self.lock();
-        let record = OffsetRecord::lowered(inner.records.get(key), committed, now);
+        let record = OffsetRecord::lowered(inner.records.get(key), committed, min_epoch, now);
         inner.records.insert(key.clone(), record);
         Ok(record)
+    }
+
+    fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
+        Ok(self.lock().log_epochs.get(tp).copied().unwrap_or_default())
+    }
+
+    fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
+        let mut inner = self.lock();
+        let current = inner.log_epochs.entry(tp.clone()).or_default();
+        if current.epoch == seen {
+            *current = LogEpoch { epoch: seen.saturating_add(1), log_end };
+        }
+        Ok(*current)
     }
 
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
@@ -105,6 +120,7 @@ impl OffsetStore for MemoryOffsetStore {
         let before = inner.records.len();
         inner.records.retain(|key, _| key.topic != *topic);
         inner.publishes.retain(|(t, _), _| t != topic);
+        inner.log_epochs.retain(|tp, _| tp.topic != *topic);
         if inner.removals_pending.remove(topic) != Some(TopicRemoval::LogDeleted) {
             *inner.generations.entry(topic.clone()).or_insert(0) += 1;
         }

@@ -23,8 +23,8 @@ use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode,
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
-use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName};
-use crate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName, TopicPartition};
+use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
 use crate::core::FastMap;
 
 type Db = DBWithThreadMode<MultiThreaded>;
@@ -43,6 +43,8 @@ const CF_DEAD_LETTERS_BY_CLIENT: &str = "dead_letters_by_client";
 const CF_PUBLISHES: &str = "publishes";
 const CF_GAPS: &str = "gaps";
 const CF_REDRIVES: &str = "redrives";
+/// `topic` `#` partition (u32, big-endian) -> log epoch (u32) and the log end it began at (u64).
+const CF_LOG_EPOCHS: &str = "log_epochs";
 /// The value of a redrive mark: a format version, nothing else.
 const REDRIVE_MARK: [u8; 1] = [1];
 
@@ -64,6 +66,8 @@ struct Serialized {
     generations: Generations,
     /// Topics whose removal began (`begin_topic_removal`) and has not finished.
     removals_pending: HashMap<TopicName, TopicRemoval>,
+    /// Every partition's log epoch that is not 0 (`CF_LOG_EPOCHS`, read at open).
+    log_epochs: HashMap<TopicPartition, LogEpoch>,
     /// The offset records this store wrote last, for the compare of the next CAS-max write: a
     /// RocksDB point read per ack was a tenth of the gateway's CPU in a broadcast to 5,000
     /// clients (perf; the memtable holds a version per ack). Exact because every change to the
@@ -131,7 +135,7 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES]
+        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
             .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
         let store = Self { db, sync_writes, write_lock: Mutex::new(Serialized::default()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
@@ -165,9 +169,18 @@ impl RocksOffsetStore {
                 _ => Err(StoreError::Corrupt(format!("unreadable topic generation {:?}", String::from_utf8_lossy(key)))),
             }
         })?;
+        let mut log_epochs = HashMap::new();
+        store.for_each_with_prefix(CF_LOG_EPOCHS, &[], &mut |key, value| match (decode_partition_key(key), decode_log_epoch(value)) {
+            (Some(tp), Some(epoch)) => {
+                log_epochs.insert(tp, epoch);
+                Ok(())
+            }
+            _ => Err(StoreError::Corrupt(format!("unreadable log epoch {:?}", String::from_utf8_lossy(key)))),
+        })?;
         let mut serialized = store.lock_writes();
         serialized.generations = generations;
         serialized.removals_pending = removals_pending;
+        serialized.log_epochs = log_epochs;
         drop(serialized);
         store.index_dead_letters_if_missing()?;
         Ok(store)
@@ -520,9 +533,27 @@ impl OffsetStore for RocksOffsetStore {
         Ok(rows)
     }
 
-    fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+    fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
+        Ok(self.lock_writes().log_epochs.get(tp).copied().unwrap_or_default())
+    }
+
+    fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
         let mut serialized = self.lock_writes();
-        let record = OffsetRecord::lowered(self.get_record(key)?.as_ref(), committed, now);
+        let current = serialized.log_epochs.get(tp).copied().unwrap_or_default();
+        if current.epoch != seen {
+            return Ok(current);
+        }
+        let next = LogEpoch { epoch: seen.saturating_add(1), log_end };
+        let mut value = next.epoch.to_be_bytes().to_vec();
+        value.extend_from_slice(&log_end.to_be_bytes());
+        self.db.put_cf_opt(&self.cf(CF_LOG_EPOCHS)?, partition_key(tp), value, &self.write_opts()).map_err(io_err)?;
+        serialized.log_epochs.insert(tp.clone(), next);
+        Ok(next)
+    }
+
+    fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Result<OffsetRecord, StoreError> {
+        let mut serialized = self.lock_writes();
+        let record = OffsetRecord::lowered(self.get_record(key)?.as_ref(), committed, min_epoch, now);
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_OFFSETS)?, key.encode(), record.encode());
         batch.put_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client(), []);
@@ -559,6 +590,13 @@ impl OffsetStore for RocksOffsetStore {
             publishes += 1;
             Ok(())
         })?;
+        // A topic created again under the name starts its log epochs anew, as its offsets do.
+        let log_epochs_cf = self.cf(CF_LOG_EPOCHS)?;
+        self.for_each_with_prefix(CF_LOG_EPOCHS, &topic_prefix(topic), &mut |key, _| {
+            batch.delete_cf(&log_epochs_cf, key);
+            Ok(())
+        })?;
+        serialized.log_epochs.retain(|tp, _| tp.topic != *topic);
         // After `topic_log_deleted` the generation has started; only the mark goes.
         let started = serialized.removals_pending.get(topic) == Some(&TopicRemoval::LogDeleted);
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!started);
@@ -911,4 +949,25 @@ impl OffsetStore for RocksOffsetStore {
         }
         Ok(())
     }
+}
+
+/// The `CF_LOG_EPOCHS` key of a partition: its topic's prefix (the length-prefixed name), then
+/// the partition.
+fn partition_key(tp: &TopicPartition) -> Vec<u8> {
+    let mut key = topic_prefix(&tp.topic);
+    key.extend_from_slice(&tp.partition.to_be_bytes());
+    key
+}
+
+fn decode_partition_key(key: &[u8]) -> Option<TopicPartition> {
+    let len = usize::from(u16::from_be_bytes(key.get(..2)?.try_into().ok()?));
+    let topic = TopicName::parse(std::str::from_utf8(key.get(2..2 + len)?).ok()?).ok()?;
+    let partition = key.get(2 + len..).filter(|p| p.len() == 4)?;
+    Some(TopicPartition::new(topic, u32::from_be_bytes(partition.try_into().ok()?)))
+}
+
+fn decode_log_epoch(value: &[u8]) -> Option<LogEpoch> {
+    let epoch = u32::from_be_bytes(value.get(..4)?.try_into().ok()?);
+    let log_end = u64::from_be_bytes(value.get(4..12)?.try_into().ok()?);
+    Some(LogEpoch { epoch, log_end })
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ackgate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use ackgate::core::idempotency::{IdempotencyKey, RememberedPublish};
-use ackgate::core::names::{ClientId, OffsetKey, TopicName};
-use ackgate::core::offsets::{OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use ackgate::core::offsets::{LogEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
 use ackgate::store::rocks::RocksOffsetStore;
 
 /// A switch that makes callers wait while it is held; while held, it can let a number of
@@ -227,11 +227,19 @@ impl OffsetStore for ControlledStore {
         self.inner.scan_page(filter, after, limit)
     }
 
-    fn reset(&self, key: &OffsetKey, committed: u64, now: u64) -> Result<OffsetRecord, StoreError> {
+    fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: u64, now: u64) -> Result<OffsetRecord, StoreError> {
         self.resets_waiting.fetch_add(1, Ordering::SeqCst);
         self.resets.wait_while_held();
         self.resets_waiting.fetch_sub(1, Ordering::SeqCst);
-        self.inner.reset(key, committed, now)
+        self.inner.reset(key, committed, min_epoch, now)
+    }
+
+    fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
+        self.inner.log_epoch(tp)
+    }
+
+    fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
+        self.inner.step_log_epoch(tp, seen, log_end)
     }
 
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {

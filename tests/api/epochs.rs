@@ -165,3 +165,36 @@ async fn epochs_never_start_over_when_a_clients_offsets_are_deleted() {
     client.close().await;
     gw.stop().await;
 }
+
+/// Item 2, the operator's side: a client left offset 5 unacknowledged and acked 6 to 9, so its
+/// tracker, kept while it is away, held them as acked above the floor 5; an operator reset it to
+/// 5 (everything from 5 again), the floor its tracker starts at. Were the tracker kept, 6 to 9
+/// would count as acked and only 5 come back. This passed on the code before epochs too (an
+/// admin reset forgets the offline client's state); it guards that, and the reset's epoch fences
+/// the tracker as well. The lost-tail side, which failed before, is in tests/api/kafka.rs
+/// (`acks_made_in_a_lost_log_tail_do_not_count_for_the_events_written_there_next`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracker_of_acks_from_before_a_reset_is_dropped() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.subscribe("t", json!({})).await;
+    let events = client.recv_events(10).await;
+    let all_but_five: Vec<&str> = events.iter().filter(|e| e["offset"] != 5).map(id).collect();
+    assert_eq!(client.ack_confirmed(&all_but_five, "a").await["committed"], json!({"t": {"0": 5}}));
+    client.close().await;
+
+    let row = reset_offset(&gw.base, "t", "c", 5).await;
+    assert_eq!(row["committed"], 5, "{row}");
+
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    let subscribed = client.subscribe("t", json!({})).await;
+    assert_eq!((subscribed["partitions"][0]["from"].as_u64(), subscribed["partitions"][0]["epoch"].as_u64()), (Some(5), Some(1)), "{subscribed}");
+    let again = client.recv_events(5).await;
+    let offsets: Vec<u64> = again.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![5, 6, 7, 8, 9], "the reset delivers everything from 5 again");
+    assert_eq!(client.ack_confirmed(&ids(&again), "b").await["committed"], json!({"t": {"0": 10}}));
+    client.close().await;
+    gw.stop().await;
+}

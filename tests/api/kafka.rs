@@ -319,3 +319,73 @@ async fn a_log_cut_back_under_a_live_session_is_read_again_from_its_new_end() {
     assert_eq!(ack["committed"], json!({"cut": {"0": 16}}));
     gw.stop().await;
 }
+
+/// Issue 39, items 2 and 3: an in-memory ack tracker outlived a lost log tail. The client had
+/// acked 6 to 9 but not 5 (its committed offset stays 5; its tracker, kept while it is away
+/// because 5 is unacknowledged, holds 6 to 9 as acked), and while it was away the log lost
+/// everything from 5 on, found by another client's session. Its offset needed no lowering (5 is
+/// the new end), so nothing changed epoch: when it came back its tracker was kept, and the new
+/// events written at 6 to 9 counted as acked and never reached it. Now the instance that finds a
+/// lost tail records the partition's next log epoch in the store, and a tracker of an older one
+/// is dropped: every new event from 5 on comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_made_in_a_lost_log_tail_do_not_count_for_the_events_written_there_next() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "lost", 1, 0, 10).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.subscribe("lost", json!({})).await;
+    let events = client.recv_events(10).await;
+    let all_but_five: Vec<&str> = events.iter().filter(|e| e["offset"] != 5).map(id).collect();
+    assert_eq!(client.ack_confirmed(&all_but_five, "a").await["committed"], json!({"lost": {"0": 5}}));
+    client.close().await;
+    let mut watcher = consume_and_ack(gw.addr(), "w", "lost", 10).await;
+
+    broker.truncate("lost", 0, 5);
+    watcher.recv_type("reconnect").await;
+    assert_eq!(watcher.close_code().await, 1012);
+
+    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
+    let published = http().post(format!("{}/topics/lost/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    let subscribed = client.subscribe("lost", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 5, "{subscribed}");
+    let events = client.recv_events(12).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, (0..12).map(|i| (5 + i, 100 + i)).collect::<Vec<_>>(), "every new event from 5 on");
+    assert_eq!(client.ack_confirmed(&ids(&events), "b").await["committed"], json!({"lost": {"0": 17}}));
+    gw.stop().await;
+}
+
+/// Issue 39, item 3: a lost tail was remembered nowhere durable. A client acked all ten events and
+/// left; the log lost everything from 4 on, found by another client's session; then the log grew
+/// back past 10 before the client came back. Its offset (10) was no longer above the log end, so
+/// it started at 10 and the six new events written at 4 to 9 were skipped, with no gap. Now the
+/// loss is recorded as the partition's next log epoch, with where the log ended (4), and the
+/// client's offset of the older log epoch is lowered there at its subscribe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_tail_found_while_a_client_was_away_lowers_it_after_the_log_grew_back() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "regrown", 1, 0, 10).await;
+    consume_and_ack(gw.addr(), "away", "regrown", 10).await.close().await;
+    let mut watcher = consume_and_ack(gw.addr(), "w", "regrown", 10).await;
+
+    broker.truncate("regrown", 0, 4);
+    watcher.recv_type("reconnect").await;
+    assert_eq!(watcher.close_code().await, 1012);
+    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
+    let published = http().post(format!("{}/topics/regrown/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+
+    let mut client = TestClient::connect(gw.addr(), "away").await;
+    let subscribed = client.subscribe("regrown", json!({"resume": {"0": 10}})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 4, "lowered to where the log ended, token fenced: {subscribed}");
+    let events = client.recv_events(12).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, (0..12).map(|i| (4 + i, 100 + i)).collect::<Vec<_>>());
+    gw.stop().await;
+}

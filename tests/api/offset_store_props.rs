@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use ackgate::core::names::{ClientId, OffsetKey, TopicName};
-use ackgate::core::offsets::{OffsetStore, OffsetWrite, WriteOutcome};
+use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use ackgate::core::offsets::{LogEpoch, OffsetStore, OffsetWrite, WriteOutcome};
 use ackgate::store::memory::MemoryOffsetStore;
 use ackgate::store::rocks::RocksOffsetStore;
 use proptest::prelude::*;
@@ -166,7 +166,7 @@ fn apply(store: &dyn OffsetStore, change: &Change, now: u64) -> String {
                 .collect();
             format!("{:?}", store.write_offsets(&writes).unwrap())
         }
-        Change::Reset(k, c) => format!("{:?}", store.reset(&key(*k), *c, now).unwrap()),
+        Change::Reset(k, c) => format!("{:?}", store.reset(&key(*k), *c, 0, now).unwrap()),
         Change::Touch(k) => format!("{:?}", store.touch(&[key(*k)], now).unwrap()),
         Change::Remove(k) => format!("{:?}", store.remove(&[key(*k)]).unwrap()),
         Change::RemoveUnchanged(k) => {
@@ -216,7 +216,7 @@ fn a_write_made_before_a_reset_never_lifts_it_back() {
         let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
         for store in [&rocks as &dyn OffsetStore, &memory] {
             assert_eq!(store.write_offset(write(20, 0)).unwrap(), WriteOutcome::Advanced);
-            let reset = store.reset(&key(0), 5, 2).unwrap();
+            let reset = store.reset(&key(0), 5, 0, 2).unwrap();
             assert_eq!((reset.committed, reset.last_acked, reset.epoch), (5, None, 1));
             assert_eq!(store.write_offsets(&[write(21, 0), write(6, 1)]).unwrap(), vec![WriteOutcome::Stale, WriteOutcome::Advanced]);
             assert_eq!(store.read(&key(0)).unwrap().map(|r| (r.committed, r.epoch)), Some((6, 1)));
@@ -225,7 +225,7 @@ fn a_write_made_before_a_reset_never_lifts_it_back() {
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     assert_eq!(rocks.write_offset(write(u64::MAX, 0)).unwrap(), WriteOutcome::Stale, "the epoch is durable");
     assert_eq!(rocks.read(&key(0)).unwrap().map(|r| (r.committed, r.epoch)), Some((6, 1)));
-    let again = rocks.reset(&key(0), 0, 3).unwrap();
+    let again = rocks.reset(&key(0), 0, 0, 3).unwrap();
     assert_eq!((again.committed, again.epoch), (0, 2), "each reset is an epoch of its own");
 }
 
@@ -266,4 +266,35 @@ fn a_refused_topic_deletion_drops_no_queued_write() {
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     assert_eq!(rocks.topic_generation(&topic).unwrap(), 2);
     assert!(rocks.pending_topic_removals().is_empty());
+}
+
+/// A partition's log epoch (issue 39, item 3): stepped once per lost tail however many sessions
+/// or instances report it (each names the epoch it was in), durable across a reopen, and gone
+/// with its topic, in both stores.
+#[test]
+fn a_log_epoch_steps_once_per_loss_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryOffsetStore::new();
+    let tp = |p| TopicPartition::new(TopicName::parse("ab").unwrap(), p);
+    {
+        let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+        for store in [&rocks as &dyn OffsetStore, &memory] {
+            assert_eq!(store.log_epoch(&tp(0)).unwrap(), LogEpoch::default());
+            assert_eq!(store.step_log_epoch(&tp(0), 0, 4).unwrap(), LogEpoch { epoch: 1, log_end: 4 });
+            assert_eq!(store.step_log_epoch(&tp(0), 0, 4).unwrap(), LogEpoch { epoch: 1, log_end: 4 }, "the same loss, reported again");
+            assert_eq!(store.step_log_epoch(&tp(0), 1, 2).unwrap(), LogEpoch { epoch: 2, log_end: 2 }, "a later loss");
+            assert_eq!(store.step_log_epoch(&tp(1), 0, u64::MAX).unwrap(), LogEpoch { epoch: 1, log_end: u64::MAX });
+            assert_eq!(store.log_epoch(&tp(2)).unwrap(), LogEpoch::default(), "partitions apart");
+        }
+    }
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.log_epoch(&tp(0)).unwrap(), LogEpoch { epoch: 2, log_end: 2 });
+    assert_eq!(rocks.log_epoch(&tp(1)).unwrap(), LogEpoch { epoch: 1, log_end: u64::MAX });
+    for store in [&rocks as &dyn OffsetStore, &memory] {
+        store.remove_topic(&tp(0).topic).unwrap();
+        assert_eq!(store.log_epoch(&tp(0)).unwrap(), LogEpoch::default(), "a topic created again starts anew");
+    }
+    drop(rocks);
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.log_epoch(&tp(1)).unwrap(), LogEpoch::default());
 }

@@ -17,6 +17,7 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
+use crate::core::offsets::LogEpoch;
 use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::subscription_plan::StartPoint;
 
@@ -258,15 +259,20 @@ impl Session {
         // A later session of the client that planned this partition meanwhile has its own
         // tracker (and offset epoch): lowering the record under it would fence its acks; it
         // meets the truncation itself and lowers then.
-        let newer = {
+        let (newer, seen) = {
             let mut client = self.client.lock().unwrap();
-            if client.tracker_of_epoch(&tp, epoch).is_some() {
+            let seen = client.tracker_of_epoch(&tp, epoch).map(|t| LogEpoch::of(t.offset_epoch));
+            if seen.is_some() {
                 client.trackers.remove(&tp);
             }
-            client.trackers.get(&tp).is_some_and(|t| t.epoch > epoch)
+            (client.trackers.get(&tp).is_some_and(|t| t.epoch > epoch), seen)
         };
+        // The partition's next log epoch, recorded before the client hears anything: every
+        // client of it that was away, or is served by another instance, learns of the loss at
+        // its next subscribe (issue 39, item 3).
+        let log = self.record_lost_tail(&tp, seen, log_end).await;
         if !newer {
-            self.lower_truncated_offset(&tp, log_end).await;
+            self.lower_truncated_offset(&tp, log_end, log.first_offset_epoch()).await;
         }
         self.send(ServerFrame::Reconnect { after_ms: 0 });
     }
