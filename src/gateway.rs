@@ -286,7 +286,16 @@ impl Gateway {
             config.publish.idempotency_window_secs,
             config.publish.idempotency_max_keys,
         ));
-        let app = AppState { dispatcher, config: Arc::new(config), cluster, connections: Default::default(), exposure, publisher, sse: Default::default(), listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)) };
+        let app = AppState {
+            dispatcher,
+            config: Arc::new(config),
+            cluster,
+            connections: Default::default(),
+            exposure,
+            publisher,
+            sse: Default::default(),
+            listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)),
+        };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
 

@@ -165,7 +165,8 @@ impl Dispatcher {
                 // starts, for every client of it, then this one's offset is lowered into it.
                 let log = self.store.step_log_epoch(&tp, log.epoch, bounds.log_end).map_err(store_frame_error)?;
                 tracing::warn!(%key, committed, log_end = bounds.log_end, log_epoch = log.epoch, "committed offset above the log end: lowered to the log end");
-                let lowered = lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, log.first_offset_epoch(), self.clock.now_ms()).map_err(store_frame_error)?;
+                let lowered =
+                    lower_to_log_end(self.store.as_ref(), &key, bounds.log_end, log.first_offset_epoch(), self.clock.now_ms()).map_err(store_frame_error)?;
                 stored = Some((lowered.committed, lowered.last_acked));
                 offset_epoch = lowered.epoch;
             }

@@ -206,7 +206,8 @@ pub async fn reset(
     let (store, reset_key, now_ms) = (d.store.clone(), key.clone(), d.clock.now_ms());
     // In the partition's current log epoch: a reset made after a lost tail is made in the new log.
     let min_epoch = d.store.log_epoch(&tp)?.first_offset_epoch();
-    let record = d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, offset, min_epoch, now_ms)).await.ok_or_else(|| live(&client_id))??;
+    let record =
+        d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, offset, min_epoch, now_ms)).await.ok_or_else(|| live(&client_id))??;
     tracing::info!(%key, offset, by_time = ?body.time, "offset reset by an operator");
     Ok(Json(row(&key, &record)))
 }

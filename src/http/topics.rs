@@ -349,7 +349,9 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
     if !matches!(deleted, Ok(true)) {
         // An error may come after the log deleted the topic (a timeout): ask the log again.
         match d.backend.partitions(&topic).await {
-            Ok(None) => tracing::warn!(%topic, answer = ?deleted, "the log answered the deletion with an error but no longer has the topic: finishing its removal"),
+            Ok(None) => {
+                tracing::warn!(%topic, answer = ?deleted, "the log answered the deletion with an error but no longer has the topic: finishing its removal")
+            }
             Ok(Some(_)) => {
                 if let Err(e) = d.store.cancel_topic_removal(&topic) {
                     tracing::warn!(%topic, error = %e, "the log kept the topic, but its pending removal could not be cleared (the next start clears it)");

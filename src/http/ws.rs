@@ -8,9 +8,9 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Query, State};
-use axum::Extension;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures_util::{SinkExt, StreamExt};
 
 use super::auth::session_access;

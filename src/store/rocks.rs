@@ -135,8 +135,9 @@ impl RocksOffsetStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
-            .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
+        let cfs =
+            [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
+                .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
         let store = Self { db, sync_writes, write_lock: Mutex::new(Serialized::default()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
         for (cf, count) in [(CF_PUBLISHES, &store.publishes), (CF_REDRIVES, &store.redrives)] {
