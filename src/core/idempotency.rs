@@ -65,7 +65,8 @@ fn body_digest(body: &[u8]) -> BodyDigest {
     digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
 }
 
-/// What a publish under a key answered, until `expires_at` (epoch ms).
+/// What a publish under a key answered, until `expires_at` (epoch ms). No offsets: the publish
+/// was begun and its answer never remembered (`is_pending`); a publish answers at least one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RememberedPublish {
     pub digest: BodyDigest,
@@ -74,6 +75,13 @@ pub struct RememberedPublish {
 }
 
 impl RememberedPublish {
+    /// Remembered before the log's write, replaced by the answer after it: still there when a
+    /// retry comes, the gateway stopped in between, and whether the events were written is not
+    /// known (issue 39, item 9).
+    pub fn is_pending(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
     const VERSION: u8 = 1;
     const HEAD: usize = 1 + 8 + 32;
 
@@ -147,13 +155,13 @@ pub struct IdempotentPublisher {
     last_forced_forget: AtomicU64,
 }
 
-/// Takes a running key out of the set when its request ends, however it ends.
-struct Running<'a> {
-    publisher: &'a IdempotentPublisher,
+/// Takes a running key out of the set when its publish ends, however it ends.
+struct Running {
+    publisher: Arc<IdempotentPublisher>,
     entry: Option<(TopicName, IdempotencyKey)>,
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
             self.publisher.running.lock().unwrap().remove(&entry);
@@ -183,10 +191,14 @@ impl IdempotentPublisher {
     }
 
     /// Publishes `events` (the parsed `body`) unless `key` answered the same body within the
-    /// window; then answers those offsets without writing.
+    /// window; then answers those offsets without writing. The write runs detached from the
+    /// caller: a request given up (a client's timeout drops this future) neither stops it
+    /// halfway nor loses its answer, which a retry then gets. A pending mark is remembered before
+    /// the write, so a retry after the gateway died in between is refused (the outcome is not
+    /// known) instead of writing the events a second time (issue 39, item 9).
     pub async fn publish(
-        &self,
-        backend: &dyn LogBackend,
+        self: &Arc<Self>,
+        backend: Arc<dyn LogBackend>,
         topic: &TopicName,
         key: IdempotencyKey,
         body: &[u8],
@@ -199,7 +211,7 @@ impl IdempotentPublisher {
                 key.as_sent()
             )));
         }
-        let _running = Running { publisher: self, entry: Some(entry) };
+        let running = Running { publisher: self.clone(), entry: Some(entry) };
         let digest = body_digest(body);
         let (store, lookup_topic, lookup_key) = (self.store.clone(), topic.clone(), key.clone());
         let remembered = tokio::task::spawn_blocking(move || store.remembered_publish(&lookup_topic, &lookup_key))
@@ -207,6 +219,12 @@ impl IdempotentPublisher {
             .map_err(|e| StoreError::Io(format!("reading an idempotency key failed: {e}")))??;
         let now = self.clock.now_ms();
         match remembered.filter(|r| r.expires_at > now) {
+            Some(first) if first.is_pending() => {
+                return Err(IdempotentPublishError::Conflict(format!(
+                    "a publish with Idempotency-Key {:?} was cut short (the gateway stopped between writing it and remembering its answer): whether its events were written is unknown; read the topic, then publish under a new key if they are missing",
+                    key.as_sent()
+                )))
+            }
             Some(first) if first.digest == digest => return Ok(PublishOutcome::Replayed(first.offsets)),
             Some(_) => {
                 return Err(IdempotentPublishError::Conflict(format!(
@@ -222,17 +240,37 @@ impl IdempotentPublisher {
                 self.max_keys
             )));
         }
-        let offsets = backend.publish(topic, events).await?;
-        let remembered = RememberedPublish { digest, offsets: offsets.clone(), expires_at: self.clock.now_ms().saturating_add(self.window_ms) };
-        let (store, topic, key) = (self.store.clone(), topic.clone(), key);
-        // Written: a failure to remember is logged, never turned into an error (the publisher
-        // would retry and write the events again).
-        match tokio::task::spawn_blocking(move || store.remember_publish(&topic, &key, &remembered)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "remembering an idempotency key failed: a retry of this publish would write again"),
-            Err(e) => tracing::error!(error = %e, "remembering an idempotency key failed: a retry of this publish would write again"),
-        }
-        Ok(PublishOutcome::Written(offsets))
+        let expires_at = now.saturating_add(self.window_ms);
+        let pending = RememberedPublish { digest, offsets: Vec::new(), expires_at };
+        let (store, marking_topic, marking_key) = (self.store.clone(), topic.clone(), key.clone());
+        tokio::task::spawn_blocking(move || store.remember_publish(&marking_topic, &marking_key, &pending))
+            .await
+            .map_err(|e| StoreError::Io(format!("remembering an idempotency key failed: {e}")))??;
+        let publisher = self.clone();
+        let topic = topic.clone();
+        let written = tokio::spawn(async move {
+            let _running = running;
+            let written = backend.publish(&topic, events).await;
+            // The answer replaces the mark; after an error the mark goes (it is remembered as
+            // expired): nothing was answered, and a retry may write (on the embedded log nothing
+            // was written; on Kafka and RocketMQ part of a batch may have been, as without a key).
+            let answer = match &written {
+                Ok(offsets) => RememberedPublish { digest, offsets: offsets.clone(), expires_at: publisher.clock.now_ms().saturating_add(publisher.window_ms) },
+                Err(_) => RememberedPublish { digest, offsets: Vec::new(), expires_at: 0 },
+            };
+            let store = publisher.store.clone();
+            // A failure to remember is logged, never turned into an error (the publisher would
+            // retry and write the events again); its retry meets the mark instead.
+            match tokio::task::spawn_blocking(move || store.remember_publish(&topic, &key, &answer)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "remembering an idempotent publish's answer failed: a retry will be told its outcome is unknown"),
+                Err(e) => tracing::error!(error = %e, "remembering an idempotent publish's answer failed: a retry will be told its outcome is unknown"),
+            }
+            written
+        })
+        .await
+        .map_err(|e| StoreError::Io(format!("the publish task failed: {e}")))??;
+        Ok(PublishOutcome::Written(written))
     }
 }
 

@@ -99,10 +99,18 @@ impl OffsetWriter {
     /// confirmed-ack round trip). The store serializes writers and CAS-max keeps the result the
     /// same whichever write lands first.
     pub async fn write_durably(&self, writes: Vec<OffsetWrite>, broker_acks: Vec<(TopicPartition, u64)>) -> Result<(), String> {
-        if self.inline_when_idle && !writes.is_empty() && self.queued.load(Ordering::SeqCst) == 0 {
+        let (writes, broker_acks) = if self.inline_when_idle && !writes.is_empty() && self.queued.load(Ordering::SeqCst) == 0 {
             let mut batch = vec![WriteRequest { writes, broker_acks, done: None }];
-            return self.applier.apply(&mut batch);
-        }
+            // Only when the store needs no waiting for it: a stalled store must not freeze this
+            // tokio worker (issue 39, item 10); the thread waits instead.
+            if let Some(result) = self.applier.try_apply_now(&mut batch) {
+                return result;
+            }
+            let WriteRequest { writes, broker_acks, .. } = batch.remove(0);
+            (writes, broker_acks)
+        } else {
+            (writes, broker_acks)
+        };
         let (done, wait) = oneshot::channel();
         self.submit(WriteRequest { writes, broker_acks, done: Some(done) }).await?;
         wait.await.map_err(|_| "offset writer stopped".to_string())?
@@ -122,9 +130,22 @@ impl OffsetWriter {
 impl Applier {
     /// One store batch for every request, then each request's broker ACKs and answer.
     fn apply(&self, batch: &mut Vec<WriteRequest>) -> Result<(), String> {
+        self.apply_with(batch, |writes| Some(self.store.write_offsets(writes))).unwrap_or_else(|| Err("the write was not made".into()))
+    }
+
+    /// `apply` when the store can write without waiting; `None`, and `batch` untouched, otherwise.
+    fn try_apply_now(&self, batch: &mut Vec<WriteRequest>) -> Option<Result<(), String>> {
+        self.apply_with(batch, |writes| self.store.try_write_offsets(writes))
+    }
+
+    fn apply_with(
+        &self,
+        batch: &mut Vec<WriteRequest>,
+        write: impl FnOnce(&[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, super::offsets::StoreError>>,
+    ) -> Option<Result<(), String>> {
         let stats = &self.stats;
         let writes: Vec<OffsetWrite> = batch.iter().flat_map(|r| r.writes.iter().cloned()).collect();
-        let result = if writes.is_empty() { Ok(Vec::new()) } else { self.store.write_offsets(&writes) };
+        let result = if writes.is_empty() { Ok(Vec::new()) } else { write(&writes)? };
         let result = match result {
             Ok(outcomes) => {
                 let count = |kind| outcomes.iter().filter(|o| **o == kind).count() as u64;
@@ -152,7 +173,7 @@ impl Applier {
                 let _ = done.send(result.clone());
             }
         }
-        result
+        Some(result)
     }
 }
 

@@ -205,6 +205,16 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// (the order of `scan`): one page of the admin listing, never a whole scan collected.
     fn scan_page(&self, filter: &OffsetFilter, after: Option<&OffsetKey>, limit: usize) -> Result<Vec<(OffsetKey, OffsetRecord)>, StoreError>;
 
+    /// `write_offsets`, done only when it needs no waiting (another writer holding the store, a
+    /// RocksDB write stall): `None` then, and nothing was written. The offset writer makes a
+    /// confirmed ack's write on the caller's tokio worker this way when nothing is queued, and
+    /// hands it to its own thread otherwise, so a stalled store never freezes a worker (issue 39,
+    /// item 10). A store that cannot tell answers `None` always.
+    fn try_write_offsets(&self, writes: &[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, StoreError>> {
+        let _ = writes;
+        None
+    }
+
     /// Sets `key` to `committed`, backwards allowed (the admin reset route, and an offset found
     /// above the log end), in the record's next epoch, at least `min_epoch`
     /// (`OffsetRecord::lowered`). Serialized with CAS-max writes; a write of an older epoch that

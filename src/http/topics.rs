@@ -105,7 +105,7 @@ pub async fn publish(
     }
     let (offsets, replayed) = match key {
         None => (backend.publish(&topic, events).await?, false),
-        Some(key) => match app.publisher.publish(backend, &topic, key, &bytes, events).await {
+        Some(key) => match app.publisher.publish(app.dispatcher.backend.clone(), &topic, key, &bytes, events).await {
             Ok(PublishOutcome::Written(offsets)) => (offsets, false),
             Ok(PublishOutcome::Replayed(offsets)) => {
                 app.dispatcher.metrics.publish_replays.increment(1);

@@ -407,13 +407,15 @@ fn decode_record(key: &OffsetKey, bytes: &[u8]) -> Result<OffsetRecord, StoreErr
     OffsetRecord::decode(bytes).ok_or_else(|| StoreError::Corrupt(format!("unreadable record for {key}")))
 }
 
-impl OffsetStore for RocksOffsetStore {
-    fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
-        self.get_record(key)
-    }
-
-    fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
-        let mut serialized = self.lock_writes();
+impl RocksOffsetStore {
+    /// CAS-max writes under the write lock (`write_offsets`). `without_waiting`: a RocksDB write
+    /// stall answers `None`, nothing written (`try_write_offsets`).
+    fn write_offsets_locked(
+        &self,
+        mut serialized: std::sync::MutexGuard<'_, Serialized>,
+        writes: &[OffsetWrite],
+        without_waiting: bool,
+    ) -> Result<Option<Vec<WriteOutcome>>, StoreError> {
         let (offsets_cf, by_client_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?);
         // Records as they will be after this batch, so two writes to one key in a batch compare
         // against each other and not only against the stored value.
@@ -449,10 +451,16 @@ impl OffsetStore for RocksOffsetStore {
             outcomes.push(WriteOutcome::Advanced);
         }
         if !batch.is_empty() {
-            if let Err(e) = self.db.write_opt(batch, &self.write_opts()) {
+            let mut opts = self.write_opts();
+            // A stall answers at once (Incomplete, nothing written) instead of waiting it out.
+            opts.set_no_slowdown(without_waiting);
+            if let Err(e) = self.db.write_opt(batch, &opts) {
                 // Whether any of it is stored is unknown now: read these keys again next time.
                 for key in after.keys() {
                     serialized.forget(key);
+                }
+                if without_waiting && e.kind() == rocksdb::ErrorKind::Incomplete {
+                    return Ok(None);
                 }
                 return Err(io_err(e));
             }
@@ -462,7 +470,28 @@ impl OffsetStore for RocksOffsetStore {
                 serialized.remember(key, record);
             }
         }
-        Ok(outcomes)
+        Ok(Some(outcomes))
+    }
+}
+
+impl OffsetStore for RocksOffsetStore {
+    fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
+        self.get_record(key)
+    }
+
+    fn write_offsets(&self, writes: &[OffsetWrite]) -> Result<Vec<WriteOutcome>, StoreError> {
+        // A write allowed to wait is always made (`None` is a stall it was not allowed to wait for).
+        let written = self.write_offsets_locked(self.lock_writes(), writes, false)?;
+        written.ok_or_else(|| StoreError::Io("the write was not made".into()))
+    }
+
+    fn try_write_offsets(&self, writes: &[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, StoreError>> {
+        let serialized = match self.write_lock.try_lock() {
+            Ok(serialized) => serialized,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        self.write_offsets_locked(serialized, writes, true).transpose()
     }
 
     fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {

@@ -26,6 +26,10 @@ impl Gate {
         self.released.notify_all();
     }
 
+    fn is_held(&self) -> bool {
+        self.state.lock().unwrap().0
+    }
+
     fn let_through(&self, callers: usize) {
         self.state.lock().unwrap().1 += callers;
         self.released.notify_all();
@@ -71,6 +75,9 @@ pub struct ControlledStore {
     /// While true, `remove_dead_letters` fails (a disk error after some of a deleted topic's
     /// store was removed).
     dead_letter_removals_failing: AtomicBool,
+    /// While true, remembering an idempotent publish's answer fails (as a gateway that died
+    /// between the log's write and remembering the answer leaves it).
+    answers_failing: AtomicBool,
 }
 
 impl ControlledStore {
@@ -90,7 +97,13 @@ impl ControlledStore {
             resets_waiting: AtomicUsize::new(0),
             topic_removals_failing: AtomicBool::new(false),
             dead_letter_removals_failing: AtomicBool::new(false),
+            answers_failing: AtomicBool::new(false),
         })
+    }
+
+    /// Makes remembering a publish's answer fail (true) or work again (false).
+    pub fn fail_publish_answers(&self, failing: bool) {
+        self.answers_failing.store(failing, Ordering::SeqCst);
     }
 
     /// Makes `remove_dead_letters` fail (true) or work again (false).
@@ -219,6 +232,14 @@ impl OffsetStore for ControlledStore {
         self.inner.write_offsets(writes)
     }
 
+    /// A held write is a stall: the offset writer must not wait for it on a tokio worker.
+    fn try_write_offsets(&self, writes: &[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, StoreError>> {
+        if self.writes.is_held() || self.failing.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.inner.try_write_offsets(writes)
+    }
+
     fn scan_each(&self, filter: &OffsetFilter, visit: &mut dyn FnMut(OffsetKey, OffsetRecord)) -> Result<(), StoreError> {
         self.inner.scan_each(filter, visit)
     }
@@ -340,6 +361,10 @@ impl OffsetStore for ControlledStore {
     }
 
     fn remember_publish(&self, topic: &TopicName, key: &IdempotencyKey, publish: &RememberedPublish) -> Result<(), StoreError> {
+        // An answer (offsets), not a publish's pending mark (none).
+        if self.answers_failing.load(Ordering::SeqCst) && !publish.offsets.is_empty() {
+            return Err(StoreError::Io("injected: the disk failed while remembering a publish's answer".into()));
+        }
         self.inner.remember_publish(topic, key, publish)
     }
 

@@ -311,3 +311,50 @@ async fn after_a_crash_the_pull_cursor_restarts_at_the_committed_offset() {
     drop(client);
     assert!(gw.terminate().success());
 }
+
+/// Issue 39's SIGKILL loop with operator resets and resume tokens in use: a client that always
+/// comes back with the newest token it holds (as the JS client does), an operator who rewinds it
+/// while it is away, and the process killed with acks in flight and again right after each
+/// reset. Every round: a reset stands across the crash (the stored offset is what it set, and the
+/// client's older token does not undo it), delivery starts exactly there, and a committed
+/// offset never moves back except by a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_operator_resets_and_tokens_keeps_every_rewind() {
+    let rounds = std::env::var("ACKGATE_DEV_CRASH_ROUNDS").ok().and_then(|r| r.parse::<u64>().ok()).unwrap_or(CRASH_ROUNDS as u64).min(10);
+    let (_dir, data) = temp_dir();
+    let mut gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "rewound", 1, 0, 400).await;
+    // The newest token the client holds: the offset after the last event it received, and the
+    // epoch `subscribed` named then.
+    let (mut token, mut token_epoch) = (0u64, 0u64);
+    let mut expected_start = 0u64;
+    for round in 0..rounds {
+        let mut client = TestClient::connect(gw.addr, "holder").await;
+        let subscribed = client.subscribe("rewound", json!({"resume": {"0": token}, "epochs": {"0": token_epoch}})).await;
+        let start = subscribed["partitions"][0]["from"].as_u64().unwrap();
+        assert_eq!(start, expected_start, "round {round}: {subscribed}");
+        token_epoch = subscribed["partitions"][0]["epoch"].as_u64().unwrap();
+        let events = client.recv_events(20).await;
+        assert_eq!(events[0]["offset"].as_u64(), Some(start), "round {round}: delivery starts where the plan said");
+        let confirmed = client.ack_confirmed(&ids(&events[..15]), "c").await;
+        let committed = confirmed["committed"]["rewound"]["0"].as_u64().unwrap();
+        assert_eq!(committed, start + 15);
+        // Acks of the last five go out unconfirmed; the process dies with them in flight.
+        client.send(json!({"op": "ack", "delivery_ids": ids(&events[15..])})).await;
+        token = events[19]["offset"].as_u64().unwrap() + 1;
+        gw.kill9();
+        gw = Process::start(&data, &[]);
+        let after_crash = stored_offset(&gw.base, "rewound", "holder", 0).await.unwrap()["committed"].as_u64().unwrap();
+        assert!((committed..=token).contains(&after_crash), "round {round}: {after_crash} not within {committed}..={token}");
+        // The operator rewinds the client while it is away, and the process dies right after.
+        let rewind_to = after_crash.saturating_sub(5 + 7 * round % 13);
+        assert_eq!(put_offset(&gw.base, "rewound", "holder", 0, json!(rewind_to)).await, 200, "round {round}");
+        gw.kill9();
+        gw = Process::start(&data, &[]);
+        let stored = stored_offset(&gw.base, "rewound", "holder", 0).await.unwrap();
+        assert_eq!(stored["committed"].as_u64(), Some(rewind_to), "round {round}: the reset stands across the crash: {stored}");
+        expected_start = rewind_to;
+    }
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}");
+}

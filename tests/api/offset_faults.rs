@@ -14,7 +14,7 @@ use ackgate::core::offsets::{OffsetStore, OffsetWrite};
 use ackgate::core::reader::Readers;
 use ackgate::store::rocks::RocksOffsetStore;
 use ackgate::Gateway;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -41,11 +41,6 @@ async fn until_not_conflict(mut attempt: impl AsyncFnMut() -> u16) -> u16 {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("still 409 after 5 s");
-}
-
-async fn put_offset(base: &str, topic: &str, client: &str, partition: u32, offset: serde_json::Value) -> u16 {
-    let url = format!("{base}/admin/offsets/{topic}/{client}/{partition}");
-    http().put(url).json(&json!({ "offset": offset })).send().await.unwrap().status().as_u16()
 }
 
 /// Client `c` acks all 5 events of topic `t` (one partition) while the store holds every write,
@@ -655,5 +650,85 @@ async fn a_deletion_cut_short_before_its_dead_letters_went_is_finished_by_the_re
     store.fail_dead_letter_removals(false);
     assert_eq!(delete().await, 200, "the retry finishes the removal, not 404");
     assert_eq!(get_json(&listed).await.1["dead_letters"], json!([]), "the deleted topic's dead letter went with it");
+    gw.stop().await;
+}
+
+/// Issue 39, item 10: with `offsets.sync_writes` off, a confirmed ack's offset write ran on the
+/// session's tokio worker whenever the writer thread was idle, so a store that stalled (a RocksDB
+/// write stall; here writes held) froze that worker, and three clients froze both: `/healthz`
+/// went unanswered. Now a write is made on the worker only when the store can make it without
+/// waiting, and handed to the writer thread otherwise. Failed before the fix: no answer in 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_offset_store_freezes_no_tokio_worker() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let gw = start_with(test_config(&data), store.clone()).await;
+    let _let_go = LetGo(store.clone());
+    publish_numbered(&gw.base, "t", 1, 0, 2).await;
+    let mut clients = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut client = TestClient::connect(gw.addr(), name).await;
+        client.subscribe("t", json!({})).await;
+        let events = client.recv_events(2).await;
+        clients.push((client, events));
+    }
+    store.hold_writes();
+    for (client, events) in &mut clients {
+        client.send(json!({"op": "ack", "delivery_ids": ids(events), "req": "confirmed"})).await;
+    }
+    // Asked from a thread of its own, which then lets the writes go: the test's own tasks share
+    // the gateway's two workers (and their timers), which the old code froze.
+    let (addr, releasing) = (gw.addr(), store.clone());
+    let answer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        std::thread::sleep(Duration::from_millis(300));
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+        let mut head = [0u8; 12];
+        let answer = tcp.read_exact(&mut head).map(|()| String::from_utf8_lossy(&head).into_owned());
+        releasing.release_writes();
+        answer
+    });
+    let answer = tokio::task::spawn_blocking(move || answer.join().unwrap()).await.unwrap();
+    assert!(answer.as_ref().is_ok_and(|h| h.ends_with("200")), "/healthz while offset writes stall: {answer:?}");
+    for (client, _) in &mut clients {
+        let ok = client.recv_type("ack_ok").await;
+        assert_eq!(ok["committed"], json!({"t": {"0": 2}}), "{ok}");
+    }
+    gw.stop().await;
+}
+
+/// Issue 39, item 9: an idempotent publish whose answer was never remembered (the gateway died
+/// between the log's write and remembering it; here the store fails that write) was written a
+/// second time by its retry, which found no key. Now a pending mark is remembered before the
+/// write, and the retry that finds it is refused with 409 (the outcome is unknown) instead of
+/// writing again. Failed before the fix: the retry answered 200 and the log held the batch twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_publish_whose_answer_was_lost_does_not_write_again() {
+    let (_dir, data) = temp_dir();
+    let store = ControlledStore::open(&data);
+    let gw = start_with(test_config(&data), store.clone()).await;
+    let body = json!({"events": [{"payload": 1}, {"payload": 2}]});
+    let send = async || {
+        let response = http().post(format!("{}/topics/once/events", gw.base)).header("idempotency-key", "order-7").json(&body).send().await.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap())
+    };
+    store.fail_publish_answers(true);
+    let (status, first) = send().await;
+    assert_eq!(status, 200, "written, though its answer was not remembered: {first}");
+    store.fail_publish_answers(false);
+    let (status, retry) = send().await;
+    assert_eq!((status, retry["error"]["code"].as_str()), (409, Some("conflict")), "{retry}");
+    assert!(retry["error"]["message"].as_str().unwrap().contains("unknown"), "{retry}");
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    let written: u64 = topics["topics"][0]["partitions"].as_array().unwrap().iter().map(|p| p["log_end"].as_u64().unwrap()).sum();
+    assert_eq!(written, 2, "written once: {topics}");
+    // A key whose publish went through answers its retries as before.
+    let again = http().post(format!("{}/topics/once/events", gw.base)).header("idempotency-key", "order-8").json(&body).send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    let replay = http().post(format!("{}/topics/once/events", gw.base)).header("idempotency-key", "order-8").json(&body).send().await.unwrap();
+    assert_eq!(replay.status(), 200);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
     gw.stop().await;
 }

@@ -211,6 +211,12 @@ pub async fn get_json(url: &str) -> (u16, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// `PUT /admin/offsets/{topic}/{client}/{partition}` with `{"offset": offset}`; the status.
+pub async fn put_offset(base: &str, topic: &str, client: &str, partition: u32, offset: Value) -> u16 {
+    let url = format!("{base}/admin/offsets/{topic}/{client}/{partition}");
+    http().put(url).json(&json!({ "offset": offset })).send().await.unwrap().status().as_u16()
+}
+
 /// The stored offset row of one key, if any.
 pub async fn stored_offset(base: &str, topic: &str, client: &str, partition: u32) -> Option<Value> {
     let (status, body) = get_json(&format!("{base}/admin/offsets?topic={topic}&client_id={client}&partition={partition}")).await;
