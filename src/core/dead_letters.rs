@@ -16,6 +16,10 @@ pub struct DeadLetter {
     pub reason: String,
     /// Epoch ms.
     pub at: u64,
+    /// The partition's log epoch the event was read in (`offsets::LogEpoch`): a dead letter of
+    /// an older one names an event of a log that lost its tail since, and is never redriven
+    /// (the new log holds another event at its offset), only kept for the operator.
+    pub log_epoch: u32,
 }
 
 impl DeadLetter {

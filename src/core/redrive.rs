@@ -27,6 +27,8 @@ const PAGE: usize = 64;
 const READ_WAIT: Duration = Duration::from_secs(1);
 /// The reason a mark is dropped with when the log no longer holds its event.
 const GONE_FROM_LOG: &str = "redrive: the log no longer holds this event";
+/// The reason a dead letter of an older log epoch keeps (issue 39, item 6).
+const FROM_A_LOST_TAIL: &str = "redrive: the log lost its tail since this event was read; it now holds another event at this offset";
 
 /// One scan of a client's redrive marks on one topic, for one subscription of a session.
 pub struct RedriveScan {
@@ -63,6 +65,16 @@ async fn scan_marks(d: &Dispatcher, scan: &RedriveScan, window: &Window, control
                 continue;
             }
             let tp = TopicPartition::new(scan.topic.clone(), dead.partition);
+            // Read in a log that lost its tail since: whatever the log holds at its offset now is
+            // another event. It stays a dead letter for the operator, never redriven.
+            let log_epoch = d.store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
+            if dead.log_epoch < log_epoch {
+                tracing::warn!(client_id = %dead.client_id, %tp, offset = dead.offset, dead_letter_log_epoch = dead.log_epoch, log_epoch, "a dead letter from before a lost log tail is not redriven");
+                let again = DeadLetter { reason: FROM_A_LOST_TAIL.to_string(), at: d.clock.now_ms(), ..dead };
+                let store = d.store.clone();
+                blocking(move || store.settle_redrive(&again.id(), Some(&again))).await?;
+                continue;
+            }
             let read = match read_one(d, &tp, dead.offset).await {
                 Ok(read) => read,
                 Err(e) => {

@@ -202,6 +202,7 @@ impl OffsetStore for MemoryOffsetStore {
                 attempts: 0,
                 reason: String::new(),
                 at: 0,
+                log_epoch: 0,
             };
             order(&probe)
         });

@@ -356,28 +356,33 @@ fn decode_dead_letter_index_key(key: &[u8]) -> Option<DeadLetterId> {
     Some(DeadLetterId { key: OffsetKey::decode_by_client(head)?, offset })
 }
 
-/// Value: version 1, attempts (u32), at (u64), then the reason's bytes.
+/// Value: version 2, attempts (u32), at (u64), log epoch (u32), then the reason's bytes. Version
+/// 1 (before log epochs) has no log epoch and reads as log epoch 0.
 fn encode_dead_letter(dead: &DeadLetter) -> Vec<u8> {
-    let mut value = Vec::with_capacity(13 + dead.reason.len());
-    value.push(1u8);
+    let mut value = Vec::with_capacity(17 + dead.reason.len());
+    value.push(2u8);
     value.extend_from_slice(&dead.attempts.to_be_bytes());
     value.extend_from_slice(&dead.at.to_be_bytes());
+    value.extend_from_slice(&dead.log_epoch.to_be_bytes());
     value.extend_from_slice(dead.reason.as_bytes());
     value
 }
 
 fn decode_dead_letter(id: DeadLetterId, value: &[u8]) -> Option<DeadLetter> {
-    if value.len() < 13 || value[0] != 1 {
-        return None;
-    }
+    let (log_epoch, reason) = match value.first()? {
+        1 => (0, value.get(13..)?),
+        2 => (u32::from_be_bytes(value.get(13..17)?.try_into().ok()?), value.get(17..)?),
+        _ => return None,
+    };
     Some(DeadLetter {
         topic: id.key.topic,
         client_id: id.key.client_id,
         partition: id.key.partition,
         offset: id.offset,
-        attempts: u32::from_be_bytes(value[1..5].try_into().ok()?),
-        at: u64::from_be_bytes(value[5..13].try_into().ok()?),
-        reason: String::from_utf8_lossy(&value[13..]).into_owned(),
+        attempts: u32::from_be_bytes(value.get(1..5)?.try_into().ok()?),
+        at: u64::from_be_bytes(value.get(5..13)?.try_into().ok()?),
+        reason: String::from_utf8_lossy(reason).into_owned(),
+        log_epoch,
     })
 }
 

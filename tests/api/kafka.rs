@@ -389,3 +389,43 @@ async fn a_lost_tail_found_while_a_client_was_away_lowers_it_after_the_log_grew_
     assert_eq!(got, (0..12).map(|i| (4 + i, 100 + i)).collect::<Vec<_>>());
     gw.stop().await;
 }
+
+/// Issue 39, item 6: a dead letter of a log that lost its tail since pointed at an offset where
+/// the new log holds another event, and a redrive delivered that other event to its client as
+/// the dead letter. Now a dead letter carries the partition's log epoch it was read in: one of an
+/// older epoch stays listed, with a reason that says why, and is never redriven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_from_before_a_lost_tail_is_never_redriven_into_the_new_log() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(kafka_config(&data, &broker)).await;
+    publish_numbered(&gw.base, "poisoned", 1, 0, 10).await;
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    client.subscribe("poisoned", json!({})).await;
+    let events = client.recv_events(10).await;
+    client.send(json!({"op": "term", "delivery_id": id(&events[7]), "reason": "bad"})).await;
+    let others: Vec<&str> = events.iter().filter(|e| e["offset"] != 7).map(id).collect();
+    client.ack_confirmed(&others, "a").await;
+    client.close().await;
+    let listed = format!("{}/admin/dead-letters?topic=poisoned&client_id=c", gw.base);
+    wait_for("the dead letter is listed", async || get_json(&listed).await.1["dead_letters"].as_array().map(Vec::len) == Some(1)).await;
+    let mut watcher = consume_and_ack(gw.addr(), "w", "poisoned", 10).await;
+
+    broker.truncate("poisoned", 0, 5);
+    watcher.recv_type("reconnect").await;
+    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
+    let published = http().post(format!("{}/topics/poisoned/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+
+    let (status, answer) = post_json(&format!("{}/admin/dead-letters/redrive", gw.base), json!({"topic": "poisoned", "client_id": "c"})).await;
+    assert_eq!(status, 200, "{answer}");
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    assert_eq!(client.subscribe("poisoned", json!({})).await["partitions"][0]["from"], 5);
+    let events = client.recv_events(12).await;
+    assert!(events.iter().all(|e| e.get("redrive").is_none()), "no redrive: {events:?}");
+    client.expect_silence(Duration::from_millis(1500)).await;
+    let (_, dead) = get_json(&listed).await;
+    assert_eq!(dead["dead_letters"].as_array().map(Vec::len), Some(1), "kept for the operator: {dead}");
+    assert!(dead["dead_letters"][0]["reason"].as_str().unwrap().contains("lost its tail"), "{dead}");
+    gw.stop().await;
+}

@@ -16,7 +16,7 @@ use crate::core::dead_letters::DeadLetter;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_writer::WriteRequest;
-use crate::core::offsets::{OffsetWrite, StoreError};
+use crate::core::offsets::{LogEpoch, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
 
@@ -314,6 +314,9 @@ impl Session {
             true => self.redrives.as_ref().and_then(|r| r.prior_attempts(&event)).unwrap_or(0),
             false => 0,
         };
+        // The log epoch its subscription read it in (its tracker's).
+        let tp = TopicPartition::new(topic.clone(), event.partition);
+        let log_epoch = self.client.lock().unwrap().trackers.get(&tp).map_or(0, |t| LogEpoch::of(t.offset_epoch));
         let dead = DeadLetter {
             topic: topic.clone(),
             client_id: self.info.client_id.clone(),
@@ -322,6 +325,7 @@ impl Session {
             attempts: prior.saturating_add(attempts),
             reason,
             at: now_ms,
+            log_epoch,
         };
         // On the blocking pool: with `offsets.sync_writes` the write fsyncs.
         let (store, record) = (self.d.store.clone(), dead.clone());
