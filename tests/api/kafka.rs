@@ -281,6 +281,14 @@ async fn partitions_added_at_the_broker_reach_live_subscriptions() {
     gw.stop().await;
 }
 
+/// Twelve events on partition 0 of `topic`, payloads `{"n": 100}` to `{"n": 111}`: what the log
+/// writes at the offsets its lost tail freed.
+async fn publish_twelve_after_a_cut(base: &str, topic: &str) {
+    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
+    let published = http().post(format!("{base}/topics/{topic}/events")).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(published.status(), 200);
+}
+
 /// Issue 22 item 4, on Kafka: the log at the broker loses its tail under a live session (a
 /// failover to a replica behind, a topic recreated outside ackgate; here tansu's store is cut
 /// back from 10 events to 4). The session is closed with `reconnect` and 1012, the client's
@@ -298,17 +306,17 @@ async fn a_log_cut_back_under_a_live_session_is_read_again_from_its_new_end() {
     let mut client = consume_and_ack(gw.addr(), "c", "cut", 10).await;
     assert_eq!(stored_offset(&gw.base, "cut", "c", 0).await.unwrap()["committed"], 10);
 
+    let truncations = metric(&gw.base, "ackgate_log_truncations_total").await;
     broker.truncate("cut", 0, 4);
     let reconnect = client.recv_type("reconnect").await;
     assert_eq!(reconnect["after_ms"], 0, "{reconnect}");
     assert_eq!(client.close_code().await, 1012);
     wait_for("the committed offset lowered to the new end", async || stored_offset(&gw.base, "cut", "c", 0).await.is_some_and(|row| row["committed"] == 4))
         .await;
-    assert_eq!(metric(&gw.base, "ackgate_log_truncations_total").await, 1.0);
+    // Grown, not equal to 1: the metric is the process's, and other tests here cut logs too.
+    assert!(metric(&gw.base, "ackgate_log_truncations_total").await > truncations);
 
-    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
-    let published = http().post(format!("{}/topics/cut/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
-    assert_eq!(published.status(), 200);
+    publish_twelve_after_a_cut(&gw.base, "cut").await;
     let mut client = TestClient::connect(gw.addr(), "c").await;
     let subscribed = client.subscribe("cut", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 4, "{subscribed}");
@@ -346,9 +354,7 @@ async fn acks_made_in_a_lost_log_tail_do_not_count_for_the_events_written_there_
     watcher.recv_type("reconnect").await;
     assert_eq!(watcher.close_code().await, 1012);
 
-    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
-    let published = http().post(format!("{}/topics/lost/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
-    assert_eq!(published.status(), 200);
+    publish_twelve_after_a_cut(&gw.base, "lost").await;
     let mut client = TestClient::connect(gw.addr(), "c").await;
     let subscribed = client.subscribe("lost", json!({})).await;
     assert_eq!(subscribed["partitions"][0]["from"], 5, "{subscribed}");
@@ -377,9 +383,7 @@ async fn a_lost_tail_found_while_a_client_was_away_lowers_it_after_the_log_grew_
     broker.truncate("regrown", 0, 4);
     watcher.recv_type("reconnect").await;
     assert_eq!(watcher.close_code().await, 1012);
-    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
-    let published = http().post(format!("{}/topics/regrown/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
-    assert_eq!(published.status(), 200);
+    publish_twelve_after_a_cut(&gw.base, "regrown").await;
 
     let mut client = TestClient::connect(gw.addr(), "away").await;
     let subscribed = client.subscribe("regrown", json!({"resume": {"0": 10}})).await;
@@ -413,9 +417,7 @@ async fn a_dead_letter_from_before_a_lost_tail_is_never_redriven_into_the_new_lo
 
     broker.truncate("poisoned", 0, 5);
     watcher.recv_type("reconnect").await;
-    let events: Vec<Value> = (100..112).map(|n| json!({"partition": 0, "payload": {"n": n}})).collect();
-    let published = http().post(format!("{}/topics/poisoned/events", gw.base)).json(&json!({"events": events})).send().await.unwrap();
-    assert_eq!(published.status(), 200);
+    publish_twelve_after_a_cut(&gw.base, "poisoned").await;
 
     let (status, answer) = post_json(&format!("{}/admin/dead-letters/redrive", gw.base), json!({"topic": "poisoned", "client_id": "c"})).await;
     assert_eq!(status, 200, "{answer}");

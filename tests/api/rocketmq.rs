@@ -657,6 +657,7 @@ async fn a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end(m
 
     let outside = Broker::new(namesrv.clone(), Duration::from_secs(5));
     let addr = broker.broker_addr().await;
+    let truncations = metric(&gw.base, "ackgate_log_truncations_total").await;
     outside.delete_topic(&addr, "recreated").await.unwrap();
     outside.create_topic(&addr, "recreated", 1, false).await.unwrap();
 
@@ -667,7 +668,8 @@ async fn a_queue_recreated_under_a_live_session_is_read_again_from_its_new_end(m
         stored_offset(&gw.base, "recreated", "c", 0).await.is_some_and(|row| row["committed"] == 0)
     })
     .await;
-    assert_eq!(metric(&gw.base, "ackgate_log_truncations_total").await, 1.0);
+    // Grown, not equal to 1: the metric is the process's, and other tests here cut logs too.
+    assert!(metric(&gw.base, "ackgate_log_truncations_total").await > truncations);
 
     for n in 100..112 {
         send_directly(&broker, "recreated", n).await;
