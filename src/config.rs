@@ -489,11 +489,16 @@ pub struct PublishConfig {
     pub idempotency_window_secs: u64,
     /// Keys remembered at most (in the offsets RocksDB); a new key beyond it is refused with 429.
     pub idempotency_max_keys: usize,
+    /// Keys one JWT publisher (one `sub`) may have remembered at once, counted by this instance
+    /// since it started; a new key beyond it is refused with 429, so that no publisher can use up
+    /// idempotency_max_keys for the others. Keys of the admin token and of anonymous publishers
+    /// count against idempotency_max_keys only.
+    pub idempotency_max_keys_per_publisher: usize,
 }
 
 impl Default for PublishConfig {
     fn default() -> Self {
-        Self { idempotency_window_secs: 300, idempotency_max_keys: 1_000_000 }
+        Self { idempotency_window_secs: 300, idempotency_max_keys: 1_000_000, idempotency_max_keys_per_publisher: 100_000 }
     }
 }
 
@@ -599,6 +604,7 @@ impl Config {
             ("server.sse_keepalive_ms", self.server.sse_keepalive_ms),
             ("publish.idempotency_window_secs", self.publish.idempotency_window_secs),
             ("publish.idempotency_max_keys", self.publish.idempotency_max_keys as u64),
+            ("publish.idempotency_max_keys_per_publisher", self.publish.idempotency_max_keys_per_publisher as u64),
         ]
     }
 

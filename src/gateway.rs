@@ -285,6 +285,7 @@ impl Gateway {
             dispatcher.clock.clone(),
             config.publish.idempotency_window_secs,
             config.publish.idempotency_max_keys,
+            config.publish.idempotency_max_keys_per_publisher,
         ));
         let app = AppState {
             dispatcher,

@@ -7,7 +7,7 @@
 //! The body digest is SHA-256 (`ring`, already in the graph through rustls): it is stored, so it
 //! must not change between versions of ackgate the way an in-process hasher may.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -153,6 +153,10 @@ pub struct IdempotentPublisher {
     running: Mutex<HashSet<(TopicName, IdempotencyKey)>>,
     /// When the key limit last made a publish forget expired keys (epoch ms).
     last_forced_forget: AtomicU64,
+    max_keys_per_publisher: usize,
+    /// The expiry of every key each JWT publisher (by `sub`) had remembered since this instance
+    /// started, oldest first; expired ones are dropped as it is asked (its own publishes).
+    held: Mutex<HashMap<String, VecDeque<u64>>>,
 }
 
 /// Takes a running key out of the set when its publish ends, however it ends.
@@ -170,8 +174,37 @@ impl Drop for Running {
 }
 
 impl IdempotentPublisher {
-    pub fn new(store: Arc<dyn OffsetStore>, clock: Arc<dyn Clock>, window_secs: u64, max_keys: usize) -> Self {
-        Self { store, clock, window_ms: window_secs.saturating_mul(1000), max_keys, running: Mutex::new(HashSet::new()), last_forced_forget: AtomicU64::new(0) }
+    pub fn new(store: Arc<dyn OffsetStore>, clock: Arc<dyn Clock>, window_secs: u64, max_keys: usize, max_keys_per_publisher: usize) -> Self {
+        Self {
+            store,
+            clock,
+            window_ms: window_secs.saturating_mul(1000),
+            max_keys,
+            running: Mutex::new(HashSet::new()),
+            last_forced_forget: AtomicU64::new(0),
+            max_keys_per_publisher,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one more key for JWT publisher `sub` until `expires_at`, when it holds fewer than
+    /// `publish.idempotency_max_keys_per_publisher` at `now` (issue 40, item 8: no publisher
+    /// can use up the keys of all).
+    fn take_publisher_key(&self, sub: &str, now: u64, expires_at: u64) -> bool {
+        let mut held = self.held.lock().unwrap();
+        let keys = held.entry(sub.to_string()).or_default();
+        while keys.front().is_some_and(|at| *at <= now) {
+            keys.pop_front();
+        }
+        if keys.len() >= self.max_keys_per_publisher {
+            return false;
+        }
+        keys.push_back(expires_at);
+        // Publishers whose keys all expired are forgotten on the way.
+        if held.len() > 1024 {
+            held.retain(|_, keys| keys.back().is_some_and(|at| *at > now));
+        }
+        true
     }
 
     /// At the key limit: forgets expired keys now instead of at the next sweep (at most once a
@@ -200,6 +233,7 @@ impl IdempotentPublisher {
         self: &Arc<Self>,
         backend: Arc<dyn LogBackend>,
         topic: &TopicName,
+        publisher: Option<&str>,
         key: IdempotencyKey,
         body: &[u8],
         events: Vec<NewEvent>,
@@ -241,6 +275,12 @@ impl IdempotentPublisher {
             )));
         }
         let expires_at = now.saturating_add(self.window_ms);
+        if let Some(sub) = publisher.filter(|sub| !self.take_publisher_key(sub, now, expires_at)) {
+            return Err(IdempotentPublishError::TooManyKeys(format!(
+                "publisher {sub:?} holds {} idempotency keys (publish.idempotency_max_keys_per_publisher); retry after some expire, or publish without the header",
+                self.max_keys_per_publisher
+            )));
+        }
         let pending = RememberedPublish { digest, offsets: Vec::new(), expires_at };
         let (store, marking_topic, marking_key) = (self.store.clone(), topic.clone(), key.clone());
         tokio::task::spawn_blocking(move || store.remember_publish(&marking_topic, &marking_key, &pending))

@@ -105,17 +105,19 @@ pub async fn publish(
     }
     let (offsets, replayed) = match key {
         None => (backend.publish(&topic, events).await?, false),
-        Some(key) => match app.publisher.publish(app.dispatcher.backend.clone(), &topic, key, &bytes, events).await {
-            Ok(PublishOutcome::Written(offsets)) => (offsets, false),
-            Ok(PublishOutcome::Replayed(offsets)) => {
-                app.dispatcher.metrics.publish_replays.increment(1);
-                (offsets, true)
+        Some(key) => {
+            match app.publisher.publish(app.dispatcher.backend.clone(), &topic, publisher.as_ref().map(|p| p.0 .0.as_str()), key, &bytes, events).await {
+                Ok(PublishOutcome::Written(offsets)) => (offsets, false),
+                Ok(PublishOutcome::Replayed(offsets)) => {
+                    app.dispatcher.metrics.publish_replays.increment(1);
+                    (offsets, true)
+                }
+                Err(IdempotentPublishError::Conflict(m)) => return Err(ApiError::conflict(m)),
+                Err(IdempotentPublishError::TooManyKeys(m)) => return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m)),
+                Err(IdempotentPublishError::Backend(e)) => return Err(e.into()),
+                Err(IdempotentPublishError::Store(e)) => return Err(e.into()),
             }
-            Err(IdempotentPublishError::Conflict(m)) => return Err(ApiError::conflict(m)),
-            Err(IdempotentPublishError::TooManyKeys(m)) => return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m)),
-            Err(IdempotentPublishError::Backend(e)) => return Err(e.into()),
-            Err(IdempotentPublishError::Store(e)) => return Err(e.into()),
-        },
+        }
     };
     let offsets: Vec<Value> = offsets.into_iter().map(|(partition, offset)| json!({"partition": partition, "offset": offset})).collect();
     let mut response = Json(json!({ "offsets": offsets })).into_response();

@@ -230,6 +230,36 @@ async fn idempotency_keys_belong_to_their_publisher() {
     gw.stop().await;
 }
 
+/// Review of issue 40, item 8: `publish.idempotency_max_keys` was one pool for every publisher,
+/// so one JWT publisher could take every key and leave the others 429 for the whole window.
+/// Now each JWT publisher may hold `publish.idempotency_max_keys_per_publisher` keys at once (a
+/// retry of one it holds still answers). Failed before the fix: mallory's fourth key was taken
+/// and alice's first was refused.
+#[tokio::test]
+async fn one_publisher_cannot_use_up_the_idempotency_keys_of_all() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.admin_token = "admin".into();
+    config.publish.idempotency_max_keys = 4;
+    config.publish.idempotency_max_keys_per_publisher = 3;
+    let gw = InProcess::start(config).await;
+    let created = http().post(format!("{}/topics", gw.base)).bearer_auth("admin").json(&json!({"name": "orders", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish = async |bearer: &str, key: &str| -> u16 {
+        let url = format!("{}/topics/orders/events", gw.base);
+        http().post(url).bearer_auth(bearer).header("Idempotency-Key", key).json(&json!({"payload": key})).send().await.unwrap().status().as_u16()
+    };
+    let (alice, mallory) = (token(json!({"sub": "alice", "publish": ["orders"]})), token(json!({"sub": "mallory", "publish": ["orders"]})));
+    for n in 0..3 {
+        assert_eq!(publish(&mallory, &format!("k{n}")).await, 200);
+    }
+    assert_eq!(publish(&mallory, "k3").await, 429, "mallory holds her share");
+    assert_eq!(publish(&mallory, "k1").await, 200, "a retry of a key she holds still answers");
+    assert_eq!(publish(&alice, "k0").await, 200, "alice's keys are not mallory's to use up");
+    gw.stop().await;
+}
+
 /// Issue 40, item 4: a JWT `publish` claim created topics on the embedded log (a publish to a
 /// missing topic created it), though creating topics needs the admin token. Now such a publish is
 /// 404 `unknown_topic` (`embedded.auto_create_topics = "auto"`), the admin token's still creates,
