@@ -84,12 +84,24 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
         }
         let TopicScan { smallest, above_log_end } = scan;
         let count = above_log_end.len();
+        // A confirmed lost tail (a power loss with the log unsynced): the partition's next log
+        // epoch, once, before its offsets are lowered into it; every other record of the
+        // partition moves into it at its client's next subscribe, fencing tokens from before.
+        let mut log_epochs = std::collections::HashMap::new();
         for (i, (key, committed, log_end)) in above_log_end.into_iter().enumerate() {
             // Each key is named, up to a point: a log that lost its tail can strand millions.
             if i < LOGGED_PER_TOPIC {
                 tracing::warn!(%key, committed, log_end, "committed offset above the log end: lowered to the log end");
             }
-            lower_to_log_end(store, &key, log_end, 0, now_ms).map_err(|e| e.to_string())?;
+            let log = match log_epochs.entry(key.partition) {
+                std::collections::hash_map::Entry::Occupied(known) => *known.get(),
+                std::collections::hash_map::Entry::Vacant(first) => {
+                    let tp = TopicPartition::new(topic.clone(), key.partition);
+                    let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
+                    *first.insert(store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?)
+                }
+            };
+            lower_to_log_end(store, &key, log_end, log.first_offset_epoch(), now_ms).map_err(|e| e.to_string())?;
             report.lowered += 1;
         }
         if count > LOGGED_PER_TOPIC {

@@ -732,3 +732,38 @@ async fn a_retry_after_a_publish_whose_answer_was_lost_does_not_write_again() {
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     gw.stop().await;
 }
+
+/// Issue 39, items 1 and 3, at boot: the log lost its tail in a power loss (both stores unsynced),
+/// found at start by an offset above the log end. Another client's stored offset (8) was below
+/// the new end, but its resume token (12) was not: it had read events that are gone. Before, its
+/// token was trusted once the log had grown back past it, and the events written at 10 and 11
+/// since were skipped without a gap. Now the boot alignment starts the partition's next log
+/// epoch, the client's record moves into it at its subscribe, and its older token is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_tail_found_at_boot_fences_tokens_from_before_it() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "t", 1, 0, 10).await;
+    gw.stop().await;
+    {
+        let store = RocksOffsetStore::open(&data, false).unwrap();
+        let write = |client: &str, committed: u64| OffsetWrite {
+            key: key("t", client, 0),
+            committed,
+            last_acked: Some(committed - 1),
+            updated_at: SystemClock.now_ms(),
+            generation: 0,
+            epoch: 0,
+        };
+        store.write_offsets(&[write("c", 1000), write("d", 8)]).unwrap();
+    }
+    let gw = InProcess::start(test_config(&data)).await;
+    assert_eq!(stored_offset(&gw.base, "t", "c", 0).await.unwrap()["committed"], 10);
+    publish_numbered(&gw.base, "t", 1, 0, 5).await;
+    let mut client = TestClient::connect(gw.addr(), "d").await;
+    let subscribed = client.subscribe("t", json!({"resume": {"0": 12}, "epochs": {"0": 0}})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 8, "the token from before the loss is fenced: {subscribed}");
+    let offsets: Vec<u64> = client.recv_events(7).await.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, (8..15).collect::<Vec<_>>());
+    gw.stop().await;
+}
