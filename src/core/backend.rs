@@ -156,8 +156,16 @@ pub trait LogBackend: Send + Sync + 'static {
     /// Deletes a topic and its events; `Ok(false)` when there was none.
     async fn delete_topic(&self, topic: &TopicName) -> Result<bool, BackendError>;
 
-    /// Appends events; answers `(partition, offset)` per event in the order given.
+    /// Appends events; answers `(partition, offset)` per event in the order given. The embedded
+    /// log creates a missing topic (`embedded.auto_create_topics`); Kafka and RocketMQ never do.
     async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError>;
+
+    /// `publish`, but a missing topic is `UnknownTopic` on every backend. For a publisher that
+    /// may not create topics: its own existence check could race a `DELETE /topics`, after
+    /// which `publish` would create the topic anew (issue 40, review finding 4).
+    async fn publish_existing(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+        self.publish(topic, events).await
+    }
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError>;
 

@@ -223,7 +223,7 @@ impl IdempotentPublisher {
         self.store.remembered_publishes() < self.max_keys
     }
 
-    /// Publishes `events` (the parsed `body`) unless `key` answered the same body within the
+    /// Publishes `events` (the parsed `body`; a missing topic is created only when `may_create`) unless `key` answered the same body within the
     /// window; then answers those offsets without writing. The write runs detached from the
     /// caller: a request given up (a client's timeout drops this future) neither stops it
     /// halfway nor loses its answer, which a retry then gets. A pending mark is remembered before
@@ -237,6 +237,7 @@ impl IdempotentPublisher {
         key: IdempotencyKey,
         body: &[u8],
         events: Vec<NewEvent>,
+        may_create: bool,
     ) -> Result<PublishOutcome, IdempotentPublishError> {
         let entry = (topic.clone(), key.clone());
         if !self.running.lock().unwrap().insert(entry.clone()) {
@@ -290,7 +291,7 @@ impl IdempotentPublisher {
         let topic = topic.clone();
         let written = tokio::spawn(async move {
             let _running = running;
-            let written = backend.publish(&topic, events).await;
+            let written = if may_create { backend.publish(&topic, events).await } else { backend.publish_existing(&topic, events).await };
             // The answer replaces the mark; after an error the mark goes (it is remembered as
             // expired): nothing was answered, and a retry may write (on the embedded log nothing
             // was written; on Kafka and RocketMQ part of a batch may have been, as without a key).

@@ -1,5 +1,6 @@
-//! Request ids and one log line per HTTP request (a refused or failed one: at most one line a
-//! second per status and route, with how many were left out).
+//! Request ids and one log line per HTTP request: at info for an operator's change, at debug for
+//! any other success, and for a refused or failed one at most one line a second per status and
+//! route, with how many were left out.
 //!
 //! Every request runs inside a `http` span carrying its `request_id` (the caller's
 //! `x-request-id` when it sends a sane one, else a new one), so any log line a handler writes can
@@ -21,9 +22,16 @@ const REQUEST_ID: &str = "x-request-id";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Probes, scrapes and an SSE session's frames are logged at debug: at info they would drown
-/// everything else (a WebSocket's frames are not logged one by one either).
-const QUIET_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/sse/{session_id}/frames"];
+/// Whether a request that succeeded is worth a line at info: an operator's change (a reset, a
+/// removal, a redrive, a drain, a topic created or deleted) is the audit trail of what was done
+/// to the data. Everything else that succeeded (reads, probes, scrapes, publishes, sessions
+/// opening, an SSE session's frames) is logged at debug: anyone can make those at any rate, and
+/// one line each would drown the lines that matter (a WebSocket's frames are not logged either).
+fn is_operator_change(method: &axum::http::Method, route: Option<&str>) -> bool {
+    let Some(route) = route else { return false };
+    let changes = !matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS);
+    changes && (route.starts_with("/admin/") || route == "/topics" || route == "/topics/{topic}")
+}
 
 /// The lines of refused and failed requests, per status and route (`None`: no route matched).
 fn refused_lines() -> &'static ThrottledByKind<(u16, Option<String>)> {
@@ -51,10 +59,10 @@ pub async fn log_request(request: Request, next: Next) -> Response {
     let status = response.status().as_u16();
     let elapsed_us = started.elapsed().as_micros() as u64;
     let _entered = span.enter();
-    if route.as_deref().is_some_and(|r| QUIET_ROUTES.contains(&r)) && status < 400 {
-        tracing::debug!(%method, path, status, elapsed_us, "http request");
-    } else if status < 400 {
+    if status < 400 && is_operator_change(&method, route.as_deref()) {
         tracing::info!(%method, path, status, elapsed_us, "http request");
+    } else if status < 400 {
+        tracing::debug!(%method, path, status, elapsed_us, "http request");
     } else if let Some(suppressed) = refused_lines().allow((status, route)) {
         // Anyone can make these: once a second per status and route, with the count left out.
         if status >= 500 {

@@ -99,14 +99,22 @@ pub async fn publish(
         .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
     let events = parse_publish_body(&bytes, limits.max_batch_events)?;
     let backend = app.dispatcher.backend.as_ref();
-    if must_exist_before_publish(&app.config, publisher.is_some()) && backend.partitions(&topic).await?.is_none() {
+    let may_create = !must_exist_before_publish(&app.config, publisher.is_some());
+    if !may_create && backend.partitions(&topic).await?.is_none() {
         let message = format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)");
         return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, message));
     }
     let (offsets, replayed) = match key {
-        None => (backend.publish(&topic, events).await?, false),
+        None if may_create => (backend.publish(&topic, events).await?, false),
+        // Checked again by the log itself: a DELETE between the check above and the write must
+        // not let this publisher create the topic anew.
+        None => (backend.publish_existing(&topic, events).await?, false),
         Some(key) => {
-            match app.publisher.publish(app.dispatcher.backend.clone(), &topic, publisher.as_ref().map(|p| p.0 .0.as_str()), key, &bytes, events).await {
+            match app
+                .publisher
+                .publish(app.dispatcher.backend.clone(), &topic, publisher.as_ref().map(|p| p.0 .0.as_str()), key, &bytes, events, may_create)
+                .await
+            {
                 Ok(PublishOutcome::Written(offsets)) => (offsets, false),
                 Ok(PublishOutcome::Replayed(offsets)) => {
                     app.dispatcher.metrics.publish_replays.increment(1);

@@ -730,3 +730,26 @@ async fn refused_requests_are_logged_once_a_second_with_the_count_left_out() {
     let origin_lines = logs.iter().filter(|l| l.contains("refused by the Origin")).count();
     assert!((1..=10).contains(&origin_lines), "{origin_lines} lines for 200 refusals by the Origin check");
 }
+
+/// Issue 40, item 10: every successful request wrote a line at info, so a publisher or a page
+/// polling `GET /topics` filled the log at its own rate. Now a success is logged at info only
+/// when it is an operator's change (the audit trail: resets, removals, redrives, drains, topics
+/// created or deleted); reads and publishes go to debug. Failed before the fix: 41 lines at info
+/// (the 20 publishes, the 20 reads and the reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successful_reads_and_publishes_are_logged_at_debug_and_operator_changes_at_info() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    let client = http();
+    for n in 0..20 {
+        let published = client.post(format!("{}/topics/quiet/events", gw.base)).json(&json!({"payload": {"n": n}})).send().await.unwrap();
+        assert_eq!(published.status(), 200);
+        assert_eq!(client.get(format!("{}/topics", gw.base)).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(put_offset(&gw.base, "quiet", "auditor", 0, json!(3)).await, 200);
+    gw.wait_for_log("/admin/offsets/quiet/auditor/0").await;
+    let logs = gw.logs.lock().unwrap().clone();
+    let success_lines: Vec<&String> = logs.iter().filter(|l| l.contains("http request") && l.contains("status=200")).collect();
+    assert_eq!(success_lines.len(), 1, "only the operator's reset is logged: {success_lines:?}");
+    assert!(success_lines[0].contains("PUT"), "{}", success_lines[0]);
+}

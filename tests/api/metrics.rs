@@ -118,9 +118,12 @@ async fn metrics_move_with_a_real_exchange() {
     assert_eq!(response.headers()["x-request-id"], "trace-42");
     let response = http().get(format!("{}/topics", gw.base)).send().await.unwrap();
     assert!(!response.headers()["x-request-id"].is_empty());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let logs = gw.logs.lock().unwrap().join("\n");
-    assert!(logs.contains("request_id"), "HTTP log lines carry the request id");
+    // An operator's change is logged at info, with the request id.
+    let response =
+        http().put(format!("{}/admin/offsets/m/audited/0", gw.base)).header("x-request-id", "trace-43").json(&json!({"offset": 0})).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let line = gw.wait_for_log("trace-43").await;
+    assert!(line.contains("request_id"), "HTTP log lines carry the request id: {line}");
 
     // A deleted topic's pull lag series leaves the output (gauges not set for 5 s are dropped).
     again.close().await;

@@ -279,13 +279,16 @@ impl LogState {
 
     /// Appends `events` as one atomic batch (under the append lock, with an fsync when
     /// `sync_writes`); answers `(partition, offset)` per event.
-    fn append(&self, topic: &TopicName, events: Vec<NewEvent>, now: u64) -> Result<Vec<(u32, u64)>, BackendError> {
+    fn append(&self, topic: &TopicName, events: Vec<NewEvent>, now: u64, missing: MissingTopic) -> Result<Vec<(u32, u64)>, BackendError> {
         let _guard = self.append_lock.lock().unwrap();
         let count = match self.topics.read().unwrap().get(topic) {
             Some(ps) => ps.len() as u32,
             None => 0,
         };
         let count = if count == 0 {
+            if missing == MissingTopic::Refuse {
+                return Err(BackendError::UnknownTopic(topic.to_string()));
+            }
             if topic.lite().is_some() {
                 // Not auto-created: a lite topic (`parent@lite`) is RocketMQ's, unknown here.
                 return Err(BackendError::UnknownTopic(format!("{topic} (lite topics exist only on RocketMQ)")));
@@ -419,6 +422,27 @@ fn end_marker_key(topic: &TopicName, partition: u32) -> Vec<u8> {
     partition_prefix(topic, partition)
 }
 
+/// What an append does when its topic does not exist.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MissingTopic {
+    /// Creates it with `embedded.default_partitions` (auto-create on publish).
+    Create,
+    /// Answers `UnknownTopic`: checked under the append lock, so no deletion slips in between.
+    Refuse,
+}
+
+impl EmbeddedLog {
+    async fn append_now(&self, topic: &TopicName, events: Vec<NewEvent>, missing: MissingTopic) -> Result<Vec<(u32, u64)>, BackendError> {
+        let now = self.clock.now_ms();
+        if !self.settings.sync_writes {
+            // No fsync: a write to the memtable and the WAL's page cache, microseconds.
+            return self.append(topic, events, now, missing);
+        }
+        let (state, topic) = (self.state.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || state.append(&topic, events, now, missing)).await.map_err(io_err)?
+    }
+}
+
 #[async_trait]
 impl LogBackend for EmbeddedLog {
     async fn topics(&self) -> Result<Vec<(TopicName, u32)>, BackendError> {
@@ -462,13 +486,11 @@ impl LogBackend for EmbeddedLog {
     }
 
     async fn publish(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
-        let now = self.clock.now_ms();
-        if !self.settings.sync_writes {
-            // No fsync: a write to the memtable and the WAL's page cache, microseconds.
-            return self.append(topic, events, now);
-        }
-        let (state, topic) = (self.state.clone(), topic.clone());
-        tokio::task::spawn_blocking(move || state.append(&topic, events, now)).await.map_err(io_err)?
+        self.append_now(topic, events, MissingTopic::Create).await
+    }
+
+    async fn publish_existing(&self, topic: &TopicName, events: Vec<NewEvent>) -> Result<Vec<(u32, u64)>, BackendError> {
+        self.append_now(topic, events, MissingTopic::Refuse).await
     }
 
     async fn log_bounds(&self, tp: &TopicPartition) -> Result<PartitionBounds, BackendError> {

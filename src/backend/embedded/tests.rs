@@ -137,6 +137,24 @@ async fn deleting_a_topic_removes_its_events() {
     assert_eq!(log.log_bounds(&tp("gone", 0)).await.unwrap(), PartitionBounds { log_start: 0, log_end: 0 });
 }
 
+/// Issue 40, review finding 4: a publisher that may not create topics had its existence
+/// checked before the write, and a `DELETE /topics` in between let the write create the topic
+/// anew. `publish_existing` checks under the append lock that deletion also takes.
+#[tokio::test]
+async fn a_publish_that_may_not_create_never_brings_a_deleted_topic_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = EmbeddedLog::open(dir.path(), settings(), Arc::new(ManualClock::new(1))).unwrap();
+    let t = topic("kept-out");
+    assert!(matches!(log.publish_existing(&t, vec![event(Some(0), None, 0)]).await, Err(BackendError::UnknownTopic(_))));
+    assert_eq!(log.partitions(&t).await.unwrap(), None, "refused, and not created");
+    log.create_topic(&t, 1).await.unwrap();
+    assert_eq!(log.publish_existing(&t, vec![event(Some(0), None, 0)]).await.unwrap(), vec![(0, 0)]);
+    assert!(log.delete_topic(&t).await.unwrap());
+    assert!(matches!(log.publish_existing(&t, vec![event(Some(0), None, 1)]).await, Err(BackendError::UnknownTopic(_))));
+    assert_eq!(log.partitions(&t).await.unwrap(), None);
+    assert_eq!(log.publish(&t, vec![event(Some(0), None, 2)]).await.unwrap(), vec![(0, 0)], "auto-create still creates");
+}
+
 /// Overwrites the stored event at `offset` with bytes that do not decode.
 fn flip_bits(log: &EmbeddedLog, tp: &TopicPartition, offset: u64) {
     let cf = log.cf(CF_EVENTS).unwrap();
