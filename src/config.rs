@@ -83,6 +83,11 @@ pub struct ServerConfig {
     /// and close 1012, so their clients move to other instances spread over it. 0 = SIGTERM closes
     /// every session at once with 1001.
     pub drain_ms: u64,
+    /// A drained session first settles: after its reconnect frame it gets no new events, and it
+    /// closes with 1012 once the client acked what it holds and an ack_ok confirmed the floors
+    /// (when the client ever sends confirmed acks), or after this long. So a client's resume token
+    /// covers its acks and the next instance sends none of them again. 0 = close at once.
+    pub drain_settle_ms: u64,
     /// Log lines: "text" or "json". The level comes from RUST_LOG (default info).
     pub log_format: LogFormat,
     /// TLS without a proxy: PEM paths of the certificate chain and its private key, both or neither.
@@ -139,6 +144,7 @@ impl Default for ServerConfig {
             public_url: String::new(),
             shutdown_grace_ms: 10_000,
             drain_ms: 10_000,
+            drain_settle_ms: 2000,
             log_format: LogFormat::Text,
             tls_cert: String::new(),
             tls_key: String::new(),
@@ -613,6 +619,7 @@ impl Config {
         vec![
             ("server.shutdown_grace_ms", self.server.shutdown_grace_ms),
             ("server.drain_ms", self.server.drain_ms),
+            ("server.drain_settle_ms", self.server.drain_settle_ms),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),
             ("kafka.request_timeout_ms", self.kafka.request_timeout_ms),
             ("kafka.publish_timeout_ms", self.kafka.publish_timeout_ms),

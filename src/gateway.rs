@@ -165,6 +165,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         fetch_batch: d.fetch_batch,
         ping_interval: Duration::from_millis(config.server.ws_ping_interval_ms),
         pong_timeout: Duration::from_millis(config.server.ws_pong_timeout_ms),
+        drain_settle: Duration::from_millis(config.server.drain_settle_ms),
     }
 }
 
@@ -346,7 +347,8 @@ impl Gateway {
                 // operator's drain already runs; then what is left closes with 1001.
                 if !drain.is_zero() {
                     app.dispatcher.start_drain(drain);
-                    wait_for_sessions_to_end(&app.dispatcher, drain + DRAIN_SLACK, &cancel).await;
+                    let settle = Duration::from_millis(config.server.drain_settle_ms);
+                    wait_for_sessions_to_end(&app.dispatcher, drain + settle + DRAIN_SLACK, &cancel).await;
                 }
             }
             _ = cancel.cancelled() => {}

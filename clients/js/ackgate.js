@@ -271,6 +271,7 @@ export class AckgateClient {
     this.lastConfirmed = new Map(); // "topic\0partition" -> ms of the last confirmed ack
     this.unconfirmed = new Map(); // "topic\0partition" -> the newest delivery_id acked since
     this.trailing = null; // timer of the trailing confirmations
+    this.draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
     this.queue = []; // events waiting for an `events()` reader
     this.readers = []; // `events()` readers waiting for an event
     this.storageKey = `ackgate:${options.clientId}:resume`;
@@ -322,6 +323,7 @@ export class AckgateClient {
           if (!current()) return;
           if (frame.type === "welcome") {
             welcomed = true;
+            this.draining = false;
             this.url = url;
             this.known.add(httpBase(url));
             this.welcome = frame;
@@ -541,7 +543,8 @@ export class AckgateClient {
     const list = Array.isArray(ids) ? ids : [ids];
     const every = this.options.confirmEveryMs ?? 1000;
     const now = Date.now();
-    let due = confirm;
+    // After a `reconnect` frame every ack is confirmed: the close comes once the token covers them.
+    let due = confirm || this.draining;
     for (const id of list) {
       const event = this.inFlight.get(id);
       this.inFlight.delete(id);
@@ -577,14 +580,18 @@ export class AckgateClient {
   /** Confirms, `every` ms from now, the partitions acked since their last confirmation. */
   #armTrailing(every) {
     if (this.trailing) return;
-    this.trailing = setTimeout(() => {
-      this.trailing = null;
-      const ids = [...new Set(this.unconfirmed.values())];
-      if (ids.length === 0 || !this.transport?.isOpen()) return;
-      // Acking an acknowledged event again is a no-op that still reports the durable floor.
-      this.#confirming(ids);
-      this.#request(ids.length === 1 ? { op: "ack", delivery_id: ids[0] } : { op: "ack", delivery_ids: ids }).catch(() => {});
-    }, every);
+    this.trailing = setTimeout(() => this.#confirmNow(), every);
+  }
+
+  /** Confirms the partitions acked since their last confirmation, now. */
+  #confirmNow() {
+    clearTimeout(this.trailing);
+    this.trailing = null;
+    const ids = [...new Set(this.unconfirmed.values())];
+    if (ids.length === 0 || !this.transport?.isOpen()) return;
+    // Acking an acknowledged event again is a no-op that still reports the durable floor.
+    this.#confirming(ids);
+    this.#request(ids.length === 1 ? { op: "ack", delivery_id: ids[0] } : { op: "ack", delivery_ids: ids }).catch(() => {});
   }
 
   nack(id, delayMs) {
@@ -744,7 +751,11 @@ export class AckgateClient {
       return;
     }
     if (frame.type === "reconnect") {
+      // The instance drains: it sends no new event and closes once what this client acked is
+      // confirmed (server.drain_settle_ms), so the token taken elsewhere covers those acks.
       this.reconnectAfterMs = frame.after_ms;
+      this.draining = true;
+      this.#confirmNow();
       return;
     }
     if (frame.type === "ack_ok") this.#advance(frame.committed || {});

@@ -133,7 +133,7 @@ export interface AckgateClientOptions {
   tokenProvider?: () => string | Promise<string>;
   /** Where the resume token survives a page reload (e.g. `sessionStorage`); off by default. */
   storage?: TokenStorage;
-  /** At most one confirmed ack per partition this often (default 1000); the rest are plain. */
+  /** At most one confirmed ack per partition this often (default 1000); the rest are plain. After a draining instance's `reconnect` frame every ack is confirmed. */
   confirmEveryMs?: number;
   /** Reconnect after a close that is not final (default true). */
   reconnect?: boolean;

@@ -42,4 +42,6 @@ pub struct DeliverySettings {
     pub ping_interval: Duration,
     /// A session that heard nothing from its peer this long ends as a dead peer.
     pub pong_timeout: Duration,
+    /// How long a drained session waits for its client's acks before it closes (`core::drain`).
+    pub drain_settle: Duration,
 }

@@ -2,6 +2,11 @@
 //! instance stops taking sessions and turns not-ready, then closes the sessions it has one by
 //! one over the drain window, each with a `reconnect` frame (when to come back) and close 1012,
 //! so its clients reconnect elsewhere spread over the window instead of all in one second.
+//!
+//! Between the two a session settles (`server.drain_settle_ms`): no new events go out, and it
+//! closes once its client acked what it holds and those acks are durable and confirmed, so the
+//! token the client brings to the next instance covers them (issue 39, item 8: a drained client
+//! got its whole window again).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -26,7 +26,8 @@ pub enum SessionControl {
     Describe(tokio::sync::oneshot::Sender<Vec<InFlightView>>),
     /// `topic` has `partitions` now (more than when the session subscribed): feed the new ones.
     PartitionsAdded { topic: TopicName, partitions: u32 },
-    /// The instance is draining: send `reconnect` with `after_ms`, then close with 1012.
+    /// The instance is draining: send `reconnect` with `after_ms`, settle (no new events, wait up
+    /// to `DeliverySettings::drain_settle` for the client's acks), then close with 1012.
     Drain { after_ms: u64 },
     /// An operator marked dead letters of this client on `topic` for redrive: scan for them.
     Redrive { topic: TopicName },

@@ -67,3 +67,50 @@ async fn a_drain_closes_sessions_spread_over_its_window_and_refuses_new_ones() {
     }
     gw.stop().await;
 }
+
+/// Issue 39, item 8: a drained session was closed right after its `reconnect` frame, with its
+/// whole window unacknowledged, and the next instance sent all of it again (10,775 duplicates in
+/// a 30-client drain run). Now the session settles first: after `reconnect` no new event goes
+/// out, the client acks what it holds, and the close (1012) comes once an `ack_ok` told it the
+/// floor past every event it got, so its token leaves nothing to send again. A client that
+/// never acks is closed at `server.drain_settle_ms`. Failed before the fix: the close came
+/// right after `reconnect` and the acks found no session (the token stayed at 0 of 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_session_settles_its_window_before_it_closes() {
+    const WINDOW: usize = 20;
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.server.drain_ms = 200;
+    config.server.drain_settle_ms = 3000;
+    config.delivery.max_in_flight = WINDOW;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "d", 1, 0, 100).await;
+    let mut acker = TestClient::connect(gw.addr(), "acker").await;
+    let subscribed = acker.subscribe("d", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 0);
+    let held = acker.recv_events(WINDOW).await;
+    let mut silent = TestClient::connect(gw.addr(), "silent").await;
+    silent.subscribe("d", json!({})).await;
+    silent.recv_events(WINDOW).await;
+
+    let (status, _) = post_json(&format!("{}/admin/drain", gw.base), json!({})).await;
+    assert_eq!(status, 200);
+    let reconnect = acker.recv().await;
+    assert_eq!(reconnect["type"], "reconnect", "{reconnect}");
+    // Acked one at a time, each confirmed: the session stays until the last one is answered.
+    let mut token = 0;
+    for (n, event) in held.iter().enumerate() {
+        acker.send(json!({"op": "ack", "delivery_id": id(event), "req": n})).await;
+        let answer = acker.recv().await;
+        assert_eq!(answer["type"], "ack_ok", "ack {n} after reconnect: {answer} (no new event may come while settling)");
+        token = answer["committed"]["d"]["0"].as_u64().unwrap();
+    }
+    assert_eq!(token, WINDOW as u64, "the token covers every event the client got: nothing is sent again elsewhere");
+    assert_eq!(acker.close_code().await, 1012);
+    assert_eq!(stored_offset(&gw.base, "d", "acker", 0).await.unwrap()["committed"], WINDOW as u64);
+
+    // The client that never acks gets its reconnect, no new event, and the close at the deadline.
+    assert_eq!(silent.recv().await["type"], "reconnect");
+    assert_eq!(silent.close_code().await, 1012);
+    gw.stop().await;
+}

@@ -548,21 +548,26 @@ test("auto falls back to SSE when the WebSocket cannot connect, and stays on SSE
   direct.close();
 });
 
-test("when its instance goes away the client follows /session/recommend to a peer and resumes there", async () => {
+// Issue 39, item 8: the plain acks of 3 and 4 were never confirmed before the drain closed
+// the session, so A sent 3 and 4 again. Now the client confirms at the `reconnect` frame and B
+// closes once that confirmation went out: A resumes at 5.
+test("when its instance goes away the client follows /session/recommend to a peer and resumes there, its last plain acks included", async () => {
   await topicWith(B, "js-move", 5);
-  await topicWith(A, "js-move", 5);
+  await topicWith(A, "js-move", 6);
   const reconnects = [];
-  const client = new AckgateClient(ws(B), { clientId: "js-move", peers: [A], backoffMs: 100, onReconnect: (r) => r.welcome && reconnects.push(r) });
+  const client = new AckgateClient(ws(B), { clientId: "js-move", peers: [A], backoffMs: 100, confirmEveryMs: 600_000, onReconnect: (r) => r.welcome && reconnects.push(r) });
   const clientEvents = client.events();
   const welcome = await client.connect();
   await client.subscribe("js-move");
   const events = await take(clientEvents, 3);
   await client.ack(events.map((e) => e.delivery_id), { confirm: true });
+  const later = await take(clientEvents, 2);
+  await client.ack(later.map((e) => e.delivery_id)); // plain: the next confirmation is 10 minutes away
   // Instance B drains: its sessions get `reconnect`, then 1012, and it recommends its peer A.
   await call("POST", `${B}/admin/drain`);
   await until("the reconnect to A", () => reconnects.length > 0);
   assert.notEqual(reconnects[0].welcome.instance, welcome.instance);
   const [next] = await take(clientEvents, 1);
-  assert.equal(next.offset, 3, "resumed on A at the token, not from A's start");
+  assert.equal(next.offset, 5, "resumed on A at the token with the plain acks, not from A's start and not at the last confirmation");
   client.close();
 });

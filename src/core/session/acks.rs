@@ -30,6 +30,8 @@ impl Session {
         // (a frame touches one or a few partitions: a list beats a map here).
         let mut touched: Vec<(TopicPartition, (u64, Option<u64>))> = Vec::new();
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        // The floors a confirmed ack reports, remembered once its `ack_ok` went out (`told`).
+        let mut reported: Vec<(TopicPartition, u64)> = Vec::new();
         // A confirmed ack writes (and answers) on its own; the others join the batch submitted
         // once per burst of frames (`submit_acked`).
         let (mut confirmed_writes, mut confirmed_broker_acks) = (Vec::new(), Vec::new());
@@ -126,6 +128,7 @@ impl Session {
                 // Only a confirmed ack reports the floors (in its `ack_ok`).
                 if req.is_some() {
                     committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
+                    reported.push((tp.clone(), tracker.floor()));
                 }
             }
         }
@@ -142,7 +145,8 @@ impl Session {
         }
         if let Some(req) = req {
             // Boxed, as every rare await of a session (see `on_text`).
-            Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, committed, unknown.is_empty())).await?;
+            self.confirms = true;
+            Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, committed, reported, unknown.is_empty())).await?;
         }
         if unknown.is_empty() {
             Ok(())
@@ -159,12 +163,17 @@ impl Session {
         writes: Vec<OffsetWrite>,
         broker_acks: Vec<(TopicPartition, u64)>,
         committed: BTreeMap<String, BTreeMap<String, u64>>,
+        reported: Vec<(TopicPartition, u64)>,
         all_known: bool,
     ) -> Result<(), FrameError> {
         self.submit_acked().await;
         self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         if all_known {
             self.send(ServerFrame::AckOk { req, committed });
+            for (tp, floor) in reported {
+                let told = self.told.entry(tp).or_default();
+                *told = (*told).max(floor);
+            }
         }
         Ok(())
     }

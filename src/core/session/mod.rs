@@ -140,6 +140,14 @@ struct Session {
     redrives: Option<Box<redrives::Redrives>>,
     /// The second its last subscribes were made in, and how many (`limits.max_subscribes_per_sec`).
     subscribes_in_second: (Instant, usize),
+    /// Per partition, the floor the client was last told (`subscribed`'s `from`, `ack_ok`'s
+    /// `committed`): what its resume token holds. Kept for the drain's settle.
+    told: FastMap<TopicPartition, u64>,
+    /// The client sent an ack with `req` at least once: it builds its token from `ack_ok`s, so
+    /// a settling session waits for one that covers its acks too.
+    confirms: bool,
+    /// Draining: until when it waits for its client's acks before it closes with 1012.
+    settling: Option<Instant>,
 }
 
 /// How long since the connection under a session last took bytes from it (`http::connections`
@@ -188,6 +196,9 @@ pub async fn run_session<I, O>(
         control: control.clone(),
         redrives: None,
         subscribes_in_second: (Instant::now(), 0),
+        told: FastMap::default(),
+        confirms: false,
+        settling: None,
     };
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {
@@ -265,14 +276,15 @@ pub async fn run_session<I, O>(
                 s.submit_acked().await;
                 step
             },
-            _ = &mut redelivery_timer => {
+            // Settling (draining): nothing is sent again here; the next instance does that.
+            _ = &mut redelivery_timer, if s.settling.is_none() => {
                 s.on_timers().await;
                 // Fired: arm it again on the next pass even if the next deadline is the same.
                 timer_at = far_future();
                 redelivery_timer.as_mut().reset(timer_at);
                 Step::Continue
             }
-            Some(fed) = feed_rx.recv() => {
+            Some(fed) = feed_rx.recv(), if s.settling.is_none() => {
                 let mut step = s.on_fed(fed).await;
                 while matches!(step, Step::Continue) && s.out.len() < FEED_DRAIN_FRAMES {
                     match feed_rx.try_recv() {
@@ -291,6 +303,10 @@ pub async fn run_session<I, O>(
                     gone => gone,
                 }
             }
+        };
+        let step = match step {
+            Step::Continue if s.settling.is_some() => s.settle_check(),
+            step => step,
         };
         match step {
             Step::Continue => {}
@@ -438,7 +454,8 @@ impl Session {
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Drain { after_ms } => {
                 self.send(ServerFrame::Reconnect { after_ms });
-                Step::Close(close_code::DRAINING, "instance draining; reconnect elsewhere")
+                self.settling = Some(Instant::now() + self.d.settings.drain_settle);
+                self.settle_check()
             }
             SessionControl::Describe(reply) => {
                 let _ = reply.send(self.in_flight_views());
@@ -463,6 +480,31 @@ impl Session {
                 Step::Continue
             }
         }
+    }
+
+    /// A draining session closes (1012) once its client holds nothing unacknowledged that it
+    /// could still ack (events paused by a nack or a backoff are not sent again here) and, for a
+    /// client that confirms its acks, once an `ack_ok` told it every floor; or at the deadline.
+    fn settle_check(&self) -> Step {
+        const CLOSE: Step = Step::Close(close_code::DRAINING, "instance draining; reconnect elsewhere");
+        let Some(until) = self.settling else { return Step::Continue };
+        if Instant::now() >= until {
+            return CLOSE;
+        }
+        if self.in_flight.len() > self.waiting.len() {
+            return Step::Continue;
+        }
+        if self.confirms {
+            let client = self.client.lock().unwrap();
+            let untold = client
+                .trackers
+                .iter()
+                .any(|(tp, tracker)| self.subscriptions.contains_key(&tp.topic) && self.told.get(tp).is_some_and(|told| tracker.floor() > *told));
+            if untold {
+                return Step::Continue;
+            }
+        }
+        CLOSE
     }
 
     /// Lowers the client's committed offset of `tp` if it stands above a truncated log's new end

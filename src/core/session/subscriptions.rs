@@ -76,6 +76,9 @@ impl Session {
         }
         let slot = self.client.lock().unwrap().slot(&topic);
         let cancel = self.cancel.child_token();
+        for start in &starts {
+            self.told.insert(TopicPartition::new(topic.clone(), start.partition), start.from);
+        }
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
