@@ -116,9 +116,11 @@ pub enum BackendError {
     /// The partition's log ends at `log_end`, below the offset read: it lost its tail (a topic
     /// recreated outside ackgate, a failover to a replica behind, a truncated consume queue).
     /// Answered by a poll at the pull cursor, and by a partition reader to a subscriber that
-    /// stood above the new end.
+    /// stood above the new end. `certain`: the broker itself refused the read as out of range
+    /// (Kafka's OFFSET_OUT_OF_RANGE), so the loss needs no second look and stands even when the
+    /// log has grown back past the cursor since; `log_end` is then the end the refusal named.
     #[error("the log ends at {log_end}, below the offset read")]
-    Truncated { log_end: u64 },
+    Truncated { log_end: u64, certain: bool },
 }
 
 /// Where a `poll` reads.

@@ -97,7 +97,7 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
         let mut reservation = room.reservation.take();
         let events = match fetched {
             Ok(events) => events,
-            Err(super::backend::BackendError::Truncated { log_end }) => {
+            Err(super::backend::BackendError::Truncated { log_end, .. }) => {
                 drop(reservation);
                 let mut fed = new_batch(0);
                 fed.truncated = Some(log_end);

@@ -163,7 +163,7 @@ impl PartitionReader {
                 let buffer = self.buffer.lock().unwrap();
                 if buffer.truncations > *known_truncations {
                     if from > buffer.truncated_to {
-                        return Err(BackendError::Truncated { log_end: buffer.truncated_to });
+                        return Err(BackendError::Truncated { log_end: buffer.truncated_to, certain: true });
                     }
                     *known_truncations = buffer.truncations;
                 }
@@ -307,13 +307,13 @@ impl PartitionReader {
                         self.pulled_events.increment(events.len() as u64);
                         self.append(events, moved)
                     }
-                    Err(BackendError::Truncated { log_end }) => {
+                    Err(BackendError::Truncated { log_end, certain }) => {
                         // Read again a moment later before anything moves down (a broker may
                         // answer low for a moment); the wait is also the backoff, since a broker
                         // answers a read above its log end at once.
                         tokio::select! {
                             _ = cancel.cancelled() => return,
-                            _ = self.truncate(log_end) => {}
+                            _ = self.truncate(log_end, certain) => {}
                         }
                     }
                     Err(e) => {
@@ -356,8 +356,10 @@ impl PartitionReader {
     /// ackgate, a failover to a replica behind). Confirmed by a second read (`core::log_end`),
     /// the cursor and the ring move down to the new end and every subscriber waiting above it
     /// is told (`fetch` answers `Truncated`): left alone, the reader would wait for the log to
-    /// grow past the old cursor and every event written below it would be skipped.
-    async fn truncate(&self, log_end: u64) {
+    /// grow past the old cursor and every event written below it would be skipped. A `certain`
+    /// loss (the broker refused the read as out of range) is not undone by a log that grew back
+    /// past the cursor by the second read: the events written there since are new ones.
+    async fn truncate(&self, log_end: u64, certain: bool) {
         let confirmed = match log_end::read_again(self.backend.as_ref(), std::slice::from_ref(&self.tp)).await {
             Ok(bounds) => bounds[0].log_end,
             Err(e) => {
@@ -366,14 +368,15 @@ impl PartitionReader {
             }
         };
         let mut buffer = self.buffer.lock().unwrap();
-        if confirmed >= buffer.covered_to {
+        // The lower of the two reads: what a recreated log wrote in the second between them is
+        // new, and is read again rather than skipped.
+        let lowered = confirmed.min(log_end);
+        if lowered >= buffer.covered_to || (confirmed >= buffer.covered_to && !certain) {
             drop(buffer);
             log_end::transient(&self.tp, log_end, confirmed);
             return;
         }
-        // The lower of the two reads: what a recreated log wrote in the second between them is
-        // new, and is read again rather than skipped.
-        let confirmed = confirmed.min(log_end);
+        let confirmed = lowered;
         tracing::warn!(tp = %self.tp, cursor = buffer.covered_to, log_end = confirmed, "the log ends below the pull cursor (truncated, or recreated outside ackgate): the cursor moves down to the end, and subscribers above it are closed to resubscribe");
         super::metrics::log_truncations().increment(1);
         self.backend.seek(&self.tp, confirmed);

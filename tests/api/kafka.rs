@@ -328,6 +328,42 @@ async fn a_log_cut_back_under_a_live_session_is_read_again_from_its_new_end() {
     gw.stop().await;
 }
 
+/// Issue 39, item 7: a busy partition's lost tail was skipped. Apache Kafka refuses a fetch above
+/// the log end with OFFSET_OUT_OF_RANGE (tansu answers it empty: a proxy that answers as Kafka
+/// does stands between them here). librdkafka then restarted at the log start by itself
+/// (`auto.offset.reset=earliest`), the poll skipped what lay below the cursor, and once the log
+/// had grown back past the cursor (10) within the re-read, the loss counted as transient: the
+/// six new events written at 4 to 9 reached nobody, and the live session was never told. Now
+/// the pull consumer's reset is "error", and the refusal is a certain loss at the end it named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_partition_that_lost_its_tail_is_read_again_from_the_end_the_broker_named() {
+    let (broker, proxy) = TestBroker::start_behind_proxy();
+    let (_dir, data) = temp_dir();
+    let mut config = kafka_config(&data, &broker);
+    config.kafka.bootstrap_servers = format!("127.0.0.1:{}", proxy.port);
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "busy", 1, 0, 10).await;
+    let mut client = consume_and_ack(gw.addr(), "c", "busy", 10).await;
+    assert_eq!(proxy.refused(), 0, "nothing out of range before the cut");
+
+    broker.truncate("busy", 0, 4);
+    // The log grows back past the old cursor as soon as the broker refused one fetch there,
+    // before the gateway's second look a second later.
+    wait_for("a fetch above the new end refused", async || proxy.refused() > 0).await;
+    publish_twelve_after_a_cut(&gw.base, "busy").await;
+    let reconnect = client.recv_type("reconnect").await;
+    assert_eq!(reconnect["after_ms"], 0, "{reconnect}");
+    assert_eq!(client.close_code().await, 1012);
+
+    let mut client = TestClient::connect(gw.addr(), "c").await;
+    let subscribed = client.subscribe("busy", json!({"resume": {"0": 10}})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 4, "lowered to the end the refusal named: {subscribed}");
+    let events = client.recv_events(12).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, (0..12).map(|i| (4 + i, 100 + i)).collect::<Vec<_>>(), "every new event from 4 on");
+    gw.stop().await;
+}
+
 /// Issue 39, items 2 and 3: an in-memory ack tracker outlived a lost log tail. The client had
 /// acked 6 to 9 but not 5 (its committed offset stays 5; its tracker, kept while it is away
 /// because 5 is unacknowledged, holds 6 to 9 as acked), and while it was away the log lost

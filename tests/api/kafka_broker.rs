@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub struct TestBroker {
     dir: tempfile::TempDir,
     pub port: u16,
+    /// The port clients are told to use (metadata answers): the broker's own, or a proxy's.
+    advertised: u16,
     child: Option<Child>,
 }
 
@@ -29,9 +31,21 @@ fn free_port() -> u16 {
 
 impl TestBroker {
     pub fn start() -> Self {
-        let mut broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), child: None };
+        let port = free_port();
+        let mut broker = Self { dir: tempfile::tempdir().unwrap(), port, advertised: port, child: None };
         broker.resume();
         broker
+    }
+
+    /// A broker whose clients all go through `crate::kafka_proxy::KafkaProxy` (it advertises
+    /// the proxy's port); answers the proxy, whose `port` is the bootstrap address to use.
+    pub fn start_behind_proxy() -> (Self, crate::kafka_proxy::KafkaProxy) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let advertised = listener.local_addr().unwrap().port();
+        let mut broker = Self { dir: tempfile::tempdir().unwrap(), port: free_port(), advertised, child: None };
+        broker.resume();
+        let proxy = crate::kafka_proxy::KafkaProxy::start(listener, format!("127.0.0.1:{}", broker.port));
+        (broker, proxy)
     }
 
     /// `host:port` for `kafka.bootstrap_servers`.
@@ -47,7 +61,7 @@ impl TestBroker {
     pub fn resume(&mut self) {
         assert!(self.child.is_none(), "broker already running");
         let child = Command::new(binary())
-            .args(["broker", "--listener-url", &self.url(), "--advertised-listener-url", &self.url()])
+            .args(["broker", "--listener-url", &self.url(), "--advertised-listener-url", &format!("tcp://127.0.0.1:{}", self.advertised)])
             // Relative on purpose: tansu resolves the SQLite path against its working directory.
             .args(["--storage-engine", "sqlite://tansu.db"])
             .current_dir(self.dir.path())

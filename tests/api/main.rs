@@ -18,6 +18,7 @@ mod exposure;
 mod js_client;
 mod kafka;
 mod kafka_broker;
+mod kafka_proxy;
 mod loadtest_smoke;
 mod metrics;
 mod offset_faults;

@@ -32,7 +32,7 @@ mod pull;
 use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
 use crate::core::names::{TopicName, TopicPartition};
-use pull::Puller;
+use pull::{PullError, Puller};
 
 /// The `group.id` librdkafka demands for `assign()`. Never subscribed with, never committed to.
 pub const UNUSED_GROUP_ID: &str = "ackgate-assign-only-never-committed";
@@ -115,7 +115,8 @@ impl KafkaSettings {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
-            // A cursor past the log end (after a retention cut) restarts at the earliest event.
+            // A catch-up read below the log start (after a retention cut) begins at the earliest
+            // event. The pull consumer overrides this with "error" (`Puller::start`).
             .set("auto.offset.reset", "earliest");
         config
     }
@@ -138,9 +139,36 @@ impl KafkaLog {
         }
         let bounds = self.log_bounds(tp).await?;
         if bounds.log_end < cursor {
-            return Err(BackendError::Truncated { log_end: bounds.log_end });
+            return Err(BackendError::Truncated { log_end: bounds.log_end, certain: false });
         }
         Ok(())
+    }
+
+    /// The broker refused a fetch at the pull cursor as out of range (OFFSET_OUT_OF_RANGE; the
+    /// pull consumer's `auto.offset.reset` is "error", so librdkafka moves nothing by itself).
+    /// Below the log start (retention): the cursor moves up to it, and subscribers below it get
+    /// their gap as after any retention cut. Otherwise the log lost its tail: a truncation at
+    /// the end the refusal named, certain, so a log that grew back past the cursor since (a busy
+    /// partition after an unclean election) does not hide it (issue 39, item 7).
+    async fn out_of_range(&self, tp: &TopicPartition, cursor: u64, fetched_end: Option<u64>) -> Result<Vec<Event>, BackendError> {
+        let bounds = self.log_bounds(tp).await?;
+        if cursor < bounds.log_start {
+            tracing::warn!(%tp, cursor, log_start = bounds.log_start, "the pull cursor is below the log start (retention): it moves up to it");
+            self.puller.seek(tp, bounds.log_start);
+            return Ok(Vec::new());
+        }
+        let log_end = match fetched_end {
+            Some(end) => end.min(bounds.log_end),
+            // The refusal named no end (librdkafka kept none): where the log was cut is unknown,
+            // so everything it holds is read again rather than anything skipped.
+            None => bounds.log_start,
+        };
+        if log_end >= cursor {
+            // Refused, yet the end it named is not below the cursor: nothing was lost here.
+            self.puller.seek(tp, cursor);
+            return Ok(Vec::new());
+        }
+        Err(BackendError::Truncated { log_end, certain: true })
     }
 
     /// Connects to the cluster (fails when it cannot be reached within the request timeout) and
@@ -402,7 +430,11 @@ impl LogBackend for KafkaLog {
     async fn poll(&self, tp: &TopicPartition, from: ReadFrom, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
         match from {
             ReadFrom::PullCursor => {
-                let events = self.puller.poll_cursor(tp, max, wait).await?;
+                let events = match self.puller.poll_cursor(tp, max, wait).await {
+                    Err(PullError::OutOfRange { cursor, fetched_end }) => return self.out_of_range(tp, cursor, fetched_end).await,
+                    Err(PullError::Backend(e)) => return Err(e),
+                    Ok(events) => events,
+                };
                 if events.is_empty() {
                     self.check_log_end_below_cursor(tp).await?;
                 }

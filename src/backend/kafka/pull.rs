@@ -14,6 +14,7 @@ use futures_util::{FutureExt, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +46,23 @@ enum Assignment {
 
 type Queues = Arc<Mutex<HashMap<TopicPartition, OrderedQueue>>>;
 
+/// Why a poll at the pull cursor failed.
+pub enum PullError {
+    /// The broker refused the fetch at `cursor` as out of range; `fetched_end` is the log end
+    /// its answer named (librdkafka keeps the high watermark of an errored answer too).
+    OutOfRange {
+        cursor: u64,
+        fetched_end: Option<u64>,
+    },
+    Backend(BackendError),
+}
+
+impl From<BackendError> for PullError {
+    fn from(e: BackendError) -> Self {
+        Self::Backend(e)
+    }
+}
+
 /// The pull cursor consumer and the catch-up consumer.
 pub struct Puller {
     consumer: Arc<StreamConsumer>,
@@ -68,7 +86,12 @@ struct CatchUp {
 
 impl Puller {
     pub fn start(config: &ClientConfig, cursors: Arc<PullCursors>) -> Result<Self, BackendError> {
-        let consumer: Arc<StreamConsumer> = Arc::new(config.create().map_err(kafka_err)?);
+        // A fetch at the pull cursor that the broker refuses as out of range must not move the
+        // cursor by itself (to the log start, where the poll would skip up to the old cursor):
+        // it comes back as an error the poll answers (`PullError::OutOfRange`).
+        let mut pull_config = config.clone();
+        pull_config.set("auto.offset.reset", "error");
+        let consumer: Arc<StreamConsumer> = Arc::new(pull_config.create().map_err(kafka_err)?);
         let catch_up = (0..CATCH_UP_CONSUMERS)
             .map(|_| Ok(tokio::sync::Mutex::new(CatchUp { consumer: config.create().map_err(kafka_err)?, position: None })))
             .collect::<Result<Vec<_>, BackendError>>()?;
@@ -136,7 +159,7 @@ impl Puller {
     }
 
     /// Reads up to `max` events at the pull cursor of `tp` and advances it.
-    pub async fn poll_cursor(&self, tp: &TopicPartition, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError> {
+    pub async fn poll_cursor(&self, tp: &TopicPartition, max: usize, wait: Duration) -> Result<Vec<Event>, PullError> {
         let queue = self.queues.lock().unwrap().get(tp).cloned();
         let Some(queue) = queue else {
             // Not assigned yet: start where the cursor (or the log start) says.
@@ -148,7 +171,12 @@ impl Puller {
         let _in_order = order.lock().await;
         let cursor = self.cursors.get(tp).unwrap_or(0);
         let mut stream = queue.stream();
-        let events = receive(&mut stream, tp, cursor, max, wait).await?;
+        let events = match receive(&mut stream, tp, cursor, max, wait).await {
+            Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)) => {
+                return Err(PullError::OutOfRange { cursor, fetched_end: self.last_fetched_log_end(tp) });
+            }
+            received => received.map_err(kafka_err)?,
+        };
         if let Some(last) = events.last() {
             self.cursors.set(tp, last.offset + 1);
         }
@@ -179,7 +207,7 @@ impl Puller {
             catch_up.position = Some((tp.clone(), offset));
         }
         let mut stream = catch_up.consumer.stream();
-        let events = receive(&mut stream, tp, offset, max, wait.max(CATCH_UP_MIN_WAIT)).await?;
+        let events = receive(&mut stream, tp, offset, max, wait.max(CATCH_UP_MIN_WAIT)).await.map_err(kafka_err)?;
         drop(stream);
         if let Some(last) = events.last() {
             catch_up.position = Some((tp.clone(), last.offset + 1));
@@ -268,7 +296,7 @@ fn one_partition(tp: &TopicPartition, offset: Offset) -> TopicPartitionList {
 
 /// Waits up to `wait` for a first message of `tp` at or after `from`, then takes whatever else is
 /// already there, up to `max`. Messages below `from` (fetched before a seek) are skipped.
-async fn receive<'a, S>(stream: &mut S, tp: &TopicPartition, from: u64, max: usize, wait: Duration) -> Result<Vec<Event>, BackendError>
+async fn receive<'a, S>(stream: &mut S, tp: &TopicPartition, from: u64, max: usize, wait: Duration) -> Result<Vec<Event>, rdkafka::error::KafkaError>
 where
     S: futures_util::Stream<Item = Result<BorrowedMessage<'a>, rdkafka::error::KafkaError>> + Unpin,
 {
@@ -288,7 +316,7 @@ where
         };
         let message = match next {
             Some(Ok(message)) => message,
-            Some(Err(e)) if events.is_empty() => return Err(kafka_err(e)),
+            Some(Err(e)) if events.is_empty() => return Err(e),
             Some(Err(_)) | None => break,
         };
         if message.topic() != tp.topic.as_str() || message.partition() != tp.partition as i32 || (message.offset() as u64) < from {

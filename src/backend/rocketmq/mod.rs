@@ -271,7 +271,7 @@ impl RocketMqLog {
                     }
                 }
                 Pulled::NotFound { next } if next > offset => offset = next,
-                Pulled::OffsetMoved { next } if next < offset && at_cursor => return Err(BackendError::Truncated { log_end: next }),
+                Pulled::OffsetMoved { next } if next < offset && at_cursor => return Err(BackendError::Truncated { log_end: next, certain: false }),
                 Pulled::OffsetMoved { next } if next < offset => {
                     // The queue ends below `offset` (recreated outside ackgate, a failover to a
                     // replica behind, a truncated consume queue): the broker answers at once, so
@@ -376,7 +376,7 @@ impl RocketMqLog {
             None if undecodable_to > 0 => undecodable_to,
             // Nothing new: everything below the log end was popped already.
             None => match self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, true).await? {
-                log_end if log_end < cursor => return Err(BackendError::Truncated { log_end }),
+                log_end if log_end < cursor => return Err(BackendError::Truncated { log_end, certain: false }),
                 log_end => log_end,
             },
         };
