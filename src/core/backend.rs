@@ -226,6 +226,12 @@ pub trait LogBackend: Send + Sync + 'static {
 
     /// Whether the backend can serve reads and writes now (readiness).
     async fn is_ready(&self) -> bool;
+
+    /// Topics whose partitions are all unavailable now while the backend itself is ready (a
+    /// RocketMQ route that would renumber them): `/readyz` names them, sorted.
+    fn unavailable_topics(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

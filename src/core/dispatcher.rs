@@ -343,6 +343,11 @@ impl Dispatcher {
         }
     }
 
+    /// The lite topics (`parent@lite`) of `parent` that live sessions subscribe to.
+    pub fn subscribed_lite_topics_of(&self, parent: &TopicName) -> Vec<TopicName> {
+        self.registry().subscribers.keys().filter(|t| t.lite().is_some_and(|(p, _)| p == parent.as_str())).cloned().collect()
+    }
+
     /// The partition count of `topic` as the watch last read it.
     pub fn grown_partitions(&self, topic: &TopicName) -> Option<u32> {
         self.registry().grown.get(topic).copied()

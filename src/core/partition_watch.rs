@@ -1,7 +1,9 @@
 //! Partitions added to a topic while clients read it (Kafka's `CreatePartitions`, the embedded
 //! log's `add_partitions`): the backend's partition counts are read periodically, and when a
 //! topic has more than before, every live subscription of it is extended to the new partitions
-//! (`Dispatcher::partitions_grown`), each from its log start.
+//! (`Dispatcher::partitions_grown`), each from its log start. A RocketMQ lite topic has a
+//! partition per master of its parent and is listed by no `topics()`: when its parent grows,
+//! the lite topics of it that sessions read are read again too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,7 +37,18 @@ pub async fn watch_partition_counts(d: Arc<Dispatcher>, every: Duration, stop: C
                 // First seen: it may have grown since a session planned it (a topic created and
                 // grown between two reads). Sessions that feed as many already ignore it.
                 None => d.partitions_grown(&topic, partitions),
-                Some(_) => {}
+                Some(_) => continue,
+            }
+            for lite in d.subscribed_lite_topics_of(&topic) {
+                match d.backend.partitions(&lite).await {
+                    Ok(Some(partitions)) => d.partitions_grown(&lite, partitions),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Forgotten, so the next tick takes the parent as first seen and asks again.
+                        tracing::debug!(topic = %lite, error = %e, "reading a lite topic's partition count failed; trying again on the next tick");
+                        known.remove(&topic);
+                    }
+                }
             }
         }
     }

@@ -51,6 +51,9 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
         "offset_store": if store_ok { "ok" } else { "failing" },
         "backend": if backend_ok { "ok" } else { "unreachable" },
         "shutting_down": shutting_down,
+        // Served by a ready backend but unavailable themselves (a RocketMQ route that would
+        // renumber them): their problem, not the instance's.
+        "topics_unavailable": d.backend.unavailable_topics(),
     });
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()

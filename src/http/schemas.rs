@@ -372,6 +372,9 @@ pub struct Readiness {
     /// `ok` or `unreachable`.
     pub backend: String,
     pub shutting_down: bool,
+    /// Topics whose partitions are unavailable while the instance is ready (a RocketMQ route that
+    /// would renumber them).
+    pub topics_unavailable: Vec<String>,
 }
 
 // ---- WebSocket frames (text frames, one JSON object each) ----------------------------------

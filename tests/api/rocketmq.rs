@@ -465,9 +465,12 @@ async fn a_topic_on_two_masters_is_served_whole_and_each_handle_is_acked_where_i
 }
 
 /// A route that would renumber partitions (broker-a, the first master, now routes one queue of
-/// two) is refused: counted, readiness false, until the route fits again. A master that leaves
-/// the route (killed) renumbers nothing: its partitions answer unavailable, the other master's
-/// stay served, readiness stays true, and the stored numbering is unchanged.
+/// two) is refused: counted, and the topic's partitions answer unavailable until the route fits
+/// again, while the instance stays ready and serves every other topic (issue 39, item 11: one
+/// such topic made the whole instance not ready, and so every instance of a cluster at once;
+/// `/readyz` answered 503 here before). A master that leaves the route (killed) renumbers
+/// nothing: its partitions answer unavailable, the other master's stay served, readiness stays
+/// true, and the stored numbering is unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its_partitions_unavailable() {
     let broker = TestRocketMq::start_cluster(2, "");
@@ -485,11 +488,29 @@ async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its
     let ready = |want: u16| readyz_becomes(&gw.base, want);
     ready(200).await;
 
+    create_on_every_master(&broker, "other", 1).await;
     let client = Broker::new(broker.namesrv(), Duration::from_secs(5));
     client.create_topic(&masters[0].1, "spread", 1, false).await.unwrap();
-    ready(503).await;
+    let unavailable = async |want: Value| {
+        let started = Instant::now();
+        loop {
+            let (status, body) = get_json(&format!("{}/readyz", gw.base)).await;
+            assert_eq!(status, 200, "one topic's route does not make the instance not ready: {body}");
+            if body["topics_unavailable"] == want {
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "/readyz: {body}, want topics_unavailable {want}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    unavailable(json!(["spread"])).await;
     assert!(metric(&gw.base, "ackgate_rocketmq_routes_refused_total").await >= 1.0);
+    let refused = http().post(format!("{}/topics/spread/events", gw.base)).json(&json!({"events": [{"partition": 0, "payload": {}}]})).send().await.unwrap();
+    assert_eq!(refused.status(), 503, "the misrouted topic's partitions are unavailable");
+    let other = publish(&gw.base, "other", json!({"payload": {"n": 1}})).await;
+    assert!(other["offsets"][0]["offset"].is_u64(), "another topic is served: {other}");
     client.create_topic(&masters[0].1, "spread", 2, false).await.unwrap();
+    unavailable(json!([])).await;
     ready(200).await;
 
     broker.kill_broker(2);
@@ -507,6 +528,40 @@ async fn a_route_that_would_renumber_is_refused_and_a_master_away_only_makes_its
     assert_eq!(answer["offsets"][0]["partition"], 1, "{answer}");
     let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
     assert!(layout.contains("spread=broker-a:2,broker-b:2"), "{layout}");
+    gw.terminate();
+}
+
+/// Issue 39, item 11: `POST /topics` created the topic on the first master only, so a cluster of
+/// two held all of it on broker-a (the route showed `broker-a` with 5 queues, no `broker-b`).
+/// Now it is created on every master as `mqadmin updateTopic -c` does, its partition count
+/// spread over them in name order (5 = 3 on broker-a, 2 on broker-b), and numbered so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_through_the_gateway_spreads_over_every_master() {
+    let broker = TestRocketMq::start_cluster(2, "");
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &rocketmq_env(&broker.namesrv(), "pull", "30000"));
+    create_topic(&gw.base, "wide", 5).await;
+    let routed = Broker::new(broker.namesrv(), Duration::from_secs(5)).route("wide").await.unwrap().unwrap_or_default();
+    let mut queues: Vec<(String, u32)> = routed.iter().map(|b| (b.name.clone(), b.queues)).collect();
+    queues.sort();
+    assert_eq!(queues, [("broker-a".to_string(), 3), ("broker-b".to_string(), 2)]);
+    let layout = std::fs::read_to_string(data.join("rocketmq-partitions.properties")).unwrap();
+    assert!(layout.contains("wide=broker-a:3,broker-b:2"), "{layout}");
+    // Created again with the same count: nothing to do; with another: a conflict.
+    let again = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "wide", "partitions": 5})).send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    let other = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "wide", "partitions": 4})).send().await.unwrap();
+    assert_eq!(other.status(), 409);
+    for partition in 0..5u64 {
+        let answer = publish(&gw.base, "wide", json!({"partition": partition, "payload": {"n": partition}})).await;
+        assert_eq!(answer["offsets"][0]["partition"], partition, "{answer}");
+    }
+    let mut client = TestClient::connect(gw.addr, "reader").await;
+    client.subscribe("wide", json!({})).await;
+    let mut events = client.recv_events(5).await;
+    events.sort_by_key(|e| e["partition"].as_u64());
+    let got: Vec<u64> = events.iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect();
+    assert_eq!(got, [0, 1, 2, 3, 4]);
     gw.terminate();
 }
 

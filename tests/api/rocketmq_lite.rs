@@ -236,3 +236,39 @@ async fn the_console_lists_a_parents_lite_topics_in_a_real_browser() {
     let error = stdout.lines().find_map(|l| l.strip_prefix("error: ")).expect("an error line");
     assert!(error.contains("404 unknown_topic"), "{error}");
 }
+
+/// Issue 39, item 11: a lite topic has a partition per master of its parent, and a parent that
+/// gains a master gains a partition in each of its lite topics; but partition counts were
+/// watched for listed topics only, and no listing names a lite topic. A session reading
+/// `chat@room` never fed the new partition: the event published there never came. Now the watch
+/// reads the lite topics sessions read whenever their parent grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lite_topic_reads_the_partition_its_parent_gains_with_a_new_master() {
+    let broker = TestRocketMq::start_cluster(2, "");
+    let client = ackgate::backend::rocketmq::Broker::new(broker.namesrv(), Duration::from_secs(5));
+    let masters = client.brokers().await.unwrap();
+    client.create_topic(&masters[0].1, "chat", 2, true).await.unwrap();
+    let (_dir, data) = temp_dir();
+    let namesrv = broker.namesrv();
+    let mut env = lite_env(&namesrv);
+    env.push(("ACKGATE_ROCKETMQ__ROUTE_REFRESH_MS", "200"));
+    let gw = Process::start(&data, &env);
+    wait_for("the parent routed on broker-a", async || client.route("chat").await.unwrap().is_some()).await;
+    let first = publish(&gw.base, "chat@room", json!({"payload": {"room": "room", "n": 0}})).await;
+    assert_eq!(first["offsets"][0]["partition"], 0, "{first}");
+    let mut reader = TestClient::connect(gw.addr, "reader").await;
+    let subscribed = reader.subscribe("chat@room", json!({"from": "earliest"})).await;
+    assert_eq!(subscribed["partitions"].as_array().map(Vec::len), Some(1), "one master, one partition: {subscribed}");
+    assert_eq!(payload_numbers(&reader.recv_events(1).await, "room"), [0]);
+
+    client.create_topic(&masters[1].1, "chat", 2, true).await.unwrap();
+    let partitions = format!("{}/topics/chat@room/events", gw.base);
+    wait_for("chat@room has a partition on broker-b", async || {
+        http().post(&partitions).json(&json!({"partition": 1, "payload": {"room": "room", "n": 1}})).send().await.unwrap().status() == 200
+    })
+    .await;
+    let second = reader.recv_events(1).await;
+    assert_eq!(second[0]["partition"], 1, "{}", second[0]);
+    assert_eq!(payload_numbers(&second, "room"), [1]);
+    gw.terminate();
+}

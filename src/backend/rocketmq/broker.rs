@@ -230,9 +230,9 @@ impl Broker {
     }
 
     /// Creates `topic` with `queues` queues on every master the name server knows, as
-    /// `mqadmin updateTopic -c cluster` does (ackgate's own `POST /topics` uses the first master
-    /// only), and returns the masters once the name server routes it on each. For tests, the
-    /// loadtest and tools; not used by the gateway.
+    /// `mqadmin updateTopic -c cluster` does (ackgate's own `POST /topics` spreads its partition
+    /// count over the masters instead), and returns the masters once the name server routes it
+    /// on each. For tests, the loadtest and tools; not used by the gateway.
     pub async fn create_topic_on_every_master(&self, topic: &str, queues: u32, lite_parent: bool) -> Result<Vec<(String, String)>, BackendError> {
         const ROUTED_WITHIN: Duration = Duration::from_secs(30);
         let masters = self.brokers().await?;

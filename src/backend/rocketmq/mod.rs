@@ -74,8 +74,9 @@ pub struct RocketMqLog {
     /// Each topic's partitions as last routed (the hot path reads here; `partitions` refreshes).
     routes: Mutex<HashMap<TopicName, Route>>,
     layouts: Layouts,
-    /// Topics whose route would renumber partitions (refused; readiness is false meanwhile).
-    misrouted: Mutex<std::collections::HashSet<TopicName>>,
+    /// Topics whose route would renumber partitions (refused), with why: their partitions are
+    /// unavailable meanwhile, and `/readyz` names them; other topics are served.
+    misrouted: Mutex<HashMap<TopicName, String>>,
     /// Every master address last routed, by broker name: where a partition's requests and a
     /// receipt handle's ACK go (a master away keeps its last address: requests fail meanwhile).
     broker_addrs: Mutex<HashMap<String, String>>,
@@ -180,8 +181,9 @@ impl RocketMqLog {
 
     /// Asks the name server for `topic`'s route and fits it to the stored layout. A route that
     /// would renumber partitions is refused: the stored layout stays (with the addresses last
-    /// known for brokers the route no longer names), the refusal is logged and counted, and
-    /// readiness is false until a route fits again.
+    /// known for brokers the route no longer names), the refusal is logged and counted, and the
+    /// topic's partitions are unavailable until a route fits again (issue 39, item 11: one topic
+    /// no longer makes the whole instance, or a whole cluster of instances, not ready).
     async fn refresh_route(&self, topic: &TopicName) -> Result<Option<Route>, BackendError> {
         let Some(brokers) = self.broker.route(topic.as_str()).await? else {
             // Unknown to the name server (deleted outside ackgate, or a name server that has just
@@ -206,15 +208,15 @@ impl RocketMqLog {
                         tracing::info!(%topic, before = ?stored, now = ?layout, "RocketMQ topic has new queues; partitions added after the existing ones");
                     }
                 }
-                if self.misrouted.lock().unwrap().remove(topic) {
+                if self.misrouted.lock().unwrap().remove(topic).is_some() {
                     tracing::info!(%topic, "RocketMQ route fits the topic's partitions again");
                 }
                 Route::new(layout, &addrs)
             }
             Fit::Renumbers(why) => {
                 crate::core::metrics::rocketmq_routes_refused().increment(1);
-                if self.misrouted.lock().unwrap().insert(topic.clone()) {
-                    tracing::error!(%topic, %why, stored = ?stored, routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; serving the stored layout, readiness false until the route fits");
+                if self.misrouted.lock().unwrap().insert(topic.clone(), why.clone()).is_none() {
+                    tracing::error!(%topic, %why, stored = ?stored, routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; its partitions are unavailable until the route fits (other topics are served)");
                 }
                 Route::new(stored.unwrap_or_default(), &addrs)
             }
@@ -223,9 +225,21 @@ impl RocketMqLog {
         Ok(Some(route))
     }
 
+    /// The route of a topic whose partitions are served now: unknown topics and topics whose
+    /// route would renumber them (`misrouted`) are errors.
+    async fn served_route(&self, topic: &TopicName) -> Result<Route, BackendError> {
+        let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        if let Some(why) = self.misrouted.lock().unwrap().get(topic) {
+            return Err(BackendError::Unavailable(format!(
+                "topic {topic}'s route at the name server would renumber its partitions ({why}); they are unavailable until it fits"
+            )));
+        }
+        Ok(route)
+    }
+
     /// The broker queue of a partition.
     async fn queue_of(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
-        let route = self.route(&tp.topic).await?.ok_or_else(|| BackendError::UnknownTopic(tp.topic.to_string()))?;
+        let route = self.served_route(&tp.topic).await?;
         match route.queue(tp.partition) {
             Some(Ok(queue)) => Ok(queue),
             Some(Err(broker)) => {
@@ -245,8 +259,10 @@ impl RocketMqLog {
     async fn read_at(&self, tp: &TopicPartition, offset: u64, max: usize, wait: Duration, at_cursor: bool) -> Result<Vec<Event>, BackendError> {
         let q = self.queue_of(tp).await?;
         let mut offset = offset;
-        // An offset below the log start (or past a hole) is moved once by the broker's answer.
-        for attempt in 0..2 {
+        let mut said_not_found = false;
+        // An offset below the log start (or past a hole) is moved by the broker's answers: a hole
+        // within the log only when said twice (`not_found_step`), then read at once.
+        for attempt in 0..3 {
             match self.broker.pull(&q.broker_addr, &self.settings.consumer_group, tp.topic.as_str(), q.queue_id, offset, max, wait).await? {
                 Pulled::Found { messages, .. } => return Ok(self.to_events(tp, q.queue_id, messages, offset, max)),
                 Pulled::OffsetMoved { next } if next > offset => {
@@ -263,14 +279,34 @@ impl RocketMqLog {
                         offset = log_start;
                     } else {
                         tracing::warn!(%tp, offset, moved_to = next, log_start, "the broker moved a PULL forward within the log (a reset of the consumer group's offset at the broker?); reading on from the offset ackgate holds");
-                        if attempt == 1 {
+                        if attempt >= 1 {
                             // A broker that keeps answering so must not turn the reader into a
                             // busy loop.
                             tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
                         }
                     }
                 }
-                Pulled::NotFound { next } if next > offset => offset = next,
+                Pulled::NotFound { next } if next > offset => {
+                    // A hole the broker skips (a consume-queue file missing, a message being
+                    // removed): below the log start it is retention, followed to the start as
+                    // any read below it. Within the log it skips offsets the log says it holds,
+                    // so it is asked once more after a pause (a consume queue that lags a
+                    // write answers so for a moment) and followed, counted, only if the broker
+                    // says it again (issue 39, item 11).
+                    let log_start = self.broker.queue_offset(&q.broker_addr, tp.topic.as_str(), q.queue_id, false).await?;
+                    let step = not_found_step(offset, next, log_start, said_not_found);
+                    said_not_found = true;
+                    match step {
+                        NotFoundStep::Follow(to) => {
+                            crate::core::metrics::rocketmq_offset_moves(true).increment(1);
+                            if offset >= log_start {
+                                tracing::warn!(%tp, offset, next, log_start, "the broker reports no message from this offset to the next within the log, twice: reading on from the next (a hole in the consume queue)");
+                            }
+                            offset = to;
+                        }
+                        NotFoundStep::AskAgain => tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await,
+                    }
+                }
                 Pulled::OffsetMoved { next } if next < offset && at_cursor => return Err(BackendError::Truncated { log_end: next, certain: false }),
                 Pulled::OffsetMoved { next } if next < offset => {
                     // The queue ends below `offset` (recreated outside ackgate, a failover to a
@@ -502,7 +538,7 @@ impl LogBackend for RocketMqLog {
         // Topics the name server no longer lists (deleted outside ackgate): no cached route and
         // no refusal (readiness) stay behind.
         self.routes.lock().unwrap().retain(|t, _| listed.contains(t));
-        self.misrouted.lock().unwrap().retain(|t| listed.contains(t));
+        self.misrouted.lock().unwrap().retain(|t, _| listed.contains(t));
         topics.sort();
         Ok(topics)
     }
@@ -532,29 +568,44 @@ impl LogBackend for RocketMqLog {
         }
         // A new topic of an old name: numbered afresh.
         self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
-        // On the first master by name: its queues are the topic's partitions, in order. (A topic
-        // created on several masters by other tools is served across all of them.)
+        // On every master, as `mqadmin updateTopic -c` does, the partitions spread over them in
+        // name order (the first ones take one more when they do not divide evenly): a topic's
+        // partitions are its queues on every master, numbered master by master (`layout.rs`).
         let brokers = self.broker.brokers().await?;
-        let (_, addr) = brokers.first().ok_or_else(|| BackendError::Unavailable("the name server knows no broker".into()))?;
+        if brokers.is_empty() {
+            return Err(BackendError::Unavailable("the name server knows no broker".into()));
+        }
+        let shares: Vec<(&str, &str, u32)> = brokers
+            .iter()
+            .zip(spread(partitions, brokers.len()))
+            .filter(|(_, queues)| *queues > 0)
+            .map(|((name, addr), queues)| (name.as_str(), addr.as_str(), queues))
+            .collect();
         // Creating is idempotent at the broker (UPDATE_AND_CREATE_TOPIC), so a request the broker
         // did not answer in time is sent again: on a loaded machine rocketmq-rust took longer than
         // the request timeout now and then (CI saw `POST /topics` answer 503).
         let lite_parent = self.lite.is_parent(topic.as_str());
-        let mut attempt = 0;
-        while let Err(e) = self.broker.create_topic(addr, topic.as_str(), partitions, lite_parent).await {
-            attempt += 1;
-            match e {
-                BackendError::Unavailable(_) if attempt < CREATE_ATTEMPTS => {
-                    tracing::warn!(%topic, attempt, error = %e, "creating a RocketMQ topic failed; trying again");
+        for (name, addr, queues) in &shares {
+            let mut attempt = 0;
+            while let Err(e) = self.broker.create_topic(addr, topic.as_str(), *queues, lite_parent).await {
+                attempt += 1;
+                match e {
+                    BackendError::Unavailable(_) if attempt < CREATE_ATTEMPTS => {
+                        tracing::warn!(%topic, broker = name, attempt, error = %e, "creating a RocketMQ topic failed; trying again");
+                    }
+                    e => return Err(e),
                 }
-                e => return Err(e),
             }
         }
-        // The broker registers the topic with the name server as it creates it; the route may
-        // still take a moment on a loaded machine.
+        // Each broker registers the topic with the name server as it creates it; the route may
+        // still take a moment on a loaded machine. It is fitted only once it names every master
+        // created on: a route naming a later master first would store a numbering the earlier
+        // one then could not join without renumbering.
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         loop {
-            if self.refresh_route(topic).await?.is_some() {
+            let routed = self.broker.route(topic.as_str()).await?.unwrap_or_default();
+            let complete = shares.iter().all(|(name, _, queues)| routed.iter().any(|b| b.name == *name && b.queues == *queues));
+            if complete && self.refresh_route(topic).await?.is_some() {
                 return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -602,7 +653,7 @@ impl LogBackend for RocketMqLog {
         if topic.lite().is_some() {
             return self.publish_lite(topic, events).await;
         }
-        let route = self.route(topic).await?.ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
+        let route = self.served_route(topic).await?;
         for event in &events {
             if let Some(p) = event.partition.filter(|p| *p >= route.partitions()) {
                 return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.partitions())));
@@ -752,8 +803,38 @@ impl LogBackend for RocketMqLog {
     }
 
     async fn is_ready(&self) -> bool {
-        self.reachable.load(Ordering::SeqCst) && self.misrouted.lock().unwrap().is_empty()
+        self.reachable.load(Ordering::SeqCst)
     }
+
+    fn unavailable_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self.misrouted.lock().unwrap().keys().map(|t| t.to_string()).collect();
+        topics.sort();
+        topics
+    }
+}
+
+/// What a read does with a PULL answered "not found, next at `next`" above its `offset`.
+#[derive(Debug, PartialEq, Eq)]
+enum NotFoundStep {
+    Follow(u64),
+    AskAgain,
+}
+
+fn not_found_step(offset: u64, next: u64, log_start: u64, said_before: bool) -> NotFoundStep {
+    if offset < log_start {
+        NotFoundStep::Follow(log_start.min(next).max(offset))
+    } else if !said_before {
+        NotFoundStep::AskAgain
+    } else {
+        NotFoundStep::Follow(next)
+    }
+}
+
+/// `partitions` spread over `masters` in order, the first ones one more when they do not divide
+/// evenly; masters past the count get none.
+fn spread(partitions: u32, masters: usize) -> Vec<u32> {
+    let masters = masters.max(1) as u32;
+    (0..masters).map(|i| partitions / masters + u32::from(i < partitions % masters)).collect()
 }
 
 /// Keys and headers must fit in RocketMQ properties, and no header may be one of RocketMQ's own.
@@ -774,4 +855,30 @@ fn check_properties(events: &[NewEvent]) -> Result<(), BackendError> {
 fn undecodable(tp: &TopicPartition, offset: u64, bad: &Undecodable) {
     tracing::warn!(%tp, offset, error = %bad.error, "a RocketMQ message could not be decoded: dead-lettered as undecodable");
     crate::core::metrics::undecodable_records().increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{not_found_step, spread, NotFoundStep};
+
+    #[test]
+    fn a_forward_not_found_is_followed_to_the_log_start_or_only_when_said_twice() {
+        // Below the log start: to the start, never past it (the broker's next may overshoot).
+        assert_eq!(not_found_step(3, 50, 10, false), NotFoundStep::Follow(10));
+        assert_eq!(not_found_step(3, 8, 10, false), NotFoundStep::Follow(8));
+        // Within the log: asked again first, followed the second time.
+        assert_eq!(not_found_step(12, 20, 10, false), NotFoundStep::AskAgain);
+        assert_eq!(not_found_step(12, 20, 10, true), NotFoundStep::Follow(20));
+        assert_eq!(not_found_step(0, u64::MAX, 0, false), NotFoundStep::AskAgain);
+    }
+
+    #[test]
+    fn partitions_spread_over_masters_first_ones_first() {
+        assert_eq!(spread(4, 2), [2, 2]);
+        assert_eq!(spread(5, 2), [3, 2]);
+        assert_eq!(spread(1, 3), [1, 0, 0]);
+        assert_eq!(spread(7, 1), [7]);
+        assert_eq!(spread(u32::MAX, 2), [u32::MAX / 2 + 1, u32::MAX / 2]);
+        assert_eq!(spread(3, 0), [3], "no master known is refused before; never a division by zero");
+    }
 }
