@@ -36,6 +36,10 @@ struct TopicScan {
     smallest: HashMap<u32, u64>,
     /// `(key, committed, log_end)` of every offset above its partition's log end.
     above_log_end: Vec<(OffsetKey, u64, u64)>,
+    /// Partitions where an acknowledged offset lies at or past the log end: the log held it,
+    /// so it lost its tail, even where every committed offset is below the end (acks above an
+    /// unacknowledged event).
+    acked_past_end: Vec<u32>,
 }
 
 fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBounds]) -> Result<TopicScan, String> {
@@ -48,6 +52,9 @@ fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBou
             let committed = record.committed.min(log_end);
             if record.committed > log_end {
                 scan.above_log_end.push((key.clone(), record.committed, log_end));
+            }
+            if record.last_acked.is_some_and(|acked| acked >= log_end) {
+                scan.acked_past_end.push(key.partition);
             }
             let entry = scan.smallest.entry(key.partition).or_insert(committed);
             *entry = (*entry).min(committed);
@@ -66,9 +73,15 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             bounds.push(backend.log_bounds(&tp).await.map_err(|e| e.to_string())?);
         }
         let mut scan = scan_topic(store, &topic, &bounds)?;
-        if !scan.above_log_end.is_empty() {
+        // The checkpointed pull cursor is evidence too: what was pulled up to it, the log held.
+        let cursor_past_end = |bounds: &[PartitionBounds]| -> Vec<u32> {
+            (0..partitions).filter(|p| backend.pull_offset(&TopicPartition::new(topic.clone(), *p)).is_some_and(|c| c > bounds[*p as usize].log_end)).collect()
+        };
+        let suspects = cursor_past_end(&bounds);
+        if !scan.above_log_end.is_empty() || !scan.acked_past_end.is_empty() || !suspects.is_empty() {
             // Lowered only when a second read confirms the low end (`core::log_end`).
-            let mut low: Vec<u32> = scan.above_log_end.iter().map(|(key, _, _)| key.partition).collect();
+            let mut low: Vec<u32> =
+                scan.above_log_end.iter().map(|(key, _, _)| key.partition).chain(scan.acked_past_end.iter().copied()).chain(suspects).collect();
             low.sort_unstable();
             low.dedup();
             let tps: Vec<TopicPartition> = low.iter().map(|p| TopicPartition::new(topic.clone(), *p)).collect();
@@ -82,12 +95,27 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             }
             scan = scan_topic(store, &topic, &bounds)?;
         }
-        let TopicScan { smallest, above_log_end } = scan;
+        let lost_by_cursor = cursor_past_end(&bounds);
+        let TopicScan { smallest, above_log_end, acked_past_end } = scan;
         let count = above_log_end.len();
-        // A confirmed lost tail (a power loss with the log unsynced): the partition's next log
-        // epoch, once, before its offsets are lowered into it; every other record of the
-        // partition moves into it at its client's next subscribe, fencing tokens from before.
+        // A confirmed lost tail (a power loss with the log unsynced, a broker's unclean election
+        // while this instance was down): the partition's next log epoch, once, before its
+        // offsets are lowered into it; every other record of the partition moves into it at its
+        // client's next subscribe, fencing tokens from before. Found by a committed offset or an
+        // acknowledged one past the end, or by the checkpointed cursor: a client's token may
+        // reach past every offset stored here (acks lost with the crash), so any evidence the
+        // log held more counts.
         let mut log_epochs = std::collections::HashMap::new();
+        let mut evidence: Vec<u32> = acked_past_end.into_iter().chain(lost_by_cursor).collect();
+        evidence.sort_unstable();
+        evidence.dedup();
+        for partition in evidence {
+            let tp = TopicPartition::new(topic.clone(), partition);
+            let log_end = bounds[partition as usize].log_end;
+            tracing::warn!(%tp, log_end, cursor = ?backend.pull_offset(&tp), "the log holds less than this instance pulled or its clients acknowledged: it lost its tail; its next log epoch starts at the end");
+            let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
+            log_epochs.insert(partition, store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?);
+        }
         for (i, (key, committed, log_end)) in above_log_end.into_iter().enumerate() {
             // Each key is named, up to a point: a log that lost its tail can strand millions.
             if i < LOGGED_PER_TOPIC {
@@ -214,5 +242,33 @@ mod tests {
     async fn a_log_end_low_on_both_reads_lowers_the_offset() {
         let (committed, cursor, report) = align_with_ends(vec![3, 4]).await;
         assert_eq!((committed, cursor, report.lowered), (4, 4, 1));
+    }
+
+    /// A log that lost its tail where no committed offset stood past the new end: an acked offset
+    /// past it (acks above an unacknowledged event), or the checkpointed pull cursor past it, is
+    /// evidence enough to start the partition's next log epoch at the end (a token from before
+    /// the loss is fenced). Failed before: the log epoch stayed 0 in both cases.
+    #[tokio::test(start_paused = true)]
+    async fn an_acked_offset_or_the_cursor_past_the_end_starts_the_next_log_epoch() {
+        let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("c").unwrap(), 0);
+        // Committed 4, acked 8 (5 to 7 unacknowledged); the log now ends at 6.
+        let store = MemoryOffsetStore::new();
+        store.write_offset(OffsetWrite { key: key.clone(), committed: 4, last_acked: Some(8), updated_at: 1, generation: 0, epoch: 0 }).unwrap();
+        let backend = ScriptedEnds { ends: Mutex::new(vec![6, 6]), cursor: Mutex::new(None) };
+        align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
+        assert_eq!(store.log_epoch(&tp).unwrap().epoch, 1);
+        assert_eq!(store.log_epoch(&tp).unwrap().log_end, 6);
+        // No record at all; the cursor was checkpointed at 9, the log ends at 6 on both reads.
+        let store = MemoryOffsetStore::new();
+        let backend = ScriptedEnds { ends: Mutex::new(vec![6, 6]), cursor: Mutex::new(Some(9)) };
+        align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
+        assert_eq!(store.log_epoch(&tp).unwrap().epoch, 1);
+        assert_eq!(*backend.cursor.lock().unwrap(), Some(6));
+        // A cursor at the end is no evidence.
+        let store = MemoryOffsetStore::new();
+        let backend = ScriptedEnds { ends: Mutex::new(vec![6, 6]), cursor: Mutex::new(Some(6)) };
+        align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
+        assert_eq!(store.log_epoch(&tp).unwrap().epoch, 0);
     }
 }

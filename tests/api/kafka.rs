@@ -364,6 +364,72 @@ async fn a_busy_partition_that_lost_its_tail_is_read_again_from_the_end_the_brok
     gw.stop().await;
 }
 
+/// Issue 39's SIGKILL loop with lost log tails and resume tokens in use, on Kafka: every round
+/// the client receives everything and confirms half of it here; its token reaches past the last
+/// event it got, as a token confirmed by another instance of a cluster does. The process is
+/// killed once its pull checkpoint holds the cursor past that event; the log loses its last 3 to
+/// 6 events while the gateway is down, and six new events are written at the reused offsets, so
+/// the log has grown back past the token. Every round the client, presenting its stale token,
+/// starts at or below the cut, never above it, and receives exactly what the log holds from
+/// there: the new events, none skipped. Failed before the boot alignment read the checkpointed
+/// cursor as evidence: no offset stored here reached past the cut, so nothing stepped the log
+/// epoch, and round 1 started at the token (20), past the new events at 17 to 19.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_lost_tails_and_tokens_skips_no_new_event() {
+    const ROUNDS: u64 = 5;
+    let broker = TestBroker::start();
+    let bootstrap = broker.bootstrap();
+    let env =
+        [("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()), ("ACKGATE_OFFSETS__CHECKPOINT_INTERVAL_MS", "100")];
+    let (_dir, data) = temp_dir();
+    let mut gw = Process::start(&data, &env);
+    publish_numbered(&gw.base, "sk", 1, 0, 20).await;
+    // What the log holds: the payload number at each offset.
+    let mut log: Vec<u64> = (0..20).collect();
+    let (mut token, mut token_epoch) = (0u64, 0u64);
+    // Where the next round may start: not below what the confirmed acks made durable (or the
+    // cut, if lower), never above the cut (a token fenced by the loss may count up to it).
+    let (mut lowest_start, mut highest_start) = (0u64, 0u64);
+    for round in 0..ROUNDS {
+        let mut client = TestClient::connect(gw.addr, "holder").await;
+        let subscribed = client.subscribe("sk", json!({"resume": {"0": token}, "epochs": {"0": token_epoch}})).await;
+        let start = subscribed["partitions"][0]["from"].as_u64().unwrap();
+        let cut = log.len() as u64;
+        assert!(
+            (lowest_start..=highest_start).contains(&start),
+            "round {round}: started at {start}, not within {lowest_start}..={highest_start}: {subscribed}"
+        );
+        token_epoch = subscribed["partitions"][0]["epoch"].as_u64().unwrap();
+        let events = client.recv_events((cut - start) as usize).await;
+        let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+        let held: Vec<(u64, u64)> = (start..cut).map(|o| (o, log[o as usize])).collect();
+        assert_eq!(got, held, "round {round}: exactly what the log holds from the start on");
+        let half = events.len() / 2;
+        let confirmed = client.ack_confirmed(&ids(&events[..half]), "c").await;
+        let committed = confirmed["committed"]["sk"]["0"].as_u64().unwrap();
+        assert_eq!(committed, start + half as u64, "round {round}");
+        token = cut;
+        let checkpoint = data.join("pull-offsets.properties");
+        let line = format!("sk#0={cut}\n");
+        wait_for("the pull checkpoint past the last event", async || std::fs::read_to_string(&checkpoint).is_ok_and(|t| t.contains(&line))).await;
+        gw.kill9();
+
+        let lost = 3 + round % 4;
+        let new_end = cut - lost;
+        broker.truncate("sk", 0, new_end);
+        log.truncate(new_end as usize);
+        gw = Process::start(&data, &env);
+        let fresh: Vec<Value> = (0..6).map(|i| json!({"partition": 0, "payload": {"n": 1000 * (round + 1) + i}})).collect();
+        publish(&gw.base, "sk", json!({ "events": fresh })).await;
+        log.extend((0..6).map(|i| 1000 * (round + 1) + i));
+        assert!(log.len() as u64 >= token, "round {round}: the log grew back past the token");
+        lowest_start = committed.min(new_end);
+        highest_start = new_end;
+    }
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}");
+}
+
 /// Issue 39, items 2 and 3: an in-memory ack tracker outlived a lost log tail. The client had
 /// acked 6 to 9 but not 5 (its committed offset stays 5; its tracker, kept while it is away
 /// because 5 is unacknowledged, holds 6 to 9 as acked), and while it was away the log lost
