@@ -73,6 +73,8 @@ pub struct Dispatcher {
     /// Cancelled when the instance starts draining (`start_drain`): no new sessions, not ready.
     pub draining: CancellationToken,
     drain_started: std::sync::atomic::AtomicBool,
+    /// Bounds reads shared by the subscribe plans that ask at the same time.
+    pub plan_bounds: super::bounds_reads::BoundsReads,
     /// The clients' floors, set when the backend acknowledges at its broker (RocketMQ POP):
     /// an ending session reports itself there.
     pub ack_floor: std::sync::OnceLock<Arc<super::ack_floor::LiveClientsAckFloor>>,
@@ -117,6 +119,7 @@ impl Dispatcher {
             shutdown,
             draining: CancellationToken::new(),
             drain_started: Default::default(),
+            plan_bounds: Default::default(),
             ack_floor: Default::default(),
             tasks,
             metrics,

@@ -7,6 +7,7 @@ pub mod ack_tracker;
 pub(crate) mod alignment;
 pub mod backend;
 pub(crate) mod bounds_cache;
+pub(crate) mod bounds_reads;
 pub mod client_state;
 pub mod clock;
 pub mod dead_letters;

@@ -79,10 +79,11 @@ impl Dispatcher {
         client.lock().unwrap().set_generation(topic, generation);
         // The bounds of every partition, asked a few at a time: on Kafka each is a broker round
         // trip, and one after the other they made a subscribe (and so a takeover) wait for the sum.
+        // Plans that ask at the same time share a read (`bounds_reads`).
         let mut bounds: Vec<PartitionBounds> = futures_util::stream::iter(range.clone())
             .map(|partition| {
                 let tp = TopicPartition::new(topic.clone(), partition);
-                async move { self.backend.log_bounds(&tp).await }
+                async move { self.plan_bounds.bounds(self.backend.as_ref(), &tp).await }
             })
             .buffered(BOUNDS_IN_PARALLEL)
             .try_collect()
