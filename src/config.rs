@@ -508,7 +508,7 @@ impl Default for PublishConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Bearer token for /admin/*, publishing, and creating or deleting topics; empty = no auth.
@@ -531,6 +531,24 @@ pub struct AuthConfig {
     /// When set (seconds), a token must carry an "exp" at most this far ahead; 0 = off. At most
     /// 2678400 (31 days).
     pub jwt_max_lifetime_secs: u64,
+    /// A session whose JWT expires within this many seconds gets a refresh_needed frame: it
+    /// sends a refresh frame with a new token (same sub) and goes on; one that does not is
+    /// closed at exp with 4004 (not final: get a token and reconnect).
+    pub refresh_before_secs: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            admin_token: String::new(),
+            jwt_secret: String::new(),
+            allow_anonymous: false,
+            jwt_audience: String::new(),
+            jwt_issuer: String::new(),
+            jwt_max_lifetime_secs: 0,
+            refresh_before_secs: 60,
+        }
+    }
 }
 
 /// The smallest `auth.jwt_secret`: an HS256 key shorter than the hash is guessable offline from
@@ -808,6 +826,9 @@ impl Config {
             }
         }
         self.validate_redelivery(&mut problems, MAX_PERIOD_MS);
+        if self.auth.refresh_before_secs > MAX_PERIOD_MS / 1000 {
+            problems.push(format!("auth.refresh_before_secs must be at most {} (31 days), got {}", MAX_PERIOD_MS / 1000, self.auth.refresh_before_secs));
+        }
         if self.auth.jwt_max_lifetime_secs > MAX_PERIOD_MS / 1000 {
             problems.push(format!("auth.jwt_max_lifetime_secs must be at most {} (31 days), got {}", MAX_PERIOD_MS / 1000, self.auth.jwt_max_lifetime_secs));
         }

@@ -166,6 +166,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         ping_interval: Duration::from_millis(config.server.ws_ping_interval_ms),
         pong_timeout: Duration::from_millis(config.server.ws_pong_timeout_ms),
         drain_settle: Duration::from_millis(config.server.drain_settle_ms),
+        refresh_before: Duration::from_secs(config.auth.refresh_before_secs),
     }
 }
 
@@ -257,6 +258,9 @@ impl Gateway {
             let floor = Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher)));
             dispatcher.backend.set_ack_floor(floor.clone());
             let _ = dispatcher.ack_floor.set(floor);
+        }
+        if !config.auth.jwt_secret.is_empty() {
+            let _ = dispatcher.token_check.set(Arc::new(crate::http::auth::JwtCheck(config.auth.clone())));
         }
         let public_url = match config.server.public_url.as_str() {
             "" if tls.is_some() => format!("https://{local_addr}"),

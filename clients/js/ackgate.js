@@ -583,6 +583,18 @@ export class AckgateClient {
     this.trailing = setTimeout(() => this.#confirmNow(), every);
   }
 
+  /** Asks tokenProvider for a new token and sends it as `refresh`; a failure only means the
+   * session closes with 4004 at its expiry and the client reconnects with a fresh token. */
+  async #refreshToken() {
+    if (!this.options.tokenProvider) return;
+    try {
+      const token = await this.options.tokenProvider();
+      if (this.transport?.isOpen()) await this.#request({ op: "refresh", token });
+    } catch (error) {
+      this.options.onError?.({ type: "error", code: error?.code ?? "unauthorized", message: `token refresh failed: ${error?.message ?? error}` });
+    }
+  }
+
   /** Confirms the partitions acked since their last confirmation, now. */
   #confirmNow() {
     clearTimeout(this.trailing);
@@ -748,6 +760,12 @@ export class AckgateClient {
         if (reader) reader({ value: frame, done: false });
         else this.queue.push(frame);
       }
+      return;
+    }
+    if (frame.type === "refresh_needed") {
+      // The session's token expires soon: a new one from tokenProvider replaces it in band
+      // (`refresh`); without one the session closes with 4004 and the client reconnects.
+      this.#refreshToken();
       return;
     }
     if (frame.type === "reconnect") {

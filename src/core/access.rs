@@ -1,14 +1,24 @@
 //! What one session is allowed to do, as its credentials say (today: a JWT's `exp` and `topics`
 //! claims; decoding lives at the HTTP edge). No credentials configured means no limits.
 
+use super::names::ClientId;
+
 /// A session's permissions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Access {
-    /// Epoch ms when the credentials expire; the session is closed with 1008 then.
+    /// Epoch ms when the credentials expire; the session is closed with 4004 then, unless a
+    /// `refresh` replaced them (`refresh_needed` warns `auth.refresh_before_secs` before).
     pub expires_at_ms: Option<u64>,
     /// Topic patterns the session may subscribe to (`orders`, or `orders.*` as a prefix
     /// wildcard); `None` allows every topic.
     pub topics: Option<Vec<String>>,
+}
+
+/// Checks a token a live session presents to replace its own (`refresh`): decoding lives at the
+/// HTTP edge, as for the handshake's.
+pub trait TokenCheck: Send + Sync {
+    /// The access `token` gives `client_id`, or why it gives none.
+    fn check(&self, token: &str, client_id: &ClientId) -> Result<Access, String>;
 }
 
 impl Access {

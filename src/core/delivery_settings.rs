@@ -44,4 +44,6 @@ pub struct DeliverySettings {
     pub pong_timeout: Duration,
     /// How long a drained session waits for its client's acks before it closes (`core::drain`).
     pub drain_settle: Duration,
+    /// How long before its token expires a session sends `refresh_needed`.
+    pub refresh_before: Duration,
 }

@@ -78,6 +78,8 @@ pub struct Dispatcher {
     /// The clients' floors, set when the backend acknowledges at its broker (RocketMQ POP):
     /// an ending session reports itself there.
     pub ack_floor: std::sync::OnceLock<Arc<super::ack_floor::LiveClientsAckFloor>>,
+    /// Checks the tokens sessions present in `refresh` frames (set when JWTs are configured).
+    pub token_check: std::sync::OnceLock<Arc<dyn super::access::TokenCheck>>,
     /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
@@ -121,6 +123,7 @@ impl Dispatcher {
             drain_started: Default::default(),
             plan_bounds: Default::default(),
             ack_floor: Default::default(),
+            token_check: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

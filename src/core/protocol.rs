@@ -83,9 +83,12 @@ pub mod close_code {
     /// The instance serves `limits.max_sessions` (after an `error` `limit_exceeded`): "try again
     /// later" in RFC 6455's words.
     pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// The session's token expired and no `refresh` replaced it: not final (get a new token and
+    /// reconnect).
+    pub const TOKEN_EXPIRED: u16 = 4004;
 
     /// Every code (docs/protocol.md lists the same; a test checks).
-    pub const ALL: [u16; 8] = [GOING_AWAY, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT];
+    pub const ALL: [u16; 9] = [GOING_AWAY, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOKEN_EXPIRED];
 }
 
 /// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.
@@ -215,6 +218,11 @@ pub enum ClientFrame {
     Ping {
         req: Option<Value>,
     },
+    /// Replaces the session's JWT (same `sub`).
+    Refresh {
+        token: String,
+        req: Option<Value>,
+    },
 }
 
 impl ClientFrame {
@@ -228,6 +236,7 @@ impl ClientFrame {
             Self::Extend { .. } => "extend",
             Self::Term { .. } => "term",
             Self::Ping { .. } => "ping",
+            Self::Refresh { .. } => "refresh",
         }
     }
 }
@@ -279,6 +288,11 @@ enum RawFrame {
         req: Option<Value>,
     },
     Ping {
+        #[serde(default)]
+        req: Option<Value>,
+    },
+    Refresh {
+        token: String,
         #[serde(default)]
         req: Option<Value>,
     },
@@ -348,6 +362,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             ClientFrame::Term { delivery_id, reason, req }
         }
         RawFrame::Ping { req } => ClientFrame::Ping { req },
+        RawFrame::Refresh { token, req } => ClientFrame::Refresh { token, req },
     };
     match frame.req() {
         Some(req) if !is_valid_req(req) => Err(FrameError::new(ErrorCode::BadFrame, "req must be a string or a number")),
@@ -368,7 +383,8 @@ impl ClientFrame {
             | Self::Nack { req, .. }
             | Self::Extend { req, .. }
             | Self::Term { req, .. }
-            | Self::Ping { req } => req.as_ref(),
+            | Self::Ping { req }
+            | Self::Refresh { req, .. } => req.as_ref(),
         }
     }
 }
@@ -433,6 +449,16 @@ pub enum ServerFrame {
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
     },
+    /// The session's JWT expires at `expires_at` (epoch ms), within `auth.refresh_before_secs`.
+    RefreshNeeded {
+        expires_at: u64,
+    },
+    /// A `refresh` was taken: the session goes on until `expires_at` (epoch ms; absent: never).
+    Refreshed {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<Value>,
+        expires_at: Option<u64>,
+    },
     Error {
         code: ErrorCode,
         message: String,
@@ -452,6 +478,8 @@ impl ServerFrame {
             Self::Gap { .. } => "gap",
             Self::Reconnect { .. } => "reconnect",
             Self::Pong { .. } => "pong",
+            Self::RefreshNeeded { .. } => "refresh_needed",
+            Self::Refreshed { .. } => "refreshed",
             Self::Error { .. } => "error",
         }
     }

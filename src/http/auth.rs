@@ -44,7 +44,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 struct Claims {
     sub: String,
     /// Epoch seconds; optional (unless `auth.jwt_max_lifetime_secs` is set), but when present
-    /// the session ends with 1008 at that time.
+    /// the session ends with 4004 at that time unless a `refresh` replaced the token.
     exp: Option<u64>,
     /// Allowed topic patterns (`*` suffix wildcard); absent allows every topic.
     topics: Option<Vec<String>>,
@@ -108,6 +108,19 @@ pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &He
         ));
     }
     Ok(Access { expires_at_ms: claims.exp.map(|s| s.saturating_mul(1000)), topics: claims.topics })
+}
+
+/// Checks the token of a session's `refresh` frame as the handshake checks its first one.
+pub struct JwtCheck(pub AuthConfig);
+
+impl crate::core::access::TokenCheck for JwtCheck {
+    fn check(&self, token: &str, client_id: &ClientId) -> Result<Access, String> {
+        let claims = decode_token(&self.0, token, now_secs())?;
+        if claims.sub != client_id.as_str() {
+            return Err(format!("the token is for client {:?}, not {:?}", claims.sub, client_id.as_str()));
+        }
+        Ok(Access { expires_at_ms: claims.exp.map(|s| s.saturating_mul(1000)), topics: claims.topics })
+    }
 }
 
 /// `POST /topics/{topic}/events` with `auth.admin_token` set: the admin token, or a JWT (when

@@ -418,6 +418,10 @@ pub enum ClientFrame {
     Term { delivery_id: String, reason: Option<String>, req: Option<Req> },
     /// Answered by `pong`.
     Ping { req: Option<Req> },
+    /// Replace the session's JWT with `token` (same `sub`, checked as at the handshake); answered
+    /// `refreshed`, or an `error` (`unauthorized`, or `forbidden` when its `topics` claim drops a
+    /// topic the session reads) that changes nothing.
+    Refresh { token: String, req: Option<Req> },
 }
 
 /// `from` of a `subscribe`: a name or a time.
@@ -511,8 +515,18 @@ pub enum ServerFrame {
     Reconnect {
         after_ms: u64,
     },
+    /// The session's JWT expires at `expires_at` (epoch ms), within `auth.refresh_before_secs`:
+    /// send `refresh` with a new one, or the session closes with 4004 then.
+    RefreshNeeded {
+        expires_at: u64,
+    },
+    /// A `refresh` was taken: the session goes on until `expires_at` (epoch ms; null: never).
+    Refreshed {
+        req: Option<Req>,
+        expires_at: Option<u64>,
+    },
     /// The connection stays open. Close codes: 1001 shutdown, 1012 draining, 1008 auth, 1009 frame too large,
-    /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client.
+    /// 4001 taken over, 4002 disconnected by an operator, 4003 slow client, 4004 token expired (not final).
     Error {
         code: ErrorCodeName,
         message: String,

@@ -1,5 +1,6 @@
 //! `auth.jwt_secret`: the WebSocket handshake needs an HS256 token whose `sub` is the client_id;
-//! its `exp` ends the session with 1008 and its `topics` claim limits subscriptions. And a client
+//! its `exp` ends the session with 4004 unless a `refresh` frame replaced it first, and its
+//! `topics` claim limits subscriptions. And a client
 //! can never act on another client's deliveries or offsets.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -70,13 +71,53 @@ async fn the_handshake_needs_a_valid_token_for_that_client() {
     gw.stop().await;
 }
 
-#[tokio::test]
-async fn a_token_that_expires_during_the_session_closes_it_with_1008() {
-    let (_dir, gw) = start().await;
-    let mut client = connect_with(gw.addr(), "brief", &token(json!({"sub": "brief", "exp": now_secs() + 2}))).await;
-    client.send(json!({"op": "ping", "req": 1})).await;
-    assert_eq!(client.recv_type("pong").await["req"], 1);
-    assert_eq!(client.close_code().await, 1008);
+/// Issue 42, item 1 (PROTOCOL.md, `refresh`): a token's expiry closed the session with 1008,
+/// final for every client, with no way to renew it. Now the gateway warns with `refresh_needed`
+/// (its `expires_at`) `auth.refresh_before_secs` ahead; a session that sends `refresh` with a new
+/// token of the same `sub` goes on past the old expiry, events and acks included; one that does
+/// not is closed with 4004, which is not final. A refresh for another client, an expired one, or
+/// one whose `topics` claim drops a topic the session reads is refused and changes nothing.
+/// Failed before: no `refresh_needed` came, `refresh` was an unknown op, the close was 1008.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_refreshes_its_token_in_band_and_one_that_does_not_closes_with_4004() {
+    let (dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.refresh_before_secs = 2;
+    let gw = InProcess::start(config).await;
+    let _dir = dir;
+    publish_numbered(&gw.base, "feed", 1, 0, 2).await;
+
+    let exp = now_secs() + 3;
+    let mut brief = connect_with(gw.addr(), "brief", &token(json!({"sub": "brief", "exp": exp}))).await;
+    let mut renewed = connect_with(gw.addr(), "renewed", &token(json!({"sub": "renewed", "exp": exp, "topics": ["feed"]}))).await;
+    renewed.subscribe("feed", json!({})).await;
+    let first = renewed.recv_events(2).await;
+    renewed.ack_confirmed(&ids(&first), "a").await;
+
+    let notice = renewed.recv_type("refresh_needed").await;
+    assert_eq!(notice["expires_at"], exp * 1000, "{notice}");
+    for (bad, code) in [
+        (token(json!({"sub": "someone-else", "exp": exp + 3600})), "unauthorized"),
+        (token(json!({"sub": "renewed", "exp": now_secs() - 5})), "unauthorized"),
+        (token(json!({"sub": "renewed", "exp": exp + 3600, "topics": ["other"]})), "forbidden"),
+    ] {
+        renewed.send(json!({"op": "refresh", "token": bad, "req": "bad"})).await;
+        let refused = renewed.recv_type("error").await;
+        assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some(code), Some("bad")), "{refused}");
+    }
+    renewed.send(json!({"op": "refresh", "token": token(json!({"sub": "renewed", "exp": exp + 3600, "topics": ["feed"]})), "req": "r"})).await;
+    let refreshed = renewed.recv_type("refreshed").await;
+    assert_eq!((refreshed["req"].as_str(), refreshed["expires_at"].as_u64()), (Some("r"), Some((exp + 3600) * 1000)), "{refreshed}");
+
+    // The one that did not refresh: warned, then closed with 4004 at its exp.
+    assert_eq!(brief.recv_type("refresh_needed").await["expires_at"], exp * 1000);
+    assert_eq!(brief.close_code().await, 4004);
+    // The refreshed session is past the old expiry and still delivers and acknowledges.
+    publish(&gw.base, "feed", json!({"partition": 0, "payload": {"n": 2}})).await;
+    let later = renewed.recv_events(1).await;
+    assert_eq!(later[0]["offset"], 2);
+    assert_eq!(renewed.ack_confirmed(&ids(&later), "b").await["committed"], json!({"feed": {"0": 3}}));
     gw.stop().await;
 }
 

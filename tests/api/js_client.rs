@@ -33,13 +33,25 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     config.server.drain_ms = 500;
     config.cluster.peers = vec![a.base.clone()];
     let b = InProcess::start(config).await;
-    let env = vec![("ACKGATE_DEV_A", a.base.clone()), ("ACKGATE_DEV_B", b.base.clone())];
+    // C checks JWTs and warns 2 s before one expires.
+    let (_dir_c, data_c) = temp_dir();
+    let mut config = test_config(&data_c);
+    config.auth.jwt_secret = "js-client-test-secret-of-32-bytes!".into();
+    config.auth.refresh_before_secs = 2;
+    let c = InProcess::start(config).await;
+    let env = vec![
+        ("ACKGATE_DEV_A", a.base.clone()),
+        ("ACKGATE_DEV_B", b.base.clone()),
+        ("ACKGATE_DEV_C", c.base.clone()),
+        ("ACKGATE_DEV_C_SECRET", "js-client-test-secret-of-32-bytes!".to_string()),
+    ];
     // A failed test may leave a stream open, which would keep node (and this test) waiting:
     // the runner exits when its tests are done, and no test runs longer than two minutes.
     let out = run("node", &["--experimental-websocket", "--test", "--test-force-exit", "--test-timeout=120000", "test/"], env).await;
-    assert!(out.contains("# fail 0") && out.contains("# pass 12"), "{out}");
+    assert!(out.contains("# fail 0") && out.contains("# pass 13"), "{out}");
     a.stop().await;
     b.stop().await;
+    c.stop().await;
 }
 
 #[tokio::test]

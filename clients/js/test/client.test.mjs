@@ -1,11 +1,13 @@
 // ackgate-client against real gateways: ACKGATE_DEV_A and ACKGATE_DEV_B are the http base URLs of two
 // running instances (tests/api/js_client.rs starts them, each with its own embedded log; B names
-// A in cluster.peers, and the last test drains B). The tests named "over SSE" run the client with
+// A in cluster.peers, and the last test drains B). ACKGATE_DEV_C is a third one that checks JWTs
+// signed with ACKGATE_DEV_C_SECRET and warns 2 s before a token expires (`refresh_needed`). The tests named "over SSE" run the client with
 // `transport: "sse"` on FetchEventSource below (Node has no EventSource).
 //
 //   ACKGATE_DEV_A=http://127.0.0.1:8080 ACKGATE_DEV_B=http://127.0.0.1:8081 node --experimental-websocket --test test/
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
 
 import { AckgateClient, AckgateError } from "../ackgate.js";
 
@@ -13,6 +15,15 @@ const A = process.env.ACKGATE_DEV_A;
 const B = process.env.ACKGATE_DEV_B;
 if (!A || !B) throw new Error("set ACKGATE_DEV_A and ACKGATE_DEV_B to two gateways' http base URLs");
 const ws = (base) => `${base.replace(/^http/, "ws")}/ws`;
+const C = process.env.ACKGATE_DEV_C;
+const C_SECRET = process.env.ACKGATE_DEV_C_SECRET;
+
+/** An HS256 JWT with `claims`, signed with gateway C's secret. */
+function jwt(claims) {
+  const part = (value) => Buffer.from(JSON.stringify(value)).toString("base64url");
+  const unsigned = `${part({ alg: "HS256", typ: "JWT" })}.${part(claims)}`;
+  return `${unsigned}.${createHmac("sha256", C_SECRET).update(unsigned).digest("base64url")}`;
+}
 
 async function call(method, url, body) {
   const response = await fetch(url, { method, headers: { "Content-Type": "application/json" }, body: body && JSON.stringify(body) });
@@ -569,5 +580,42 @@ test("when its instance goes away the client follows /session/recommend to a pee
   assert.notEqual(reconnects[0].welcome.instance, welcome.instance);
   const [next] = await take(clientEvents, 1);
   assert.equal(next.offset, 5, "resumed on A at the token with the plain acks, not from A's start and not at the last confirmation");
+  client.close();
+});
+
+// Issue 42, item 1: a token's expiry ended the session for good (1008, final: events() ended and
+// tokenProvider was never asked again). Now the gateway sends `refresh_needed` before `exp`, the
+// client asks tokenProvider and sends `refresh`, and the same session delivers past the first
+// token's expiry: no reconnect, nothing lost.
+test("a token that expires mid-stream is refreshed in band: the same session goes on past its exp", async () => {
+  if (!C) throw new Error("set ACKGATE_DEV_C and ACKGATE_DEV_C_SECRET");
+  await topicWith(C, "js-fresh", 3);
+  const now = () => Math.floor(Date.now() / 1000);
+  const asked = [];
+  const tokenProvider = async () => {
+    // The first token lives 3 s; the next ones an hour.
+    const exp = asked.length === 0 ? now() + 3 : now() + 3600;
+    asked.push(exp);
+    return jwt({ sub: "js-fresh", exp });
+  };
+  const reconnects = [];
+  const closes = [];
+  const client = new AckgateClient(ws(C), { clientId: "js-fresh", tokenProvider, onReconnect: (r) => reconnects.push(r), onClose: (c) => closes.push(c.code) });
+  const stream = client.events();
+  const welcome = await client.connect();
+  await client.subscribe("js-fresh");
+  const first = await take(stream, 3);
+  await client.ack(first.map((e) => e.delivery_id), { confirm: true });
+  await until("the refresh", () => asked.length >= 2);
+  // Past the first token's exp: the session is still the same one.
+  await new Promise((r) => setTimeout(r, Math.max(0, (asked[0] + 1) * 1000 - Date.now())));
+  await call("POST", `${C}/topics/js-fresh/events`, { partition: 0, payload: { n: 3 } });
+  const [later] = await take(stream, 1);
+  assert.equal(later.offset, 3);
+  const confirmed = await client.ack(later.delivery_id, { confirm: true });
+  assert.deepEqual(confirmed.committed, { "js-fresh": { 0: 4 } });
+  assert.deepEqual(closes, [], "no close: the session went on");
+  assert.deepEqual(reconnects, []);
+  assert.equal(client.welcome.session_id, welcome.session_id);
   client.close();
 });

@@ -148,6 +148,10 @@ struct Session {
     confirms: bool,
     /// Draining: until when it waits for its client's acks before it closes with 1012.
     settling: Option<Instant>,
+    /// When to send `refresh_needed` for the current token (cleared once sent).
+    refresh_notice_at: Option<Instant>,
+    /// When the current token expires, on the session's clock (set with the token).
+    expiry: Option<Instant>,
 }
 
 /// How long since the connection under a session last took bytes from it (`http::connections`
@@ -199,7 +203,11 @@ pub async fn run_session<I, O>(
         told: FastMap::default(),
         confirms: false,
         settling: None,
+        refresh_notice_at: None,
+        expiry: None,
     };
+    s.expiry = s.expiry_of_token();
+    s.refresh_notice_at = s.notice_for_current_token();
     tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
     s.send(ServerFrame::Welcome {
         session_id: info.session_id.clone(),
@@ -209,10 +217,11 @@ pub async fn run_session<I, O>(
         max_in_flight: d.settings.max_in_flight,
     });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
-    // Credentials that expire end the session then (1008), whatever it is doing.
-    let expiry = s.access.expires_at_ms.map(|at| Instant::now() + Duration::from_millis(at.saturating_sub(d.clock.now_ms())));
-    let expired = sleep_until(expiry);
-    tokio::pin!(expired);
+    // Credentials that expire end the session then (4004), whatever it is doing, unless a
+    // `refresh` replaced them; `refresh_needed` goes out `auth.refresh_before_secs` before.
+    let mut credentials_at = s.credentials_due();
+    let credentials_timer = tokio::time::sleep_until(credentials_at);
+    tokio::pin!(credentials_timer);
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
     let write_limit = Some(d.settings.slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
@@ -250,6 +259,10 @@ pub async fn run_session<I, O>(
                 break;
             }
         }
+        if s.credentials_due() != credentials_at {
+            credentials_at = s.credentials_due();
+            credentials_timer.as_mut().reset(credentials_at);
+        }
         let next_timer = s.in_flight.next_deadline().unwrap_or_else(far_future);
         if next_timer != timer_at {
             timer_at = next_timer;
@@ -258,7 +271,11 @@ pub async fn run_session<I, O>(
         let step = tokio::select! {
             biased;
             _ = &mut shutting_down => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
-            _ = &mut expired => Step::Close(close_code::POLICY, "credentials expired"),
+            _ = &mut credentials_timer => {
+                // Fired: armed again on the next pass, even for the same instant.
+                credentials_at = far_future();
+                s.on_credentials_timer()
+            }
             message = control.recv() => s.on_control(message),
             frame = inbound.next() => {
                 s.heard = true;
@@ -376,13 +393,6 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(365 * 86_400)
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Writes queued frames with one flush; false when the socket is gone.
 /// Waits for a write the socket did not take at once: at most `write_limit` (the slow-client
 /// timeout), and with `dead_peer` (the socket's progress, `server.ws_pong_timeout_ms` and when
@@ -480,6 +490,59 @@ impl Session {
                 Step::Continue
             }
         }
+    }
+
+    /// When the current token expires, as an instant of the session's clock.
+    fn expiry_of_token(&self) -> Option<Instant> {
+        self.access.expires_at_ms.map(|at| Instant::now() + Duration::from_millis(at.saturating_sub(self.d.clock.now_ms())))
+    }
+
+    /// When to warn the client that its token expires (`refresh_before` ahead), if it does.
+    fn notice_for_current_token(&self) -> Option<Instant> {
+        self.expiry.map(|at| at.checked_sub(self.d.settings.refresh_before).unwrap_or(at).max(Instant::now()))
+    }
+
+    /// The credentials timer's next instant: the notice, else the expiry, else never.
+    fn credentials_due(&self) -> Instant {
+        self.refresh_notice_at.or(self.expiry).unwrap_or_else(far_future)
+    }
+
+    fn on_credentials_timer(&mut self) -> Step {
+        let now = Instant::now();
+        if self.expiry.is_some_and(|at| at <= now) {
+            return Step::Close(close_code::TOKEN_EXPIRED, "token expired: get a new token and reconnect");
+        }
+        match self.access.expires_at_ms {
+            Some(at) if self.refresh_notice_at.is_some_and(|notice| notice <= now) => {
+                self.refresh_notice_at = None;
+                self.send(ServerFrame::RefreshNeeded { expires_at: at });
+                Step::Continue
+            }
+            _ => Step::Continue,
+        }
+    }
+
+    /// `refresh`: a new token for the same client replaces the session's; checked as the
+    /// handshake's (signature, `exp`, `nbf`, audience, issuer, lifetime, `sub`). It may not take
+    /// away a topic the session reads: unsubscribe it first.
+    fn refresh(&mut self, token: &str, req: Option<serde_json::Value>) -> Result<(), FrameError> {
+        let Some(check) = self.d.token_check.get() else {
+            return Err(FrameError::new(ErrorCode::BadFrame, "this gateway checks no tokens (auth.jwt_secret is not set): there is nothing to refresh"));
+        };
+        let access = check.check(token, &self.info.client_id).map_err(|why| FrameError::new(ErrorCode::Unauthorized, why))?;
+        if let Some(topic) = self.subscriptions.keys().find(|t| !access.allows(t.as_str())) {
+            return Err(FrameError::new(
+                ErrorCode::Forbidden,
+                format!("the new token does not allow topic {topic}, which this session reads: unsubscribe it first"),
+            ));
+        }
+        let expires_at = access.expires_at_ms;
+        self.access = access;
+        self.expiry = self.expiry_of_token();
+        self.refresh_notice_at = self.notice_for_current_token();
+        tracing::debug!(session_id = %self.info.session_id, expires_at, "session token refreshed");
+        self.send(ServerFrame::Refreshed { req, expires_at });
+        Ok(())
     }
 
     /// A draining session closes (1012) once its client holds nothing unacknowledged that it
@@ -658,6 +721,7 @@ impl Session {
                 self.send(ServerFrame::Pong { req });
                 Ok(())
             }
+            ClientFrame::Refresh { token, req } => self.refresh(&token, req.clone()).map_err(|e| e.with_req(req)),
         };
         if let Err(e) = result {
             self.error(e);
