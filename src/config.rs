@@ -430,6 +430,9 @@ pub struct LimitsConfig {
     /// reads, a write); more in the same second: an error limit_exceeded. At least
     /// limits.max_subscriptions_per_session (an SSE URL subscribes all its topics at once).
     pub max_subscribes_per_sec: usize,
+    /// The most events per partition a subscribe may ask for with from {"last": n} (more: an
+    /// error limit_exceeded).
+    pub max_rewind_events: u64,
     /// Live sessions subscribed to one topic on this instance (more: limit_exceeded).
     pub max_clients_per_topic: usize,
     /// Offline clients whose ack state stays in memory (they left with unacknowledged deliveries;
@@ -462,6 +465,7 @@ impl Default for LimitsConfig {
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
             max_subscribes_per_sec: 100,
+            max_rewind_events: 1000,
             max_topics: 10_000,
             max_clients_per_topic: 100_000,
             max_offline_clients: 10_000,

@@ -157,6 +157,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_subscribes_per_sec: config.limits.max_subscribes_per_sec,
+        max_rewind_events: config.limits.max_rewind_events,
         max_sessions: config.limits.max_sessions,
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,

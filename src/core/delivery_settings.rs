@@ -27,6 +27,8 @@ pub struct DeliverySettings {
     pub max_subscriptions_per_session: usize,
     /// Subscribes one session may make in a second.
     pub max_subscribes_per_sec: usize,
+    /// The most a `from: {"last": n}` may ask for per partition.
+    pub max_rewind_events: u64,
     pub max_sessions: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,

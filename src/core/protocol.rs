@@ -141,14 +141,18 @@ pub enum StartFrom {
     Latest,
     /// `{"time": epoch_ms}`: per partition the first offset whose timestamp is at or after it.
     Time(u64),
+    /// `{"last": n}`: per partition the last `n` offsets before the log end (at most
+    /// `limits.max_rewind_events`).
+    Last(u64),
 }
 
-/// `from` as written: a name, or `{"time": epoch_ms}`.
+/// `from` as written: a name, `{"time": epoch_ms}` or `{"last": n}`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum StartFromWire {
     Named(NamedStart),
     Time { time: u64 },
+    Last { last: u64 },
 }
 
 #[derive(Deserialize)]
@@ -166,6 +170,7 @@ impl From<StartFromWire> for StartFrom {
             StartFromWire::Named(NamedStart::Earliest) => Self::Earliest,
             StartFromWire::Named(NamedStart::Latest) => Self::Latest,
             StartFromWire::Time { time } => Self::Time(time),
+            StartFromWire::Last { last } => Self::Last(last),
         }
     }
 }

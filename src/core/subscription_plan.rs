@@ -54,6 +54,15 @@ impl Dispatcher {
         epoch: Epoch,
         first: u32,
     ) -> Result<Vec<StartPoint>, FrameError> {
+        let most = self.settings.max_rewind_events;
+        if let StartFrom::Last(n) = from {
+            if n > most {
+                return Err(FrameError::new(
+                    ErrorCode::LimitExceeded,
+                    format!("from.last is {n}; at most {most} events per partition (limits.max_rewind_events)"),
+                ));
+            }
+        }
         let partitions = self
             .backend
             .partitions(topic)
@@ -173,6 +182,7 @@ impl Dispatcher {
             }
             let policy = match (from, self.settings.reset_policy) {
                 (StartFrom::Latest, _) => bounds.log_end,
+                (StartFrom::Last(n), _) => bounds.log_end.saturating_sub(n).max(bounds.log_start),
                 (StartFrom::Time(_), _) => by_time[index(partition)].clamp(bounds.log_start, bounds.log_end),
                 (StartFrom::Committed, ResetPolicy::Latest) if !subscribed_before => bounds.log_end,
                 _ => bounds.log_start,
@@ -195,7 +205,7 @@ impl Dispatcher {
                 (Some((committed, _)), Some(token)) => committed.max(token),
                 // Never below what the client acknowledged: replaying its own history is the
                 // admin reset's (by offset or by time).
-                (Some((committed, _)), None) if matches!(from, StartFrom::Latest | StartFrom::Time(_)) => committed.max(policy),
+                (Some((committed, _)), None) if matches!(from, StartFrom::Latest | StartFrom::Time(_) | StartFrom::Last(_)) => committed.max(policy),
                 (Some((committed, _)), None) => committed,
                 (None, Some(token)) => token,
                 (None, None) => policy,

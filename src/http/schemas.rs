@@ -395,8 +395,9 @@ pub enum ClientFrame {
     /// Start receiving every partition of `topic`.
     Subscribe {
         topic: String,
-        /// `committed` (default), `earliest`, `latest`, or `{"time": epoch_ms}` (per partition the
-        /// first offset whose timestamp is at or after it; never below the stored offset).
+        /// `committed` (default), `earliest`, `latest`, `{"time": epoch_ms}` (per partition the
+        /// first offset whose timestamp is at or after it) or `{"last": n}` (per partition the last
+        /// `n` events, at most `limits.max_rewind_events`); never below the stored offset.
         from: Option<StartFromSchema>,
         /// Resume token `{"<partition>": next_offset}`: per partition the larger of it and the
         /// stored committed offset, when the token is of the stored offset's epoch.
@@ -432,6 +433,8 @@ pub enum StartFromSchema {
     Named(String),
     /// Epoch ms.
     Time { time: u64 },
+    /// The last `last` events of each partition (at most `limits.max_rewind_events`).
+    Last { last: u64 },
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -547,3 +547,43 @@ async fn a_topic_pattern_has_its_own_redelivery_rules() {
     assert_eq!(attempts, [("jobs.once".to_string(), 1), ("jobs.retry".to_string(), 3), ("slow".to_string(), 1)].into_iter().collect());
     gw.stop().await;
 }
+
+/// Issue 42, item 7 (PROTOCOL.md, `from: {"last": n}`): the last `n` events of each partition,
+/// as Ably's rewind and Centrifugo's history give. At most `limits.max_rewind_events` (more is
+/// `limit_exceeded`); past the log start it starts there; `0` is the log end; and, as for every
+/// start a client names, never below what it acknowledged. Failed before: `{"last": 3}` was a
+/// `bad_frame`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_from_the_last_n_events_starts_n_before_the_end() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_rewind_events = 50;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "hist", 2, 0, 10).await;
+    publish(&gw.base, "hist", json!({"events": [{"partition": 1, "payload": {"n": 0}}, {"partition": 1, "payload": {"n": 1}}]})).await;
+
+    let mut client = TestClient::connect(gw.addr(), "newcomer").await;
+    let subscribed = client.subscribe("hist", json!({"from": {"last": 3}})).await;
+    let from: Vec<u64> = subscribed["partitions"].as_array().unwrap().iter().map(|p| p["from"].as_u64().unwrap()).collect();
+    assert_eq!(from, [7, 0], "3 before the end of partition 0 (10); partition 1 holds only 2: {subscribed}");
+    let mut events = client.recv_events(5).await;
+    events.sort_by_key(|e| (e["partition"].as_u64(), e["offset"].as_u64()));
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap())).collect();
+    assert_eq!(got, [(0, 7), (0, 8), (0, 9), (1, 0), (1, 1)]);
+    client.ack_confirmed(&ids(&events), "a").await;
+    client.close().await;
+
+    // Never below what the client acknowledged (10 and 2 now), and 0 is the end.
+    let mut client = TestClient::connect(gw.addr(), "newcomer").await;
+    let again = client.subscribe("hist", json!({"from": {"last": 40}})).await;
+    assert_eq!(again["partitions"][0]["from"], 10, "{again}");
+    let mut other = TestClient::connect(gw.addr(), "late").await;
+    assert_eq!(other.subscribe("hist", json!({"from": {"last": 0}})).await["partitions"][0]["from"], 10);
+
+    for (last, code) in [(json!(51), "limit_exceeded"), (json!(-1), "bad_frame"), (json!("3"), "bad_frame"), (json!(u64::MAX), "limit_exceeded")] {
+        other.send(json!({"op": "subscribe", "topic": "hist", "from": {"last": last}, "req": "x"})).await;
+        let refused = other.recv_type("error").await;
+        assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some(code), Some("x")), "last {last}: {refused}");
+    }
+    gw.stop().await;
+}
