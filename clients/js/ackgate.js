@@ -272,7 +272,8 @@ export class AckgateClient {
     this.unconfirmed = new Map(); // "topic\0partition" -> the newest delivery_id acked since
     this.trailing = null; // timer of the trailing confirmations
     this.draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
-    this.queue = []; // events waiting for an `events()` reader
+    this.queue = []; // events waiting for an `events()` reader (kept from the first subscribe on)
+    this.buffering = false; // a subscribe was made: events are queued for a later events()
     this.readers = []; // `events()` readers waiting for an event
     this.storageKey = `ackgate:${options.clientId}:resume`;
     this.epochsKey = `ackgate:${options.clientId}:epochs`;
@@ -489,6 +490,9 @@ export class AckgateClient {
    * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
    */
   async subscribe(topic, { from, resume, epochs } = {}) {
+    // Events that arrive before `events()` is iterated (during a second subscribe, say) wait
+    // for it instead of coming back only after the ack timeout.
+    this.buffering = true;
     const frame = { op: "subscribe", topic };
     if (from) frame.from = from;
     const token = resume ?? (this.options.storage ? this.committed[topic] : undefined);
@@ -625,8 +629,9 @@ export class AckgateClient {
   }
 
   /**
-   * Every event from now on, for `for await (const event of client.events())`; ends after a
-   * final close. One reader at a time is the intended use (several share the events).
+   * Every event, for `for await (const event of client.events())`, those queued since the first
+   * `subscribe()` first; ends after a final close. One reader at a time is the intended use
+   * (several share the events).
    */
   events() {
     this.eventsWanted = true;
@@ -689,6 +694,13 @@ export class AckgateClient {
   #failPending(why) {
     for (const { reject } of this.pending.values()) reject(new AckgateError("closed", why));
     this.pending.clear();
+  }
+
+  /** Queues an event for `events()`. Bounded by the window: past it, events no longer in flight
+   * (acked, nacked or termed through `onEvent` by an app that never iterates) are dropped. */
+  #enqueue(frame) {
+    this.queue.push(frame);
+    if (this.queue.length > (this.welcome?.max_in_flight ?? 1000)) this.queue = this.queue.filter((e) => this.inFlight.has(e.delivery_id));
   }
 
   #endEvents() {
@@ -755,10 +767,10 @@ export class AckgateClient {
     if (frame.type === "event") {
       this.inFlight.set(frame.delivery_id, frame);
       this.options.onEvent?.(frame);
-      if (this.eventsWanted) {
+      if (this.eventsWanted || this.buffering) {
         const reader = this.readers.shift();
         if (reader) reader({ value: frame, done: false });
-        else this.queue.push(frame);
+        else this.#enqueue(frame);
       }
       return;
     }

@@ -619,3 +619,22 @@ test("a token that expires mid-stream is refreshed in band: the same session goe
   assert.equal(client.welcome.session_id, welcome.session_id);
   client.close();
 });
+
+// Issue 42, item 2: events that arrived before `events()` was iterated (here, during a second
+// `subscribe()`) were dropped and came back only after the ack timeout, as attempt 2. Now they
+// are kept from the first `subscribe()` on.
+test("events that arrive before events() is iterated wait for it, first attempts", async () => {
+  await topicWith(A, "js-early-a", 5);
+  await topicWith(A, "js-early-b", 0);
+  const client = new AckgateClient(ws(A), { clientId: "js-early" });
+  await client.connect();
+  await client.subscribe("js-early-a");
+  await new Promise((r) => setTimeout(r, 300)); // a's events arrive meanwhile
+  await client.subscribe("js-early-b");
+  const stream = client.events();
+  const within = (ms) => new Promise((_, reject) => setTimeout(() => reject(new Error(`not within ${ms} ms`)), ms));
+  const events = await Promise.race([take(stream, 5), within(4000)]);
+  assert.deepEqual(events.map((e) => [e.topic, e.offset, e.attempt]), [0, 1, 2, 3, 4].map((o) => ["js-early-a", o, 1]));
+  await client.ack(events.map((e) => e.delivery_id), { confirm: true });
+  client.close();
+});
