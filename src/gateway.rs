@@ -158,6 +158,8 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_subscribes_per_sec: config.limits.max_subscribes_per_sec,
         max_rewind_events: config.limits.max_rewind_events,
+        max_batch_events: config.limits.max_batch_events,
+        publish_creates_topics: (!crate::http::topics::must_exist_before_publish(config, false), !crate::http::topics::must_exist_before_publish(config, true)),
         max_sessions: config.limits.max_sessions,
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,
@@ -293,6 +295,7 @@ impl Gateway {
             config.publish.idempotency_max_keys,
             config.publish.idempotency_max_keys_per_publisher,
         ));
+        let _ = dispatcher.publisher.set(publisher.clone());
         let app = AppState {
             dispatcher,
             config: Arc::new(config),

@@ -12,6 +12,9 @@ pub struct Access {
     /// Topic patterns the session may subscribe to (`orders`, or `orders.*` as a prefix
     /// wildcard); `None` allows every topic.
     pub topics: Option<Vec<String>>,
+    /// Topic patterns the session may publish to with `publish` frames (a JWT's `publish`
+    /// claim); `None` allows every topic (no credentials configured at all).
+    pub publish: Option<Vec<String>>,
 }
 
 /// Checks a token a live session presents to replace its own (`refresh`): decoding lives at the
@@ -23,13 +26,21 @@ pub trait TokenCheck: Send + Sync {
 
 impl Access {
     pub fn allows(&self, topic: &str) -> bool {
-        match &self.topics {
-            None => true,
-            Some(patterns) => patterns.iter().any(|p| match p.strip_suffix('*') {
-                Some(prefix) => topic.starts_with(prefix),
-                None => p == topic,
-            }),
-        }
+        matches_any(self.topics.as_deref(), topic)
+    }
+
+    pub fn may_publish(&self, topic: &str) -> bool {
+        matches_any(self.publish.as_deref(), topic)
+    }
+}
+
+fn matches_any(patterns: Option<&[String]>, topic: &str) -> bool {
+    match patterns {
+        None => true,
+        Some(patterns) => patterns.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => topic.starts_with(prefix),
+            None => p == topic,
+        }),
     }
 }
 
@@ -39,14 +50,14 @@ mod tests {
 
     #[test]
     fn patterns_match_exactly_or_by_prefix_with_a_star() {
-        let access = Access { expires_at_ms: None, topics: Some(vec!["orders".into(), "audit.*".into()]) };
+        let access = Access { topics: Some(vec!["orders".into(), "audit.*".into()]), ..Default::default() };
         assert!(access.allows("orders"));
         assert!(!access.allows("orders2"));
         assert!(access.allows("audit.eu"));
         assert!(!access.allows("audit"));
         assert!(!access.allows("payments"));
         assert!(Access::default().allows("anything"));
-        assert!(!Access { expires_at_ms: None, topics: Some(vec![]) }.allows("orders"));
-        assert!(Access { expires_at_ms: None, topics: Some(vec!["*".into()]) }.allows("x"));
+        assert!(!Access { topics: Some(vec![]), ..Default::default() }.allows("orders"));
+        assert!(Access { topics: Some(vec!["*".into()]), ..Default::default() }.allows("x"));
     }
 }

@@ -29,6 +29,11 @@ pub struct DeliverySettings {
     pub max_subscribes_per_sec: usize,
     /// The most a `from: {"last": n}` may ask for per partition.
     pub max_rewind_events: u64,
+    /// Events one publish may carry (`limits.max_batch_events`).
+    pub max_batch_events: usize,
+    /// Whether a `publish` frame may create a missing topic (the embedded log's
+    /// `embedded.auto_create_topics`): for a session without a JWT, and for one with.
+    pub publish_creates_topics: (bool, bool),
     pub max_sessions: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,

@@ -80,6 +80,8 @@ pub struct Dispatcher {
     pub ack_floor: std::sync::OnceLock<Arc<super::ack_floor::LiveClientsAckFloor>>,
     /// Checks the tokens sessions present in `refresh` frames (set when JWTs are configured).
     pub token_check: std::sync::OnceLock<Arc<dyn super::access::TokenCheck>>,
+    /// Publishes of `publish` frames with an `idempotency_key` (the REST route's, shared).
+    pub publisher: std::sync::OnceLock<Arc<super::idempotency::IdempotentPublisher>>,
     /// Every task of this gateway (sessions, feeders, readers, background loops): shutdown waits
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
@@ -124,6 +126,7 @@ impl Dispatcher {
             plan_bounds: Default::default(),
             ack_floor: Default::default(),
             token_check: Default::default(),
+            publisher: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

@@ -27,6 +27,7 @@ pub(crate) mod offset_writer;
 pub mod offsets;
 pub(crate) mod partition_watch;
 pub mod protocol;
+pub(crate) mod published_event;
 pub mod reader;
 pub(crate) mod redelivery;
 pub(crate) mod redrive;
@@ -38,6 +39,7 @@ pub(crate) mod session_registry;
 pub(crate) mod subscription_plan;
 pub(crate) mod topic_removal;
 pub(crate) mod waiting;
+pub(crate) mod whole_number;
 pub(crate) mod window;
 
 /// Maps and sets on the per-event path (in-flight deliveries, ack trackers, a session's

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::backend::Event;
@@ -228,6 +229,13 @@ pub enum ClientFrame {
         token: String,
         req: Option<Value>,
     },
+    /// Publishes `events` (the REST body's `events`, as JSON text) to `topic`.
+    Publish {
+        topic: String,
+        events: String,
+        idempotency_key: Option<String>,
+        req: Option<Value>,
+    },
 }
 
 impl ClientFrame {
@@ -242,6 +250,7 @@ impl ClientFrame {
             Self::Term { .. } => "term",
             Self::Ping { .. } => "ping",
             Self::Refresh { .. } => "refresh",
+            Self::Publish { .. } => "publish",
         }
     }
 }
@@ -301,12 +310,53 @@ enum RawFrame {
         #[serde(default)]
         req: Option<Value>,
     },
+    /// Parsed on its own (`PublishFrame`): an internally tagged enum cannot keep `events` as raw
+    /// text. Here only so that the op is known and a bad one gets the parser's message.
+    #[allow(dead_code)]
+    Publish {
+        topic: String,
+        events: Value,
+        #[serde(default)]
+        idempotency_key: Option<String>,
+        #[serde(default)]
+        req: Option<Value>,
+    },
+}
+
+/// A `publish` frame, read with its `events` as raw JSON text (payloads are written as sent,
+/// never through a number's float).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishFrame {
+    #[allow(dead_code)]
+    op: PublishOp,
+    topic: String,
+    events: Box<RawValue>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    req: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PublishOp {
+    Publish,
 }
 
 /// Parses one text frame. On failure the error still carries the frame's `req` when it has one.
 pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
     if let Some(frame) = parse_plain_ack(text) {
         return Ok(frame);
+    }
+    // Only a text naming the op is tried as one (other frames skip the attempt).
+    if let Some(Ok(publish)) = text.contains("\"publish\"").then(|| serde_json::from_str::<PublishFrame>(text)) {
+        return Ok(ClientFrame::Publish {
+            topic: publish.topic,
+            events: publish.events.get().to_string(),
+            idempotency_key: publish.idempotency_key,
+            req: publish.req,
+        });
     }
     let raw: RawFrame = serde_json::from_str(text).map_err(|e| {
         let req = serde_json::from_str::<Value>(text).ok().and_then(|v| v.get("req").cloned());
@@ -368,6 +418,10 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
         }
         RawFrame::Ping { req } => ClientFrame::Ping { req },
         RawFrame::Refresh { token, req } => ClientFrame::Refresh { token, req },
+        // A well-formed one was read above as `PublishFrame`; this one is not (an unknown field).
+        RawFrame::Publish { req, .. } => {
+            return Err(FrameError::new(ErrorCode::BadFrame, "publish takes topic, events, idempotency_key and req only").with_req(req.filter(is_valid_req)))
+        }
     };
     match frame.req() {
         Some(req) if !is_valid_req(req) => Err(FrameError::new(ErrorCode::BadFrame, "req must be a string or a number")),
@@ -389,7 +443,8 @@ impl ClientFrame {
             | Self::Extend { req, .. }
             | Self::Term { req, .. }
             | Self::Ping { req }
-            | Self::Refresh { req, .. } => req.as_ref(),
+            | Self::Refresh { req, .. }
+            | Self::Publish { req, .. } => req.as_ref(),
         }
     }
 }
@@ -404,6 +459,13 @@ pub struct SubscribedPartition {
     pub epoch: OffsetEpoch,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gap: Option<GapRange>,
+}
+
+/// One event of a `published` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PublishedOffset {
+    pub partition: u32,
+    pub offset: u64,
 }
 
 /// Offsets `from`..`to`-1 that retention removed before the client read them.
@@ -458,6 +520,13 @@ pub enum ServerFrame {
     RefreshNeeded {
         expires_at: u64,
     },
+    /// A `publish` frame's events were written: `(partition, offset)` each, in the order sent.
+    Published {
+        req: Option<Value>,
+        offsets: Vec<PublishedOffset>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        replayed: Option<bool>,
+    },
     /// A `refresh` was taken: the session goes on until `expires_at` (epoch ms; absent: never).
     Refreshed {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -483,6 +552,7 @@ impl ServerFrame {
             Self::Gap { .. } => "gap",
             Self::Reconnect { .. } => "reconnect",
             Self::Pong { .. } => "pong",
+            Self::Published { .. } => "published",
             Self::RefreshNeeded { .. } => "refresh_needed",
             Self::Refreshed { .. } => "refreshed",
             Self::Error { .. } => "error",

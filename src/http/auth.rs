@@ -52,6 +52,13 @@ struct Claims {
     publish: Option<Vec<String>>,
 }
 
+impl Claims {
+    /// What a session holding this token may do.
+    fn into_access(self) -> Access {
+        Access { expires_at_ms: self.exp.map(|s| s.saturating_mul(1000)), topics: self.topics, publish: Some(self.publish.unwrap_or_default()) }
+    }
+}
+
 /// Decodes and checks a token against `auth`: signature (HS256 only), `exp` and `nbf`, and when
 /// configured `aud`, `iss` and the longest lifetime. The error says what is wrong.
 fn decode_token(auth: &AuthConfig, token: &str, now_secs: u64) -> Result<Claims, String> {
@@ -94,7 +101,10 @@ fn now_secs() -> u64 {
 /// `client_id` asked for.
 pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &HeaderMap, client_id: &ClientId) -> Result<Access, ApiError> {
     if auth.jwt_secret.is_empty() {
-        return Ok(Access::default());
+        // Publishing over a session needs a credential: with the admin token set and no JWTs,
+        // only REST with the admin token publishes.
+        let publish = (!auth.admin_token.is_empty()).then(Vec::new);
+        return Ok(Access { publish, ..Access::default() });
     }
     let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message);
     let token =
@@ -107,7 +117,7 @@ pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &He
             format!("the token is for client {:?}, not {:?}", claims.sub, client_id.as_str()),
         ));
     }
-    Ok(Access { expires_at_ms: claims.exp.map(|s| s.saturating_mul(1000)), topics: claims.topics })
+    Ok(claims.into_access())
 }
 
 /// Checks the token of a session's `refresh` frame as the handshake checks its first one.
@@ -119,7 +129,7 @@ impl crate::core::access::TokenCheck for JwtCheck {
         if claims.sub != client_id.as_str() {
             return Err(format!("the token is for client {:?}, not {:?}", claims.sub, client_id.as_str()));
         }
-        Ok(Access { expires_at_ms: claims.exp.map(|s| s.saturating_mul(1000)), topics: claims.topics })
+        Ok(claims.into_access())
     }
 }
 
@@ -150,8 +160,8 @@ pub async fn require_publish_right(State(app): State<AppState>, request: Request
         Err(message) => return ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message).into_response(),
     };
     // The same patterns as the `topics` claim; no `publish` claim allows nothing.
-    let may_publish = Access { expires_at_ms: None, topics: Some(claims.publish.unwrap_or_default()) };
-    if !may_publish.allows(topic) {
+    let may_publish = Access { publish: Some(claims.publish.unwrap_or_default()), ..Access::default() };
+    if !may_publish.may_publish(topic) {
         let message = format!("the token's publish claim does not allow topic {topic:?}");
         return ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response();
     }

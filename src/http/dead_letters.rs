@@ -93,10 +93,10 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
 pub struct RedriveBody {
     topic: String,
     client_id: String,
-    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     partition: Option<u32>,
     after: Option<String>,
-    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     limit: Option<usize>,
 }
 

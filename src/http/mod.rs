@@ -23,7 +23,6 @@ pub(crate) mod sessions;
 pub(crate) mod sse;
 pub(crate) mod tls;
 pub(crate) mod topics;
-pub(crate) mod whole_number;
 pub(crate) mod ws;
 
 use std::sync::Arc;

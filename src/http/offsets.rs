@@ -147,9 +147,9 @@ const MAX_TIME_MS: u64 = i64::MAX as u64;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResetBody {
-    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     offset: Option<u64>,
-    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
+    #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     time: Option<u64>,
 }
 

@@ -423,6 +423,8 @@ pub enum ClientFrame {
     /// `refreshed`, or an `error` (`unauthorized`, or `forbidden` when its `topics` claim drops a
     /// topic the session reads) that changes nothing.
     Refresh { token: String, req: Option<Req> },
+    /// Publish `events` (as the REST body's `events`) to `topic`; answered `published`.
+    Publish { topic: String, events: Vec<Value>, idempotency_key: Option<String>, req: Option<Req> },
 }
 
 /// `from` of a `subscribe`: a name or a time.
@@ -517,6 +519,13 @@ pub enum ServerFrame {
     /// `/session/recommend`) after `after_ms`.
     Reconnect {
         after_ms: u64,
+    },
+    /// A `publish` was written: the offsets in the order sent; `replayed` when an
+    /// `idempotency_key` repeated an earlier publish.
+    Published {
+        req: Option<Req>,
+        offsets: Vec<PublishedOffset>,
+        replayed: Option<bool>,
     },
     /// The session's JWT expires at `expires_at` (epoch ms), within `auth.refresh_before_secs`:
     /// send `refresh` with a new one, or the session closes with 4004 then.

@@ -8,7 +8,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -20,34 +19,12 @@ use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOu
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{StoreError, TopicRemoval};
 use crate::core::protocol::ErrorCode;
+use crate::core::published_event::{to_new_event, PublishedEvent};
 use crate::core::topic_removal;
 
 /// Lite topics per page of `GET /topics?parent=` unless `limit` says otherwise, and the most.
 const LITE_PAGE: usize = 100;
 const LITE_PAGE_MAX: usize = 1000;
-
-/// One event of a publish body. `payload` is kept as raw JSON text, never parsed into a tree.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishedEvent<'a> {
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default, deserialize_with = "super::whole_number::optional_whole")]
-    partition: Option<u32>,
-    #[serde(default)]
-    headers: Option<BTreeMap<String, String>>,
-    /// `Some` whenever the field is present, `null` included (a JSON payload like any other).
-    #[serde(default, borrow, deserialize_with = "present")]
-    payload: Option<&'a RawValue>,
-    /// Binary payloads, base64 (an extension: `payload` must be JSON).
-    #[serde(default)]
-    payload_base64: Option<String>,
-}
-
-/// Deserializes a present field as `Some`, even when its value is `null`.
-fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue as Deserialize>::deserialize(deserializer).map(Some)
-}
 
 fn parse_topic(topic: &str) -> Result<TopicName, ApiError> {
     TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))
@@ -141,7 +118,7 @@ pub async fn publish(
 /// missing one otherwise (`embedded.auto_create_topics`): creating topics is the admin token's
 /// right, so by default a JWT `publish` claim does not (issue 40, item 4). Kafka and RocketMQ
 /// never create one on publish.
-fn must_exist_before_publish(config: &crate::config::Config, by_jwt: bool) -> bool {
+pub(crate) fn must_exist_before_publish(config: &crate::config::Config, by_jwt: bool) -> bool {
     use crate::config::{AutoCreateTopics, BackendKind};
     config.storage.backend == BackendKind::Embedded
         && match config.embedded.auto_create_topics {
@@ -170,26 +147,6 @@ fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, 
         return Err(too_large(format!("{} events in one request; at most {max_events} (limits.max_batch_events)", raw_events.len())));
     }
     raw_events.into_iter().enumerate().map(|(i, e)| to_new_event(e).map_err(|m| ApiError::bad_request(format!("event {i}: {m}")))).collect()
-}
-
-/// Standard base64 with padding that ignores the unused low bits of the last character
-/// (`"N2=="` decodes like `"Nw=="`): the document's pattern accepts both, as do most decoders, and
-/// the bits carry no data.
-const LENIENT_BASE64: base64::engine::GeneralPurpose =
-    base64::engine::GeneralPurpose::new(&base64::alphabet::STANDARD, base64::engine::general_purpose::PAD.with_decode_allow_trailing_bits(true));
-
-fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
-    let (payload, payload_is_json) = match (event.payload, event.payload_base64) {
-        (Some(raw), None) => (raw.get().as_bytes().to_vec(), true),
-        (None, Some(b64)) => {
-            let bytes = LENIENT_BASE64.decode(b64).map_err(|e| format!("payload_base64 is not base64: {e}"))?;
-            let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
-            (bytes, is_json)
-        }
-        (Some(_), Some(_)) => return Err("give payload or payload_base64, not both".into()),
-        (None, None) => return Err("payload is required".into()),
-    };
-    Ok(NewEvent { key: event.key, partition: event.partition, headers: event.headers.unwrap_or_default().into_iter().collect(), payload, payload_is_json })
 }
 
 #[utoipa::path(
@@ -276,7 +233,7 @@ fn page_by_name<T>(mut items: Vec<T>, name: impl Fn(&T) -> &TopicName, after: Op
 #[serde(deny_unknown_fields)]
 pub struct CreateTopic {
     name: String,
-    #[serde(deserialize_with = "super::whole_number::whole")]
+    #[serde(deserialize_with = "crate::core::whole_number::whole")]
     partitions: u32,
 }
 
@@ -400,6 +357,8 @@ async fn finish_removal(d: &crate::core::dispatcher::Dispatcher, topic: &TopicNa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::published_event::LENIENT_BASE64;
+    use base64::Engine as _;
 
     proptest::proptest! {
         /// Any body gives events or a 4xx, never a panic.

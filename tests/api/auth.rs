@@ -332,3 +332,36 @@ async fn a_publish_claim_does_not_create_topics_and_topics_are_bounded() {
     gw.stop().await;
     drop(dir);
 }
+
+/// Issue 42, item 6: with JWTs, a `publish` frame needs the token's `publish` claim for the
+/// topic, and creates no topic; with the admin token set and no JWTs, a session may not publish
+/// (only REST with the admin token does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_frame_needs_the_publish_claim() {
+    let (_dir, gw) = start().await;
+    let created = http().post(format!("{}/topics", gw.base)).bearer_auth("admin").json(&json!({"name": "pub-a", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let mut client = connect_with(gw.addr(), "writer", &token(json!({"sub": "writer", "publish": ["pub-*"]}))).await;
+    let frame = |topic: &str, req: &str| json!({"op": "publish", "topic": topic, "events": [{"payload": {"n": 1}}], "req": req});
+    client.send(frame("pub-a", "ok")).await;
+    assert_eq!(client.recv().await["offsets"], json!([{"partition": 0, "offset": 0}]));
+    client.send(frame("other", "no")).await;
+    let refused = client.recv().await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("forbidden"), Some("no")), "{refused}");
+    client.send(frame("pub-new", "missing")).await;
+    assert_eq!(client.recv().await["code"], "unknown_topic", "a JWT creates no topic");
+    let mut reader = connect_with(gw.addr(), "reader", &token(json!({"sub": "reader"}))).await;
+    reader.send(frame("pub-a", "r")).await;
+    assert_eq!(reader.recv().await["code"], "forbidden", "no publish claim, no publishing");
+    gw.stop().await;
+
+    // The admin token alone: sessions are anonymous and may not publish.
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.admin_token = "admin".into();
+    let gw = InProcess::start(config).await;
+    let mut anonymous = TestClient::connect(gw.addr(), "anon").await;
+    anonymous.send(frame("pub-a", "x")).await;
+    assert_eq!(anonymous.recv().await["code"], "forbidden");
+    gw.stop().await;
+}

@@ -587,3 +587,43 @@ async fn a_subscribe_from_the_last_n_events_starts_n_before_the_end() {
     }
     gw.stop().await;
 }
+
+/// Issue 42, item 6 (PROTOCOL.md, the `publish` frame): a session publishes as the REST route
+/// does and gets `published` with the offsets in the order sent; an `idempotency_key` repeated
+/// with the same events answers the first offsets with `replayed`, with other events `conflict`;
+/// a bad event is `bad_frame` and writes nothing. Failed before: `publish` was an unknown op.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_publishes_with_a_publish_frame() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish_numbered(&gw.base, "talk", 1, 0, 0).await;
+    let mut reader = TestClient::connect(gw.addr(), "reader").await;
+    reader.subscribe("talk", json!({})).await;
+    let mut writer = TestClient::connect(gw.addr(), "writer").await;
+    let events = json!([{"payload": {"n": 1}}, {"key": "k", "partition": 0, "headers": {"h": "v"}, "payload": {"n": 2}}]);
+    writer.send(json!({"op": "publish", "topic": "talk", "events": events, "req": 1})).await;
+    let published = writer.recv().await;
+    assert_eq!(published, json!({"type": "published", "req": 1, "offsets": [{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}]}));
+    let got = reader.recv_events(2).await;
+    assert_eq!((got[1]["key"].as_str(), got[1]["headers"]["h"].as_str(), got[1]["payload"]["n"].as_u64()), (Some("k"), Some("v"), Some(2)));
+
+    let once = json!({"op": "publish", "topic": "talk", "events": [{"payload": {"n": 3}}], "idempotency_key": "k-3", "req": "a"});
+    writer.send(once.clone()).await;
+    let first = writer.recv().await;
+    assert_eq!(first["offsets"], json!([{"partition": 0, "offset": 2}]), "{first}");
+    writer.send(once).await;
+    let again = writer.recv().await;
+    assert_eq!((again["offsets"].clone(), again["replayed"].clone()), (json!([{"partition": 0, "offset": 2}]), json!(true)), "{again}");
+    writer.send(json!({"op": "publish", "topic": "talk", "events": [{"payload": {"n": 4}}], "idempotency_key": "k-3", "req": "b"})).await;
+    assert_eq!(writer.recv().await["code"], "conflict");
+    for bad in [json!([]), json!([{"nothing": 1}]), json!({"payload": 1})] {
+        writer.send(json!({"op": "publish", "topic": "talk", "events": bad, "req": "bad"})).await;
+        let refused = writer.recv().await;
+        assert_eq!((refused["type"].as_str(), refused["code"].as_str()), (Some("error"), Some("bad_frame")), "{refused}");
+    }
+    writer.send(json!({"op": "publish", "topic": "no such/topic", "events": [{"payload": 1}], "req": "n"})).await;
+    assert_eq!(writer.recv().await["code"], "invalid_name");
+    assert_eq!(reader.recv_events(1).await[0]["payload"]["n"], 3, "the replay and the refusals wrote nothing");
+    reader.expect_silence(std::time::Duration::from_millis(300)).await;
+    gw.stop().await;
+}

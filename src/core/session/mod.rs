@@ -31,6 +31,7 @@ use crate::core::window::Window;
 use crate::core::FastMap;
 
 mod acks;
+mod publishing;
 mod redrives;
 mod subscriptions;
 
@@ -722,6 +723,9 @@ impl Session {
                 Ok(())
             }
             ClientFrame::Refresh { token, req } => self.refresh(&token, req.clone()).map_err(|e| e.with_req(req)),
+            ClientFrame::Publish { topic, events, idempotency_key, req } => {
+                self.publish(&topic, &events, idempotency_key.as_deref(), req.clone()).await.map_err(|e| e.with_req(req))
+            }
         };
         if let Err(e) = result {
             self.error(e);
