@@ -38,6 +38,13 @@
 // to SSE when the socket fails before its welcome; once it fell back, the client stays on SSE.
 // The rest of the client only sees a transport: `isOpen()`, `send(frame)`, `close(code, reason)`.
 
+/** A random idempotency key (128 bits, hex). */
+function randomKey() {
+  const bytes = new Uint8Array(16);
+  globalThis.crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 /** Closes after which a client must not reconnect by itself: 1008 auth, 4001 taken over. */
 export const FINAL_CLOSES = new Set([1008, 4001]);
 
@@ -274,6 +281,7 @@ export class AckgateClient {
     this.draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
     this.queue = []; // events waiting for an `events()` reader (kept from the first subscribe on)
     this.buffering = false; // a subscribe was made: events are queued for a later events()
+    this.outbox = []; // publishes not answered yet: sent again, with their key, after a reconnect
     this.readers = []; // `events()` readers waiting for an event
     this.storageKey = `ackgate:${options.clientId}:resume`;
     this.epochsKey = `ackgate:${options.clientId}:epochs`;
@@ -325,6 +333,8 @@ export class AckgateClient {
           if (frame.type === "welcome") {
             welcomed = true;
             this.draining = false;
+            // Publishes waiting for a connection go out once the session is open.
+            queueMicrotask(() => this.outbox.forEach((entry) => this.#sendPublish(entry)));
             this.url = url;
             this.known.add(httpBase(url));
             this.welcome = frame;
@@ -349,7 +359,10 @@ export class AckgateClient {
           this.options.onClose?.({ code: close.code, reason: close.reason, final });
           if (!welcomed) reject(new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
           else if (!final) this.#reconnect();
-          if (final) this.#endEvents();
+          if (final) {
+            this.#endEvents();
+            for (const entry of this.outbox.splice(0)) entry.reject(new AckgateError("closed", `closed for good (${close.code})`));
+          }
         },
         refused: (frames, code, message) => {
           if (!current()) return;
@@ -626,6 +639,51 @@ export class AckgateClient {
 
   ping() {
     return this.#request({ op: "ping" });
+  }
+
+  /**
+   * Publishes one event (`{payload, key?, partition?, headers?}`) or a list of them to `topic`
+   * over the session; resolves with the `published` frame (`offsets` in the order given).
+   * While disconnected it waits (at most `maxQueuedPublishes`, default 100, publishes) and goes
+   * out after the reconnect; each publish carries an idempotency key (`idempotencyKey`, or a
+   * random one), so one sent again after a lost answer is never written twice.
+   */
+  publish(topic, events, { idempotencyKey } = {}) {
+    if (this.closedHere || FINAL_CLOSES.has(this.lastClose)) {
+      return Promise.reject(new AckgateError("closed", "the client is closed for good"));
+    }
+    const most = this.options.maxQueuedPublishes ?? 100;
+    if (this.outbox.length >= most) {
+      return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
+    }
+    const key = idempotencyKey ?? randomKey();
+    return new Promise((resolve, reject) => {
+      const entry = { topic, events: Array.isArray(events) ? events : [events], key, resolve, reject, sent: false };
+      this.outbox.push(entry);
+      this.#sendPublish(entry);
+    });
+  }
+
+  /** Sends a waiting publish if the session is open; one cut by a closed socket waits again. */
+  #sendPublish(entry) {
+    if (entry.sent || !this.transport?.isOpen() || !this.welcome) return;
+    entry.sent = true;
+    const done = () => {
+      const at = this.outbox.indexOf(entry);
+      if (at >= 0) this.outbox.splice(at, 1);
+    };
+    this.#request({ op: "publish", topic: entry.topic, events: entry.events, idempotency_key: entry.key }).then(
+      (published) => {
+        done();
+        entry.resolve(published);
+      },
+      (error) => {
+        entry.sent = false;
+        if (error.code === "closed" && !this.closedHere && this.outbox.includes(entry)) return; // sent again after the reconnect
+        done();
+        entry.reject(error);
+      },
+    );
   }
 
   /**

@@ -68,6 +68,24 @@ export interface AckOkFrame {
   committed: Record<string, Record<string, number>>;
 }
 
+export interface PublishedFrame {
+  type: "published";
+  req?: string | number;
+  /** One per event, in the order given. */
+  offsets: { partition: number; offset: number }[];
+  /** True when the idempotency key repeated an earlier publish (nothing was written again). */
+  replayed?: boolean;
+}
+
+/** One event to publish, as the REST body's events. */
+export interface NewEvent {
+  payload?: unknown;
+  payload_base64?: string;
+  key?: string;
+  partition?: number;
+  headers?: Record<string, string>;
+}
+
 export interface ErrorFrame {
   type: "error";
   code: ErrorCode;
@@ -80,7 +98,10 @@ export type ServerFrame =
   | SubscribedFrame
   | EventFrame
   | AckOkFrame
+  | PublishedFrame
   | ErrorFrame
+  | { type: "refresh_needed"; expires_at: number }
+  | { type: "refreshed"; req?: string | number; expires_at: number | null }
   | { type: "unsubscribed"; topic: string; req?: string | number }
   | { type: "pong"; req?: string | number }
   | { type: "gap"; topic: string; partition: number; from: number; to: number }
@@ -135,6 +156,8 @@ export interface AckgateClientOptions {
   storage?: TokenStorage;
   /** At most one confirmed ack per partition this often (default 1000); the rest are plain. After a draining instance's `reconnect` frame every ack is confirmed. */
   confirmEveryMs?: number;
+  /** Publishes that may wait for a connection (default 100); more reject with `limit_exceeded`. */
+  maxQueuedPublishes?: number;
   /** Reconnect after a close that is not final (default true). */
   reconnect?: boolean;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
@@ -176,6 +199,11 @@ export declare class AckgateClient {
   extend(id: string): void;
   term(id: string, reason?: string): void;
   ping(): Promise<{ type: "pong" }>;
+  /**
+   * Publishes over the session (the token's `publish` claim must allow `topic`); waits while
+   * disconnected and is sent again after a reconnect under the same idempotency key.
+   */
+  publish(topic: string, events: NewEvent | NewEvent[], options?: { idempotencyKey?: string }): Promise<PublishedFrame>;
   /** Every event from now on; ends after a final close. */
   events(): AsyncIterableIterator<EventFrame>;
   /** Closes for good: no reconnect follows. */

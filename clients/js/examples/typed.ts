@@ -29,6 +29,8 @@ async function main(): Promise<void> {
   } catch (e) {
     if (e instanceof AckgateError && e.code === "unknown_delivery") console.log("already settled");
   }
+  const published = await client.publish("orders", { key: "o-1", payload: { total: 3 } }, { idempotencyKey: "o-1" });
+  console.log(published.offsets[0]?.offset, published.replayed === true);
   client.close();
 }
 

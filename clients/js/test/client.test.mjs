@@ -638,3 +638,24 @@ test("events that arrive before events() is iterated wait for it, first attempts
   await client.ack(events.map((e) => e.delivery_id), { confirm: true });
   client.close();
 });
+
+// Issue 42, item 6: a page publishes over its session. A publish made while the connection is
+// cut waits and goes out after the reconnect, under its idempotency key: the log holds it once.
+test("publish goes over the session, waits through a reconnect and is written once", async () => {
+  await topicWith(A, "js-pub", 0);
+  const client = new AckgateClient(ws(A), { clientId: "js-pub", backoffMs: 50 });
+  const welcome = await client.connect();
+  const first = await client.publish("js-pub", [{ payload: { n: 0 } }, { partition: 0, payload: { n: 1 } }]);
+  assert.deepEqual(first.offsets, [{ partition: 0, offset: 0 }, { partition: 0, offset: 1 }]);
+  // Cut by an operator (4002, not final): the publish made meanwhile waits for the next session.
+  await disconnect(A, welcome.session_id);
+  const later = await client.publish("js-pub", { payload: { n: 2 } }, { idempotencyKey: "js-pub-2" });
+  assert.deepEqual(later.offsets, [{ partition: 0, offset: 2 }]);
+  const again = await client.publish("js-pub", { payload: { n: 2 } }, { idempotencyKey: "js-pub-2" });
+  assert.deepEqual([again.offsets, again.replayed], [[{ partition: 0, offset: 2 }], true]);
+  const topics = await call("GET", `${A}/topics`);
+  const pub = topics.topics.find((t) => t.name === "js-pub");
+  assert.equal(pub.partitions[0].log_end, 3, "each publish written once");
+  client.close();
+  await assert.rejects(client.publish("js-pub", { payload: {} }), (e) => e.code === "closed");
+});
