@@ -103,18 +103,29 @@ export class AckgateError extends Error {
 // each server frame, `error(detail)` when the connection fails, `close({code, reason})` once at
 // its end, and (SSE only) `refused(frames, code, message)` for a POST the gateway refused and
 // `resume(offsets)` for each event's resume token. It has `isOpen()`, `send(frame)`, `close(code,
-// reason)` and `ended` (settled once `close` was reported).
+// reason)`, `abandon(reason)` (a dead connection: reported closed with 1006 at once, without
+// waiting for a peer that answers nothing) and `ended` (settled once `close` was reported).
 
 /** Frames both ways on one WebSocket. */
 function webSocketTransport(url, query, hooks, WebSocketClass) {
   let socket = null;
   let endedNow;
+  let abandoned = false;
   const transport = {
     kind: "websocket",
     ended: new Promise((resolve) => (endedNow = resolve)),
-    isOpen: () => socket?.readyState === (WebSocketClass?.OPEN ?? 1),
+    isOpen: () => !abandoned && socket?.readyState === (WebSocketClass?.OPEN ?? 1),
     send: (frame) => socket?.send(JSON.stringify(frame)),
     close: (code, reason) => socket?.close(code, reason),
+    abandon: (reason) => {
+      if (abandoned) return;
+      abandoned = true;
+      try {
+        socket?.close(4000, "abandoned");
+      } catch {}
+      hooks.close({ code: 1006, reason });
+      endedNow();
+    },
   };
   try {
     socket = new WebSocketClass(`${url}?${query}`);
@@ -130,6 +141,7 @@ function webSocketTransport(url, query, hooks, WebSocketClass) {
   socket.onmessage = (message) => hooks.frame(JSON.parse(message.data));
   socket.onerror = () => hooks.error();
   socket.onclose = (close) => {
+    if (abandoned) return; // reported already
     hooks.close({ code: close.code, reason: close.reason });
     endedNow();
   };
@@ -213,6 +225,7 @@ function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) 
       schedule();
     },
     close: (code, reason) => end({ code, reason }),
+    abandon: (reason) => end({ code: 1006, reason }),
   };
   try {
     source = new EventSourceClass(`${base}/sse?${query}`);
@@ -282,6 +295,15 @@ export class AckgateClient {
     this.queue = []; // events waiting for an `events()` reader (kept from the first subscribe on)
     this.buffering = false; // a subscribe was made: events are queued for a later events()
     this.outbox = []; // publishes not answered yet: sent again, with their key, after a reconnect
+    this.heartbeat = null; // the timer of the pings that find a dead connection
+    this.checking = false; // a heartbeat ping waits for its pong
+    // In a page: back online, or shown again after a sleep, the connection is checked at once.
+    if (typeof globalThis.addEventListener === "function") {
+      globalThis.addEventListener("online", () => this.#checkAlive());
+      globalThis.document?.addEventListener?.("visibilitychange", () => {
+        if (globalThis.document.visibilityState === "visible") this.#checkAlive();
+      });
+    }
     this.readers = []; // `events()` readers waiting for an event
     this.storageKey = `ackgate:${options.clientId}:resume`;
     this.epochsKey = `ackgate:${options.clientId}:epochs`;
@@ -333,6 +355,7 @@ export class AckgateClient {
           if (frame.type === "welcome") {
             welcomed = true;
             this.draining = false;
+            this.#startHeartbeat(transport);
             // Publishes waiting for a connection go out once the session is open.
             queueMicrotask(() => this.outbox.forEach((entry) => this.#sendPublish(entry)));
             this.url = url;
@@ -348,6 +371,7 @@ export class AckgateClient {
         },
         close: (close) => {
           if (!current()) return;
+          clearInterval(this.heartbeat);
           this.lastClose = close.code;
           this.#failPending(`socket closed (${close.code})`);
           // Deliveries of the old session are gone with it; their offsets stay unacknowledged in
@@ -662,6 +686,33 @@ export class AckgateClient {
       this.outbox.push(entry);
       this.#sendPublish(entry);
     });
+  }
+
+  /**
+   * Every `heartbeatMs` (20000; 0: never) a ping that must be answered within
+   * `heartbeatTimeoutMs` (10000), else the connection counts as dead (a laptop that slept, a
+   * network switched, a proxy that black-holes it): it is abandoned and the client reconnects.
+   */
+  #startHeartbeat(transport) {
+    clearInterval(this.heartbeat);
+    const every = this.options.heartbeatMs ?? 20000;
+    if (!every) return;
+    this.heartbeat = setInterval(() => this.#checkAlive(transport), every);
+    this.heartbeat.unref?.(); // never keeps node alive by itself
+  }
+
+  /** Pings now; no answer within `heartbeatTimeoutMs` abandons `transport`. */
+  #checkAlive(transport = this.transport) {
+    if (!transport?.isOpen() || transport !== this.transport || this.checking) return;
+    this.checking = true;
+    const limit = this.options.heartbeatTimeoutMs ?? 10000;
+    const timer = setTimeout(() => transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`), limit);
+    this.#request({ op: "ping" })
+      .catch(() => {})
+      .finally(() => {
+        clearTimeout(timer);
+        this.checking = false;
+      });
   }
 
   /** Sends a waiting publish if the session is open; one cut by a closed socket waits again. */

@@ -156,6 +156,10 @@ export interface AckgateClientOptions {
   storage?: TokenStorage;
   /** At most one confirmed ack per partition this often (default 1000); the rest are plain. After a draining instance's `reconnect` frame every ack is confirmed. */
   confirmEveryMs?: number;
+  /** A ping every this many ms (default 20000; 0: none) finds a dead connection. */
+  heartbeatMs?: number;
+  /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. */
+  heartbeatTimeoutMs?: number;
   /** Publishes that may wait for a connection (default 100); more reject with `limit_exceeded`. */
   maxQueuedPublishes?: number;
   /** Reconnect after a close that is not final (default true). */

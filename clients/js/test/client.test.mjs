@@ -8,6 +8,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
+import { createServer, connect as tcpConnect } from "node:net";
 
 import { AckgateClient, AckgateError } from "../ackgate.js";
 
@@ -658,4 +659,52 @@ test("publish goes over the session, waits through a reconnect and is written on
   assert.equal(pub.partitions[0].log_end, 3, "each publish written once");
   client.close();
   await assert.rejects(client.publish("js-pub", { payload: {} }), (e) => e.code === "closed");
+});
+
+/** A TCP proxy to `base` that can black-hole its connections: bytes stop flowing both ways but
+ * nothing is closed, as after a laptop sleep or a silent network switch. */
+async function blackHoleProxy(base) {
+  const target = new URL(base);
+  const live = new Set();
+  let holed = false;
+  const server = createServer((client) => {
+    const upstream = tcpConnect(Number(target.port), target.hostname);
+    const pair = { client, upstream, holed: false };
+    live.add(pair);
+    client.on("data", (d) => pair.holed || upstream.write(d));
+    upstream.on("data", (d) => pair.holed || client.write(d));
+    const end = () => { live.delete(pair); client.destroy(); upstream.destroy(); };
+    client.on("close", end).on("error", end);
+    upstream.on("close", end).on("error", end);
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `ws://127.0.0.1:${server.address().port}/ws`,
+    /** Black-holes the connections open now; new ones flow. */
+    hole: () => { for (const pair of live) pair.holed = true; },
+    close: () => { for (const pair of live) { pair.client.destroy(); pair.upstream.destroy(); } server.close(); },
+  };
+}
+
+// Issue 42, item 4: a connection that stops carrying bytes without closing was never noticed:
+// no event came again and every request hung. Now a heartbeat ping unanswered within
+// heartbeatTimeoutMs abandons it, and the client reconnects and resumes.
+test("a black-holed connection is found by the heartbeat and the client resumes on a new one", async () => {
+  await topicWith(A, "js-hole", 2);
+  const proxy = await blackHoleProxy(A);
+  const closes = [];
+  const client = new AckgateClient(proxy.url, { clientId: "js-hole", heartbeatMs: 300, heartbeatTimeoutMs: 500, backoffMs: 50, onClose: (c) => closes.push(c.code) });
+  const stream = client.events();
+  const welcome = await client.connect();
+  await client.subscribe("js-hole");
+  const first = await take(stream, 2);
+  await client.ack(first.map((e) => e.delivery_id), { confirm: true });
+  proxy.hole();
+  await until("the dead connection noticed", () => closes.includes(1006));
+  await until("a new session", () => client.welcome.session_id !== welcome.session_id);
+  await call("POST", `${A}/topics/js-hole/events`, { partition: 0, payload: { n: 2 } });
+  const [next] = await take(stream, 1);
+  assert.equal(next.offset, 2, "resumed at its token on the new connection");
+  client.close();
+  proxy.close();
 });
