@@ -36,10 +36,10 @@ struct TopicScan {
     smallest: HashMap<u32, u64>,
     /// `(key, committed, log_end)` of every offset above its partition's log end.
     above_log_end: Vec<(OffsetKey, u64, u64)>,
-    /// Partitions where an acknowledged offset lies at or past the log end: the log held it,
-    /// so it lost its tail, even where every committed offset is below the end (acks above an
-    /// unacknowledged event).
-    acked_past_end: Vec<u32>,
+    /// Records (below the log end) whose acknowledged offset lies at or past it: the log held
+    /// it, so it lost its tail, even where every committed offset is below the end (acks above
+    /// an unacknowledged event). With their committed offsets.
+    acked_past_end: Vec<(OffsetKey, u64)>,
 }
 
 fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBounds]) -> Result<TopicScan, String> {
@@ -53,8 +53,8 @@ fn scan_topic(store: &dyn OffsetStore, topic: &TopicName, bounds: &[PartitionBou
             if record.committed > log_end {
                 scan.above_log_end.push((key.clone(), record.committed, log_end));
             }
-            if record.last_acked.is_some_and(|acked| acked >= log_end) {
-                scan.acked_past_end.push(key.partition);
+            if record.committed <= log_end && record.last_acked.is_some_and(|acked| acked >= log_end) {
+                scan.acked_past_end.push((key.clone(), record.committed));
             }
             let entry = scan.smallest.entry(key.partition).or_insert(committed);
             *entry = (*entry).min(committed);
@@ -80,8 +80,13 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
         let suspects = cursor_past_end(&bounds);
         if !scan.above_log_end.is_empty() || !scan.acked_past_end.is_empty() || !suspects.is_empty() {
             // Lowered only when a second read confirms the low end (`core::log_end`).
-            let mut low: Vec<u32> =
-                scan.above_log_end.iter().map(|(key, _, _)| key.partition).chain(scan.acked_past_end.iter().copied()).chain(suspects).collect();
+            let mut low: Vec<u32> = scan
+                .above_log_end
+                .iter()
+                .map(|(key, _, _)| key.partition)
+                .chain(scan.acked_past_end.iter().map(|(key, _)| key.partition))
+                .chain(suspects)
+                .collect();
             low.sort_unstable();
             low.dedup();
             let tps: Vec<TopicPartition> = low.iter().map(|p| TopicPartition::new(topic.clone(), *p)).collect();
@@ -106,7 +111,7 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
         // reach past every offset stored here (acks lost with the crash), so any evidence the
         // log held more counts.
         let mut log_epochs = std::collections::HashMap::new();
-        let mut evidence: Vec<u32> = acked_past_end.into_iter().chain(lost_by_cursor).collect();
+        let mut evidence: Vec<u32> = acked_past_end.iter().map(|(key, _)| key.partition).chain(lost_by_cursor).collect();
         evidence.sort_unstable();
         evidence.dedup();
         for partition in evidence {
@@ -115,6 +120,13 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             tracing::warn!(%tp, log_end, cursor = ?backend.pull_offset(&tp), "the log holds less than this instance pulled or its clients acknowledged: it lost its tail; its next log epoch starts at the end");
             let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
             log_epochs.insert(partition, store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?);
+        }
+        // Each record whose acks reached past the end moves into the new log epoch without them,
+        // so the next start does not find the same evidence and step again.
+        for (key, committed) in &acked_past_end {
+            if let Some(log) = log_epochs.get(&key.partition) {
+                store.reset(key, *committed, log.first_offset_epoch(), now_ms).map_err(|e| e.to_string())?;
+            }
         }
         for (i, (key, committed, log_end)) in above_log_end.into_iter().enumerate() {
             // Each key is named, up to a point: a log that lost its tail can strand millions.
@@ -154,6 +166,11 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             };
             // Not `clamp`: it panics on bounds a broker answered inverted.
             backend.seek(&tp, cursor.min(bounds.log_end).max(bounds.log_start));
+        }
+        // A cursor that was past the end is now below it: checkpointed at once, or a crash
+        // before the next periodic checkpoint would find the same evidence and step again.
+        if !log_epochs.is_empty() {
+            backend.checkpoint().map_err(|e| e.to_string())?;
         }
     }
     Ok(report)
@@ -259,6 +276,14 @@ mod tests {
         align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 2).await.unwrap();
         assert_eq!(store.log_epoch(&tp).unwrap().epoch, 1);
         assert_eq!(store.log_epoch(&tp).unwrap().log_end, 6);
+        // The record moved into the new epoch without its acks past the end: the next start
+        // finds no evidence and steps nothing again (the review of 4aa8a36 found it stepping at
+        // every start until the log grew past 8).
+        let moved = store.read(&key).unwrap().unwrap();
+        assert_eq!((moved.committed, moved.last_acked, moved.epoch >> 32), (4, None, 1));
+        let backend = ScriptedEnds { ends: Mutex::new(vec![6, 6]), cursor: Mutex::new(None) };
+        align_pull_offsets_to_ack(&backend, &store, ResetPolicy::Earliest, 3).await.unwrap();
+        assert_eq!(store.log_epoch(&tp).unwrap().epoch, 1);
         // No record at all; the cursor was checkpointed at 9, the log ends at 6 on both reads.
         let store = MemoryOffsetStore::new();
         let backend = ScriptedEnds { ends: Mutex::new(vec![6, 6]), cursor: Mutex::new(Some(9)) };

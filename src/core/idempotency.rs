@@ -283,14 +283,17 @@ impl IdempotentPublisher {
             )));
         }
         let pending = RememberedPublish { digest, offsets: Vec::new(), expires_at };
-        let (store, marking_topic, marking_key) = (self.store.clone(), topic.clone(), key.clone());
-        tokio::task::spawn_blocking(move || store.remember_publish(&marking_topic, &marking_key, &pending))
-            .await
-            .map_err(|e| StoreError::Io(format!("remembering an idempotency key failed: {e}")))??;
         let publisher = self.clone();
         let topic = topic.clone();
+        // The mark is written inside the detached task, right before the log write: a request
+        // given up while the mark was being written must not leave a mark with no publish
+        // behind it, which would answer every retry "outcome unknown" for the whole window.
         let written = tokio::spawn(async move {
             let _running = running;
+            let (store, marking_topic, marking_key) = (publisher.store.clone(), topic.clone(), key.clone());
+            tokio::task::spawn_blocking(move || store.remember_publish(&marking_topic, &marking_key, &pending))
+                .await
+                .map_err(|e| StoreError::Io(format!("remembering an idempotency key failed: {e}")))??;
             let written = if may_create { backend.publish(&topic, events).await } else { backend.publish_existing(&topic, events).await };
             // The answer replaces the mark; after an error the mark goes (it is remembered as
             // expired): nothing was answered, and a retry may write (on the embedded log nothing
@@ -307,7 +310,7 @@ impl IdempotentPublisher {
                 Ok(Err(e)) => tracing::error!(error = %e, "remembering an idempotent publish's answer failed: a retry will be told its outcome is unknown"),
                 Err(e) => tracing::error!(error = %e, "remembering an idempotent publish's answer failed: a retry will be told its outcome is unknown"),
             }
-            written
+            written.map_err(IdempotentPublishError::from)
         })
         .await
         .map_err(|e| StoreError::Io(format!("the publish task failed: {e}")))??;

@@ -198,8 +198,11 @@ impl Dispatcher {
             // A token of a later epoch than the record's: the record was removed since (offsets
             // deleted, expired) and is written again. It goes on in the token's epoch, so a later
             // lowering steps above every epoch the client has seen and fences its token.
+            // Never into a log epoch this instance has not recorded (a token from an instance
+            // that saw a loss this one has not): this instance's own step for that loss must
+            // still fence the record, so its log half stays this instance's.
             if let Some(token) = trusted {
-                offset_epoch = offset_epoch.max(token.epoch);
+                offset_epoch = offset_epoch.max(token.epoch.min(log.first_offset_epoch() | u64::from(u32::MAX)));
             }
             let wanted = match (stored, requested) {
                 (Some((committed, _)), Some(token)) => committed.max(token),

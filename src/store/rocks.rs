@@ -491,6 +491,10 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn try_write_offsets(&self, writes: &[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, StoreError>> {
+        if self.sync_writes {
+            // An fsync waits on the disk, which `no_slowdown` does not cover: never on a worker.
+            return None;
+        }
         let serialized = match self.write_lock.try_lock() {
             Ok(serialized) => serialized,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
