@@ -220,8 +220,9 @@ pub async fn run_session<I, O>(
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
     // Credentials that expire end the session then (4004), whatever it is doing, unless a
     // `refresh` replaced them; `refresh_needed` goes out `auth.refresh_before_secs` before.
+    // `None`: no timer armed (no token that expires): nothing to compare or reset per pass.
     let mut credentials_at = s.credentials_due();
-    let credentials_timer = tokio::time::sleep_until(credentials_at);
+    let credentials_timer = tokio::time::sleep_until(credentials_at.unwrap_or_else(far_future));
     tokio::pin!(credentials_timer);
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
@@ -260,9 +261,10 @@ pub async fn run_session<I, O>(
                 break;
             }
         }
-        if s.credentials_due() != credentials_at {
-            credentials_at = s.credentials_due();
-            credentials_timer.as_mut().reset(credentials_at);
+        let credentials_due = s.credentials_due();
+        if credentials_due != credentials_at {
+            credentials_at = credentials_due;
+            credentials_timer.as_mut().reset(credentials_at.unwrap_or_else(far_future));
         }
         let next_timer = s.in_flight.next_deadline().unwrap_or_else(far_future);
         if next_timer != timer_at {
@@ -273,8 +275,9 @@ pub async fn run_session<I, O>(
             biased;
             _ = &mut shutting_down => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
             _ = &mut credentials_timer => {
-                // Fired: armed again on the next pass, even for the same instant.
-                credentials_at = far_future();
+                // Fired: parked, and armed again on the next pass when anything is still due.
+                credentials_at = None;
+                credentials_timer.as_mut().reset(far_future());
                 s.on_credentials_timer()
             }
             message = control.recv() => s.on_control(message),
@@ -503,9 +506,9 @@ impl Session {
         self.expiry.map(|at| at.checked_sub(self.d.settings.refresh_before).unwrap_or(at).max(Instant::now()))
     }
 
-    /// The credentials timer's next instant: the notice, else the expiry, else never.
-    fn credentials_due(&self) -> Instant {
-        self.refresh_notice_at.or(self.expiry).unwrap_or_else(far_future)
+    /// The credentials timer's next instant: the notice, else the expiry; `None`: never.
+    fn credentials_due(&self) -> Option<Instant> {
+        self.refresh_notice_at.or(self.expiry)
     }
 
     fn on_credentials_timer(&mut self) -> Step {
