@@ -105,6 +105,7 @@ impl Dispatcher {
         let metrics = Metrics::register();
         let readers = Readers::new(
             backend.clone(),
+            store.clone(),
             settings.reader_buffer_events,
             settings.reader_buffer_bytes,
             settings.fetch_batch,

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use super::backend::{BackendError, Event, LogBackend, ReadFrom};
 use super::log_end;
 use super::names::{TopicName, TopicPartition};
+use super::offsets::OffsetStore;
 use super::waiting::WaitingGuard;
 
 /// How long one long poll of the backend waits for new events.
@@ -124,6 +125,8 @@ pub struct PartitionReader {
     average_bytes: AtomicUsize,
     /// `Readers::truncations`, shared by every reader of this instance.
     truncations_found: Arc<AtomicU64>,
+    /// Where a lost tail starts the partition's next log epoch (`truncate`).
+    store: Arc<dyn OffsetStore>,
 }
 
 impl PartitionReader {
@@ -367,17 +370,27 @@ impl PartitionReader {
                 return;
             }
         };
-        let mut buffer = self.buffer.lock().unwrap();
-        // The lower of the two reads: what a recreated log wrote in the second between them is
-        // new, and is read again rather than skipped.
-        let lowered = confirmed.min(log_end);
-        if lowered >= buffer.covered_to || (confirmed >= buffer.covered_to && !certain) {
-            drop(buffer);
+        let lowered = {
+            let buffer = self.buffer.lock().unwrap();
+            // The lower of the two reads: what a recreated log wrote in the second between them
+            // is new, and is read again rather than skipped.
+            let lowered = confirmed.min(log_end);
+            if lowered >= buffer.covered_to || (confirmed >= buffer.covered_to && !certain) {
+                None
+            } else {
+                tracing::warn!(tp = %self.tp, cursor = buffer.covered_to, log_end = lowered, "the log ends below the pull cursor (truncated, or recreated outside ackgate): the cursor moves down to the end, and subscribers above it are closed to resubscribe");
+                Some(lowered)
+            }
+        };
+        let Some(confirmed) = lowered else {
             log_end::transient(&self.tp, log_end, confirmed);
             return;
-        }
-        let confirmed = lowered;
-        tracing::warn!(tp = %self.tp, cursor = buffer.covered_to, log_end = confirmed, "the log ends below the pull cursor (truncated, or recreated outside ackgate): the cursor moves down to the end, and subscribers above it are closed to resubscribe");
+        };
+        // Before any subscriber hears of it, so that each reads the new epoch: one loss, one
+        // step, whichever epoch the sessions that meet it planned in (a session from before an
+        // earlier loss names an epoch the store has left, and stepped nothing).
+        self.start_next_log_epoch(confirmed).await;
+        let mut buffer = self.buffer.lock().unwrap();
         super::metrics::log_truncations().increment(1);
         self.backend.seek(&self.tp, confirmed);
         buffer.events.clear();
@@ -391,6 +404,25 @@ impl PartitionReader {
         self.ahead.lock().unwrap().retain(|from, _| *from <= confirmed);
         drop(buffer);
         self.pulled.notify_waiters();
+    }
+
+    /// Records the lost tail as the partition's next log epoch, ending at `log_end`: every
+    /// client of the partition that was away, or is served by another instance, learns of the
+    /// loss at its next subscribe (issue 39, item 3). On the blocking pool; a store that fails is
+    /// logged, and the partition stays in its epoch (offsets above the end are still lowered by
+    /// the sessions that meet the loss).
+    async fn start_next_log_epoch(&self, log_end: u64) {
+        let (store, tp) = (self.store.clone(), self.tp.clone());
+        let stepped = tokio::task::spawn_blocking(move || {
+            let seen = store.log_epoch(&tp)?.epoch;
+            store.step_log_epoch(&tp, seen, log_end)
+        })
+        .await;
+        match stepped {
+            Ok(Ok(log)) => tracing::warn!(tp = %self.tp, log_end, log_epoch = log.epoch, "the partition's log lost its tail: a new log epoch"),
+            Ok(Err(e)) => tracing::warn!(tp = %self.tp, error = %e, "could not record the partition's new log epoch after a lost tail"),
+            Err(e) => tracing::warn!(tp = %self.tp, error = %e, "could not record the partition's new log epoch after a lost tail"),
+        }
     }
 
     /// Moves an empty ring to where the pull cursor is now (a subscriber below it reads by
@@ -522,13 +554,16 @@ pub struct Readers {
     /// Truncations found by any reader since start (`PartitionReader::truncate`): it outlives
     /// each partition's readers, which come and go with their subscribers.
     truncations_found: Arc<AtomicU64>,
+    store: Arc<dyn OffsetStore>,
 }
 
 impl Readers {
     /// Each reader keeps at most `capacity` events and `capacity_bytes` of payload, and pulls at
-    /// most `batch` events at a time.
+    /// most `batch` events at a time. A lost tail a reader finds starts the partition's next log
+    /// epoch in `store`.
     pub fn new(
         backend: Arc<dyn LogBackend>,
+        store: Arc<dyn OffsetStore>,
         capacity: usize,
         capacity_bytes: usize,
         batch: usize,
@@ -537,7 +572,7 @@ impl Readers {
         pulled_events: metrics::Counter,
     ) -> Self {
         let (readers, stopping) = (Arc::new(Mutex::new(HashMap::new())), Arc::new(Mutex::new(HashMap::new())));
-        Self { backend, capacity, capacity_bytes, batch, readers, stopping, shutdown, tasks, pulled_events, truncations_found: Arc::default() }
+        Self { backend, capacity, capacity_bytes, batch, readers, stopping, shutdown, tasks, pulled_events, truncations_found: Arc::default(), store }
     }
 
     /// Truncations found so far: read before a subscription is planned, and handed to its
@@ -569,6 +604,7 @@ impl Readers {
             pulled_events: self.pulled_events.clone(),
             average_bytes: AtomicUsize::new(0),
             truncations_found: self.truncations_found.clone(),
+            store: self.store.clone(),
         });
         let (cancel, finished) = (self.shutdown.child_token(), CancellationToken::new());
         let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());
@@ -713,12 +749,18 @@ mod tests {
         }
     }
 
+    /// Readers of `backend` with a ring of 100 events, an offset store in memory and no metrics.
+    fn small_readers(backend: Arc<dyn LogBackend>) -> Readers {
+        let store = Arc::new(crate::store::memory::MemoryOffsetStore::new());
+        Readers::new(backend, store, 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop())
+    }
+
     /// Issue 40, item 11: a reader task that panicked stayed dead, and the partition stalled for
     /// every subscriber (this fetch waited for ever). Now it starts again a second later.
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_panicked_starts_again() {
         let backend = Arc::new(PanicsOnce::default());
-        let readers = Readers::new(backend.clone(), 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop());
+        let readers = small_readers(backend.clone());
         let lease = readers.get(&TopicPartition::new(TopicName::parse("t").unwrap(), 0), 0);
         let fetched = tokio::time::timeout(Duration::from_secs(60), lease.fetch(0, 10, 1 << 20, &mut 0)).await;
         let events = fetched.expect("the reader came back").expect("a read");
@@ -732,7 +774,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn empty_polls_answered_at_once_are_paced() {
         let backend = Arc::new(AnswersAtOnce::default());
-        let readers = Readers::new(backend.clone(), 100, 1 << 20, 10, CancellationToken::new(), TaskTracker::new(), metrics::Counter::noop());
+        let readers = small_readers(backend.clone());
         let lease = readers.get(&TopicPartition::new(TopicName::parse("t").unwrap(), 0), 0);
         let started = tokio::time::Instant::now();
         let waiting = tokio::spawn(async move { lease.fetch(0, 10, 1 << 20, &mut 0).await });

@@ -496,6 +496,70 @@ async fn a_lost_tail_found_while_a_client_was_away_lowers_it_after_the_log_grew_
     gw.stop().await;
 }
 
+/// Receives `n` events one at a time, acking each as it comes (plain acks): with a small
+/// window, the next events come only as these are acked.
+async fn recv_acking(client: &mut TestClient, n: usize) -> Vec<Value> {
+    let mut events = Vec::with_capacity(n);
+    for _ in 0..n {
+        let event = client.recv_type("event").await;
+        client.send(json!({"op": "ack", "delivery_ids": [id(&event)]})).await;
+        events.push(event);
+    }
+    events
+}
+
+/// Review finding 1(a) of 2026-12-04: the second lost tail of a partition was recorded only when
+/// the session that found it had planned in the current log epoch. "slow" planned in epoch 0 and
+/// lived through the first cut (its reads stood below it); the first cut started epoch 1, in
+/// which "away" acked up to 17 and left. When "slow" met the second cut, its session named epoch
+/// 0 as the one it saw, the store was at 1, and no epoch was started: "away" came back at 17 of
+/// a log that ended at 8 and grew back past 17, and the new events at 8 to 16 were skipped with
+/// no gap. Now the partition's reader starts the next log epoch once for each loss it finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_lost_tail_found_by_a_session_from_before_the_first_starts_another_log_epoch() {
+    let broker = TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let mut config = kafka_config(&data, &broker);
+    config.delivery.max_in_flight = 3;
+    let gw = InProcess::start(config).await;
+    publish_numbered(&gw.base, "twice", 1, 0, 10).await;
+    let mut slow = TestClient::connect(gw.addr(), "slow").await;
+    slow.subscribe("twice", json!({})).await;
+    let held = slow.recv_events(3).await;
+    let mut watcher = TestClient::connect(gw.addr(), "w").await;
+    watcher.subscribe("twice", json!({})).await;
+    recv_acking(&mut watcher, 10).await;
+
+    broker.truncate("twice", 0, 5);
+    watcher.recv_type("reconnect").await;
+    publish_twelve_after_a_cut(&gw.base, "twice").await;
+    let mut away = TestClient::connect(gw.addr(), "away").await;
+    assert_eq!(away.subscribe("twice", json!({})).await["partitions"][0]["from"], 0);
+    recv_acking(&mut away, 17).await;
+    wait_for("away's offset stored at 17", async || stored_offset(&gw.base, "twice", "away", 0).await.is_some_and(|row| row["committed"] == 17)).await;
+    away.close().await;
+    slow.ack_confirmed(&ids(&held), "held").await;
+    let read = recv_acking(&mut slow, 6).await;
+    assert_eq!(read.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>(), (3..9).collect::<Vec<_>>(), "slow read on through the first cut");
+    let in_flight = slow.recv_events(3).await;
+
+    let truncations = metric(&gw.base, "ackgate_log_truncations_total").await;
+    broker.truncate("twice", 0, 8);
+    wait_for("the reader found the second cut", async || metric(&gw.base, "ackgate_log_truncations_total").await > truncations).await;
+    slow.send(json!({"op": "ack", "delivery_ids": ids(&in_flight)})).await;
+    slow.recv_type("reconnect").await;
+    assert_eq!(slow.close_code().await, 1012);
+    publish_twelve_after_a_cut(&gw.base, "twice").await;
+
+    let mut away = TestClient::connect(gw.addr(), "away").await;
+    let subscribed = away.subscribe("twice", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 8, "lowered to where the log ended the second time: {subscribed}");
+    let events = recv_acking(&mut away, 12).await;
+    let got: Vec<(u64, u64)> = events.iter().map(|e| (e["offset"].as_u64().unwrap(), e["payload"]["n"].as_u64().unwrap())).collect();
+    assert_eq!(got, (0..12).map(|i| (8 + i, 100 + i)).collect::<Vec<_>>());
+    gw.stop().await;
+}
+
 /// Issue 39, item 6: a dead letter of a log that lost its tail since pointed at an offset where
 /// the new log holds another event, and a redrive delivered that other event to its client as
 /// the dead letter. Now a dead letter carries the partition's log epoch it was read in: one of an

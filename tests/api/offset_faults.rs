@@ -186,7 +186,16 @@ async fn ten_events_and_their_readers() -> (tempfile::TempDir, Arc<EmbeddedLog>,
         .collect();
     log.publish(&TopicName::parse("t").unwrap(), events).await.unwrap();
     let shutdown = CancellationToken::new();
-    let readers = Readers::new(log.clone(), 100, 64 << 20, 10, shutdown.clone(), TaskTracker::new(), metrics::Counter::noop());
+    let readers = Readers::new(
+        log.clone(),
+        Arc::new(ackgate::store::memory::MemoryOffsetStore::new()),
+        100,
+        64 << 20,
+        10,
+        shutdown.clone(),
+        TaskTracker::new(),
+        metrics::Counter::noop(),
+    );
     (dir, log, readers, shutdown)
 }
 

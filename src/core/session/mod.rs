@@ -22,7 +22,7 @@ use crate::core::in_flight::InFlightWindow;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_retention::{lower_to_log_end, touch_client_offsets};
 use crate::core::offset_writer::WriteRequest;
-use crate::core::offsets::{LogEpoch, OffsetEpoch, StoreError};
+use crate::core::offsets::{OffsetEpoch, StoreError};
 use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
 use crate::core::session_control::SessionControl;
@@ -577,32 +577,6 @@ impl Session {
     /// Lowers the client's committed offset of `tp` if it stands above a truncated log's new end
     /// (acks of events the log no longer holds), so that a return after the log grew past it
     /// again does not skip what it wrote there. On the blocking pool, like every store write here.
-    /// Starts `tp`'s next log epoch after a lost tail found by this session, which planned in
-    /// log epoch `seen` (`None`: not known, the current one), unless another session or instance
-    /// did for the same loss. On the blocking pool; a store that fails is logged, and the
-    /// partition stays in its epoch (the offsets above the end are still lowered).
-    async fn record_lost_tail(&self, tp: &TopicPartition, seen: Option<u32>, log_end: u64) -> LogEpoch {
-        let (store, recording) = (self.d.store.clone(), tp.clone());
-        let stepped = tokio::task::spawn_blocking(move || {
-            let seen = match seen {
-                Some(seen) => seen,
-                None => store.log_epoch(&recording)?.epoch,
-            };
-            store.step_log_epoch(&recording, seen, log_end)
-        })
-        .await;
-        match stepped.map_err(|e| StoreError::Io(e.to_string())) {
-            Ok(Ok(log)) => {
-                tracing::warn!(%tp, log_end, log_epoch = log.epoch, "the partition's log lost its tail: a new log epoch");
-                log
-            }
-            Ok(Err(e)) | Err(e) => {
-                tracing::warn!(%tp, error = %e, "could not record the partition's new log epoch after a lost tail");
-                LogEpoch::default()
-            }
-        }
-    }
-
     async fn lower_truncated_offset(&self, tp: &TopicPartition, log_end: u64, min_epoch: OffsetEpoch) {
         let (store, now) = (self.d.store.clone(), self.d.clock.now_ms());
         let key = OffsetKey::new(tp.topic.clone(), self.info.client_id.clone(), tp.partition);

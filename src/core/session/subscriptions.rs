@@ -262,20 +262,24 @@ impl Session {
         // A later session of the client that planned this partition meanwhile has its own
         // tracker (and offset epoch): lowering the record under it would fence its acks; it
         // meets the truncation itself and lowers then.
-        let (newer, seen) = {
+        let newer = {
             let mut client = self.client.lock().unwrap();
-            let seen = client.tracker_of_epoch(&tp, epoch).map(|t| LogEpoch::of(t.offset_epoch));
-            if seen.is_some() {
+            if client.tracker_of_epoch(&tp, epoch).is_some() {
                 client.trackers.remove(&tp);
             }
-            (client.trackers.get(&tp).is_some_and(|t| t.epoch > epoch), seen)
+            client.trackers.get(&tp).is_some_and(|t| t.epoch > epoch)
         };
-        // The partition's next log epoch, recorded before the client hears anything: every
-        // client of it that was away, or is served by another instance, learns of the loss at
-        // its next subscribe (issue 39, item 3).
-        let log = self.record_lost_tail(&tp, seen, log_end).await;
+        // The partition's reader started its next log epoch before any subscriber heard of the
+        // loss (`PartitionReader::truncate`); the offset lowered here belongs to it.
         if !newer {
-            self.lower_truncated_offset(&tp, log_end, log.first_offset_epoch()).await;
+            let min_epoch = match self.d.store.log_epoch(&tp) {
+                Ok(log) => log.first_offset_epoch(),
+                Err(e) => {
+                    tracing::warn!(%tp, error = %e, "could not read the partition's log epoch after a lost tail");
+                    LogEpoch::default().first_offset_epoch()
+                }
+            };
+            self.lower_truncated_offset(&tp, log_end, min_epoch).await;
         }
         self.send(ServerFrame::Reconnect { after_ms: 0 });
     }
