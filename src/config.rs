@@ -23,6 +23,16 @@ pub enum BackendKind {
     RocketMq,
 }
 
+/// `storage.durability`: what a publish answered 200 and an `ack_ok` survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// An fsync before the answer: survives a power loss.
+    Power,
+    /// Written to the WAL without an fsync: survives a crash of the process, not of the machine.
+    Crash,
+}
+
 /// `server.log_format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -168,11 +178,23 @@ pub struct StorageConfig {
     pub backend: BackendKind,
     /// RocksDB databases (log/, offsets/) and the pull checkpoint file live here (not empty).
     pub data_dir: PathBuf,
+    /// "power": a publish answered 200 (embedded log) and an `ack_ok` are fsynced before the answer,
+    /// so they survive a power loss; "crash": written without an fsync, they survive a crash of
+    /// the process but not of the machine (NATS's and Kafka's single-node default). Plain acks
+    /// are never waited on: they are fsynced with the next durable write.
+    pub durability: Durability,
+    /// With durability = "power", the longest a publish waits for concurrent publishes to share
+    /// its fsync (group commit; 0: never waits). A publish with none beside it never waits.
+    /// Bounds: at most 1000000 (1 s).
+    pub group_commit_max_wait_us: u64,
 }
+
+/// The longest `storage.group_commit_max_wait_us` may be.
+pub const MAX_GROUP_COMMIT_WAIT_US: u64 = 1_000_000;
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        Self { backend: BackendKind::Embedded, data_dir: PathBuf::from("data") }
+        Self { backend: BackendKind::Embedded, data_dir: PathBuf::from("data"), durability: Durability::Power, group_commit_max_wait_us: 1_000 }
     }
 }
 
@@ -187,8 +209,6 @@ pub struct EmbeddedConfig {
     pub retention_bytes_per_partition: u64,
     /// How often log retention runs.
     pub retention_check_interval_ms: u64,
-    /// fsync the log on every publish (survives power loss; slower). Off still survives a crash.
-    pub sync_writes: bool,
     /// Whether a publish to a topic that does not exist creates it (with default_partitions):
     /// "auto" when it is made with the admin token or without auth, never by a JWT publish claim
     /// (creating topics is the admin token's right); "always" also for JWT publishers; "never":
@@ -203,7 +223,6 @@ impl Default for EmbeddedConfig {
             retention_secs: 604_800,
             retention_bytes_per_partition: 1 << 30,
             retention_check_interval_ms: 60_000,
-            sync_writes: false,
             auto_create_topics: AutoCreateTopics::Auto,
         }
     }
@@ -324,13 +343,11 @@ pub struct OffsetsConfig {
     pub retention_secs: u64,
     /// How often expired offsets are swept (the first sweep runs at start).
     pub sweep_interval_ms: u64,
-    /// fsync every offset batch (survives power loss; slower). Off: WAL without fsync.
-    pub sync_writes: bool,
 }
 
 impl Default for OffsetsConfig {
     fn default() -> Self {
-        Self { store: OffsetStoreKind::RocksDb, checkpoint_interval_ms: 5_000, retention_secs: 604_800, sweep_interval_ms: 60_000, sync_writes: false }
+        Self { store: OffsetStoreKind::RocksDb, checkpoint_interval_ms: 5_000, retention_secs: 604_800, sweep_interval_ms: 60_000 }
     }
 }
 
@@ -674,6 +691,22 @@ impl Config {
     }
 }
 
+/// Keys of earlier versions that another key replaced: named with their replacement rather
+/// than refused as unknown.
+const REPLACED_KEYS: [(&str, &str, &str); 2] = [
+    ("embedded", "sync_writes", "storage.durability (\"power\" fsyncs before answering; \"crash\" is sync_writes = false)"),
+    ("offsets", "sync_writes", "storage.durability (\"power\" fsyncs before answering; \"crash\" is sync_writes = false)"),
+];
+
+fn refuse_replaced_keys(table: &toml::Table) -> anyhow::Result<()> {
+    for (section, key, replacement) in REPLACED_KEYS {
+        if table.get(section).and_then(|s| s.get(key)).is_some() {
+            anyhow::bail!("{section}.{key} was replaced by {replacement}: remove it from the config");
+        }
+    }
+    Ok(())
+}
+
 /// Prefix of environment overrides: `ACKGATE_DELIVERY__ACK_TIMEOUT_MS=500`.
 pub const ENV_PREFIX: &str = "ACKGATE_";
 
@@ -719,6 +752,7 @@ impl Config {
             Err(e) => anyhow::bail!("cannot read config {}: {e}", path.display()),
         };
         environment::apply(&mut table, env)?;
+        refuse_replaced_keys(&table)?;
         // Re-parsed from text so that a type error shows the offending `key = value` line.
         let merged = toml::to_string(&table)?;
         let config: Config = toml::from_str(&merged).map_err(|e| anyhow::anyhow!("config (file merged with ACKGATE_* overrides): {e}"))?;
@@ -768,6 +802,9 @@ impl Config {
                 "limits.max_subscribes_per_sec ({}) must be at least limits.max_subscriptions_per_session ({}): an SSE URL subscribes every topic it names at once",
                 self.limits.max_subscribes_per_sec, self.limits.max_subscriptions_per_session
             ));
+        }
+        if self.storage.group_commit_max_wait_us > MAX_GROUP_COMMIT_WAIT_US {
+            problems.push(format!("storage.group_commit_max_wait_us is at most {MAX_GROUP_COMMIT_WAIT_US}, got {}", self.storage.group_commit_max_wait_us));
         }
         for origin in &self.server.allowed_origins {
             if origin != "*" && crate::http::exposure::parse_origin(origin).is_none() {
@@ -879,6 +916,24 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(&path, text).unwrap();
         Config::load(&path, true, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    /// Issue 43, item 4: power-loss durability is the default, one key away from the old one;
+    /// the two keys it replaced are named with their replacement, not refused as unknown.
+    #[test]
+    fn durability_defaults_to_power_and_the_replaced_keys_name_it() {
+        let config = load("", &[]).unwrap();
+        assert_eq!((config.storage.durability, config.storage.group_commit_max_wait_us), (Durability::Power, 1_000));
+        assert_eq!(load("[storage]\ndurability = \"crash\"\n", &[]).unwrap().storage.durability, Durability::Crash);
+        assert_eq!(load("", &[("ACKGATE_STORAGE__DURABILITY", "crash")]).unwrap().storage.durability, Durability::Crash);
+        for section in ["embedded", "offsets"] {
+            let refused = load(&format!("[{section}]\nsync_writes = true\n"), &[]).unwrap_err().to_string();
+            assert!(refused.contains(&format!("{section}.sync_writes was replaced by storage.durability")), "{refused}");
+        }
+        assert!(load("[storage]\ndurability = \"disk\"\n", &[]).is_err());
+        let too_long = load("[storage]\ngroup_commit_max_wait_us = 1000001\n", &[]).unwrap_err().to_string();
+        assert!(too_long.contains("storage.group_commit_max_wait_us is at most 1000000"), "{too_long}");
+        assert_eq!(load("[storage]\ngroup_commit_max_wait_us = 0\n", &[]).unwrap().storage.group_commit_max_wait_us, 0);
     }
 
     #[test]

@@ -28,9 +28,11 @@ pub fn check_or_write(data_dir: &Path) -> anyhow::Result<()> {
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let temp = data_dir.join(format!("{FILE}.tmp"));
-            std::fs::write(&temp, format!("{PREFIX}{FORMAT_VERSION}\n")).with_context(|| format!("writing {}", temp.display()))?;
-            std::fs::rename(&temp, &path).with_context(|| format!("writing {}", path.display()))
+            // Fsynced, with its directory: written with a rename alone, a power loss right after
+            // the first start left an empty FORMAT, and the gateway refused to start again
+            // (found by tests/api/power_loss.rs).
+            crate::backend::checkpoint::write_atomically(&path, format!("{PREFIX}{FORMAT_VERSION}\n").as_bytes())
+                .with_context(|| format!("writing {}", path.display()))
         }
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 use crate::cluster::{Cluster, Instance};
-use crate::config::{Config, OffsetStoreKind};
+use crate::config::{Config, Durability, OffsetStoreKind};
 use crate::core::ack_floor::LiveClientsAckFloor;
 use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
@@ -197,7 +197,8 @@ fn open_store(config: &Config, data_dir: &Path) -> anyhow::Result<Arc<dyn Offset
     Ok(match config.offsets.store {
         OffsetStoreKind::Memory => Arc::new(MemoryOffsetStore::new()),
         OffsetStoreKind::RocksDb => Arc::new(
-            RocksOffsetStore::open(data_dir, config.offsets.sync_writes).with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
+            RocksOffsetStore::open(data_dir, config.storage.durability == Durability::Power)
+                .with_context(|| format!("opening the offset store in {}", data_dir.display()))?,
         ),
     })
 }
@@ -243,7 +244,7 @@ impl Gateway {
             "pull offsets aligned to committed offsets"
         );
         // With an fsync per write a store write can take milliseconds: never on a session task.
-        let inline_when_idle = !config.offsets.sync_writes;
+        let inline_when_idle = config.storage.durability == Durability::Crash;
         let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle);
         // Read before binding: a bad certificate stops the start with the file named.
         let tls = match config.server.tls_cert.as_str() {

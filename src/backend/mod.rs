@@ -79,7 +79,8 @@ impl Backend {
             default_partitions: config.embedded.default_partitions,
             retention_ms: config.embedded.retention_secs.saturating_mul(1000),
             retention_bytes_per_partition: config.embedded.retention_bytes_per_partition,
-            sync_writes: config.embedded.sync_writes,
+            durable: config.storage.durability == crate::config::Durability::Power,
+            group_commit_max_wait: std::time::Duration::from_micros(config.storage.group_commit_max_wait_us),
             max_topics: config.limits.max_topics,
         };
         let log = EmbeddedLog::open(data_dir, settings, clock).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?;

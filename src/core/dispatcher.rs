@@ -310,7 +310,7 @@ impl Dispatcher {
     /// only while the client has no session here, then forgets what this instance remembers of
     /// its progress on the topic. The client is marked as being changed meanwhile, so no session
     /// of it can start in between (`register` answers `unavailable`), and the store write runs
-    /// on the blocking pool, not under the registry's lock (with `offsets.sync_writes` it
+    /// on the blocking pool, not under the registry's lock (with `storage.durability = "power"` it
     /// fsyncs, and every session start and end waits on that lock). An ended session's writes
     /// are durable before it unregisters. `None` while the client is live or another change of
     /// it runs.

@@ -146,6 +146,13 @@ impl Applier {
         let stats = &self.stats;
         let writes: Vec<OffsetWrite> = batch.iter().flat_map(|r| r.writes.iter().cloned()).collect();
         let result = if writes.is_empty() { Ok(Vec::new()) } else { write(&writes)? };
+        // Someone waits on this batch (an `ack_ok`, a barrier) or a broker forgets its events
+        // once acked: durable first. Plain acks alone are not waited on; they share this fsync.
+        let must_last = batch.iter().any(|r| r.done.is_some() || !r.broker_acks.is_empty());
+        let result = match result {
+            Ok(outcomes) if must_last => self.store.make_durable().map(|()| outcomes),
+            other => other,
+        };
         let result = match result {
             Ok(outcomes) => {
                 let count = |kind| outcomes.iter().filter(|o| **o == kind).count() as u64;
@@ -335,7 +342,14 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn submit_waits_for_room_when_the_queue_is_full() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 };
+        let settings = EmbeddedLogSettings {
+            default_partitions: 1,
+            retention_ms: 0,
+            retention_bytes_per_partition: 0,
+            durable: false,
+            group_commit_max_wait: std::time::Duration::ZERO,
+            max_topics: 10_000,
+        };
         let backend = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(SystemClock)).unwrap());
         let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()), entered: AtomicUsize::new(0) });
         let (writer, thread) = OffsetWriter::start(store.clone(), backend, 1, false);

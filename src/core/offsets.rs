@@ -326,6 +326,13 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;
 
+    /// Makes every offset batch written so far survive a power loss, when the store was opened
+    /// for that (`storage.durability = "power"`: one fsync); a no-op otherwise. The offset writer
+    /// calls it before an `ack_ok` or a broker ACK of what it wrote.
+    fn make_durable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Reclaims the space of removed records, so later scans do not wade through them (after a
     /// large retention sweep). A no-op where there is nothing to reclaim.
     fn compact(&self) -> Result<(), StoreError> {

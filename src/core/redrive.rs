@@ -129,7 +129,7 @@ async fn read_one(d: &Dispatcher, tp: &TopicPartition, offset: u64) -> Result<Re
     }
 }
 
-/// A store call on the blocking pool (with `offsets.sync_writes` a write fsyncs).
+/// A store call on the blocking pool (with `storage.durability = "power"` a write fsyncs).
 pub async fn blocking<T: Send + 'static>(call: impl FnOnce() -> Result<T, StoreError> + Send + 'static) -> Result<T, String> {
     match tokio::task::spawn_blocking(call).await {
         Ok(Ok(done)) => Ok(done),

@@ -231,7 +231,7 @@ impl Dispatcher {
         // connected: touch them now (a sweep removes only records unchanged since its scan), and
         // write back any the sweep already took, so a subscription served from memory never
         // leaves its client without a stored offset (issue 21). On the blocking pool: with
-        // `offsets.sync_writes` a touch fsyncs.
+        // `storage.durability = "power"` a touch fsyncs.
         let (store, now_ms) = (self.store.clone(), self.clock.now_ms());
         let keys: Vec<OffsetKey> = starts.iter().map(|s| OffsetKey::new(topic.clone(), client_id.clone(), s.partition)).collect();
         let planned: Vec<OffsetKey> = writes.iter().map(|w: &OffsetWrite| w.key.clone()).collect();

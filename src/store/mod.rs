@@ -1,4 +1,6 @@
-//! `OffsetStore` implementations: `memory` (tests, ephemeral runs) and `rocks` (the default).
+//! `OffsetStore` implementations: `memory` (tests, ephemeral runs) and `rocks` (the default);
+//! `group_commit`, the shared fsync of the RocksDB writers (offsets and the embedded log).
 
+pub mod group_commit;
 pub mod memory;
 pub mod rocks;

@@ -12,7 +12,9 @@
 //! concurrent writers to the same key can never interleave between the read and the put. The
 //! lock also guards the generations, cached in memory, so a write checks its topic's generation
 //! and a topic deletion bumps it without a gap between them.
-//! Writes go through the WAL; `sync_writes` adds an fsync per batch.
+//! Writes go through the WAL. When `durable` (`storage.durability = "power"`), every write but an
+//! offset batch is fsynced; offset batches are fsynced by the offset writer when a batch carries
+//! a confirmed ack or a broker ACK (`make_durable`), so plain acks share those fsyncs.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -103,7 +105,7 @@ impl Serialized {
 
 pub struct RocksOffsetStore {
     db: Db,
-    sync_writes: bool,
+    durable: bool,
     /// Serializes writers; holds the topic generations and the records written last.
     write_lock: Mutex<Serialized>,
     /// Keys in `publishes` (counted at open, then kept under `write_lock`).
@@ -131,7 +133,7 @@ fn io_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl RocksOffsetStore {
-    pub fn open(data_dir: &Path, sync_writes: bool) -> Result<Self, StoreError> {
+    pub fn open(data_dir: &Path, durable: bool) -> Result<Self, StoreError> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -139,7 +141,7 @@ impl RocksOffsetStore {
             [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
                 .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let db = Db::open_cf_descriptors(&opts, data_dir.join("offsets"), cfs).map_err(io_err)?;
-        let store = Self { db, sync_writes, write_lock: Mutex::new(Serialized::default()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
+        let store = Self { db, durable, write_lock: Mutex::new(Serialized::default()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
         for (cf, count) in [(CF_PUBLISHES, &store.publishes), (CF_REDRIVES, &store.redrives)] {
             let mut keys = 0;
             store.for_each_with_prefix(cf, &[], &mut |_, _| {
@@ -197,7 +199,7 @@ impl RocksOffsetStore {
 
     fn write_opts(&self) -> WriteOptions {
         let mut opts = WriteOptions::default();
-        opts.set_sync(self.sync_writes);
+        opts.set_sync(self.durable);
         opts
     }
 
@@ -456,7 +458,9 @@ impl RocksOffsetStore {
             outcomes.push(WriteOutcome::Advanced);
         }
         if !batch.is_empty() {
-            let mut opts = self.write_opts();
+            // Never an fsync here: the offset writer makes a batch durable when it must
+            // (`make_durable`), so plain acks share the fsync of the next confirmed one.
+            let mut opts = WriteOptions::default();
             // A stall answers at once (Incomplete, nothing written) instead of waiting it out.
             opts.set_no_slowdown(without_waiting);
             if let Err(e) = self.db.write_opt(batch, &opts) {
@@ -491,7 +495,7 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn try_write_offsets(&self, writes: &[OffsetWrite]) -> Option<Result<Vec<WriteOutcome>, StoreError>> {
-        if self.sync_writes {
+        if self.durable {
             // An fsync waits on the disk, which `no_slowdown` does not cover: never on a worker.
             return None;
         }
@@ -979,6 +983,13 @@ impl OffsetStore for RocksOffsetStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush_wal(true).map_err(io_err)
+    }
+
+    fn make_durable(&self) -> Result<(), StoreError> {
+        if self.durable {
+            self.db.flush_wal(true).map_err(io_err)?;
+        }
+        Ok(())
     }
 
     fn compact(&self) -> Result<(), StoreError> {

@@ -24,6 +24,7 @@ mod metrics;
 mod offset_faults;
 mod offset_store_props;
 mod openapi;
+mod power_loss;
 mod process;
 mod restart;
 mod rocketmq;

@@ -179,7 +179,14 @@ async fn a_reset_above_the_log_end_is_refused() {
 /// readers over it (stopped by cancelling the token).
 async fn ten_events_and_their_readers() -> (tempfile::TempDir, Arc<EmbeddedLog>, Readers, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
-    let settings = EmbeddedLogSettings { default_partitions: 1, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 };
+    let settings = EmbeddedLogSettings {
+        default_partitions: 1,
+        retention_ms: 0,
+        retention_bytes_per_partition: 0,
+        durable: false,
+        group_commit_max_wait: std::time::Duration::ZERO,
+        max_topics: 10_000,
+    };
     let log = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(ManualClock::new(1))).unwrap());
     let events = (0..10)
         .map(|n| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'0' + n], payload_is_json: true })
@@ -544,7 +551,7 @@ async fn the_offsets_listing_comes_in_pages() {
 }
 
 /// Issue 21, item 9: an operator's reset writes the store off the session registry's lock, so
-/// while its write waits (a slow disk, an fsync with `offsets.sync_writes`) every other client
+/// while its write waits (a slow disk, an fsync) every other client
 /// still connects, subscribes and receives. Failed before the fix: the reset wrote under the
 /// registry's lock, so `other`'s session could only register once the reset's write had ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,7 +669,7 @@ async fn a_deletion_cut_short_before_its_dead_letters_went_is_finished_by_the_re
     gw.stop().await;
 }
 
-/// Issue 39, item 10: with `offsets.sync_writes` off, a confirmed ack's offset write ran on the
+/// Issue 39, item 10: with `storage.durability = "crash"`, a confirmed ack's offset write ran on the
 /// session's tokio worker whenever the writer thread was idle, so a store that stalled (a RocksDB
 /// write stall; here writes held) froze that worker, and three clients froze both: `/healthz`
 /// went unanswered. Now a write is made on the worker only when the store can make it without
@@ -671,7 +678,10 @@ async fn a_deletion_cut_short_before_its_dead_letters_went_is_finished_by_the_re
 async fn a_stalled_offset_store_freezes_no_tokio_worker() {
     let (_dir, data) = temp_dir();
     let store = ControlledStore::open(&data);
-    let gw = start_with(test_config(&data), store.clone()).await;
+    let mut config = test_config(&data);
+    // The inline write exists only without an fsync per write.
+    config.storage.durability = ackgate::config::Durability::Crash;
+    let gw = start_with(config, store.clone()).await;
     let _let_go = LetGo(store.clone());
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
     let mut clients = Vec::new();

@@ -26,6 +26,7 @@ use super::checkpoint::{PullCursors, CHECKPOINT_FILE};
 use crate::core::backend::{BackendError, Event, LogBackend, NewEvent, PartitionBounds, ReadFrom};
 use crate::core::clock::Clock;
 use crate::core::names::{topic_prefix, TopicName, TopicPartition};
+use crate::store::group_commit::GroupCommit;
 
 type Db = DBWithThreadMode<MultiThreaded>;
 /// One item of a RocksDB iterator.
@@ -45,8 +46,13 @@ pub struct EmbeddedLogSettings {
     pub retention_ms: u64,
     /// A partition larger than this loses its oldest events; 0 means no size limit.
     pub retention_bytes_per_partition: u64,
-    /// Sync the WAL on every publish (slower; survives power loss, not only process crashes).
-    pub sync_writes: bool,
+    /// A publish is answered once its events are fsynced (`storage.durability = "power"`):
+    /// concurrent publishes share one fsync (`GroupCommit`). Off: written to the WAL without an
+    /// fsync, which survives a crash of the process, not of the machine.
+    pub durable: bool,
+    /// `storage.group_commit_max_wait_us`: how long a publish's fsync waits for concurrent
+    /// publishes to join it.
+    pub group_commit_max_wait: std::time::Duration,
     /// Topics the log may hold; creating one more is `LimitExceeded`.
     pub max_topics: usize,
 }
@@ -90,6 +96,8 @@ pub struct LogState {
     /// go down along a partition (a clock set back waits for itself) and a search by time is a
     /// binary search.
     last_timestamp: AtomicU64,
+    /// The fsync that durable publishes share.
+    group_commit: GroupCommit,
 }
 
 fn io_err(e: impl std::fmt::Display) -> BackendError {
@@ -120,13 +128,14 @@ impl EmbeddedLog {
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = LogState {
             db,
-            settings,
+            settings: settings.clone(),
             topics: RwLock::new(HashMap::new()),
             append_lock: Mutex::new(()),
             cursors,
             round_robin: AtomicU32::new(0),
             clock,
             last_timestamp: AtomicU64::new(0),
+            group_commit: GroupCommit::new(settings.group_commit_max_wait),
         };
         log.recover_topics()?;
         Ok(Self { state: Arc::new(log) })
@@ -214,10 +223,22 @@ impl LogState {
         self.db.cf_handle(name).ok_or_else(|| io_err(format!("missing column family {name}")))
     }
 
+    /// Topic changes: fsynced when durable (rare). Events are written without and synced by
+    /// their publish's group commit (`append_durably`).
     fn write_opts(&self) -> rocksdb::WriteOptions {
         let mut opts = rocksdb::WriteOptions::default();
-        opts.set_sync(self.settings.sync_writes);
+        opts.set_sync(self.settings.durable);
         opts
+    }
+
+    /// `append`, answered once its events are fsynced, in one fsync with whatever concurrent
+    /// publishes wrote meanwhile. Blocking: on the blocking pool.
+    fn append_durably(&self, topic: &TopicName, events: Vec<NewEvent>, now: u64, missing: MissingTopic) -> Result<Vec<(u32, u64)>, BackendError> {
+        let writing = self.group_commit.writing();
+        let assigned = self.append(topic, events, now, missing)?;
+        let ticket = writing.done();
+        self.group_commit.wait_durable(ticket, || self.db.flush_wal(true)).map_err(io_err)?;
+        Ok(assigned)
     }
 
     fn create_topic_locked(&self, topic: &TopicName, partitions: u32) -> Result<bool, BackendError> {
@@ -277,8 +298,8 @@ impl LogState {
         }
     }
 
-    /// Appends `events` as one atomic batch (under the append lock, with an fsync when
-    /// `sync_writes`); answers `(partition, offset)` per event.
+    /// Appends `events` as one atomic batch under the append lock, without an fsync (see
+    /// `append_durably`); answers `(partition, offset)` per event.
     fn append(&self, topic: &TopicName, events: Vec<NewEvent>, now: u64, missing: MissingTopic) -> Result<Vec<(u32, u64)>, BackendError> {
         let _guard = self.append_lock.lock().unwrap();
         let count = match self.topics.read().unwrap().get(topic) {
@@ -313,7 +334,7 @@ impl LogState {
             *end += 1;
             *bytes += value.len() as u64;
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write(batch).map_err(io_err)?;
         self.last_timestamp.store(now, Ordering::Relaxed);
         let mut topics = self.topics.write().unwrap();
         let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
@@ -434,12 +455,12 @@ enum MissingTopic {
 impl EmbeddedLog {
     async fn append_now(&self, topic: &TopicName, events: Vec<NewEvent>, missing: MissingTopic) -> Result<Vec<(u32, u64)>, BackendError> {
         let now = self.clock.now_ms();
-        if !self.settings.sync_writes {
+        if !self.settings.durable {
             // No fsync: a write to the memtable and the WAL's page cache, microseconds.
             return self.append(topic, events, now, missing);
         }
         let (state, topic) = (self.state.clone(), topic.clone());
-        tokio::task::spawn_blocking(move || state.append(&topic, events, now, missing)).await.map_err(io_err)?
+        tokio::task::spawn_blocking(move || state.append_durably(&topic, events, now, missing)).await.map_err(io_err)?
     }
 }
 

@@ -9,7 +9,14 @@ use crate::core::clock::ManualClock;
 const DAY_MS: u64 = 86_400_000;
 
 fn settings() -> EmbeddedLogSettings {
-    EmbeddedLogSettings { default_partitions: 2, retention_ms: 0, retention_bytes_per_partition: 0, sync_writes: false, max_topics: 10_000 }
+    EmbeddedLogSettings {
+        default_partitions: 2,
+        retention_ms: 0,
+        retention_bytes_per_partition: 0,
+        durable: false,
+        group_commit_max_wait: std::time::Duration::ZERO,
+        max_topics: 10_000,
+    }
 }
 
 fn event(partition: Option<u32>, key: Option<&str>, n: u32) -> NewEvent {
@@ -189,14 +196,14 @@ async fn retention_goes_past_events_that_do_not_decode() {
     assert_eq!(log.publish(&topic("t"), vec![event(Some(0), None, 5)]).await.unwrap(), vec![(0, 5)]);
 }
 
-/// Issue 21, item 9: a publish with `sync_writes` (an fsync per batch) waits on the blocking
+/// Issue 21, item 9: a durable publish (an fsync per batch) waits on the blocking
 /// pool, never on a runtime thread: with the append lock held elsewhere (another publish's
 /// fsync, retention), the runtime's only thread goes on serving other tasks. Failed before the
 /// fix: the publish took the lock on the runtime thread, so nothing else ran until it was free.
 #[tokio::test(flavor = "current_thread")]
 async fn a_synced_publish_waits_off_the_runtime_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let synced = EmbeddedLogSettings { sync_writes: true, ..settings() };
+    let synced = EmbeddedLogSettings { durable: true, ..settings() };
     let log = Arc::new(EmbeddedLog::open(dir.path(), synced, Arc::new(ManualClock::new(1))).unwrap());
     log.create_topic(&topic("t"), 1).await.unwrap();
     let released = Arc::new(std::sync::atomic::AtomicBool::new(false));

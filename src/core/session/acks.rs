@@ -336,7 +336,7 @@ impl Session {
             at: now_ms,
             log_epoch,
         };
-        // On the blocking pool: with `offsets.sync_writes` the write fsyncs.
+        // On the blocking pool: with `storage.durability = "power"` the write fsyncs.
         let (store, record) = (self.d.store.clone(), dead.clone());
         let recorded = tokio::task::spawn_blocking(move || match redriven {
             true => store.settle_redrive(&record.id(), Some(&record)),

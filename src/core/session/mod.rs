@@ -594,7 +594,7 @@ impl Session {
     }
 
     /// Marks every stored offset of the client as seen now, so retention counts from when it
-    /// left and not from its last ack. On the blocking pool: with `offsets.sync_writes` it fsyncs.
+    /// left and not from its last ack. On the blocking pool: with `storage.durability = "power"` it fsyncs.
     async fn touch_offsets(&self) {
         let (store, client, now) = (self.d.store.clone(), self.info.client_id.clone(), self.d.clock.now_ms());
         let touched = tokio::task::spawn_blocking(move || touch_client_offsets(store.as_ref(), &[client], now)).await;
