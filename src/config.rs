@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::core::delivery_settings::ResetPolicy;
 
 mod environment;
+pub mod origin;
 pub mod template;
 
 /// `storage.backend`: where events live.
@@ -807,7 +808,7 @@ impl Config {
             problems.push(format!("storage.group_commit_max_wait_us is at most {MAX_GROUP_COMMIT_WAIT_US}, got {}", self.storage.group_commit_max_wait_us));
         }
         for origin in &self.server.allowed_origins {
-            if origin != "*" && crate::http::exposure::parse_origin(origin).is_none() {
+            if origin != "*" && origin::parse_origin(origin).is_none() {
                 problems.push(format!("server.allowed_origins: {origin:?} is not \"*\" or scheme://host[:port]"));
             }
         }

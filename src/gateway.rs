@@ -259,7 +259,8 @@ impl Gateway {
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
         if dispatcher.backend.acknowledges_at_broker() {
-            let floor = Arc::new(LiveClientsAckFloor::new(Arc::downgrade(&dispatcher)));
+            let readers: std::sync::Weak<dyn crate::core::ack_floor::LiveReaders> = Arc::downgrade(&dispatcher) as std::sync::Weak<Dispatcher>;
+            let floor = Arc::new(LiveClientsAckFloor::new(readers));
             dispatcher.backend.set_ack_floor(floor.clone());
             let _ = dispatcher.ack_floor.set(floor);
         }
@@ -355,7 +356,7 @@ impl Gateway {
                 // SIGTERM: drain first (sessions closed with 1012 over the window), unless an
                 // operator's drain already runs; then what is left closes with 1001.
                 if !drain.is_zero() {
-                    app.dispatcher.start_drain(drain);
+                    crate::core::drain::start_drain(&app.dispatcher, drain);
                     let settle = Duration::from_millis(config.server.drain_settle_ms);
                     wait_for_sessions_to_end(&app.dispatcher, drain + settle + DRAIN_SLACK, &cancel).await;
                 }

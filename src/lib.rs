@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! - `config`: `config.toml` + `ACKGATE_SECTION__KEY` overrides (`config::environment`),
-//!   validated at start; `config::template` prints `config.toml` and its docs from the doc comments.
+//!   validated at start; `config::template` prints `config.toml` and its docs from the doc comments;
+//!   `config::origin`: origins and hosts as the config names them and browsers send them.
 //! - `data_format`: the data_dir's format version (`<data_dir>/FORMAT`), checked at start.
 //! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
 //!   - `names`: validated topic / client names and the collision-free offset key;
@@ -23,7 +24,7 @@
 //!     token, `from`, time), its gaps and trackers;
 //!   - `redelivery`: ack timeout, backoff and attempts per topic; `drain`: closing an
 //!     instance's sessions spread over the drain window; `idempotency`: `Idempotency-Key`
-//!     publishes;
+//!     publishes (`remembered_publish`: what the store keeps of one);
 //!   - `partition_watch`, `log_end`: partitions added later, log ends read twice before use;
 //!   - `feeder`, `window`, `in_flight`: per-partition feeders, a session's in-flight window
 //!     (events and bytes) and its deliveries' ack deadlines;
@@ -34,12 +35,16 @@
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
 //!   - `rendezvous`: which instance a client should use; `waiting`: a cancel-safe count of
 //!     waiters (readers, window); `FastMap`/`FastSet`: foldhash maps for the per-event path.
-//! - `store`: `OffsetStore` implementations (`memory`, `rocks`).
+//! - `store`: `OffsetStore` implementations (`memory`, `rocks`); `group_commit`: one fsync
+//!   shared by concurrent writers (`storage.durability = "power"`).
 //! - `backend`: `LogBackend` implementations (`embedded`, `kafka`, `rocketmq`) and the pull
 //!   checkpoint file.
 //! - `cluster`: the peers and their health, for `/session/recommend`.
 //! - `http`: the axum router, one file per REST resource, the WebSocket adapter, auth, metrics,
-//!   OpenAPI, the browser console.
+//!   OpenAPI, the browser console; the connection layer under it: `connections` (accept loop and
+//!   timers), `connection_counts` (caps in all and per IP), `activity` (what a connection's
+//!   watchdog reads), `lingering` (closing without a reset), `tls`. No module imports itself
+//!   through others (tests/api/structure.rs).
 //! - `gateway`: wiring: `Gateway::build(config)` then `run(shutdown)`.
 
 pub mod backend;

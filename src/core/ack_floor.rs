@@ -3,16 +3,25 @@
 //! to its topic on this instance has a durable committed offset past it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::backend::AckFloor;
-use super::dispatcher::Dispatcher;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use super::session_registry::SessionInfo;
+
+/// What the floors are computed from: the live sessions (with the topics each reads) and the
+/// committed offsets stored. The dispatcher is one.
+pub trait LiveReaders: Send + Sync {
+    fn live_sessions(&self) -> Vec<Arc<SessionInfo>>;
+    /// The stored committed offset of `key` (0: none, or unreadable: nothing of it is known to
+    /// be acknowledged).
+    fn committed(&self, key: &OffsetKey) -> u64;
+}
 
 /// Floors computed from the live sessions and the offset store.
 pub struct LiveClientsAckFloor {
-    dispatcher: Weak<Dispatcher>,
+    readers: Weak<dyn LiveReaders>,
     /// Clients whose session ended, by the topics it read, with when: still counted for
     /// `DEPARTED_COUNTED_FOR`, so that acks made durable as the session ended (the last acks of a
     /// client that leaves, every session's at a graceful shutdown) still settle what the broker
@@ -27,8 +36,8 @@ pub struct LiveClientsAckFloor {
 const DEPARTED_COUNTED_FOR: Duration = Duration::from_secs(2);
 
 impl LiveClientsAckFloor {
-    pub fn new(dispatcher: Weak<Dispatcher>) -> Self {
-        Self { dispatcher, departed: Mutex::new(HashMap::new()) }
+    pub fn new(readers: Weak<dyn LiveReaders>) -> Self {
+        Self { readers, departed: Mutex::new(HashMap::new()) }
     }
 
     /// A session of `client` that read `topics` has ended and its offset writes are durable.
@@ -54,12 +63,12 @@ impl LiveClientsAckFloor {
 
 impl AckFloor for LiveClientsAckFloor {
     fn floors(&self, tps: &[TopicPartition]) -> HashMap<TopicPartition, u64> {
-        let Some(d) = self.dispatcher.upgrade() else {
+        let Some(d) = self.readers.upgrade() else {
             return HashMap::new();
         };
         let wanted: HashSet<&TopicName> = tps.iter().map(|tp| &tp.topic).collect();
         let mut readers = self.departed_readers(&wanted);
-        for session in d.sessions() {
+        for session in d.live_sessions() {
             let subscriptions = session.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             for topic in subscriptions.iter().filter(|t| wanted.contains(t)) {
                 readers.entry(topic.clone()).or_default().insert(session.client_id.clone());
@@ -71,10 +80,7 @@ impl AckFloor for LiveClientsAckFloor {
             let mut floor = u64::MAX;
             for client in clients {
                 let key = OffsetKey::new(tp.topic.clone(), client.clone(), tp.partition);
-                // No stored offset (or an unreadable one): nothing of this partition is known to
-                // be acknowledged by that client.
-                let committed = d.store.read(&key).ok().flatten().map_or(0, |r| r.committed);
-                floor = floor.min(committed);
+                floor = floor.min(d.committed(&key));
             }
             floors.insert(tp.clone(), floor);
         }

@@ -8,7 +8,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,7 +17,7 @@ use super::clock::Clock;
 use super::dead_letters::Gap;
 use super::delivery_settings::DeliverySettings;
 use super::metrics::Metrics;
-use super::names::{ClientId, TopicName};
+use super::names::{ClientId, OffsetKey, TopicName};
 use super::offset_writer::OffsetWriter;
 use super::offsets::{OffsetStore, StoreError};
 use super::protocol::{ErrorCode, FrameError};
@@ -72,7 +71,7 @@ pub struct Dispatcher {
     pub shutdown: CancellationToken,
     /// Cancelled when the instance starts draining (`start_drain`): no new sessions, not ready.
     pub draining: CancellationToken,
-    drain_started: std::sync::atomic::AtomicBool,
+    pub(crate) drain_started: std::sync::atomic::AtomicBool,
     /// Bounds reads shared by the subscribe plans that ask at the same time.
     pub plan_bounds: super::bounds_reads::BoundsReads,
     /// The clients' floors, set when the backend acknowledges at its broker (RocketMQ POP):
@@ -244,16 +243,6 @@ impl Dispatcher {
         self.registry().running.keys().cloned().collect()
     }
 
-    /// Starts draining (`core::drain`) over `window`; false when it was draining already.
-    pub fn start_drain(self: &Arc<Self>, window: Duration) -> bool {
-        if self.drain_started.swap(true, Ordering::SeqCst) {
-            return false;
-        }
-        self.draining.cancel();
-        self.tasks.spawn(super::drain::drain_sessions(self.clone(), window));
-        true
-    }
-
     pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {
         let mut sessions: Vec<_> = self.registry().sessions.values().map(|e| e.info.clone()).collect();
         sessions.sort_by(|a, b| a.connected_at.cmp(&b.connected_at).then(a.session_id.cmp(&b.session_id)));
@@ -405,5 +394,15 @@ impl Dispatcher {
     pub(super) fn is_current(&self, client_id: &ClientId, session: u64) -> bool {
         let registry = self.registry();
         registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session)
+    }
+}
+
+impl super::ack_floor::LiveReaders for Dispatcher {
+    fn live_sessions(&self) -> Vec<Arc<SessionInfo>> {
+        self.sessions()
+    }
+
+    fn committed(&self, key: &OffsetKey) -> u64 {
+        self.store.read(key).ok().flatten().map_or(0, |r| r.committed)
     }
 }

@@ -18,6 +18,16 @@ use super::session_control::SessionControl;
 /// window; this only spreads the clients closed in the same moment a little more.
 const MAX_RECONNECT_JITTER_MS: u64 = 1000;
 
+/// Starts draining `d` over `window`; false when it was draining already.
+pub fn start_drain(d: &Arc<Dispatcher>, window: Duration) -> bool {
+    if d.drain_started.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return false;
+    }
+    d.draining.cancel();
+    d.tasks.spawn(drain_sessions(d.clone(), window));
+    true
+}
+
 /// Closes every session of `d` over `window`, in the order they connected, each at its share of
 /// the window. Returns once the last one was asked to close. Sessions that start meanwhile are
 /// refused by the HTTP edge while `d.draining` is set.

@@ -31,6 +31,7 @@ pub(crate) mod published_event;
 pub mod reader;
 pub(crate) mod redelivery;
 pub(crate) mod redrive;
+pub mod remembered_publish;
 pub(crate) mod rendezvous;
 pub(crate) mod session;
 pub(crate) mod session_control;

@@ -212,9 +212,9 @@ mod tests {
     use crate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
     use crate::core::clock::SystemClock;
     use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
-    use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
     use crate::core::names::{ClientId, OffsetKey, TopicName};
     use crate::core::offsets::{LogEpoch, OffsetFilter, OffsetRecord, StoreError};
+    use crate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
     use crate::store::memory::MemoryOffsetStore;
 
     /// A memory store whose writes wait while the test holds `gate`: fills the writer's queue.

@@ -6,8 +6,8 @@
 //! a restart cannot drag a fast client back. Only `reset` moves an offset backwards.
 
 use super::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
-use super::idempotency::{IdempotencyKey, RememberedPublish};
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use super::remembered_publish::{IdempotencyKey, RememberedPublish};
 
 /// Version byte at the start of every stored record value, so the format can change later.
 const RECORD_FORMAT_VERSION: u8 = 1;

@@ -15,13 +15,12 @@
 //!
 //! An upgraded connection (a WebSocket) leaves this module: its session has its own keepalive.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -33,6 +32,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::activity::{Activity, HasActivity};
+pub use super::connection_counts::{ConnectionCounts, Refusal};
 use super::lingering::{Linger, LingeringStream, PeerAddr};
 use super::tls::Tls;
 use crate::core::log_throttle::Throttled;
@@ -93,91 +94,6 @@ pub fn connection_capacity(configured: usize, descriptors: Option<u64>) -> usize
 
 /// Counts open connections, in all and per IP. A slot is released when its connection's socket
 /// is finally closed (after lingering), since until then it holds a descriptor.
-#[derive(Default)]
-pub struct ConnectionCounts {
-    open: AtomicUsize,
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
-    refusing: AtomicUsize,
-}
-
-/// One counted connection; dropping it releases the count.
-pub struct ConnectionSlot {
-    counts: Arc<ConnectionCounts>,
-    ip: Option<IpAddr>,
-}
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        self.counts.open.fetch_sub(1, Ordering::Relaxed);
-        if let Some(ip) = self.ip {
-            let mut per_ip = self.counts.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = per_ip.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    per_ip.remove(&ip);
-                }
-            }
-        }
-    }
-}
-
-/// Why a connection was refused at accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// `limits.max_connections` reached: 503 `unavailable`.
-    Capacity,
-    /// `limits.max_connections_per_ip` reached: 429 `limit_exceeded`.
-    PerIp,
-}
-
-impl Refusal {
-    fn label(self) -> &'static str {
-        match self {
-            Refusal::Capacity => "capacity",
-            Refusal::PerIp => "per_ip",
-        }
-    }
-
-    /// The whole HTTP answer: status line, headers and the error body, then the connection closes.
-    fn response(self) -> Vec<u8> {
-        let (status, code, message) = match self {
-            Refusal::Capacity => {
-                ("503 Service Unavailable", "unavailable", "this instance has no room for more connections; retry later or use another instance")
-            }
-            Refusal::PerIp => ("429 Too Many Requests", "limit_exceeded", "too many connections from this address (limits.max_connections_per_ip)"),
-        };
-        let body = format!(r#"{{"error":{{"code":"{code}","message":"{message}"}}}}"#);
-        let retry = if self == Refusal::Capacity { "retry-after: 1\r\n" } else { "" };
-        format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry}connection: close\r\n\r\n{body}", body.len()).into_bytes()
-    }
-}
-
-impl ConnectionCounts {
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// Takes a slot for a connection from `ip`, or says why there is none.
-    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &ConnectionLimits) -> Result<ConnectionSlot, Refusal> {
-        if self.open.fetch_add(1, Ordering::Relaxed) >= limits.max_connections {
-            self.open.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refusal::Capacity);
-        }
-        if limits.max_per_ip == 0 {
-            return Ok(ConnectionSlot { counts: self.clone(), ip: None });
-        }
-        let mut per_ip = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-        let n = per_ip.entry(ip).or_insert(0);
-        if *n >= limits.max_per_ip {
-            drop(per_ip);
-            self.open.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refusal::PerIp);
-        }
-        *n += 1;
-        Ok(ConnectionSlot { counts: self.clone(), ip: Some(ip) })
-    }
-}
-
 /// Serves `router` on `listener` until `stop` is cancelled, then lets every connection finish
 /// its request in flight (graceful shutdown) and returns once all have closed.
 pub async fn serve(
@@ -214,7 +130,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let slot = match counts.admit(remote.ip(), &limits) {
+        let slot = match counts.admit(remote.ip(), limits.max_connections, limits.max_per_ip) {
             Ok(slot) => slot,
             Err(refusal) => {
                 connections_refused(refusal.label()).increment(1);
@@ -275,129 +191,6 @@ fn configure_socket(tcp: &TcpStream, unacknowledged_timeout: Option<Duration>) {
     let _ = socket.set_tcp_keepalive(&keepalive);
     if let Some(timeout) = unacknowledged_timeout {
         let _ = socket.set_tcp_user_timeout(Some(timeout));
-    }
-}
-
-/// Where a connection stands, for its watchdog. Times are milliseconds since the connection was
-/// accepted, plus one (0 = not set).
-pub struct Activity {
-    accepted: Instant,
-    /// Requests being handled.
-    in_flight: AtomicUsize,
-    /// When the last request was answered (0: none yet).
-    idle_since_ms: AtomicU64,
-    /// When bytes first arrived while idle after a request: the next request head has started.
-    head_started_ms: AtomicU64,
-    /// When the body of the request being handled must have arrived whole (0: no body being read).
-    body_deadline_ms: AtomicU64,
-    /// The watchdog is still watching (reads after an upgrade need not record anything).
-    watching: AtomicBool,
-    /// When the socket last took bytes, or its peer last read some of what it holds (0: never):
-    /// a WebSocket session's dead-peer check (`core::session::WriteProgress`).
-    last_write_ms: AtomicU64,
-    /// The socket's descriptor (-1: none, or closed), for the bytes its send queue holds.
-    fd: std::sync::atomic::AtomicI32,
-    /// Bytes its send queue held when last asked (`u64::MAX`: never asked).
-    queued: AtomicU64,
-}
-
-impl Activity {
-    pub fn new() -> Self {
-        Self {
-            accepted: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            idle_since_ms: AtomicU64::new(0),
-            head_started_ms: AtomicU64::new(0),
-            body_deadline_ms: AtomicU64::new(0),
-            watching: AtomicBool::new(false),
-            last_write_ms: AtomicU64::new(0),
-            fd: std::sync::atomic::AtomicI32::new(-1),
-            queued: AtomicU64::new(u64::MAX),
-        }
-    }
-
-    /// The socket whose send queue `WriteProgress` watches (-1: none any more).
-    pub fn watch_socket(&self, fd: i32) {
-        self.fd.store(fd, Ordering::Relaxed);
-    }
-
-    /// Called by the stream for every write the socket took bytes of.
-    pub fn on_bytes_written(&self) {
-        self.last_write_ms.store(self.now_ms(), Ordering::Relaxed);
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.accepted.elapsed().as_millis() as u64 + 1
-    }
-
-    /// Called by the stream for every read that returned bytes.
-    pub fn on_bytes_read(&self) {
-        if self.watching.load(Ordering::Relaxed) && self.in_flight.load(Ordering::Relaxed) == 0 && self.idle_since_ms.load(Ordering::Relaxed) != 0 {
-            let _ = self.head_started_ms.compare_exchange(0, self.now_ms(), Ordering::Relaxed, Ordering::Relaxed);
-        }
-    }
-
-    fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.head_started_ms.store(0, Ordering::Relaxed);
-    }
-
-    fn request_done(&self) {
-        self.body_deadline_ms.store(0, Ordering::Relaxed);
-        self.idle_since_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// How long until the connection must be closed as things stand (`None`: a request is being
-    /// handled and its body, if any, has arrived). The first head counts from accept (a TLS
-    /// handshake included), later heads from their first byte, a body from its head, and an idle
-    /// keep-alive connection from its last answer.
-    fn time_left(&self, limits: &ConnectionLimits) -> Option<Duration> {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return match self.body_deadline_ms.load(Ordering::Relaxed) {
-                0 => None,
-                at_ms => Some(Duration::from_millis(at_ms.saturating_sub(self.now_ms()))),
-            };
-        }
-        let header_read = limits.header_read_timeout.as_millis() as u64;
-        let (idle_since, head) = (self.idle_since_ms.load(Ordering::Relaxed), self.head_started_ms.load(Ordering::Relaxed));
-        let at_ms = if idle_since == 0 {
-            1 + header_read
-        } else if head != 0 {
-            head + header_read
-        } else {
-            idle_since + limits.idle_timeout.as_millis() as u64
-        };
-        Some(Duration::from_millis(at_ms.saturating_sub(self.now_ms())))
-    }
-}
-
-/// Progress is a write the socket took, or bytes of its send queue the peer took since the last
-/// question: the socket signals room for writes only once much of its buffer is free (half of
-/// megabytes), so a slow reader's writes wait seconds between progress at the socket, while its
-/// send queue shrinks steadily. A peer that reads nothing leaves the queue as it is.
-impl crate::core::session::WriteProgress for Activity {
-    fn since_last_write(&self) -> Duration {
-        let fd = self.fd.load(Ordering::Relaxed);
-        if fd >= 0 {
-            let mut queued: libc::c_int = 0;
-            // SAFETY: `fd` is the open socket of the session asking (it is only asked while a
-            // write to it waits), and TIOCOUTQ (SIOCOUTQ) writes one int.
-            if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) } == 0 {
-                let queued = queued.max(0) as u64;
-                if queued < self.queued.swap(queued, Ordering::Relaxed) {
-                    self.on_bytes_written();
-                }
-            }
-        }
-        let last = self.last_write_ms.load(Ordering::Relaxed).max(1);
-        Duration::from_millis(self.now_ms().saturating_sub(last))
-    }
-}
-
-impl Default for Activity {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -512,7 +305,7 @@ where
     let mut stopped = false;
     loop {
         // Re-checked at least every second: a request may start or end without waking us.
-        let nap = activity.time_left(limits).unwrap_or(Duration::MAX).min(Duration::from_secs(1));
+        let nap = activity.time_left(limits.header_read_timeout, limits.idle_timeout).unwrap_or(Duration::MAX).min(Duration::from_secs(1));
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
@@ -525,7 +318,7 @@ where
                 conn.as_mut().graceful_shutdown();
             }
             _ = tokio::time::sleep(nap) => {
-                if activity.time_left(limits).is_some_and(|left| left.is_zero()) {
+                if activity.time_left(limits.header_read_timeout, limits.idle_timeout).is_some_and(|left| left.is_zero()) {
                     tracing::debug!(%remote, "connection closed: no whole request head (or body) in time, or idle too long");
                     break;
                 }
@@ -535,33 +328,9 @@ where
     activity.watching.store(false, Ordering::Relaxed);
 }
 
-/// A stream that records its reads in an `Activity` (the connection's watchdog reads it).
-pub trait HasActivity {
-    fn activity(&self) -> Arc<Activity>;
-}
-
-impl HasActivity for LingeringStream {
-    fn activity(&self) -> Arc<Activity> {
-        self.activity.clone()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn limits(max_connections: usize, max_per_ip: usize) -> ConnectionLimits {
-        ConnectionLimits {
-            max_connections,
-            max_per_ip,
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            tls_handshake_timeout: Duration::from_secs(10),
-            linger: Linger { grace: Duration::from_secs(1), max_bytes: 1 << 20 },
-            unacknowledged_timeout: None,
-        }
-    }
 
     /// The user timeout reaches the accepted socket (a half-open SSE peer is dropped after it).
     #[tokio::test]
@@ -578,51 +347,11 @@ mod tests {
     }
 
     #[test]
-    fn slots_are_counted_in_all_and_per_ip_and_released_on_drop() {
-        let counts = Arc::new(ConnectionCounts::default());
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let l = limits(3, 2);
-        let a1 = counts.admit(a, &l).unwrap();
-        let _a2 = counts.admit(a, &l).unwrap();
-        assert_eq!(counts.admit(a, &l).err(), Some(Refusal::PerIp));
-        let _b1 = counts.admit(b, &l).unwrap();
-        assert_eq!(counts.admit(b, &l).err(), Some(Refusal::Capacity));
-        assert_eq!(counts.open(), 3);
-        drop(a1);
-        assert_eq!(counts.open(), 2);
-        let _a3 = counts.admit(a, &l).expect("a's slot came back");
-        assert_eq!(counts.admit(b, &l).err(), Some(Refusal::Capacity), "refusals took no slot");
-    }
-
-    #[test]
-    fn without_a_per_ip_limit_nothing_is_kept_per_ip() {
-        let counts = Arc::new(ConnectionCounts::default());
-        let l = limits(usize::MAX, 0);
-        let slots: Vec<_> = (0..100).map(|_| counts.admit("10.0.0.1".parse().unwrap(), &l).unwrap()).collect();
-        assert!(counts.per_ip.lock().unwrap().is_empty());
-        assert_eq!(counts.open(), 100);
-        drop(slots);
-        assert_eq!(counts.open(), 0);
-    }
-
-    #[test]
     fn the_cap_leaves_descriptors_for_the_stores() {
         assert_eq!(connection_capacity(100_000, Some(4096)), 4096 - 512);
         assert_eq!(connection_capacity(100_000, Some(256)), 192, "a quarter of a small limit");
         assert_eq!(connection_capacity(100_000, Some(0)), 1, "never zero");
         assert_eq!(connection_capacity(1000, Some(1 << 20)), 1000);
         assert_eq!(connection_capacity(1000, None), 1000);
-    }
-
-    #[test]
-    fn refusals_are_complete_http_answers_with_the_error_body() {
-        let text = String::from_utf8(Refusal::Capacity.response()).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
-        assert!(head.contains(&format!("content-length: {}", body.len())));
-        let body: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(body["error"]["code"], "unavailable");
-        let text = String::from_utf8(Refusal::PerIp.response()).unwrap();
-        assert!(text.starts_with("HTTP/1.1 429 ") && text.contains("limit_exceeded"));
     }
 }

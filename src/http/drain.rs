@@ -26,7 +26,7 @@ use super::AppState;
 pub async fn drain(State(app): State<AppState>) -> Json<Value> {
     let sessions = app.dispatcher.sessions().len();
     let drain_ms = app.config.server.drain_ms;
-    let started = app.dispatcher.start_drain(Duration::from_millis(drain_ms));
+    let started = crate::core::drain::start_drain(&app.dispatcher, Duration::from_millis(drain_ms));
     if started {
         tracing::info!(sessions, drain_ms, "drain started by an operator");
     }

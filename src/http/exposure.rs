@@ -26,56 +26,10 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::config::origin::{parse_origin, split_host_port, Origin};
 use crate::config::Config;
 use crate::core::log_throttle::Throttled;
 use crate::core::protocol::ErrorCode;
-
-/// An origin as browsers send it, normalized: lower case, the default port filled in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
-    scheme: String,
-    host: String,
-    port: u16,
-}
-
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "http" | "ws" => Some(80),
-        "https" | "wss" => Some(443),
-        _ => None,
-    }
-}
-
-/// Splits `host[:port]` (IPv6 in brackets); the host is lower-cased. `None` when malformed.
-fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
-    let authority = authority.trim();
-    if authority.is_empty() || authority.contains(['/', '@', ' ', '?', '#']) {
-        return None;
-    }
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let (inside, after) = rest.split_once(']')?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?.parse().ok()?),
-        };
-        (format!("[{}]", inside.to_ascii_lowercase()), port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host.to_ascii_lowercase(), Some(port.parse().ok()?)),
-            None => (authority.to_ascii_lowercase(), None),
-        }
-    };
-    (!host.is_empty()).then_some((host, port))
-}
-
-/// Parses `scheme://host[:port]` (no path). `None` for anything else, `null` included.
-pub fn parse_origin(text: &str) -> Option<Origin> {
-    let (scheme, authority) = text.trim().split_once("://")?;
-    let scheme = scheme.to_ascii_lowercase();
-    let (host, port) = split_host_port(authority.strip_suffix('/').unwrap_or(authority))?;
-    let port = port.or_else(|| default_port(&scheme))?;
-    Some(Origin { scheme, host, port })
-}
 
 /// A host the `Host` check accepts: any port, or only the one named.
 #[derive(Debug, Clone)]

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connections::{Activity, ConnectionSlot};
+use super::activity::{Activity, HasActivity};
+use super::connection_counts::ConnectionSlot;
 
 /// How long and how much a closed connection is drained.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +124,12 @@ async fn drain_then_close(mut tcp: TcpStream, linger: Linger, _slot: Option<Conn
             // EOF, an error, or the grace is over.
             _ => return,
         }
+    }
+}
+
+impl HasActivity for LingeringStream {
+    fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
     }
 }
 

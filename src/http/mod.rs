@@ -3,7 +3,9 @@
 //! Events in `sse`; every
 //! accepted connection drains before it closes (`lingering`).
 
+pub(crate) mod activity;
 pub(crate) mod auth;
+pub(crate) mod connection_counts;
 pub(crate) mod connections;
 pub(crate) mod console;
 pub(crate) mod dead_letters;

@@ -19,7 +19,7 @@ use rustls::ServerConfig;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::connections::{Activity, HasActivity};
+use super::activity::{Activity, HasActivity};
 use super::lingering::LingeringStream;
 
 /// The certificate and key in use, and where they were read from.

@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::{SinkExt, StreamExt};
 
+use super::activity::Activity;
 use super::auth::session_access;
-use super::connections::Activity;
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;

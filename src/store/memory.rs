@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
-use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
 
 #[derive(Default)]
 pub struct MemoryOffsetStore {

@@ -24,9 +24,9 @@ use std::sync::Mutex;
 use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options, WriteBatch, WriteOptions};
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
-use crate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
 use crate::core::FastMap;
 
 type Db = DBWithThreadMode<MultiThreaded>;

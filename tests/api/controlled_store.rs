@@ -6,9 +6,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use ackgate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
-use ackgate::core::idempotency::{IdempotencyKey, RememberedPublish};
 use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use ackgate::core::offsets::{LogEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, WriteOutcome};
+use ackgate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
 use ackgate::store::rocks::RocksOffsetStore;
 
 /// A switch that makes callers wait while it is held; while held, it can let a number of

@@ -32,6 +32,7 @@ mod rocketmq_broker;
 mod rocketmq_lite;
 mod schemathesis;
 mod sse;
+mod structure;
 mod support;
 mod takeover;
 mod tls;
