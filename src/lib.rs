@@ -13,7 +13,8 @@
 //!     and gaps as the store keeps them; `offset_retention`: expiry and the sweep; `clock`;
 //!   - `backend`: the `LogBackend` trait (pull layer) and events;
 //!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
-//!   - `reader`: one shared partition reader per `topic#partition`;
+//!   - `reader`: one shared partition reader per `topic#partition`, which pushes new events
+//!     to the feeders parked at its end (`HeadSubscriber`);
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
 //!   - `ack_floor`: per partition, how far its live clients have durably acked (when a
 //!     backend may acknowledge an event at its broker);

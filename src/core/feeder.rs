@@ -3,16 +3,23 @@
 //! feeder waits, and nothing more is pushed to that session. A feeder reserves its window's room
 //! before it reads and reads only as many events and bytes as the reservation holds: what a
 //! session's feeders hold is within its window (docs/operations.md, "Memory bounds").
+//!
+//! At the head of the log a feeder parks with its partition's reader instead (`Parked`): the
+//! reader pushes each new event to every parked feeder's session itself, with room taken in its
+//! window, and wakes the feeder only when a push cannot be made whole (no room, a full channel,
+//! more events than one batch). One event to many sessions is then one wake-up per session, not
+//! two (issue 41, push fan-out).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::backend::Event;
 use super::names::TopicName;
-use super::reader::{ReadRoom, ReaderLease};
+use super::reader::{HeadSubscriber, ReadRoom, ReaderLease};
 use super::window::{Reservation, Window, WindowPermit};
 
 /// Events of one partition handed to a session in offset order, each holding one slot of its
@@ -73,6 +80,76 @@ impl ReadRoom for FeederRoom<'_> {
     }
 }
 
+/// A feeder parked at its reader's end (`PartitionReader::park`): where it stands, and what a
+/// push needs to hand events to its session.
+struct Parked {
+    /// The next offset to hand over: moved on by each push.
+    next: AtomicU64,
+    window: Arc<Window>,
+    tx: mpsc::Sender<FedBatch>,
+    subscription: u64,
+    topic: TopicName,
+    partition: u32,
+    batch: usize,
+    woken: Notify,
+    gone: AtomicBool,
+}
+
+impl HeadSubscriber for Parked {
+    fn push(&self, events: &[Arc<Event>]) -> bool {
+        let Some(mut reservation) = self.window.try_reserve(self.batch.min(events.len())) else {
+            self.wake();
+            return false;
+        };
+        let mut fed = Box::new(Fed {
+            subscription: self.subscription,
+            topic: self.topic.clone(),
+            partition: self.partition,
+            gap: None,
+            truncated: None,
+            events: Vec::with_capacity(events.len().min(self.batch)),
+        });
+        for event in events {
+            let Some(permit) = reservation.take(event.size_bytes()) else { break };
+            fed.events.push((event.clone(), permit));
+        }
+        drop(reservation);
+        let (taken, next) = match fed.events.last() {
+            Some((last, _)) => (fed.events.len(), last.offset + 1),
+            None => (0, 0),
+        };
+        if taken == 0 || self.tx.try_send(fed).is_err() {
+            // No room, or the session's channel is full (or closed): the feeder waits for it,
+            // then reads these events from the ring.
+            self.wake();
+            return false;
+        }
+        self.next.store(next, Ordering::SeqCst);
+        if taken < events.len() {
+            self.wake();
+            return false;
+        }
+        true
+    }
+
+    fn wake(&self) {
+        self.woken.notify_one();
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks a parked feeder gone when its task stops (cancelled while parked).
+struct GoneOnDrop<'a>(&'a Parked);
+
+impl Drop for GoneOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.gone.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Runs until `cancel` fires or the session's channel closes.
 pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sender<FedBatch>, cancel: CancellationToken) {
     let FeedPlan { reader, partition, from: mut next, batch, subscription, topic, truncations: mut known_truncations } = plan;
@@ -82,7 +159,33 @@ pub async fn feed_partition(plan: FeedPlan, window: Arc<Window>, tx: mpsc::Sende
     // the feeder waits for that much room, then reads it again (holding it meanwhile, each of a
     // session's feeders would pin an event outside its window).
     let mut next_bytes = 1;
+    let parked = Arc::new(Parked {
+        next: AtomicU64::new(next),
+        window: window.clone(),
+        tx: tx.clone(),
+        subscription,
+        topic: topic.clone(),
+        partition,
+        batch,
+        woken: Notify::new(),
+        gone: AtomicBool::new(false),
+    });
+    let _gone = GoneOnDrop(&parked);
     loop {
+        // At the end of the ring with room in the window: parked, the reader pushes what comes
+        // next (see `Parked`), until it wakes this feeder.
+        if next_bytes == 1 && window.free_slots() > 0 {
+            parked.next.store(next, Ordering::SeqCst);
+            if let Some(place) = reader.park(next, known_truncations, parked.clone()) {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = parked.woken.notified() => {}
+                }
+                drop(place);
+                next = parked.next.load(Ordering::SeqCst);
+                continue;
+            }
+        }
         // Read only what the window has room for, reserved before the read: events never wait
         // outside the window (a whole fetch of large events, held per subscriber, was how a few
         // clients that stop reading pinned gigabytes).

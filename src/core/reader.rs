@@ -101,6 +101,38 @@ fn take_within<I: Iterator<Item = Arc<Event>>>(events: I, max_events: usize, max
     taken
 }
 
+/// A subscriber parked at the ring's end (`PartitionReader::park`): the reader hands it the
+/// events it appends there itself (push fan-out), so an event reaches a session with no wake-up
+/// of a task per subscriber to go and fetch it. Its feeder (`core::feeder`) waits meanwhile and
+/// takes over whenever a push cannot be made whole.
+pub trait HeadSubscriber: Send + Sync {
+    /// Events just appended, the first at the offset the subscriber parked at (or at which its
+    /// last push ended). True: all taken, it stays parked. False: it took some or none, and has
+    /// woken its feeder to go on from where it stands (the reader forgets it).
+    fn push(&self, events: &[Arc<Event>]) -> bool;
+    /// Unparked without a push (a truncation, the ring's range restarted): its feeder looks again.
+    fn wake(&self);
+    /// Its feeder stopped: never push to it again.
+    fn is_gone(&self) -> bool;
+}
+
+/// Parked subscribers, by their park number.
+type Parked = Mutex<Vec<(u64, Arc<dyn HeadSubscriber>)>>;
+
+/// A subscriber's place among the parked (and the waiting: the reader goes on pulling for it);
+/// dropped when its feeder wakes or stops.
+pub struct ParkGuard<'a> {
+    reader: &'a PartitionReader,
+    number: u64,
+}
+
+impl Drop for ParkGuard<'_> {
+    fn drop(&mut self) {
+        self.reader.parked.lock().unwrap().retain(|(n, _)| *n != self.number);
+        self.reader.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 pub struct PartitionReader {
     tp: TopicPartition,
     backend: Arc<dyn LogBackend>,
@@ -127,9 +159,52 @@ pub struct PartitionReader {
     truncations_found: Arc<AtomicU64>,
     /// Where a lost tail starts the partition's next log epoch (`truncate`).
     store: Arc<dyn OffsetStore>,
+    /// Subscribers parked at the ring's end (`park`), pushed to by `append`.
+    parked: Parked,
+    parked_numbers: AtomicU64,
 }
 
 impl PartitionReader {
+    /// Parks `subscriber` at the ring's end when it stands there (`from` is where the ring ends,
+    /// and no truncation it has not heard of came since `known_truncations`): from then on the
+    /// events appended there are pushed to it (`HeadSubscriber`) until it is woken. `None`: it
+    /// does not stand at the end; it reads with `fetch_within`.
+    pub fn park(&self, from: u64, known_truncations: u64, subscriber: Arc<dyn HeadSubscriber>) -> Option<ParkGuard<'_>> {
+        let buffer = self.buffer.lock().unwrap();
+        if from != buffer.covered_to || buffer.truncations > known_truncations {
+            return None;
+        }
+        let number = self.parked_numbers.fetch_add(1, Ordering::Relaxed);
+        // Under the buffer's lock: an append either sees it parked, or ends the ring past `from`
+        // after it (and the next push starts there).
+        self.parked.lock().unwrap().push((number, subscriber));
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        drop(buffer);
+        self.demand.notify_one();
+        Some(ParkGuard { reader: self, number })
+    }
+
+    /// Hands `events`, just appended at the ring's old end, to every parked subscriber; those
+    /// that did not take them all are forgotten (each has woken its feeder).
+    fn push_to_parked(&self, parked: Vec<(u64, Arc<dyn HeadSubscriber>)>, events: &[Arc<Event>]) {
+        let mut unparked = Vec::new();
+        for (number, subscriber) in &parked {
+            if subscriber.is_gone() || !subscriber.push(events) {
+                unparked.push(*number);
+            }
+        }
+        if !unparked.is_empty() {
+            self.parked.lock().unwrap().retain(|(n, _)| !unparked.contains(n));
+        }
+    }
+
+    /// Wakes every parked subscriber, to look again with `fetch_within`.
+    fn unpark_all(&self) {
+        let parked = std::mem::take(&mut *self.parked.lock().unwrap());
+        for (_, subscriber) in parked {
+            subscriber.wake();
+        }
+    }
     /// The pull cursor as the reader sees it.
     pub fn pull_offset(&self) -> u64 {
         self.buffer.lock().unwrap().covered_to
@@ -352,6 +427,7 @@ impl PartitionReader {
         buffer.covered_from = lowest;
         buffer.covered_to = lowest;
         drop(buffer);
+        self.unpark_all();
         self.pulled.notify_waiters();
     }
 
@@ -403,6 +479,7 @@ impl PartitionReader {
         // back up to them (`jump_to_waiters_ahead`) meanwhile.
         self.ahead.lock().unwrap().retain(|from, _| *from <= confirmed);
         drop(buffer);
+        self.unpark_all();
         self.pulled.notify_waiters();
     }
 
@@ -435,6 +512,7 @@ impl PartitionReader {
             buffer.covered_to = cursor;
         }
         drop(buffer);
+        self.unpark_all();
         self.pulled.notify_waiters();
     }
 
@@ -443,6 +521,9 @@ impl PartitionReader {
     fn append(&self, events: Vec<Event>, moved: bool) {
         let mut buffer = self.buffer.lock().unwrap();
         let first = events[0].offset;
+        // The parked stand where the ring ends: they take these events only when they start
+        // there (else a restarted range, or a hole of the log, which their feeders look at).
+        let at_the_end = first == buffer.covered_to;
         if first < buffer.covered_to || (moved && first != buffer.covered_to) {
             // The cursor was moved under us: back (a seek), or ahead (a poll of the previous
             // reader of this partition, still in flight when this one started from the cursor,
@@ -457,11 +538,20 @@ impl PartitionReader {
         }
         let last = events[events.len() - 1].offset;
         buffer.bytes += events.iter().map(|e| e.size_bytes()).sum::<usize>();
-        buffer.events.extend(events.into_iter().map(Arc::new));
+        let appended: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
+        buffer.events.extend(appended.iter().cloned());
         buffer.covered_to = buffer.covered_to.max(last + 1);
         buffer.trim(self.capacity, self.capacity_bytes);
         self.average_bytes.store(buffer.average_event_bytes(), Ordering::Relaxed);
+        // Taken under the buffer's lock: a subscriber parks under it too, so each parked one
+        // either gets these events or parked after them (`park`).
+        let parked = self.parked.lock().unwrap().clone();
         drop(buffer);
+        if at_the_end {
+            self.push_to_parked(parked, &appended);
+        } else if !parked.is_empty() {
+            self.unpark_all();
+        }
         self.pulled.notify_waiters();
     }
 }
@@ -605,6 +695,8 @@ impl Readers {
             average_bytes: AtomicUsize::new(0),
             truncations_found: self.truncations_found.clone(),
             store: self.store.clone(),
+            parked: Mutex::new(Vec::new()),
+            parked_numbers: AtomicU64::new(0),
         });
         let (cancel, finished) = (self.shutdown.child_token(), CancellationToken::new());
         let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());

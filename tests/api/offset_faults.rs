@@ -226,6 +226,72 @@ async fn a_read_from_a_huge_offset_never_moves_the_pull_cursor() {
     shutdown.cancel();
 }
 
+/// A parked subscriber (issue 41, push fan-out) as the reader sees it: it records what is pushed
+/// and takes at most `room` events in all, waking its feeder (counted) when it cannot take a
+/// push whole.
+struct Recorder {
+    pushed: std::sync::Mutex<Vec<u64>>,
+    room: usize,
+    woken: std::sync::atomic::AtomicUsize,
+}
+
+impl ackgate::core::reader::HeadSubscriber for Recorder {
+    fn push(&self, events: &[Arc<ackgate::core::backend::Event>]) -> bool {
+        let mut pushed = self.pushed.lock().unwrap();
+        let fits = self.room.saturating_sub(pushed.len()).min(events.len());
+        pushed.extend(events[..fits].iter().map(|e| e.offset));
+        if fits < events.len() {
+            self.wake();
+            return false;
+        }
+        true
+    }
+    fn wake(&self) {
+        self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn is_gone(&self) -> bool {
+        false
+    }
+}
+
+/// The reader pushes what it appends to the subscribers parked at its end, in order, each event
+/// once; one that cannot take a push whole is woken and pushed to no more; a subscriber that
+/// does not stand at the end (or has not heard of a truncation) is not parked. If parking did
+/// nothing, every delivery would still arrive through the feeders' reads: only this test shows
+/// the push path runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reader_pushes_new_events_to_the_subscribers_parked_at_its_end() {
+    let (_dir, log, readers, shutdown) = ten_events_and_their_readers().await;
+    let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
+    let reader = readers.get(&tp, 0);
+    let read: Vec<u64> = reader.fetch(0, 10, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
+    assert_eq!(read, (0..10).collect::<Vec<_>>());
+    let recorder = |room| Arc::new(Recorder { pushed: Default::default(), room, woken: Default::default() });
+    let (roomy, small) = (recorder(100), recorder(4));
+    assert!(reader.park(5, 0, recorder(100)).is_none(), "offset 5 is not where the ring ends");
+    assert!(reader.park(10, u64::MAX, recorder(100)).is_some(), "it knows of every truncation");
+    assert!(reader.park(10, 0, recorder(100)).is_some());
+    let _roomy = reader.park(10, 0, roomy.clone()).expect("at the end");
+    let _small = reader.park(10, 0, small.clone()).expect("at the end");
+    let publish = async |n: u8| {
+        let events = (0..n)
+            .map(|i| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'a' + i], payload_is_json: false })
+            .collect();
+        log.publish(&TopicName::parse("t").unwrap(), events).await.unwrap();
+    };
+    publish(3).await;
+    wait_for("three events pushed to both", async || roomy.pushed.lock().unwrap().len() == 3 && small.pushed.lock().unwrap().len() == 3).await;
+    publish(3).await;
+    wait_for("three more pushed to the roomy one", async || roomy.pushed.lock().unwrap().len() == 6).await;
+    publish(1).await;
+    wait_for("one more pushed to the roomy one", async || roomy.pushed.lock().unwrap().len() == 7).await;
+    assert_eq!(*roomy.pushed.lock().unwrap(), (10..17).collect::<Vec<_>>(), "in order, each once");
+    assert_eq!(roomy.woken.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(*small.pushed.lock().unwrap(), vec![10, 11, 12, 13], "took what fit of the second push, then nothing more");
+    assert_eq!(small.woken.load(std::sync::atomic::Ordering::SeqCst), 1, "woken once, when a push did not fit");
+    shutdown.cancel();
+}
+
 /// Fault 4: a client connected for longer than the retention on a quiet topic, then the
 /// gateway is SIGKILLed. The sweep at the next start must not expire its offsets (KAFKA-8069).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
