@@ -50,6 +50,8 @@ pub const PULL_EVENTS: &str = "ackgate_pull_events_total";
 pub const WS_FRAMES: &str = "ackgate_ws_frames_total";
 pub const IN_FLIGHT: &str = "ackgate_in_flight";
 pub const PULL_LAG: &str = "ackgate_pull_lag";
+pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
+pub const READY: &str = "ackgate_ready";
 pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
 pub const HTTP_DURATION: &str = "ackgate_http_request_duration_seconds";
 pub const ACK_LATENCY: &str = "ackgate_ack_latency_seconds";
@@ -77,10 +79,12 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 37] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
+    COMMITTED_LAG,
+    READY,
     DELIVERIES,
     REDELIVERIES,
     ACKS,
@@ -232,6 +236,11 @@ impl Metrics {
         describe_gauge!(SESSIONS, "Live sessions on this instance, by transport (websocket, sse)");
         describe_gauge!(IN_FLIGHT, "Unacknowledged deliveries across sessions");
         describe_gauge!(PULL_LAG, "Events in the log not yet pulled, per topic and partition");
+        describe_gauge!(
+            COMMITTED_LAG,
+            "Events the clients with a live session on this instance have not acknowledged (log end minus stored committed offset), summed per topic"
+        );
+        describe_gauge!(READY, "1 when /readyz answers ready (store and backend answer, not draining), else 0");
         describe_counter!(DELIVERIES, "Events pushed to sessions (first deliveries and redeliveries)");
         describe_counter!(REDELIVERIES, "Events pushed again, by reason: timeout, nack, disconnect");
         describe_counter!(ACKS, "Deliveries acknowledged by clients");

@@ -15,7 +15,10 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
 use super::AppState;
-use crate::core::metrics::{ACK_LATENCY, BROKER_ACKS, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PULL_LAG, SESSIONS};
+use crate::core::metrics::{
+    ACK_LATENCY, BROKER_ACKS, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PULL_LAG, READY, SESSIONS,
+};
+use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
 
 /// Histogram buckets in seconds: 50 us to 10 s.
@@ -88,6 +91,8 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::counter!(BROKER_ACKS, "result" => "ok").absolute(writes.broker_acks.load(Ordering::Relaxed));
     metrics::counter!(BROKER_ACKS, "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
     record_pull_lag(&app).await;
+    record_committed_lag(&app).await;
+    metrics::gauge!(READY).set(if super::health::is_ready(&app).await { 1.0 } else { 0.0 });
     let Some(handle) = install_recorder() else {
         return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
     };
@@ -108,6 +113,33 @@ async fn record_pull_lag(app: &AppState) {
             let lag = bounds.log_end.saturating_sub(pulled.max(bounds.log_start));
             metrics::gauge!(PULL_LAG, "topic" => topic.to_string(), "partition" => partition.to_string()).set(lag as f64);
         }
+    }
+}
+
+/// Per topic, what the clients with a live session here have not acknowledged: `log_end -
+/// committed` over their partitions (stored committed offsets; none stored counts from the log
+/// start). One label, the topic: a client's own lag is in `GET /admin/offsets`. A topic nobody
+/// reads any more stops being set, and its gauge is dropped (`GAUGE_IDLE`).
+async fn record_committed_lag(app: &AppState) {
+    let d = &app.dispatcher;
+    let mut readers: std::collections::BTreeMap<TopicName, std::collections::BTreeSet<ClientId>> = Default::default();
+    for session in d.sessions() {
+        for topic in session.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            readers.entry(topic.clone()).or_default().insert(session.client_id.clone());
+        }
+    }
+    for (topic, clients) in readers {
+        let Ok(Some(partitions)) = d.backend.partitions(&topic).await else { continue };
+        let mut lag = 0u64;
+        for partition in 0..partitions {
+            let Ok(bounds) = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await else { continue };
+            for client in &clients {
+                let key = OffsetKey::new(topic.clone(), client.clone(), partition);
+                let committed = d.store.read(&key).ok().flatten().map_or(bounds.log_start, |r| r.committed);
+                lag = lag.saturating_add(bounds.log_end.saturating_sub(committed.max(bounds.log_start)));
+            }
+        }
+        metrics::gauge!(COMMITTED_LAG, "topic" => topic.to_string()).set(lag as f64);
     }
 }
 

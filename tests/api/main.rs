@@ -26,6 +26,7 @@ mod offset_store_props;
 mod openapi;
 mod power_loss;
 mod process;
+mod prometheus;
 mod restart;
 mod rocketmq;
 mod rocketmq_broker;

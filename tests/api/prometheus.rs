@@ -1,0 +1,144 @@
+//! The alerts and the dashboard ackgate ships (deploy/, issue 45 item 1), against Debian's
+//! `prometheus` and `promtool` (scripts/prereqs) and a real gateway: the rules are valid, name only
+//! metrics ackgate exports, and the lag alert fires when a client stops acknowledging; every panel
+//! of the dashboard has data.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn repo_file(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo_file(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The `ackgate_...` metric names in `text`, histogram series (`_bucket`, `_sum`, `_count`) by
+/// their histogram's name.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    text.match_indices("ackgate_")
+        .map(|(at, _)| text[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect::<String>())
+        .map(|name| ["_bucket", "_sum", "_count"].iter().find_map(|suffix| name.strip_suffix(suffix)).map_or(name.clone(), str::to_string))
+        .collect()
+}
+
+/// The dashboard's queries.
+fn panel_queries() -> Vec<String> {
+    let dashboard: Value = serde_json::from_str(&read("deploy/grafana/ackgate.json")).unwrap();
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(queries.len() >= 8, "{queries:?}");
+    queries
+}
+
+#[test]
+fn the_rules_pass_promtool_and_name_only_metrics_ackgate_exports() {
+    let checked = Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(repo_file("deploy/prometheus/alerts.yml"))
+        .output()
+        .expect("promtool (Debian's prometheus package) runs");
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stdout));
+    let exported = metric_names(&read("src/core/metrics.rs"));
+    let named: BTreeSet<String> =
+        metric_names(&read("deploy/prometheus/alerts.yml")).into_iter().chain(panel_queries().iter().flat_map(|q| metric_names(q))).collect();
+    assert!(named.len() >= 10, "{named:?}");
+    let unknown: Vec<&String> = named.difference(&exported).collect();
+    assert!(unknown.is_empty(), "named but not exported by core/metrics.rs: {unknown:?}");
+}
+
+/// Debian's Prometheus, scraping `target` every second and evaluating `rules` every second.
+struct Prometheus {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: std::net::SocketAddr, rules: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("alerts.yml"), rules).unwrap();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [alerts.yml]\nscrape_configs:\n  - job_name: ackgate\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian's package) starts");
+        Self { child, base: format!("http://127.0.0.1:{port}"), _dir: dir }
+    }
+
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
+        let response = http().get(format!("{}{path}", self.base)).query(query).send().await.ok()?;
+        let body: Value = response.json().await.ok()?;
+        (body["status"] == "success").then(|| body["data"].clone())
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client that stops acknowledging while events keep coming: its topic's committed lag grows,
+/// and `AckgateCommittedLagGrowing` fires through Prometheus. The shipped rules run with their
+/// windows shortened to seconds (`[5m]` to `[20s]`, `for: 5m` to `for: 5s`); nothing else of them
+/// changes. Then every panel of the dashboard answers with data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_acking_fires_the_lag_alert_and_every_panel_has_data() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "orders", 1, 0, 10).await;
+    let acking = consume_and_ack(gw.addr, "acking", "orders", 10).await;
+    let mut silent = TestClient::connect(gw.addr, "silent").await;
+    silent.subscribe("orders", json!({})).await;
+    silent.recv_events(10).await;
+    let rules = read("deploy/prometheus/alerts.yml").replace("[5m]", "[20s]").replace("for: 5m", "for: 5s");
+    let prometheus = Prometheus::start(gw.addr, &rules);
+
+    let started = Instant::now();
+    let mut n = 0u64;
+    loop {
+        publish(&gw.base, "orders", json!({"events": [{"partition": 0, "payload": {"n": n}}]})).await;
+        n += 1;
+        let alerts = prometheus.api("/api/v1/alerts", &[]).await.map(|d| d["alerts"].clone()).unwrap_or(Value::Null);
+        let firing = alerts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|a| a["labels"]["alertname"] == "AckgateCommittedLagGrowing" && a["labels"]["topic"] == "orders" && a["state"] == "firing");
+        if firing {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "the lag alert did not fire; alerts: {alerts}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Every panel has data (a rate needs two scrapes in its window: there were many by now).
+    for query in panel_queries() {
+        let answered = prometheus.api("/api/v1/query", &[("query", query.as_str())]).await.unwrap_or_else(|| panic!("{query} was not answered"));
+        let series = answered["result"].as_array().map_or(0, Vec::len);
+        assert!(series > 0, "no data for the panel query {query}: {answered}");
+    }
+    drop(acking);
+    gw.kill9();
+}
