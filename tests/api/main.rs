@@ -24,6 +24,7 @@ mod metrics;
 mod offset_faults;
 mod offset_store_props;
 mod openapi;
+mod packaging;
 mod power_loss;
 mod process;
 mod prometheus;
