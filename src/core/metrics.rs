@@ -32,6 +32,9 @@ pub struct Metrics {
     pub dead_letters: Counter,
     /// Seconds from a delivery to its ack.
     pub ack_latency: Histogram,
+    /// Seconds from an event's timestamp (its publish, on the embedded log) to its first
+    /// delivery.
+    pub publish_to_delivery: Histogram,
     pub pull_events: Counter,
     /// Publishes answered from an `Idempotency-Key` without writing.
     pub publish_replays: Counter,
@@ -52,6 +55,17 @@ pub const IN_FLIGHT: &str = "ackgate_in_flight";
 pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
 pub const READY: &str = "ackgate_ready";
+pub const BUILD_INFO: &str = "ackgate_build_info";
+pub const PUBLISH_TO_DELIVERY: &str = "ackgate_publish_to_delivery_seconds";
+
+/// The process's own figures, under the names Prometheus' client libraries give them (read from
+/// /proc at scrape).
+pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
+pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
+pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
+pub const PROCESS_MAX_FDS: &str = "process_max_fds";
+pub const PROCESS_START: &str = "process_start_time_seconds";
+pub const PROCESS: [&str; 5] = [PROCESS_CPU, PROCESS_RSS, PROCESS_OPEN_FDS, PROCESS_MAX_FDS, PROCESS_START];
 pub const HTTP_REQUESTS: &str = "ackgate_http_requests_total";
 pub const HTTP_DURATION: &str = "ackgate_http_request_duration_seconds";
 pub const ACK_LATENCY: &str = "ackgate_ack_latency_seconds";
@@ -79,12 +93,14 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 39] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
     COMMITTED_LAG,
     READY,
+    BUILD_INFO,
+    PUBLISH_TO_DELIVERY,
     DELIVERIES,
     REDELIVERIES,
     ACKS,
@@ -241,6 +257,14 @@ impl Metrics {
             "Events the clients with a live session on this instance have not acknowledged (log end minus stored committed offset), summed per topic"
         );
         describe_gauge!(READY, "1 when /readyz answers ready (store and backend answer, not draining), else 0");
+        describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
+        describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");
+        // A gauge: the metrics crate's counters count whole numbers, and CPU time is read in ticks.
+        describe_gauge!(PROCESS_CPU, Unit::Seconds, "User and system CPU time of the process");
+        describe_gauge!(PROCESS_RSS, Unit::Bytes, "Resident memory of the process");
+        describe_gauge!(PROCESS_OPEN_FDS, "Open file descriptors of the process");
+        describe_gauge!(PROCESS_MAX_FDS, "The process's limit of open file descriptors");
+        describe_gauge!(PROCESS_START, Unit::Seconds, "Start time of the process, seconds since the Unix epoch");
         describe_counter!(DELIVERIES, "Events pushed to sessions (first deliveries and redeliveries)");
         describe_counter!(REDELIVERIES, "Events pushed again, by reason: timeout, nack, disconnect");
         describe_counter!(ACKS, "Deliveries acknowledged by clients");
@@ -301,6 +325,7 @@ impl Metrics {
             acks: metrics::counter!(ACKS),
             dead_letters: metrics::counter!(DEAD_LETTERS),
             ack_latency: metrics::histogram!(ACK_LATENCY),
+            publish_to_delivery: metrics::histogram!(PUBLISH_TO_DELIVERY),
             pull_events: metrics::counter!(PULL_EVENTS),
             publish_replays: metrics::counter!(PUBLISH_REPLAYS),
             frames_in: FRAMES_IN.map(|kind| metrics::counter!(WS_FRAMES, "direction" => "in", "kind" => kind)),

@@ -16,7 +16,8 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BROKER_ACKS, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PULL_LAG, READY, SESSIONS,
+    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PROCESS_CPU, PROCESS_MAX_FDS,
+    PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -39,7 +40,8 @@ pub fn install_recorder() -> Option<&'static PrometheusHandle> {
             let builder = PrometheusBuilder::new()
                 .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
                 .set_buckets_for_metric(Matcher::Full(ACK_LATENCY.into()), &BUCKETS)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS));
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PUBLISH_TO_DELIVERY.into()), &BUCKETS));
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => Some(handle),
                 Err(e) => {
@@ -93,6 +95,8 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     record_pull_lag(&app).await;
     record_committed_lag(&app).await;
     metrics::gauge!(READY).set(if super::health::is_ready(&app).await { 1.0 } else { 0.0 });
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    record_process();
     let Some(handle) = install_recorder() else {
         return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
     };
@@ -113,6 +117,36 @@ async fn record_pull_lag(app: &AppState) {
             let lag = bounds.log_end.saturating_sub(pulled.max(bounds.log_start));
             metrics::gauge!(PULL_LAG, "topic" => topic.to_string(), "partition" => partition.to_string()).set(lag as f64);
         }
+    }
+}
+
+/// The process's CPU time, memory, descriptors and start time, from /proc (Linux). A figure that
+/// cannot be read is left out.
+fn record_process() {
+    // SAFETY: sysconf and getrlimit only read the system's settings and write the struct passed.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as f64;
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // The command name (field 2) is in parentheses and may hold spaces: count after it.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<f64>().ok());
+        if let (Some(user), Some(system)) = (field(14), field(15)) {
+            metrics::gauge!(PROCESS_CPU).set((user + system) / ticks);
+        }
+        if let Some(rss_pages) = field(24) {
+            metrics::gauge!(PROCESS_RSS).set(rss_pages * page);
+        }
+        let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok()));
+        if let (Some(boot), Some(started)) = (boot, field(22)) {
+            metrics::gauge!(PROCESS_START).set(boot + started / ticks);
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        metrics::gauge!(PROCESS_OPEN_FDS).set(fds.count() as f64);
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        metrics::gauge!(PROCESS_MAX_FDS).set(limit.rlim_cur as f64);
     }
 }
 

@@ -89,7 +89,8 @@ async fn metrics_move_with_a_real_exchange() {
         let family = key.split('{').next().unwrap();
         let family =
             ["_bucket", "_count", "_sum"].iter().find_map(|s| family.strip_suffix(s).filter(|f| ackgate::core::metrics::ALL.contains(f))).unwrap_or(family);
-        assert!(ackgate::core::metrics::ALL.contains(&family), "{key} is not in core::metrics::ALL");
+        let named = ackgate::core::metrics::ALL.contains(&family) || ackgate::core::metrics::PROCESS.contains(&family);
+        assert!(named, "{key} is not in core::metrics::ALL or PROCESS");
     }
     // And the reverse: every metric core/metrics.rs names is exported, except the other backends'
     // and those created by the first event they count (none of which this exchange makes).
@@ -112,6 +113,14 @@ async fn metrics_move_with_a_real_exchange() {
             "{family} is not exported"
         );
     }
+    // The process's own figures (issue 45, item 2), the build, and the first deliveries' time
+    // since publish.
+    assert!(value(&m, "process_resident_memory_bytes") > 1e6);
+    assert!(value(&m, "process_open_fds") >= 3.0 && value(&m, "process_open_fds") <= value(&m, "process_max_fds"));
+    assert!(value(&m, "process_start_time_seconds") > 1.7e9);
+    assert!(value(&m, "process_cpu_seconds_total") > 0.0);
+    assert_eq!(value(&m, &format!("ackgate_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"))), 1.0);
+    assert!(value(&m, "ackgate_publish_to_delivery_seconds_count") >= 3.0);
 
     // Every response carries a request id; a caller's own id is echoed.
     let response = http().get(format!("{}/healthz", gw.base)).header("x-request-id", "trace-42").send().await.unwrap();

@@ -233,6 +233,9 @@ impl Session {
             }
             self.push_event(&fed.topic, seq, attempt, &event, at);
             pushed += 1;
+            if attempt == 1 {
+                self.d.metrics.publish_to_delivery.record(now_ms.saturating_sub(event.timestamp) as f64 / 1000.0);
+            }
             if attempt > 1 {
                 // Pushed before to a session that ended or unsubscribed without acking it.
                 self.d.metrics.redelivered(RedeliveryReason::Disconnect);
