@@ -7,6 +7,7 @@ mod browser;
 mod cluster;
 mod conformance;
 mod controlled_store;
+mod corruption;
 mod crash;
 mod dead_letters;
 mod delivery;

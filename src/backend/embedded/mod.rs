@@ -123,8 +123,10 @@ impl EmbeddedLog {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        crate::store::rocks::refuse_corruption(&mut opts);
         let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-        let db = Db::open_cf_descriptors(&opts, data_dir.join("log"), cfs).map_err(io_err)?;
+        let dir = data_dir.join("log");
+        let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| io_err(crate::store::rocks::open_error(&dir, e)))?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = LogState {
             db,
