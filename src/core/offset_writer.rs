@@ -147,8 +147,10 @@ impl Applier {
         let writes: Vec<OffsetWrite> = batch.iter().flat_map(|r| r.writes.iter().cloned()).collect();
         let result = if writes.is_empty() { Ok(Vec::new()) } else { write(&writes)? };
         // Someone waits on this batch (an `ack_ok`, a barrier) or a broker forgets its events
-        // once acked: durable first. Plain acks alone are not waited on; they share this fsync.
-        let must_last = batch.iter().any(|r| r.done.is_some() || !r.broker_acks.is_empty());
+        // once acked (RocketMQ POP): durable first. Plain acks alone are not waited on; they
+        // share a later fsync (every backend gets broker ACKs, most only count them).
+        let broker_forgets = self.backend.acknowledges_at_broker();
+        let must_last = batch.iter().any(|r| r.done.is_some() || (broker_forgets && !r.broker_acks.is_empty()));
         let result = match result {
             Ok(outcomes) if must_last => self.store.make_durable().map(|()| outcomes),
             other => other,
@@ -223,6 +225,8 @@ mod tests {
         gate: Mutex<()>,
         /// Writes begun: the writer thread is past taking its batch once this is 1.
         entered: AtomicUsize,
+        /// `make_durable` calls: the fsyncs of the offset store.
+        made_durable: AtomicUsize,
     }
 
     impl OffsetStore for GatedStore {
@@ -324,6 +328,26 @@ mod tests {
         fn flush(&self) -> Result<(), StoreError> {
             self.inner.flush()
         }
+        fn make_durable(&self) -> Result<(), StoreError> {
+            self.made_durable.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn gated_store() -> Arc<GatedStore> {
+        Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()), entered: AtomicUsize::new(0), made_durable: AtomicUsize::new(0) })
+    }
+
+    fn embedded_log(dir: &std::path::Path) -> Arc<EmbeddedLog> {
+        let settings = EmbeddedLogSettings {
+            default_partitions: 1,
+            retention_ms: 0,
+            retention_bytes_per_partition: 0,
+            durable: false,
+            group_commit_max_wait: std::time::Duration::ZERO,
+            max_topics: 10_000,
+        };
+        Arc::new(EmbeddedLog::open(dir, settings, Arc::new(SystemClock)).unwrap())
     }
 
     fn write(client: &str, committed: u64) -> WriteRequest {
@@ -342,17 +366,8 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn submit_waits_for_room_when_the_queue_is_full() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = EmbeddedLogSettings {
-            default_partitions: 1,
-            retention_ms: 0,
-            retention_bytes_per_partition: 0,
-            durable: false,
-            group_commit_max_wait: std::time::Duration::ZERO,
-            max_topics: 10_000,
-        };
-        let backend = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(SystemClock)).unwrap());
-        let store = Arc::new(GatedStore { inner: MemoryOffsetStore::new(), gate: Mutex::new(()), entered: AtomicUsize::new(0) });
-        let (writer, thread) = OffsetWriter::start(store.clone(), backend, 1, false);
+        let store = gated_store();
+        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 1, false);
         let writer = Arc::new(writer);
         let closed = store.gate.lock().unwrap();
         // The writer thread takes the first request and waits at the gate; the second fills the
@@ -385,5 +400,31 @@ mod tests {
         drop(Arc::into_inner(writer).unwrap());
         thread.join().unwrap();
         assert_eq!(queued.load(Ordering::SeqCst), 0);
+    }
+
+    /// Review finding of 5709f3c: every ack carries broker ACKs, whatever the backend, so every
+    /// batch with an ack was fsynced. Only a waiter (an `ack_ok`, a barrier) or a backend whose
+    /// broker forgets acked events (RocketMQ POP) needs the fsync; plain acks share a later one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plain_acks_on_a_log_that_only_counts_broker_acks_are_not_fsynced_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = gated_store();
+        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 16, false);
+        let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
+        for committed in 1..=3 {
+            let mut plain = write("a", committed);
+            plain.broker_acks.push((tp.clone(), committed - 1));
+            writer.submit(plain).await.unwrap();
+        }
+        while writer.stats.advanced.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.made_durable.load(Ordering::SeqCst), 0, "plain acks were fsynced on their own");
+        let (done, answered) = oneshot::channel();
+        writer.submit(WriteRequest { done: Some(done), ..write("a", 4) }).await.unwrap();
+        answered.await.unwrap().unwrap();
+        assert_eq!(store.made_durable.load(Ordering::SeqCst), 1, "a confirmed ack is fsynced before its answer");
+        drop(writer);
+        thread.join().unwrap();
     }
 }

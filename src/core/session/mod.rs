@@ -231,8 +231,10 @@ pub async fn run_session<I, O>(
     // every pass of a busy loop costs more than the frames it handles.
     let shutting_down = d.shutdown.cancelled();
     tokio::pin!(shutting_down);
-    let mut timer_at = far_future();
-    let redelivery_timer = tokio::time::sleep_until(timer_at);
+    // The next redelivery deadline the timer is armed for; `None`: nothing in flight, no timer
+    // (a "never" computed per pass would be a new instant each time, and a reset each pass).
+    let mut timer_at: Option<Instant> = None;
+    let redelivery_timer = tokio::time::sleep_until(far_future());
     tokio::pin!(redelivery_timer);
     loop {
         let flushed = {
@@ -266,10 +268,12 @@ pub async fn run_session<I, O>(
             credentials_at = credentials_due;
             credentials_timer.as_mut().reset(credentials_at.unwrap_or_else(far_future));
         }
-        let next_timer = s.in_flight.next_deadline().unwrap_or_else(far_future);
+        let next_timer = s.in_flight.next_deadline();
         if next_timer != timer_at {
             timer_at = next_timer;
-            redelivery_timer.as_mut().reset(timer_at);
+            if let Some(at) = timer_at {
+                redelivery_timer.as_mut().reset(at);
+            }
         }
         let step = tokio::select! {
             biased;
@@ -298,11 +302,10 @@ pub async fn run_session<I, O>(
                 step
             },
             // Settling (draining): nothing is sent again here; the next instance does that.
-            _ = &mut redelivery_timer, if s.settling.is_none() => {
+            _ = &mut redelivery_timer, if timer_at.is_some() && s.settling.is_none() => {
                 s.on_timers().await;
-                // Fired: arm it again on the next pass even if the next deadline is the same.
-                timer_at = far_future();
-                redelivery_timer.as_mut().reset(timer_at);
+                // Fired: armed again on the next pass even if the next deadline is the same.
+                timer_at = None;
                 Step::Continue
             }
             Some(fed) = feed_rx.recv(), if s.settling.is_none() => {

@@ -275,11 +275,15 @@ impl Session {
         // The partition's reader started its next log epoch before any subscriber heard of the
         // loss (`PartitionReader::truncate`); the offset lowered here belongs to it.
         if !newer {
-            let min_epoch = match self.d.store.log_epoch(&tp) {
-                Ok(log) => log.first_offset_epoch(),
+            let (min_epoch, log_end) = match self.d.store.log_epoch(&tp) {
+                // A further loss came after the one this close is for (its epoch ends lower):
+                // the offset is lowered to where that one ended, within it, or the client would
+                // resume above events the log wrote again there (review finding of 6db1fef).
+                Ok(log) if log.epoch > 0 && log.log_end < log_end => (log.first_offset_epoch(), log.log_end),
+                Ok(log) => (log.first_offset_epoch(), log_end),
                 Err(e) => {
                     tracing::warn!(%tp, error = %e, "could not read the partition's log epoch after a lost tail");
-                    LogEpoch::default().first_offset_epoch()
+                    (LogEpoch::default().first_offset_epoch(), log_end)
                 }
             };
             self.lower_truncated_offset(&tp, log_end, min_epoch).await;
