@@ -115,6 +115,9 @@ fn sweep_dead_letters(d: &Dispatcher, retention_ms: u64) -> anyhow::Result<usize
 /// closing before it closes whatever is left with 1001.
 const DRAIN_SLACK: Duration = Duration::from_secs(2);
 
+/// How often `Gateway::run` looks whether the data dir still takes writes.
+const WRITE_FAILURE_CHECK: Duration = Duration::from_millis(250);
+
 /// Returns when no session runs any more, after `at_most`, or on `cancel`.
 async fn wait_for_sessions_to_end(d: &Dispatcher, at_most: Duration, cancel: &CancellationToken) {
     let deadline = tokio::time::Instant::now() + at_most;
@@ -351,7 +354,12 @@ impl Gateway {
         let server = tokio::spawn(serve(listener, tls.clone(), router(app.clone()), limits, app.connections.clone(), cancel.clone()));
         tracing::info!(%local_addr, instance = %app.dispatcher.instance, tls = tls.is_some(), "ackgate listening");
         let drain = Duration::from_millis(config.server.drain_ms);
+        let mut stopped_writes = None;
         tokio::select! {
+            reason = writes_stopped(&app.dispatcher) => {
+                tracing::error!(error = %reason, "the data dir takes no more writes (a full disk, a failing device): ackgate stops, so that its supervisor starts it again once it can write; everything answered is on disk");
+                stopped_writes = Some(reason);
+            }
             _ = shutdown => {
                 // SIGTERM: drain first (sessions closed with 1012 over the window), unless an
                 // operator's drain already runs; then what is left closes with 1001.
@@ -404,7 +412,22 @@ impl Gateway {
             let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
         }
         tracing::info!("ackgate stopped");
-        Ok(())
+        match stopped_writes {
+            Some(reason) => Err(anyhow::anyhow!("the data dir took no more writes: {reason}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Resolves with the reason once the offset store or the embedded log takes no more writes
+/// (`write_failure`): RocksDB stays so until it is opened again.
+async fn writes_stopped(dispatcher: &Dispatcher) -> String {
+    let mut check = tokio::time::interval(WRITE_FAILURE_CHECK);
+    loop {
+        check.tick().await;
+        if let Some(reason) = dispatcher.store.write_failure().or_else(|| dispatcher.backend.write_failure()) {
+            return reason;
+        }
     }
 }
 

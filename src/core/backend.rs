@@ -227,6 +227,12 @@ pub trait LogBackend: Send + Sync + 'static {
     /// Whether the backend can serve reads and writes now (readiness).
     async fn is_ready(&self) -> bool;
 
+    /// Why the backend's own storage takes no more writes, once that happened (the embedded
+    /// log after a write failed with an I/O error); the gateway then stops (`Gateway::run`).
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
+
     /// Topics whose partitions are all unavailable now while the backend itself is ready (a
     /// RocketMQ route that would renumber them): `/readyz` names them, sorted.
     fn unavailable_topics(&self) -> Vec<String> {

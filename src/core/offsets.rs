@@ -326,6 +326,12 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Makes every write so far durable (called at shutdown).
     fn flush(&self) -> Result<(), StoreError>;
 
+    /// Why the store takes no more writes (a write failed with an I/O error: a full disk, a
+    /// failing device), once that happened; the gateway then stops (`Gateway::run`).
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
+
     /// Makes every offset batch written so far survive a power loss, when the store was opened
     /// for that (`storage.durability = "power"`: one fsync); a no-op otherwise. The offset writer
     /// calls it before an `ack_ok` or a broker ACK of what it wrote.

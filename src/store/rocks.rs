@@ -14,7 +14,8 @@
 //! and a topic deletion bumps it without a gap between them.
 //! Writes go through the WAL. When `durable` (`storage.durability = "power"`), every write but an
 //! offset batch is fsynced; offset batches are fsynced by the offset writer when a batch carries
-//! a confirmed ack or a broker ACK (`make_durable`), so plain acks share those fsyncs.
+//! a confirmed ack, or a broker ACK of a backend that acknowledges at its broker (`make_durable`),
+//! so plain acks share those fsyncs.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -106,6 +107,8 @@ impl Serialized {
 pub struct RocksOffsetStore {
     db: Db,
     durable: bool,
+    /// Set once a write failed with an I/O error: the database takes no more writes.
+    stopped: StoppedWrites,
     /// Serializes writers; holds the topic generations and the records written last.
     write_lock: Mutex<Serialized>,
     /// Keys in `publishes` (counted at open, then kept under `write_lock`).
@@ -130,6 +133,31 @@ fn offsets_cf_options() -> Options {
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(e.to_string())
+}
+
+/// RocksDB takes no more writes once one failed with an I/O error (`paranoid_checks`: a full
+/// disk, a failing device): every later write answers "Writer has previous error" until the
+/// database is opened again, and RocksDB recovers from a full disk by itself only with an
+/// `SstFileManager`, which the `rocksdb` crate cannot set. The first such error is kept here:
+/// readiness turns false and the gateway stops with it (`Gateway::run`), so that its supervisor
+/// starts it again, which opens the database again, instead of serving while no event can be
+/// written and no ack stored (found by `loadtest chaos`, issue 43).
+#[derive(Default)]
+pub struct StoppedWrites(std::sync::OnceLock<String>);
+
+impl StoppedWrites {
+    /// Passes `e` on, keeping it when it is an I/O error.
+    pub fn check(&self, e: rocksdb::Error) -> rocksdb::Error {
+        if e.kind() == rocksdb::ErrorKind::IOError {
+            let _ = self.0.set(e.to_string());
+        }
+        e
+    }
+
+    /// The write error that stopped the database, if one did.
+    pub fn reason(&self) -> Option<String> {
+        self.0.get().cloned()
+    }
 }
 
 /// A damaged file stops the start instead of being read around (issue 43, item 3). RocksDB's
@@ -177,7 +205,14 @@ impl RocksOffsetStore {
                 .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let dir = data_dir.join("offsets");
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| StoreError::Io(open_error(&dir, e)))?;
-        let store = Self { db, durable, write_lock: Mutex::new(Serialized::default()), publishes: AtomicUsize::new(0), redrives: AtomicUsize::new(0) };
+        let store = Self {
+            db,
+            durable,
+            stopped: StoppedWrites::default(),
+            write_lock: Mutex::new(Serialized::default()),
+            publishes: AtomicUsize::new(0),
+            redrives: AtomicUsize::new(0),
+        };
         for (cf, count) in [(CF_PUBLISHES, &store.publishes), (CF_REDRIVES, &store.redrives)] {
             let mut keys = 0;
             store.for_each_with_prefix(cf, &[], &mut |_, _| {
@@ -285,7 +320,7 @@ impl RocksOffsetStore {
                 }
                 removed += 1;
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
             self.redrives.fetch_sub(unmarked, Ordering::Relaxed);
         }
         Ok(removed)
@@ -303,7 +338,7 @@ impl RocksOffsetStore {
             }
         }
         let dropped = batch.len();
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         self.redrives.fetch_sub(dropped, Ordering::Relaxed);
         Ok(())
     }
@@ -322,7 +357,7 @@ impl RocksOffsetStore {
             }
             Ok(())
         })?;
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))
     }
 
     /// Up to `limit + 1` rows of one page in key order: the keys of `cf` under `prefix` after
@@ -507,7 +542,7 @@ impl RocksOffsetStore {
                 if without_waiting && e.kind() == rocksdb::ErrorKind::Incomplete {
                     return Ok(None);
                 }
-                return Err(io_err(e));
+                return Err(io_err(self.stopped.check(e)));
             }
         }
         for (key, (record, existed)) in after {
@@ -625,7 +660,7 @@ impl OffsetStore for RocksOffsetStore {
         let next = LogEpoch { epoch: seen.saturating_add(1), log_end };
         let mut value = next.epoch.to_be_bytes().to_vec();
         value.extend_from_slice(&log_end.to_be_bytes());
-        self.db.put_cf_opt(&self.cf(CF_LOG_EPOCHS)?, partition_key(tp), value, &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&self.cf(CF_LOG_EPOCHS)?, partition_key(tp), value, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.log_epochs.insert(tp.clone(), next);
         Ok(next)
     }
@@ -638,7 +673,7 @@ impl OffsetStore for RocksOffsetStore {
         batch.put_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client(), []);
         // Dropped before the write: a failed write must not leave a record nobody stored.
         serialized.forget(key);
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.remember(key, record);
         Ok(record)
     }
@@ -680,7 +715,7 @@ impl OffsetStore for RocksOffsetStore {
         let started = serialized.removals_pending.get(topic) == Some(&TopicRemoval::LogDeleted);
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!started);
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.generations.insert(topic.clone(), next);
         serialized.removals_pending.remove(topic);
         self.publishes.fetch_sub(publishes, Ordering::Relaxed);
@@ -694,7 +729,7 @@ impl OffsetStore for RocksOffsetStore {
         }
         let mut value = serialized.generations.get(topic).copied().unwrap_or(0).to_be_bytes().to_vec();
         value.push(1);
-        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::Begun);
         Ok(())
     }
@@ -707,7 +742,7 @@ impl OffsetStore for RocksOffsetStore {
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
         let mut value = next.to_be_bytes().to_vec();
         value.push(2);
-        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.generations.insert(topic.clone(), next);
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
         Ok(())
@@ -719,7 +754,9 @@ impl OffsetStore for RocksOffsetStore {
             return Ok(());
         }
         let generation = serialized.generations.get(topic).copied().unwrap_or(0);
-        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), generation.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        self.db
+            .put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), generation.to_be_bytes(), &self.write_opts())
+            .map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.removals_pending.remove(topic);
         Ok(())
     }
@@ -748,7 +785,7 @@ impl OffsetStore for RocksOffsetStore {
                     touched += 1;
                 }
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         }
         Ok(touched)
     }
@@ -770,7 +807,7 @@ impl OffsetStore for RocksOffsetStore {
                 batch.delete_cf(&offsets_cf, key.encode());
                 batch.delete_cf(&by_client_cf, key.encode_by_client());
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         }
         Ok(removed)
     }
@@ -790,7 +827,7 @@ impl OffsetStore for RocksOffsetStore {
                     removed += 1;
                 }
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         }
         Ok(removed)
     }
@@ -800,7 +837,7 @@ impl OffsetStore for RocksOffsetStore {
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_DEAD_LETTERS)?, dead_letter_key(&id), encode_dead_letter(dead));
         batch.put_cf(&self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, dead_letter_index_key(&id), []);
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))
     }
 
     fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
@@ -864,7 +901,7 @@ impl OffsetStore for RocksOffsetStore {
                 new += 1;
             }
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         self.redrives.fetch_add(new, Ordering::Relaxed);
         Ok(marked)
     }
@@ -911,7 +948,7 @@ impl OffsetStore for RocksOffsetStore {
                 batch.delete_cf(&index_cf, dead_letter_index_key(id));
             }
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         self.redrives.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -925,7 +962,7 @@ impl OffsetStore for RocksOffsetStore {
         value.push(1u8);
         value.extend_from_slice(&gap.to.to_be_bytes());
         value.extend_from_slice(&gap.at.to_be_bytes());
-        self.db.put_cf_opt(&self.cf(CF_GAPS)?, dead_letter_key(&gap.id()), value, &self.write_opts()).map_err(io_err)
+        self.db.put_cf_opt(&self.cf(CF_GAPS)?, dead_letter_key(&gap.id()), value, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))
     }
 
     fn gaps(&self, query: &DeadLetterQuery) -> Result<GapPage, StoreError> {
@@ -959,7 +996,7 @@ impl OffsetStore for RocksOffsetStore {
             Ok(())
         })?;
         let removed = batch.len();
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         Ok(removed)
     }
 
@@ -976,7 +1013,7 @@ impl OffsetStore for RocksOffsetStore {
         let _serialized = self.lock_writes();
         let (cf, stored_key) = (self.cf(CF_PUBLISHES)?, publish_key(topic, key));
         let existed = self.db.get_pinned_cf(&cf, &stored_key).map_err(io_err)?.is_some();
-        self.db.put_cf_opt(&cf, &stored_key, publish.encode(), &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&cf, &stored_key, publish.encode(), &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         if !existed {
             self.publishes.fetch_add(1, Ordering::Relaxed);
         }
@@ -1010,7 +1047,7 @@ impl OffsetStore for RocksOffsetStore {
                 }
             }
             let removed = batch.len();
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
             self.publishes.fetch_sub(removed, Ordering::Relaxed);
             forgotten += removed;
         }
@@ -1018,12 +1055,16 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_wal(true).map_err(io_err)
+        self.db.flush_wal(true).map_err(|e| io_err(self.stopped.check(e)))
+    }
+
+    fn write_failure(&self) -> Option<String> {
+        self.stopped.reason()
     }
 
     fn make_durable(&self) -> Result<(), StoreError> {
         if self.durable {
-            self.db.flush_wal(true).map_err(io_err)?;
+            self.db.flush_wal(true).map_err(|e| io_err(self.stopped.check(e)))?;
         }
         Ok(())
     }

@@ -2,67 +2,29 @@
 //! every write no fsync covered (tests/powerloss/powerloss_fs.py, FUSE, as LazyFS does). With the
 //! default `storage.durability = "power"`, every publish answered 200 and every offset an `ack_ok`
 //! reported is there after the power comes back; with `"crash"` they are not, which shows the
-//! harness can fail.
+//! harness can fail. The same file system fills up on command: a full disk stops the gateway
+//! for its supervisor to start it again, with nothing answered lost.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use serde_json::{json, Value};
 
 use crate::support::*;
 
-/// A mount of `tests/powerloss/powerloss_fs.py`: files live in `backing`, writes reach it only
-/// when fsynced.
-struct PowerLossMount {
-    backing: PathBuf,
-    mountpoint: PathBuf,
-    fs: Option<Child>,
+// The mount of loadtest chaos (which uses all of it).
+#[path = "../../loadtest/src/powerloss.rs"]
+#[allow(dead_code)]
+mod powerloss;
+use powerloss::PowerLossMount;
+
+fn mount(backing: &Path, mountpoint: &Path) -> PowerLossMount {
+    mount_with(backing, mountpoint, None)
 }
 
-impl PowerLossMount {
-    fn mount(backing: &Path, mountpoint: &Path) -> Self {
-        std::fs::create_dir_all(backing).unwrap();
-        std::fs::create_dir_all(mountpoint).unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/powerloss/powerloss_fs.py");
-        // Debian's python3, which holds Debian's fusepy (scripts/prereqs), whatever `python3` the
-        // PATH names first.
-        let fs =
-            Command::new("/usr/bin/python3").arg(script).arg(backing).arg(mountpoint).stdout(Stdio::null()).spawn().expect("the power-loss file system starts");
-        let mount = Self { backing: backing.to_path_buf(), mountpoint: mountpoint.to_path_buf(), fs: Some(fs) };
-        let started = Instant::now();
-        while !mount.is_mounted() {
-            assert!(started.elapsed() < Duration::from_secs(20), "{} was not mounted (are `fuse` and `python3-fusepy` installed?)", mountpoint.display());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        mount
-    }
-
-    fn is_mounted(&self) -> bool {
-        let wanted = self.mountpoint.display().to_string();
-        std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|line| line.split(' ').nth(1) == Some(wanted.as_str()))
-    }
-
-    /// The power goes: the file system dies with every write no fsync covered, and the mount goes
-    /// with it. Returns the backing directory, to be mounted again.
-    fn cut_power(mut self) -> PathBuf {
-        self.unmount();
-        self.backing.clone()
-    }
-
-    fn unmount(&mut self) {
-        if let Some(mut fs) = self.fs.take() {
-            let _ = fs.kill();
-            let _ = fs.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
-        }
-    }
-}
-
-impl Drop for PowerLossMount {
-    fn drop(&mut self) {
-        self.unmount();
-    }
+/// `mount`, full while `full_flag` exists.
+fn mount_with(backing: &Path, mountpoint: &Path, full_flag: Option<&Path>) -> PowerLossMount {
+    let script = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/powerloss/powerloss_fs.py"));
+    PowerLossMount::mount(script, backing, mountpoint, full_flag).expect("the power-loss file system mounts")
 }
 
 /// The log end of partition 0 of `topic` (`GET /topics`), 0 when the topic is unknown.
@@ -96,13 +58,13 @@ async fn publish_and_ack(base: &str, addr: std::net::SocketAddr) {
 async fn restarted_after_a_power_cut(env: &[(&str, &str)]) -> (tempfile::TempDir, PowerLossMount, Process) {
     let dir = tempfile::tempdir().unwrap();
     let (backing, mountpoint) = (dir.path().join("backing"), dir.path().join("mnt"));
-    let fs = PowerLossMount::mount(&backing, &mountpoint);
+    let mut fs = mount(&backing, &mountpoint);
     let data = mountpoint.join("data");
     let gw = Process::start(&data, env);
     publish_and_ack(&gw.base, gw.addr).await;
     gw.kill9();
-    let backing = fs.cut_power();
-    let fs = PowerLossMount::mount(&backing, &mountpoint);
+    fs.cut_power();
+    fs.power_on().expect("the power-loss file system mounts again");
     let gw = Process::start(&data, env);
     (dir, fs, gw)
 }
@@ -131,5 +93,36 @@ async fn without_fsync_a_power_loss_takes_what_was_answered() {
     let (_dir, _fs, gw) = restarted_after_a_power_cut(&[("ACKGATE_STORAGE__DURABILITY", "crash")]).await;
     let (events, committed) = (log_end(&gw.base, "p").await, stored_offset(&gw.base, "p", "c", 0).await);
     assert!(events < 20 && committed.is_none(), "nothing was fsynced, yet {events} events and the offset {committed:?} survived");
+    gw.kill9();
+}
+
+/// Issue 43, a full disk (found by `loadtest chaos`): RocksDB takes no more writes once one
+/// failed with ENOSPC, until the database is opened again. The gateway used to go on serving,
+/// ready, with every publish answered 503 and every ack failing long after the disk had room
+/// again. Now it stops with an error (exit 1) for its supervisor (systemd's `Restart=on-failure`)
+/// to start it again, and started again it takes writes, with everything answered before there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_gateway_for_its_supervisor_and_nothing_answered_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (backing, mountpoint, flag) = (dir.path().join("backing"), dir.path().join("mnt"), dir.path().join("full"));
+    let fs = mount_with(&backing, &mountpoint, Some(&flag));
+    let data = mountpoint.join("data");
+    let gw = Process::start(&data, &[]);
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "d", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let events: Vec<Value> = (0..5).map(|n| json!({"payload": {"n": n}})).collect();
+    publish(&gw.base, "d", json!({"events": events})).await;
+    fs.set_full(true).unwrap();
+    let refused = http().post(format!("{}/topics/d/events", gw.base)).json(&json!({"payload": {"n": 5}})).send().await.unwrap();
+    assert_eq!(refused.status(), 503, "a publish on a full disk: {}", refused.text().await.unwrap());
+    let logs = gw.logs.clone();
+    let exited = tokio::task::spawn_blocking(move || gw.wait_exit(std::time::Duration::from_secs(30))).await.unwrap();
+    let logs = logs.lock().unwrap().join("\n");
+    assert!(exited.is_some_and(|status| status.code() == Some(1)), "the gateway went on after its data dir stopped taking writes ({exited:?}):\n{logs}");
+    assert!(logs.contains("takes no more writes"), "{logs}");
+    fs.set_full(false).unwrap();
+    let gw = Process::start(&data, &[]);
+    publish(&gw.base, "d", json!({"payload": {"n": 5}})).await;
+    assert_eq!(log_end(&gw.base, "d").await, 6, "the five events answered before are there, and the sixth after");
     gw.kill9();
 }

@@ -157,6 +157,21 @@ impl Process {
         }
     }
 
+    /// Waits at most `within` for the process to exit by itself; its status, or `None` (then it
+    /// is killed).
+    pub fn wait_exit(mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < within {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
     /// SIGTERM, then waits for a clean exit (a drain spreads the sessions' closes over
     /// `server.drain_ms`, 10 s by default).
     pub fn terminate(mut self) -> std::process::ExitStatus {

@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """A pass-through FUSE file system that forgets, at a power loss, every write no fsync covered.
 
-    /usr/bin/python3 powerloss_fs.py BACKING MOUNTPOINT
+    /usr/bin/python3 powerloss_fs.py BACKING MOUNTPOINT [FULL_FLAG]
 
 Files live in BACKING. What a program writes to a file stays in this process's memory (the
-"page cache") until it fsyncs the file: only then is it written to BACKING. A power loss is this
+"page cache") until it fsyncs the file: only then is it written to BACKING (the part written
+since the last fsync). A power loss is this
 process dying (SIGKILL, or SIGTERM, which exits without writing anything): the cached writes are
 gone, and a new mount of BACKING shows each file as of its last fsync, as a machine that lost
 power shows it (LazyFS does the same for Jepsen). Creating, renaming and removing files and
 directories reach BACKING at once (they are not what this models).
 
-The tests (tests/api/power_loss.rs) mount it, run the gateway on it, cut the power, and mount it
-again. Debian's `fuse` and `python3-fusepy` packages (scripts/prereqs) provide what it needs.
+While the file FULL_FLAG exists, the disk is full: writes, file creation and growing a file fail
+with ENOSPC (the fault suite's full disk, `loadtest chaos`).
+
+The tests (tests/api/power_loss.rs, `loadtest chaos`) mount it, run the gateway on it, cut the
+power, and mount it again. Debian's `fuse` and `python3-fusepy` packages (scripts/prereqs) provide what it needs.
 """
 
 import errno
@@ -24,22 +28,34 @@ from fusepy import FUSE, FuseOSError, Operations
 
 
 class PowerLossFs(Operations):
-    def __init__(self, backing):
+    def __init__(self, backing, full_flag=None):
         self.backing = os.path.realpath(backing)
+        self.full_flag = full_flag
         self.mutex = threading.RLock()
-        # path -> bytearray: a file's whole content as written since its last fsync.
-        self.unsynced = {}
+        # path -> bytearray: a file's whole content as this process knows it (the "page cache"),
+        # kept from its first write on.
+        self.cache = {}
+        # path -> the lowest offset written (or truncated to) since the file's last fsync: an
+        # fsync writes from there on, not the whole file again.
+        self.dirty_from = {}
+
+    def _refuse_when_full(self):
+        if self.full_flag is not None and os.path.exists(self.full_flag):
+            raise FuseOSError(errno.ENOSPC)
+
+    def _dirty(self, path, offset):
+        self.dirty_from[path] = min(offset, self.dirty_from.get(path, offset))
 
     def _real(self, path):
         return os.path.join(self.backing, path.lstrip("/"))
 
     def _content(self, path):
         """The file's content as written so far, cached from here until its next fsync."""
-        content = self.unsynced.get(path)
+        content = self.cache.get(path)
         if content is None:
             with open(self._real(path), "rb") as f:
                 content = bytearray(f.read())
-            self.unsynced[path] = content
+            self.cache[path] = content
         return content
 
     def _errno(self, call, *args):
@@ -54,8 +70,8 @@ class PowerLossFs(Operations):
         st = self._errno(os.lstat, self._real(path))
         attrs = {key: getattr(st, key) for key in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime", "st_mtime", "st_ctime")}
         with self.mutex:
-            if path in self.unsynced:
-                attrs["st_size"] = len(self.unsynced[path])
+            if path in self.cache:
+                attrs["st_size"] = len(self.cache[path])
         return attrs
 
     def access(self, path, mode):
@@ -70,6 +86,7 @@ class PowerLossFs(Operations):
         return {key: getattr(st, key) for key in ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files", "f_flag", "f_frsize", "f_namemax")}
 
     def mkdir(self, path, mode):
+        self._refuse_when_full()
         self._errno(os.mkdir, self._real(path), mode)
 
     def rmdir(self, path):
@@ -87,22 +104,28 @@ class PowerLossFs(Operations):
     def unlink(self, path):
         with self.mutex:
             self._errno(os.unlink, self._real(path))
-            self.unsynced.pop(path, None)
+            self.cache.pop(path, None)
+            self.dirty_from.pop(path, None)
 
     def rename(self, old, new):
         with self.mutex:
             self._errno(os.rename, self._real(old), self._real(new))
-            self.unsynced.pop(new, None)
-            if old in self.unsynced:
-                self.unsynced[new] = self.unsynced.pop(old)
+            self.cache.pop(new, None)
+            self.dirty_from.pop(new, None)
+            if old in self.cache:
+                self.cache[new] = self.cache.pop(old)
+            if old in self.dirty_from:
+                self.dirty_from[new] = self.dirty_from.pop(old)
 
     # Data: cached until fsync.
 
     def create(self, path, mode, fi=None):
+        self._refuse_when_full()
         with self.mutex:
             fd = self._errno(os.open, self._real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             os.close(fd)
-            self.unsynced.pop(path, None)
+            self.cache.pop(path, None)
+            self.dirty_from.pop(path, None)
         return 0
 
     def open(self, path, flags):
@@ -111,19 +134,22 @@ class PowerLossFs(Operations):
                 raise FuseOSError(errno.ENOENT)
             if flags & os.O_TRUNC:
                 self._content(path).clear()
+                self._dirty(path, 0)
         return 0
 
     def read(self, path, size, offset, fh):
         with self.mutex:
-            if path in self.unsynced:
-                return bytes(self.unsynced[path][offset:offset + size])
+            if path in self.cache:
+                return bytes(self.cache[path][offset:offset + size])
             with open(self._real(path), "rb") as f:
                 f.seek(offset)
                 return f.read(size)
 
     def write(self, path, data, offset, fh):
+        self._refuse_when_full()
         with self.mutex:
             content = self._content(path)
+            self._dirty(path, min(offset, len(content)))
             if offset > len(content):
                 content.extend(b"\0" * (offset - len(content)))
             content[offset:offset + len(data)] = data
@@ -132,6 +158,9 @@ class PowerLossFs(Operations):
     def truncate(self, path, length, fh=None):
         with self.mutex:
             content = self._content(path)
+            if length > len(content):
+                self._refuse_when_full()
+            self._dirty(path, min(length, len(content)))
             if length < len(content):
                 del content[length:]
             else:
@@ -139,11 +168,13 @@ class PowerLossFs(Operations):
 
     def fsync(self, path, datasync, fh):
         with self.mutex:
-            content = self.unsynced.pop(path, None)
-            if content is None:
+            content = self.cache.get(path)
+            dirty_from = self.dirty_from.pop(path, None)
+            if content is None or dirty_from is None:
                 return 0
             with open(self._real(path), "r+b") as f:
-                f.write(content)
+                f.seek(dirty_from)
+                f.write(content[dirty_from:])
                 f.truncate(len(content))
                 f.flush()
                 os.fsync(f.fileno())
@@ -161,9 +192,10 @@ class PowerLossFs(Operations):
 
 def main():
     backing, mountpoint = sys.argv[1], sys.argv[2]
+    full_flag = sys.argv[3] if len(sys.argv) > 3 else None
     # SIGTERM is a power loss too: exit at once, writing nothing.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    FUSE(PowerLossFs(backing), mountpoint, foreground=True, nothreads=False)
+    FUSE(PowerLossFs(backing, full_flag), mountpoint, foreground=True, nothreads=False)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ pub struct LogState {
     last_timestamp: AtomicU64,
     /// The fsync that durable publishes share.
     group_commit: GroupCommit,
+    /// Set once a write failed with an I/O error: the database takes no more writes.
+    stopped: crate::store::rocks::StoppedWrites,
 }
 
 fn io_err(e: impl std::fmt::Display) -> BackendError {
@@ -138,6 +140,7 @@ impl EmbeddedLog {
             clock,
             last_timestamp: AtomicU64::new(0),
             group_commit: GroupCommit::new(settings.group_commit_max_wait),
+            stopped: Default::default(),
         };
         log.recover_topics()?;
         Ok(Self { state: Arc::new(log) })
@@ -239,7 +242,7 @@ impl LogState {
         let writing = self.group_commit.writing();
         let assigned = self.append(topic, events, now, missing)?;
         let ticket = writing.done();
-        self.group_commit.wait_durable(ticket, || self.db.flush_wal(true)).map_err(io_err)?;
+        self.group_commit.wait_durable(ticket, || self.db.flush_wal(true).map_err(|e| self.stopped.check(e))).map_err(io_err)?;
         Ok(assigned)
     }
 
@@ -260,7 +263,7 @@ impl LogState {
             return Err(BackendError::LimitExceeded(format!("the log holds {topics} topics, its maximum (limits.max_topics); delete one first")));
         }
         let cf = self.cf(CF_TOPICS)?;
-        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         let logs =
             (0..partitions).map(|_| PartitionLog { start: 0, end: 0, bytes_before_start: 0, bytes_before_end: 0, appended: Arc::new(Notify::new()) }).collect();
         self.topics.write().unwrap().insert(topic.clone(), logs);
@@ -284,7 +287,7 @@ impl LogState {
             return Err(BackendError::InvalidInput(format!("partitions must be 1 to 10000, got {partitions}")));
         }
         let cf = self.cf(CF_TOPICS)?;
-        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(io_err)?;
+        self.db.put_cf_opt(&cf, topic.as_str(), partitions.to_be_bytes(), &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         let added: Vec<PartitionLog> = (count..partitions).map(|p| self.recover_partition(topic, p)).collect::<Result<_, _>>()?;
         self.topics.write().unwrap().get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?.extend(added);
         tracing::info!(%topic, before = count, partitions, "partitions added");
@@ -336,7 +339,7 @@ impl LogState {
             *end += 1;
             *bytes += value.len() as u64;
         }
-        self.db.write(batch).map_err(io_err)?;
+        self.db.write(batch).map_err(|e| io_err(self.stopped.check(e)))?;
         self.last_timestamp.store(now, Ordering::Relaxed);
         let mut topics = self.topics.write().unwrap();
         let partitions = topics.get_mut(topic).ok_or_else(|| BackendError::UnknownTopic(topic.to_string()))?;
@@ -437,7 +440,7 @@ impl LogState {
 
     /// Flushes the WAL and memtables; called at shutdown.
     pub fn flush(&self) -> Result<(), BackendError> {
-        self.db.flush_wal(true).map_err(io_err)
+        self.db.flush_wal(true).map_err(|e| io_err(self.stopped.check(e)))
     }
 }
 
@@ -499,7 +502,7 @@ impl LogBackend for EmbeddedLog {
         for p in 0..partitions.len() as u32 {
             batch.delete_cf(&ends_cf, end_marker_key(topic, p));
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         self.cursors.remove_topic(topic);
         for p in &partitions {
             p.appended.notify_waiters();
@@ -576,6 +579,10 @@ impl LogBackend for EmbeddedLog {
     }
 
     async fn is_ready(&self) -> bool {
-        true
+        self.stopped.reason().is_none()
+    }
+
+    fn write_failure(&self) -> Option<String> {
+        self.stopped.reason()
     }
 }

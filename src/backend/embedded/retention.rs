@@ -52,7 +52,7 @@ impl LogState {
                 let ends_cf = self.cf(CF_ENDS)?;
                 batch.put_cf(&ends_cf, end_marker_key(&topic, partition), end.to_be_bytes());
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(io_err)?;
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
             if let Some(p) = self.topics.write().unwrap().get_mut(&topic).and_then(|ps| ps.get_mut(partition as usize)) {
                 p.start = new_start;
                 p.bytes_before_start = new_bytes_before_start;
