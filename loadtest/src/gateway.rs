@@ -118,6 +118,16 @@ impl Gateway {
         self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// True once the process this loadtest started has exited by itself.
+    pub fn has_exited(&mut self) -> bool {
+        let exited = self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        if exited {
+            // Reaped: nothing left to stop.
+            self.child = None;
+        }
+        exited
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

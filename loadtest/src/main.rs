@@ -12,9 +12,12 @@
 //! session. `--json` prints the summary as one object.
 //! A run that loses anything exits with status 1.
 
+mod chaos;
 mod client;
 mod find_rate;
 mod gateway;
+mod history;
+mod powerloss;
 mod report;
 mod shapes;
 mod takeover;
@@ -177,6 +180,11 @@ impl Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    // `loadtest chaos ...`: the fault suite, with options of its own.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("chaos") {
+        return chaos::main(args.into_iter().skip(1).collect());
+    }
     let mut cli = Cli::parse();
     if let Some(clients) = cli.broadcast {
         // A fan-out at a paced rate: every client receives every event.

@@ -65,7 +65,7 @@ struct Followed {
 }
 
 /// 250 ms doubling up to 10 s, each with jitter (half to all of it), as the clients do.
-fn backoff(attempt: u32) -> Duration {
+pub fn backoff(attempt: u32) -> Duration {
     let full = 250u64.saturating_mul(1 << attempt.min(6).saturating_sub(1)).min(10_000);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64);
     Duration::from_millis(full / 2 + nanos % (full / 2 + 1))
@@ -226,7 +226,7 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -4,6 +4,7 @@
 mod auth;
 mod bounds;
 mod browser;
+mod chaos;
 mod cluster;
 mod conformance;
 mod controlled_store;
