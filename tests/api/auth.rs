@@ -83,12 +83,14 @@ async fn a_session_refreshes_its_token_in_band_and_one_that_does_not_closes_with
     let (dir, data) = temp_dir();
     let mut config = test_config(&data);
     config.auth.jwt_secret = SECRET.into();
-    config.auth.refresh_before_secs = 2;
+    // `refresh_needed` 4 s after the connect: after the subscribe's answer even on a loaded
+    // machine (with 1 s, a CI run saw it come first).
+    config.auth.refresh_before_secs = 4;
     let gw = InProcess::start(config).await;
     let _dir = dir;
     publish_numbered(&gw.base, "feed", 1, 0, 2).await;
 
-    let exp = now_secs() + 3;
+    let exp = now_secs() + 8;
     let mut brief = connect_with(gw.addr(), "brief", &token(json!({"sub": "brief", "exp": exp}))).await;
     let mut renewed = connect_with(gw.addr(), "renewed", &token(json!({"sub": "renewed", "exp": exp, "topics": ["feed"]}))).await;
     renewed.subscribe("feed", json!({})).await;
