@@ -90,7 +90,12 @@ impl Gateway {
         let addr = match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(Ok(addr)) => addr,
             Ok(Err(line)) => bail!("gateway failed to start: {line}"),
-            Err(_) => bail!("gateway did not report its address within 120 s"),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let tail: Vec<String> = logs.lock().unwrap().iter().rev().take(10).rev().cloned().collect();
+                bail!("gateway did not report its address within 120 s; its last log lines:\n{}", tail.join("\n"))
+            }
         };
         Ok(Self {
             base: format!("http://{addr}"),
