@@ -54,6 +54,8 @@ pub const WS_FRAMES: &str = "ackgate_ws_frames_total";
 pub const IN_FLIGHT: &str = "ackgate_in_flight";
 pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
+pub const CLIENT_COMMITTED_LAG: &str = "ackgate_client_committed_lag";
+pub const OLDEST_SESSION_AGE: &str = "ackgate_oldest_session_age_seconds";
 pub const READY: &str = "ackgate_ready";
 pub const BUILD_INFO: &str = "ackgate_build_info";
 pub const PUBLISH_TO_DELIVERY: &str = "ackgate_publish_to_delivery_seconds";
@@ -93,11 +95,13 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 41] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
     COMMITTED_LAG,
+    CLIENT_COMMITTED_LAG,
+    OLDEST_SESSION_AGE,
     READY,
     BUILD_INFO,
     PUBLISH_TO_DELIVERY,

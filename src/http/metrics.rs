@@ -16,8 +16,8 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, PROCESS_CPU, PROCESS_MAX_FDS,
-    PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
+    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES,
+    OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -150,30 +150,48 @@ fn record_process() {
     }
 }
 
+/// The clients with the most committed lag that get a series of their own
+/// (`ackgate_client_committed_lag`): a bounded label set, however many clients there are.
+const TOP_LAGGING_CLIENTS: usize = 10;
+
 /// Per topic, what the clients with a live session here have not acknowledged: `log_end -
 /// committed` over their partitions (stored committed offsets; none stored counts from the log
-/// start). One label, the topic: a client's own lag is in `GET /admin/offsets`. A topic nobody
-/// reads any more stops being set, and its gauge is dropped (`GAUGE_IDLE`).
+/// start). One label, the topic; the `TOP_LAGGING_CLIENTS` (topic, client) pairs with the most
+/// lag also get `ackgate_client_committed_lag{topic, client_id}` (every client's own lag is in
+/// `GET /admin/offsets`). A series no longer set is dropped (`GAUGE_IDLE`). Also the age of the
+/// oldest live session.
 async fn record_committed_lag(app: &AppState) {
     let d = &app.dispatcher;
     let mut readers: std::collections::BTreeMap<TopicName, std::collections::BTreeSet<ClientId>> = Default::default();
-    for session in d.sessions() {
+    let sessions = d.sessions();
+    let now_ms = d.clock.now_ms();
+    let oldest = sessions.iter().map(|s| s.connected_at).min();
+    metrics::gauge!(OLDEST_SESSION_AGE).set(oldest.map_or(0.0, |at| now_ms.saturating_sub(at) as f64 / 1000.0));
+    for session in sessions {
         for topic in session.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             readers.entry(topic.clone()).or_default().insert(session.client_id.clone());
         }
     }
+    let mut per_client: Vec<(u64, TopicName, ClientId)> = Vec::new();
     for (topic, clients) in readers {
         let Ok(Some(partitions)) = d.backend.partitions(&topic).await else { continue };
-        let mut lag = 0u64;
+        let mut lags: std::collections::BTreeMap<&ClientId, u64> = clients.iter().map(|c| (c, 0)).collect();
         for partition in 0..partitions {
             let Ok(bounds) = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await else { continue };
             for client in &clients {
                 let key = OffsetKey::new(topic.clone(), client.clone(), partition);
                 let committed = d.store.read(&key).ok().flatten().map_or(bounds.log_start, |r| r.committed);
-                lag = lag.saturating_add(bounds.log_end.saturating_sub(committed.max(bounds.log_start)));
+                let lag = lags.entry(client).or_default();
+                *lag = lag.saturating_add(bounds.log_end.saturating_sub(committed.max(bounds.log_start)));
             }
         }
-        metrics::gauge!(COMMITTED_LAG, "topic" => topic.to_string()).set(lag as f64);
+        let total = lags.values().fold(0u64, |sum, lag| sum.saturating_add(*lag));
+        metrics::gauge!(COMMITTED_LAG, "topic" => topic.to_string()).set(total as f64);
+        per_client.extend(lags.into_iter().filter(|(_, lag)| *lag > 0).map(|(client, lag)| (lag, topic.clone(), client.clone())));
+    }
+    per_client.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, &a.2).cmp(&(&b.1, &b.2))));
+    for (lag, topic, client) in per_client.into_iter().take(TOP_LAGGING_CLIENTS) {
+        metrics::gauge!(CLIENT_COMMITTED_LAG, "topic" => topic.to_string(), "client_id" => client.to_string()).set(lag as f64);
     }
 }
 

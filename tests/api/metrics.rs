@@ -96,6 +96,8 @@ async fn metrics_move_with_a_real_exchange() {
     // and those created by the first event they count (none of which this exchange makes).
     use ackgate::core::metrics::*;
     let first_counted_event = [
+        // Only for clients that lag: nobody does at the end of this exchange (its own test below).
+        CLIENT_COMMITTED_LAG,
         OFFSETS_ABOVE_LOG_END,
         TRANSIENT_LOG_ENDS,
         LOG_TRUNCATIONS,
@@ -155,4 +157,41 @@ async fn metrics_move_with_a_real_exchange() {
     }
     assert!(gone, "the pull lag of a deleted topic stays in /metrics");
     assert!(scrape(&gw.base).await.contains_key("ackgate_sessions{transport=\"sse\"}"), "gauges set at every scrape stay");
+}
+
+/// Issue 45 item 2: the clients with the most committed lag get a series of their own (at most
+/// ten, so the label set stays bounded), a client that caught up leaves it, and the oldest
+/// session's age is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_most_lagging_clients_and_the_oldest_session_age_are_exported() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "lag", 1, 0, 5).await;
+    let mut clients = Vec::new();
+    // Twelve clients: client k acknowledges k of the five events (k = 0..=4), the rest none.
+    for k in 0..12u64 {
+        let mut client = TestClient::connect(gw.addr, &format!("c{k:02}")).await;
+        client.subscribe("lag", json!({})).await;
+        let events = client.recv_events(5).await;
+        let acked = k.min(5) as usize;
+        if k < 5 && acked > 0 {
+            client.ack_confirmed(&ids(&events[..acked]), "a").await;
+        }
+        if k == 5 {
+            client.ack_confirmed(&ids(&events), "all").await;
+        }
+        clients.push(client);
+    }
+    let m = scrape(&gw.base).await;
+    let lagging: BTreeMap<&String, f64> = m.iter().filter(|(k, _)| k.starts_with("ackgate_client_committed_lag{")).map(|(k, v)| (k, *v)).collect();
+    assert_eq!(lagging.len(), 10, "ten series at most: {lagging:#?}");
+    assert_eq!(value(&m, r#"ackgate_client_committed_lag{topic="lag",client_id="c00"}"#), 5.0);
+    assert_eq!(value(&m, r#"ackgate_client_committed_lag{topic="lag",client_id="c03"}"#), 2.0);
+    assert!(!m.contains_key(r#"ackgate_client_committed_lag{topic="lag",client_id="c05"}"#), "a client that acked everything has no lag series");
+    // The topic's sum over all twelve: 5 + 4 + 3 + 2 + 1 + 0 + 6 x 5.
+    assert_eq!(value(&m, r#"ackgate_committed_lag{topic="lag"}"#), 45.0);
+    assert!(value(&m, "ackgate_oldest_session_age_seconds") >= 0.0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(value(&scrape(&gw.base).await, "ackgate_oldest_session_age_seconds") >= 1.0, "the oldest session is over a second old");
+    gw.kill9();
 }
