@@ -12,8 +12,9 @@
 //! Faults: `kill` (SIGKILL an instance, start it again), `pause` (SIGSTOP an instance for longer
 //! than the pong timeout, then SIGCONT: a zombie that wakes after its clients moved), `restart`
 //! (SIGTERM: a drain), `power` (SIGKILL every instance, drop every write no fsync covered, start
-//! again), `disk-full` (writes fail with ENOSPC for a while), `clock` (an instance's clocks jump
-//! forward, through Debian's libfaketime), `broker-kill` and `broker-pause` (Kafka, RocketMQ).
+//! again), `disk-full` (writes fail with ENOSPC for a while), `clock` (an instance's wall clock
+//! steps 30 s back to 45 s ahead, through Debian's libfaketime), `broker-kill` and
+//! `broker-pause` (Kafka, RocketMQ).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -139,8 +140,8 @@ impl Rng {
     }
 }
 
-/// A client's view of its own progress, shared with the nemesis (which counts what was in flight
-/// at each fault: the bound on duplicates).
+/// A client's view of its own progress: its resume point per partition, and what was delivered
+/// at or above it (what may come again when the session ends: the bound on duplicates).
 #[derive(Default)]
 struct Progress {
     /// Per partition, the offset its resume token names: the contiguous acked floor (WebSocket)
@@ -766,7 +767,7 @@ struct Cluster {
     mount: PowerLossMount,
     broker: Option<Broker>,
     /// Per instance, libfaketime's offset file and the offset it holds, in seconds.
-    clocks: Vec<(PathBuf, u64)>,
+    clocks: Vec<(PathBuf, i64)>,
     /// Gateway log lines of stopped instances, kept for `--gateway-log`.
     logs: Vec<String>,
 }
@@ -850,15 +851,7 @@ struct FaultLog {
 
 /// Injects faults until `stop`, then heals everything (every instance running and ready, room on
 /// the disk, the broker up).
-fn nemesis(
-    cluster: &mut Cluster,
-    faults: &[Fault],
-    mean_every: Duration,
-    stop: &AtomicBool,
-    mut rng: Rng,
-    clients: &[Arc<Mutex<Progress>>],
-    counters: &Counters,
-) -> anyhow::Result<FaultLog> {
+fn nemesis(cluster: &mut Cluster, faults: &[Fault], mean_every: Duration, stop: &AtomicBool, mut rng: Rng) -> anyhow::Result<FaultLog> {
     let mut log = FaultLog::default();
     let instances = cluster.gateways.len();
     let started = Instant::now();
@@ -923,12 +916,10 @@ fn nemesis(
                 }
             }
             Fault::Clock => {
-                // Every ack deadline may pass at once: what is in flight may come again.
-                let in_flight: u64 = clients.iter().map(|c| c.lock().unwrap().in_flight()).sum();
-                counters.duplicate_bound.fetch_add(in_flight, Ordering::Relaxed);
+                // An NTP step: the wall clock jumps 30 s back to 45 s ahead of where it is.
                 let (file, offset) = &mut cluster.clocks[i];
-                *offset += 5 + rng.below(40);
-                std::fs::write(&*file, format!("+{offset}s"))?;
+                *offset += rng.below(76) as i64 - 30;
+                std::fs::write(&*file, format!("{offset:+}s"))?;
             }
             Fault::BrokerKill => {
                 if let Some(broker) = cluster.broker.as_mut() {
@@ -1061,6 +1052,10 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
             env.push(("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()));
             // Read the offset file at most once a second, not at every clock read.
             env.push(("FAKETIME_CACHE_DURATION".into(), "1".into()));
+            // The wall clock only, as an NTP step moves it: the monotonic clock never jumps (and
+            // faking it made librdkafka's timed waits last as long as the offset, so a Kafka
+            // gateway started after a jump hung in its start).
+            env.push(("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()));
         }
         clocks.push((clock, 0));
         launches.push(Launch { binary: cli.gateway_bin.clone().unwrap_or_else(Launch::default_binary), brokers: None, env, log_file: None });
@@ -1086,13 +1081,11 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     let counters: Arc<Counters> = Default::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let (stop_publishing_tx, stop_publishing_rx) = watch::channel(false);
-    let mut progresses = Vec::new();
     let mut clients = Vec::new();
     let styles = [AckStyle::Each, AckStyle::Confirmed, AckStyle::Batch];
     for c in 0..cli.ws_clients + cli.sse_clients {
         let transport = if c < cli.ws_clients { Transport::WebSocket(styles[c % styles.len()]) } else { Transport::Sse };
         let progress: Arc<Mutex<Progress>> = Default::default();
-        progresses.push(progress.clone());
         let plan = ClientPlan {
             id: format!("chaos-{c}"),
             transport,
@@ -1113,10 +1106,10 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
 
     let stop_faults = Arc::new(AtomicBool::new(false));
     let nemesis_thread = {
-        let (stop_faults, counters, progresses, faults) = (stop_faults.clone(), counters.clone(), progresses.clone(), faults.clone());
+        let (stop_faults, faults) = (stop_faults.clone(), faults.clone());
         let (every, rng) = (Duration::from_secs_f64(cli.fault_every_secs), rng.fork());
         std::thread::spawn(move || {
-            let outcome = nemesis(&mut cluster, &faults, every, &stop_faults, rng, &progresses, &counters);
+            let outcome = nemesis(&mut cluster, &faults, every, &stop_faults, rng);
             // Heal: every instance running, the broker up, room on the disk.
             let _ = cluster.mount.set_full(false);
             if let Some(broker) = cluster.broker.as_mut() {
