@@ -9,7 +9,7 @@
 //! what its subscriber's window has room for.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use super::backend::{BackendError, Event, LogBackend, ReadFrom};
 use super::log_end;
 use super::names::{TopicName, TopicPartition};
-use super::offsets::{LogEpoch, OffsetStore};
+use super::offsets::OffsetStore;
 use super::waiting::WaitingGuard;
 
 /// How long one long poll of the backend waits for new events.
@@ -159,25 +159,9 @@ pub struct PartitionReader {
     truncations_found: Arc<AtomicU64>,
     /// Where a lost tail starts the partition's next log epoch (`truncate`).
     store: Arc<dyn OffsetStore>,
-    /// The partition's log epoch as this reader knew it before the events it holds: read when it
-    /// starts and after each lost tail it meets (`UNKNOWN_EPOCH` until then). A lost tail steps
-    /// the epoch only when nobody stepped it past this one for that same loss (a subscribe that
-    /// met it first).
-    known_epoch: AtomicU32,
     /// Subscribers parked at the ring's end (`park`), pushed to by `append`.
     parked: Parked,
     parked_numbers: AtomicU64,
-}
-
-/// `PartitionReader::known_epoch` before the reader read it.
-const UNKNOWN_EPOCH: u32 = u32::MAX;
-
-/// True when the lost tail a reader meets (the log now ends at `log_end`) was already recorded:
-/// the epoch moved past the one the reader knew (`known`) to one that started with a loss at or
-/// below `log_end` (the log has not ended lower since). A reader that does not know its epoch
-/// steps from the current one, as before.
-fn same_loss_stepped(known: u32, current: LogEpoch, log_end: u64) -> bool {
-    known != UNKNOWN_EPOCH && current.epoch > known && current.log_end <= log_end
 }
 
 impl PartitionReader {
@@ -366,11 +350,6 @@ impl PartitionReader {
             }
             self.start_at_cursor();
         }
-        let store = self.store.clone();
-        let tp = self.tp.clone();
-        if let Ok(Ok(log)) = tokio::task::spawn_blocking(move || store.log_epoch(&tp)).await {
-            self.known_epoch.store(log.epoch, Ordering::SeqCst);
-        }
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -521,20 +500,19 @@ impl PartitionReader {
     /// logged, and the partition stays in its epoch (offsets above the end are still lowered by
     /// the sessions that meet the loss).
     async fn start_next_log_epoch(&self, log_end: u64) {
-        let (store, tp, known) = (self.store.clone(), self.tp.clone(), self.known_epoch.load(Ordering::SeqCst));
+        // Stepped from the current epoch, whoever stepped it last: a loss a subscribe recorded a
+        // moment before is stepped once more (its tokens fenced: duplicates), but a loss is never
+        // taken for one recorded earlier (a skip). Telling the two apart needs the epoch the pull
+        // cursor was read in, kept with the cursor (review of 26209d0: an epoch read when the
+        // reader starts is not it).
+        let (store, tp) = (self.store.clone(), self.tp.clone());
         let stepped = tokio::task::spawn_blocking(move || {
-            let current = store.log_epoch(&tp)?;
-            if same_loss_stepped(known, current, log_end) {
-                return Ok(current);
-            }
-            store.step_log_epoch(&tp, current.epoch, log_end)
+            let seen = store.log_epoch(&tp)?.epoch;
+            store.step_log_epoch(&tp, seen, log_end)
         })
         .await;
         match stepped {
-            Ok(Ok(log)) => {
-                self.known_epoch.store(log.epoch, Ordering::SeqCst);
-                tracing::warn!(tp = %self.tp, log_end, log_epoch = log.epoch, "the partition's log lost its tail: a new log epoch");
-            }
+            Ok(Ok(log)) => tracing::warn!(tp = %self.tp, log_end, log_epoch = log.epoch, "the partition's log lost its tail: a new log epoch"),
             Ok(Err(e)) => tracing::warn!(tp = %self.tp, error = %e, "could not record the partition's new log epoch after a lost tail"),
             Err(e) => tracing::warn!(tp = %self.tp, error = %e, "could not record the partition's new log epoch after a lost tail"),
         }
@@ -733,7 +711,6 @@ impl Readers {
             average_bytes: AtomicUsize::new(0),
             truncations_found: self.truncations_found.clone(),
             store: self.store.clone(),
-            known_epoch: AtomicU32::new(UNKNOWN_EPOCH),
             parked: Mutex::new(Vec::new()),
             parked_numbers: AtomicU64::new(0),
         });
@@ -779,19 +756,6 @@ mod tests {
 
     use super::*;
     use crate::core::backend::{NewEvent, PartitionBounds};
-
-    /// Review finding of 6db1fef: a reader read the epoch just before stepping it, so a loss a
-    /// subscribe had already recorded was stepped again (epoch N+2 for one loss), fencing every
-    /// token made in N+1. One loss, one step; a further loss (the log ends lower) steps again.
-    #[test]
-    fn a_loss_already_recorded_by_a_subscribe_is_not_stepped_again() {
-        let stepped_by_a_subscribe = LogEpoch { epoch: 4, log_end: 100 };
-        assert!(same_loss_stepped(3, stepped_by_a_subscribe, 100), "the same loss");
-        assert!(same_loss_stepped(3, stepped_by_a_subscribe, 130), "the same loss, the log written again since");
-        assert!(!same_loss_stepped(3, stepped_by_a_subscribe, 90), "the log ends lower: another loss");
-        assert!(!same_loss_stepped(4, stepped_by_a_subscribe, 100), "the reader's own epoch: a new loss");
-        assert!(!same_loss_stepped(UNKNOWN_EPOCH, stepped_by_a_subscribe, 100), "an epoch the reader never read steps");
-    }
 
     /// A backend whose polls all answer empty at once; it notes when the hundredth came.
     #[derive(Default)]

@@ -135,7 +135,7 @@ fn io_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(e.to_string())
 }
 
-/// RocksDB takes no more writes once one failed with an I/O error (`paranoid_checks`: a full
+/// RocksDB takes no more writes once one failed with an I/O error or damage (`paranoid_checks`: a full
 /// disk, a failing device): every later write answers "Writer has previous error" until the
 /// database is opened again, and RocksDB recovers from a full disk by itself only with an
 /// `SstFileManager`, which the `rocksdb` crate cannot set. The first such error is kept here:
@@ -146,9 +146,10 @@ fn io_err(e: impl std::fmt::Display) -> StoreError {
 pub struct StoppedWrites(std::sync::OnceLock<String>);
 
 impl StoppedWrites {
-    /// Passes `e` on, keeping it when it is an I/O error.
+    /// Passes `e` on, keeping it when it is an I/O error or damage (a hard background error:
+    /// RocksDB refuses every later write either way).
     pub fn check(&self, e: rocksdb::Error) -> rocksdb::Error {
-        if e.kind() == rocksdb::ErrorKind::IOError {
+        if matches!(e.kind(), rocksdb::ErrorKind::IOError | rocksdb::ErrorKind::Corruption) {
             let _ = self.0.set(e.to_string());
         }
         e
