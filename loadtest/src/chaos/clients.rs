@@ -1,0 +1,457 @@
+//! The fault suite's workload: WebSocket and SSE clients that record what they are told in
+//! the history (`crate::history`) and resume with tokens, and the publishers.
+
+use super::*;
+
+/// A client's view of its own progress: its resume point per partition, and what was delivered
+/// at or above it (what may come again when the session ends: the bound on duplicates).
+#[derive(Default)]
+pub(super) struct Progress {
+    /// Per partition, the offset its resume token names: the contiguous acked floor (WebSocket)
+    /// or the last `id:` token (SSE).
+    pub(super) floor: BTreeMap<u32, u64>,
+    /// Offsets delivered at or above the floor: what a fault may deliver again.
+    pub(super) above_floor: BTreeMap<u32, BTreeSet<u64>>,
+    /// Offsets acked above the floor (WebSocket).
+    pub(super) acked: BTreeMap<u32, BTreeSet<u64>>,
+    /// Per partition, the epoch of the last `subscribed`.
+    pub(super) epochs: BTreeMap<u32, u64>,
+}
+
+impl Progress {
+    pub(super) fn in_flight(&self) -> u64 {
+        self.above_floor.values().map(|s| s.len() as u64).sum()
+    }
+
+    pub(super) fn raise_floor(&mut self, partition: u32, to: u64) {
+        let floor = self.floor.entry(partition).or_insert(to);
+        *floor = (*floor).max(to);
+        let floor = *floor;
+        if let Some(above) = self.above_floor.get_mut(&partition) {
+            *above = above.split_off(&floor);
+        }
+        if let Some(acked) = self.acked.get_mut(&partition) {
+            *acked = acked.split_off(&floor);
+        }
+    }
+
+    pub(super) fn delivered(&mut self, partition: u32, offset: u64) {
+        if self.floor.get(&partition).is_none_or(|f| offset >= *f) {
+            self.above_floor.entry(partition).or_default().insert(offset);
+        }
+    }
+
+    pub(super) fn acked(&mut self, partition: u32, offset: u64) {
+        let Some(mut floor) = self.floor.get(&partition).copied() else { return };
+        if offset < floor {
+            return;
+        }
+        let acked = self.acked.entry(partition).or_default();
+        acked.insert(offset);
+        while acked.remove(&floor) {
+            floor += 1;
+        }
+        self.raise_floor(partition, floor);
+    }
+}
+
+/// Counts the run prints.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) next_payload: AtomicU64,
+    pub(super) publish_errors: AtomicU64,
+    pub(super) reconnects: AtomicU64,
+    pub(super) voluntary_reconnects: AtomicU64,
+    pub(super) nacks: AtomicU64,
+    pub(super) error_frames: AtomicU64,
+    /// Deliveries that may come again: what was in flight when each session ended and at each
+    /// clock jump, plus the nacks.
+    pub(super) duplicate_bound: AtomicU64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum AckStyle {
+    Each,
+    Batch,
+    Confirmed,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Transport {
+    WebSocket(AckStyle),
+    Sse,
+}
+
+pub(super) struct ClientPlan {
+    pub(super) id: String,
+    pub(super) transport: Transport,
+    /// Closes its session now and then on its own and resumes.
+    pub(super) wanders: bool,
+    pub(super) urls: Arc<Vec<String>>,
+    pub(super) history: Arc<Mutex<History>>,
+    pub(super) progress: Arc<Mutex<Progress>>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) stop: watch::Receiver<bool>,
+    pub(super) rng: Rng,
+    /// Clients on several instances: an SSE token may lawfully trail an `ack_ok` of another
+    /// instance (docs/takeover.md), so its confirmed offsets are not held against later starts.
+    pub(super) cluster: bool,
+}
+
+/// How a session ended.
+pub(super) enum Ended {
+    Stop,
+    Again,
+}
+
+pub(super) fn partition_of(frame: &Value) -> (u32, u64) {
+    (frame["partition"].as_u64().unwrap_or_default() as u32, frame["offset"].as_u64().unwrap_or_default())
+}
+
+pub(super) fn key(partition: u32) -> (String, u32) {
+    (TOPIC.to_string(), partition)
+}
+
+impl ClientPlan {
+    /// Records a `subscribed` frame.
+    pub(super) fn subscribed(&self, frame: &Value) {
+        let mut history = self.history.lock().unwrap();
+        let mut progress = self.progress.lock().unwrap();
+        for p in frame["partitions"].as_array().into_iter().flatten() {
+            let (partition, from) = (p["partition"].as_u64().unwrap_or_default() as u32, p["from"].as_u64().unwrap_or_default());
+            history.subscribed(&self.id, key(partition), from);
+            if let (Some(gap_from), Some(gap_to)) = (p["gap"]["from"].as_u64(), p["gap"]["to"].as_u64()) {
+                history.gap(&self.id, key(partition), gap_from, gap_to);
+            }
+            if let Some(epoch) = p["epoch"].as_u64() {
+                progress.epochs.insert(partition, epoch);
+            }
+            progress.raise_floor(partition, from);
+        }
+    }
+
+    /// Records an `event`; returns its delivery id.
+    pub(super) fn delivered(&self, frame: &Value) -> String {
+        let (partition, offset) = partition_of(frame);
+        let payload = frame["payload"]["id"].as_u64().unwrap_or(u64::MAX);
+        self.history.lock().unwrap().delivered(&self.id, key(partition), offset, payload);
+        self.progress.lock().unwrap().delivered(partition, offset);
+        frame["delivery_id"].as_str().unwrap_or_default().to_string()
+    }
+
+    pub(super) fn confirmed(&self, frame: &Value) {
+        if self.cluster && self.transport == Transport::Sse {
+            return;
+        }
+        let mut history = self.history.lock().unwrap();
+        for (p, c) in frame["committed"][TOPIC].as_object().into_iter().flatten() {
+            if let (Ok(p), Some(c)) = (p.parse::<u32>(), c.as_u64()) {
+                history.confirmed(&self.id, key(p), c);
+            }
+        }
+    }
+
+    pub(super) fn gap(&self, frame: &Value) {
+        if let (Some(from), Some(to)) = (frame["from"].as_u64(), frame["to"].as_u64()) {
+            let partition = frame["partition"].as_u64().unwrap_or_default() as u32;
+            self.history.lock().unwrap().gap(&self.id, key(partition), from, to);
+        }
+    }
+
+    /// A voluntary end of this session, when the client wanders.
+    pub(super) fn wander_deadline(&mut self) -> Option<tokio::time::Instant> {
+        self.wanders.then(|| tokio::time::Instant::now() + self.rng.millis(3_000, 15_000))
+    }
+
+    pub(super) async fn run(mut self) -> anyhow::Result<()> {
+        let mut attempt = 0u32;
+        // SSE: the last `id:` seen, sent back as Last-Event-ID.
+        let mut last_event_id: Option<String> = None;
+        loop {
+            if *self.stop.borrow() {
+                return Ok(());
+            }
+            if attempt > 0 {
+                tokio::time::sleep(backoff(attempt.min(3))).await;
+            }
+            let base = self.urls[self.rng.below(self.urls.len() as u64) as usize].clone();
+            let base = recommended(&base, &self.id).await.unwrap_or(base);
+            let ended = match self.transport {
+                Transport::WebSocket(style) => self.websocket_session(&base, style).await,
+                Transport::Sse => self.sse_session(&base, &mut last_event_id).await,
+            };
+            // Whatever ended the session (a fault, the client itself), what was delivered at or
+            // above its resume point may come again.
+            let in_flight = self.progress.lock().unwrap().in_flight();
+            self.counters.duplicate_bound.fetch_add(in_flight, Ordering::Relaxed);
+            match ended {
+                Ok(Ended::Stop) => return Ok(()),
+                Ok(Ended::Again) => attempt = 1,
+                Err(_) => attempt += 1,
+            }
+            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) async fn websocket_session(&mut self, base: &str, style: AckStyle) -> anyhow::Result<Ended> {
+        let url = format!("{}/ws?client_id={}", base.replacen("http", "ws", 1), self.id);
+        let (mut ws, _) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")??;
+        let subscribe = {
+            let progress = self.progress.lock().unwrap();
+            let resume: serde_json::Map<String, Value> = progress.floor.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
+            let epochs: serde_json::Map<String, Value> = progress.epochs.iter().map(|(p, e)| (p.to_string(), json!(e))).collect();
+            json!({"op": "subscribe", "topic": TOPIC, "resume": resume, "epochs": epochs, "req": "sub"}).to_string()
+        };
+        ws.send(Message::Text(subscribe.clone().into())).await?;
+        let wander = self.wander_deadline();
+        let mut batch: Vec<(String, u32, u64)> = Vec::new();
+        let mut req = 0u64;
+        let mut silent_since = Instant::now();
+        let mut pinged = false;
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(Duration::from_millis(500), ws.next()) => next,
+                _ = self.stop.changed() => {
+                    let _ = ws.close(None).await;
+                    return Ok(Ended::Stop);
+                }
+                _ = async { tokio::time::sleep_until(wander.expect("guarded")).await }, if wander.is_some() => {
+                    self.voluntary();
+                    let _ = ws.close(None).await;
+                    return Ok(Ended::Again);
+                }
+            };
+            let text = match next {
+                Err(_) => {
+                    // Nothing for a while: flush a batch, ping, and give up on a silent socket.
+                    self.flush_batch(&mut ws, &mut batch).await?;
+                    if silent_since.elapsed() > CLIENT_SILENCE {
+                        bail!("silent connection");
+                    }
+                    if !pinged && silent_since.elapsed() > CLIENT_SILENCE / 3 {
+                        pinged = true;
+                        ws.send(Message::Text(r#"{"op":"ping","req":"alive"}"#.into())).await?;
+                    }
+                    continue;
+                }
+                Ok(Some(Ok(Message::Text(text)))) => text,
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) => return Ok(Ended::Again),
+                Ok(Some(Ok(_))) => {
+                    silent_since = Instant::now();
+                    continue;
+                }
+                Ok(Some(Err(e))) => return Err(e.into()),
+            };
+            silent_since = Instant::now();
+            pinged = false;
+            let frame: Value = serde_json::from_str(text.as_str()).context("a frame that is not JSON")?;
+            match frame["type"].as_str() {
+                Some("subscribed") => self.subscribed(&frame),
+                Some("event") => {
+                    let id = self.delivered(&frame);
+                    let (partition, offset) = partition_of(&frame);
+                    if self.rng.chance(0.01) {
+                        self.counters.nacks.fetch_add(1, Ordering::Relaxed);
+                        self.counters.duplicate_bound.fetch_add(1, Ordering::Relaxed);
+                        ws.send(Message::Text(json!({"op": "nack", "delivery_id": id}).to_string().into())).await?;
+                        continue;
+                    }
+                    match style {
+                        AckStyle::Each | AckStyle::Confirmed => {
+                            let mut ack = json!({"op": "ack", "delivery_id": id});
+                            if style == AckStyle::Confirmed {
+                                req += 1;
+                                ack["req"] = json!(req);
+                            }
+                            ws.send(Message::Text(ack.to_string().into())).await?;
+                            self.progress.lock().unwrap().acked(partition, offset);
+                        }
+                        AckStyle::Batch => {
+                            batch.push((id, partition, offset));
+                            if batch.len() >= 20 {
+                                self.flush_batch(&mut ws, &mut batch).await?;
+                            }
+                        }
+                    }
+                }
+                Some("ack_ok") => self.confirmed(&frame),
+                Some("gap") => self.gap(&frame),
+                Some("error") => {
+                    self.counters.error_frames.fetch_add(1, Ordering::Relaxed);
+                    if frame["req"] == "sub" {
+                        // Not subscribed (the backend unavailable): try again shortly.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        ws.send(Message::Text(subscribe.clone().into())).await?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) async fn flush_batch(&self, ws: &mut crate::client::Ws, batch: &mut Vec<(String, u32, u64)>) -> anyhow::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = batch.iter().map(|(id, _, _)| id.as_str()).collect();
+        ws.send(Message::Text(json!({"op": "ack", "delivery_ids": ids}).to_string().into())).await?;
+        let mut progress = self.progress.lock().unwrap();
+        for (_, partition, offset) in batch.drain(..) {
+            progress.acked(partition, offset);
+        }
+        Ok(())
+    }
+
+    pub(super) fn voluntary(&self) {
+        self.counters.voluntary_reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) async fn sse_session(&mut self, base: &str, last_event_id: &mut Option<String>) -> anyhow::Result<Ended> {
+        let http = reqwest::Client::new();
+        let mut request = http.get(format!("{base}/sse?client_id={}&topics={TOPIC}", self.id));
+        if let Some(id) = last_event_id.as_ref() {
+            request = request.header("Last-Event-ID", id.clone());
+        }
+        let mut stream = tokio::time::timeout(Duration::from_secs(5), request.send()).await.context("connect timed out")??;
+        if !stream.status().is_success() {
+            bail!("GET /sse answered {}", stream.status());
+        }
+        let wander = self.wander_deadline();
+        let mut buffer: Vec<u8> = Vec::new();
+        let mut frames_url: Option<String> = None;
+        let mut req = 0u64;
+        loop {
+            let chunk = tokio::select! {
+                chunk = tokio::time::timeout(CLIENT_SILENCE, stream.chunk()) => chunk,
+                _ = self.stop.changed() => return Ok(Ended::Stop),
+                _ = async { tokio::time::sleep_until(wander.expect("guarded")).await }, if wander.is_some() => {
+                    self.voluntary();
+                    return Ok(Ended::Again);
+                }
+            };
+            match chunk.context("silent stream")?? {
+                Some(chunk) => buffer.extend_from_slice(&chunk),
+                None => return Ok(Ended::Again),
+            }
+            let mut acks: Vec<String> = Vec::new();
+            while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+                let message: Vec<u8> = buffer.drain(..end + 2).collect();
+                let message = String::from_utf8_lossy(&message).into_owned();
+                let (mut kind, mut data, mut id) = ("message", String::new(), None);
+                for line in message.lines() {
+                    if let Some(k) = line.strip_prefix("event: ") {
+                        kind = if k == "event" { "event" } else { k.trim() };
+                        if !["event", "welcome", "subscribed", "gap", "close", "reconnect"].contains(&kind) {
+                            kind = "other";
+                        }
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push_str(d);
+                    } else if let Some(i) = line.strip_prefix("id: ") {
+                        id = Some(i.to_string());
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                let frame: Value = serde_json::from_str(&data).context("SSE data that is not JSON")?;
+                match kind {
+                    "welcome" => frames_url = frame["ack_url"].as_str().map(|u| format!("{base}{u}")),
+                    "subscribed" => self.subscribed(&frame),
+                    "event" => {
+                        acks.push(self.delivered(&frame));
+                        if let Some(id) = id {
+                            // The token: the committed offsets as durable when this was written.
+                            self.sse_token(&id);
+                            *last_event_id = Some(id);
+                        }
+                    }
+                    "gap" => self.gap(&frame),
+                    "close" => return Ok(Ended::Again),
+                    _ => {}
+                }
+            }
+            if acks.is_empty() {
+                continue;
+            }
+            let Some(url) = frames_url.as_ref() else { bail!("an event before the welcome") };
+            req += 1;
+            let body = json!([{"op": "ack", "delivery_ids": acks, "req": req}]);
+            let answered = tokio::time::timeout(Duration::from_secs(5), http.post(url).json(&body).send()).await.context("POST of acks timed out")??;
+            if !answered.status().is_success() {
+                return Ok(Ended::Again);
+            }
+            let answers: Vec<Value> = answered.json().await?;
+            for answer in answers {
+                if answer["type"] == "ack_ok" {
+                    self.confirmed(&answer);
+                }
+            }
+        }
+    }
+
+    /// Takes an SSE `id:` token as the client's floor.
+    pub(super) fn sse_token(&self, token: &str) {
+        let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token) else { return };
+        let Ok(parsed) = serde_json::from_slice::<Value>(&bytes) else { return };
+        let mut progress = self.progress.lock().unwrap();
+        for (p, o) in parsed[TOPIC].as_object().into_iter().flatten() {
+            // `offset`, or `[offset, epoch]` in a non-zero epoch.
+            let offset = o.as_u64().or_else(|| o[0].as_u64());
+            if let (Ok(p), Some(o)) = (p.parse::<u32>(), offset) {
+                progress.raise_floor(p, o);
+            }
+        }
+    }
+}
+
+/// The instance `/session/recommend` names for `client_id`, asked of `base`.
+pub(super) async fn recommended(base: &str, client_id: &str) -> Option<String> {
+    let answer = reqwest::Client::new().get(format!("{base}/session/recommend?client_id={client_id}")).timeout(Duration::from_secs(2)).send().await.ok()?;
+    let body: Value = answer.json().await.ok()?;
+    body["http_url"].as_str().map(str::to_string)
+}
+
+/// Publishes batches of 1-4 events with run-unique payload ids at about `rate` events/s, to a
+/// random instance each time; records what was answered, and what was only attempted.
+pub(super) async fn publish(
+    urls: Arc<Vec<String>>,
+    rate: u64,
+    history: Arc<Mutex<History>>,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+    mut rng: Rng,
+) {
+    let http = reqwest::Client::new();
+    while !*stop.borrow() {
+        let n = 1 + rng.below(4);
+        let ids: Vec<u64> = (0..n).map(|_| counters.next_payload.fetch_add(1, Ordering::Relaxed)).collect();
+        let events: Vec<Value> = ids.iter().map(|id| json!({"key": format!("k{}", id % 32), "payload": {"id": id}})).collect();
+        let base = &urls[rng.below(urls.len() as u64) as usize];
+        let sent = http.post(format!("{base}/topics/{TOPIC}/events")).json(&json!({"events": events})).timeout(Duration::from_secs(5)).send().await;
+        let answered = match sent {
+            Ok(response) if response.status().is_success() => response.json::<Value>().await.ok(),
+            _ => None,
+        };
+        let offsets = answered.as_ref().and_then(|a| a["offsets"].as_array()).filter(|o| o.len() == ids.len());
+        {
+            let mut history = history.lock().unwrap();
+            match offsets {
+                Some(offsets) => {
+                    for (id, at) in ids.iter().zip(offsets) {
+                        let (partition, offset) = partition_of(at);
+                        history.published(key(partition), offset, *id);
+                    }
+                }
+                None => {
+                    counters.publish_errors.fetch_add(1, Ordering::Relaxed);
+                    ids.iter().for_each(|id| history.attempted(*id));
+                }
+            }
+        }
+        let pause = if offsets.is_some() { Duration::from_micros(n * 1_000_000 / rate.max(1)) } else { Duration::from_millis(200) };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
