@@ -95,6 +95,20 @@ impl Cluster {
     }
 }
 
+/// A group lives where rendezvous hashing on its name points (`/session/recommend?group=`).
+pub struct ClusterGroupHome {
+    pub cluster: std::sync::Arc<Cluster>,
+    /// False while this instance drains: its groups move with their members.
+    pub available: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl crate::core::group::GroupHome for ClusterGroupHome {
+    fn elsewhere(&self, group: &crate::core::names::GroupName) -> Option<(String, String)> {
+        let chosen = self.cluster.recommend(group.as_str(), (self.available)());
+        (chosen != self.cluster.this).then(|| (chosen.instance.clone(), chosen.ws_url()))
+    }
+}
+
 /// `GET <url>/readyz`; the peer's instance id when it answers 200 (ready) with one.
 async fn probe(url: &str, timeout: Duration) -> Option<String> {
     // Only plain HTTP: peers reach each other inside the cluster network.

@@ -363,6 +363,9 @@ pub struct DeliveryConfig {
     /// Payload bytes of a session's unacknowledged deliveries (64 MiB; at most 4294967295). A larger
     /// event is still delivered, alone.
     pub max_in_flight_bytes: u32,
+    /// Unacknowledged deliveries of one shared subscription (a `group`) on its instance, across its
+    /// members (each member also keeps within max_in_flight). At most 1000000.
+    pub group_max_in_flight: usize,
     /// Deliveries of one event to one client before it becomes a dead letter.
     pub max_attempts: u32,
     /// Where a client with no stored offset starts: "earliest" or "latest".
@@ -409,6 +412,7 @@ impl Default for DeliveryConfig {
             ack_timeout_ms: 30_000,
             max_in_flight: 1000,
             max_in_flight_bytes: 64 << 20,
+            group_max_in_flight: 10_000,
             max_attempts: 16,
             reset_policy: ResetPolicy::Earliest,
             slow_client_timeout_ms: 300_000,
@@ -627,6 +631,7 @@ impl Config {
             ("delivery.ack_timeout_ms", self.delivery.ack_timeout_ms),
             ("delivery.max_in_flight", self.delivery.max_in_flight as u64),
             ("delivery.max_in_flight_bytes", self.delivery.max_in_flight_bytes as u64),
+            ("delivery.group_max_in_flight", self.delivery.group_max_in_flight as u64),
             ("delivery.max_attempts", self.delivery.max_attempts as u64),
             ("delivery.reader_buffer_events", self.delivery.reader_buffer_events as u64),
             ("delivery.reader_buffer_bytes", self.delivery.reader_buffer_bytes as u64),
@@ -898,6 +903,9 @@ impl Config {
         }
         if self.delivery.max_in_flight > 1_000_000 {
             problems.push("delivery.max_in_flight must be at most 1000000".into());
+        }
+        if self.delivery.group_max_in_flight > 1_000_000 {
+            problems.push("delivery.group_max_in_flight must be at most 1000000".into());
         }
 
         if problems.is_empty() {

@@ -156,6 +156,7 @@ fn delivery_settings(config: &Config) -> DeliverySettings {
         redelivery: RedeliveryPolicies::new(default, by_pattern),
         max_in_flight: d.max_in_flight,
         max_in_flight_bytes: d.max_in_flight_bytes,
+        group_max_in_flight: d.group_max_in_flight,
         reset_policy: d.reset_policy,
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
@@ -277,6 +278,11 @@ impl Gateway {
         };
         let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
         let cluster = Arc::new(Cluster::new(this, &config.cluster.peers));
+        if cluster.has_peers() {
+            let draining = dispatcher.draining.clone();
+            let home = crate::cluster::ClusterGroupHome { cluster: cluster.clone(), available: Box::new(move || !draining.is_cancelled()) };
+            let _ = dispatcher.group_home.set(Arc::new(home));
+        }
         if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || config.auth.jwt_secret.is_empty()) {
             // Only reachable with auth.allow_anonymous = true (validate refuses it otherwise).
             tracing::warn!(

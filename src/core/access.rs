@@ -15,6 +15,9 @@ pub struct Access {
     /// Topic patterns the session may publish to with `publish` frames (a JWT's `publish`
     /// claim); `None` allows every topic (no credentials configured at all).
     pub publish: Option<Vec<String>>,
+    /// Shared-subscription group patterns the session may join (a JWT's `groups` claim, absent:
+    /// none); `None` allows every group (no credentials configured at all).
+    pub groups: Option<Vec<String>>,
 }
 
 /// Checks a token a live session presents to replace its own (`refresh`): decoding lives at the
@@ -31,6 +34,10 @@ impl Access {
 
     pub fn may_publish(&self, topic: &str) -> bool {
         matches_any(self.publish.as_deref(), topic)
+    }
+
+    pub fn may_join(&self, group: &str) -> bool {
+        matches_any(self.groups.as_deref(), group)
     }
 }
 

@@ -77,7 +77,7 @@ impl DeadLetterId {
         if parts.next().is_some() {
             return None;
         }
-        let key = OffsetKey::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?);
+        let key = OffsetKey::new(TopicName::parse(topic).ok()?, ClientId::parse_stored(client).ok()?, partition.parse().ok()?);
         Some(Self { key, offset: offset.parse().ok()? })
     }
 }

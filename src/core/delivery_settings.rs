@@ -21,6 +21,8 @@ pub struct DeliverySettings {
     pub max_in_flight: usize,
     /// Payload bytes of a session's unacknowledged deliveries.
     pub max_in_flight_bytes: u32,
+    /// Unacknowledged deliveries of one shared subscription across its members (its hub's window).
+    pub group_max_in_flight: usize,
     pub reset_policy: ResetPolicy,
     /// A session whose window stays full this long is closed with 4003; zero disables.
     pub slow_client_timeout: Duration,

@@ -85,6 +85,10 @@ pub struct Dispatcher {
     /// for all of them, so the stores are closed when `Gateway::run` returns.
     pub tasks: TaskTracker,
     pub metrics: Metrics,
+    /// The shared subscriptions live on this instance.
+    pub groups: Arc<super::group::Groups>,
+    /// Where a group lives in the cluster (set when the gateway has peers).
+    pub group_home: std::sync::OnceLock<Arc<dyn super::group::GroupHome>>,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -127,6 +131,8 @@ impl Dispatcher {
             ack_floor: Default::default(),
             token_check: Default::default(),
             publisher: Default::default(),
+            groups: Arc::new(super::group::Groups::new(tasks.clone())),
+            group_home: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),
@@ -159,7 +165,9 @@ impl Dispatcher {
         // A takeover may go past the limit only while the client runs just the session it
         // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
         let running_here = registry.running.get(&client_id).copied().unwrap_or(0);
-        if registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
+        // A group's hub is bounded by its members, which are counted.
+        let counted = transport != Transport::Group;
+        if counted && registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
                 format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings.max_sessions),
@@ -182,7 +190,10 @@ impl Dispatcher {
             connected_at: self.clock.now_ms(),
             stats: SessionStats::default(),
             subscriptions: Mutex::new(Vec::new()),
-            window: Arc::new(Window::new(self.settings.max_in_flight, self.settings.max_in_flight_bytes)),
+            window: Arc::new(match transport {
+                Transport::Group => Window::new(self.settings.group_max_in_flight, self.settings.max_in_flight_bytes),
+                _ => Window::new(self.settings.max_in_flight, self.settings.max_in_flight_bytes),
+            }),
         });
         let control = Arc::new(ControlInbox::new());
         registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: control.clone() });

@@ -69,6 +69,51 @@ impl ClientId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The identity a shared subscription's progress is stored under: `$` and the group's name.
+    /// `$` is outside the client id alphabet, so no client's offset key, dead letter or gap can
+    /// ever be a group's, whatever the client is named (the Iggy review's collision lesson).
+    pub fn of_group(group: &GroupName) -> Self {
+        Self(format!("{GROUP_MARK}{group}").into())
+    }
+
+    /// The group whose identity this is (`of_group`); `None` for a client.
+    pub fn group(&self) -> Option<&str> {
+        self.0.strip_prefix(GROUP_MARK)
+    }
+
+    /// A client id, or a group's identity as the store holds it (`of_group`).
+    pub fn parse_stored(value: &str) -> Result<Self, InvalidName> {
+        match value.strip_prefix(GROUP_MARK) {
+            Some(group) => Ok(Self::of_group(&GroupName::parse(group)?)),
+            None => Self::parse(value),
+        }
+    }
+}
+
+/// Marks a group's identity among client ids (`ClientId::of_group`).
+const GROUP_MARK: char = '$';
+
+/// A shared subscription's name (`subscribe`'s `group`): the topic name rule, without lite
+/// topics' `@`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupName(Arc<str>);
+
+impl GroupName {
+    pub fn parse(value: &str) -> Result<Self, InvalidName> {
+        check("group", value, TopicName::MAX_LEN, b"")?;
+        Ok(Self(value.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 impl fmt::Display for TopicName {
@@ -162,7 +207,7 @@ impl OffsetKey {
         let (topic, rest) = take_name(bytes)?;
         let (client, rest) = take_name(rest)?;
         let partition = u32::from_be_bytes(rest.try_into().ok()?);
-        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition))
+        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse_stored(client).ok()?, partition))
     }
 
     /// Inverse of `encode_by_client`.
@@ -170,7 +215,7 @@ impl OffsetKey {
         let (client, rest) = take_name(bytes)?;
         let (topic, rest) = take_name(rest)?;
         let partition = u32::from_be_bytes(rest.try_into().ok()?);
-        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition))
+        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse_stored(client).ok()?, partition))
     }
 
     /// Inverse of the display form `topic#client_id#partition` (neither name may hold `#`).
@@ -180,7 +225,7 @@ impl OffsetKey {
         if parts.next().is_some() {
             return None;
         }
-        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse(client).ok()?, partition.parse().ok()?))
+        Some(Self::new(TopicName::parse(topic).ok()?, ClientId::parse_stored(client).ok()?, partition.parse().ok()?))
     }
 }
 
@@ -239,6 +284,17 @@ mod tests {
         assert!(TopicName::parse(&format!("p@{}", "l".repeat(250))).is_err());
         assert!(ClientId::parse("user:42@web-1").is_ok());
         assert!(ClientId::parse("a#b").is_err());
+        // A group's identity is no client's, and the store reads both back.
+        let group = ClientId::of_group(&GroupName::parse("workers").unwrap());
+        assert_eq!((group.as_str(), group.group()), ("$workers", Some("workers")));
+        assert!(ClientId::parse("$workers").is_err());
+        assert_eq!(ClientId::parse_stored("$workers").unwrap(), group);
+        assert_eq!(ClientId::parse_stored("workers").unwrap().group(), None);
+        assert!(ClientId::parse_stored("$").is_err() && ClientId::parse_stored("$a@b").is_err());
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), group.clone(), 3);
+        assert_eq!(OffsetKey::decode(&key.encode()), Some(key.clone()));
+        assert_eq!(OffsetKey::decode_by_client(&key.encode_by_client()), Some(key.clone()));
+        assert_eq!(OffsetKey::parse(&key.to_string()), Some(key));
         assert!(ClientId::parse("a b").is_err());
         assert!(ClientId::parse(&"c".repeat(128)).is_ok());
         assert!(ClientId::parse(&"c".repeat(129)).is_err());

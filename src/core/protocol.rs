@@ -16,7 +16,7 @@ use super::client_state::DeliveryRef;
 use super::offsets::OffsetEpoch;
 
 /// Stable error codes of docs/protocol.md (WebSocket `error` frames and REST error bodies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     BadFrame,
@@ -147,6 +147,19 @@ pub enum StartFrom {
     Last(u64),
 }
 
+impl StartFrom {
+    /// As a `subscribe` frame writes it.
+    pub fn to_json(self) -> Value {
+        match self {
+            Self::Committed => Value::from("committed"),
+            Self::Earliest => Value::from("earliest"),
+            Self::Latest => Value::from("latest"),
+            Self::Time(time) => serde_json::json!({ "time": time }),
+            Self::Last(last) => serde_json::json!({ "last": last }),
+        }
+    }
+}
+
 /// `from` as written: a name, `{"time": epoch_ms}` or `{"last": n}`.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -189,6 +202,25 @@ pub struct ResumeOffset {
     pub epoch: OffsetEpoch,
 }
 
+/// How a shared subscription's events are shared among its members (`order` of `subscribe`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareOrder {
+    /// Every event to any member with room.
+    #[default]
+    None,
+    /// Events of one key are never in flight at two members at once, and reach members in
+    /// offset order.
+    Key,
+}
+
+/// `group` and `order` of a `subscribe`: the session joins shared subscription `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupJoin {
+    pub name: String,
+    pub order: ShareOrder,
+}
+
 /// A frame sent by the client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientFrame {
@@ -196,6 +228,8 @@ pub enum ClientFrame {
         topic: String,
         from: StartFrom,
         resume: BTreeMap<u32, ResumeOffset>,
+        /// `group` (with its `order`): join that shared subscription instead (core::group).
+        group: Option<GroupJoin>,
         req: Option<Value>,
     },
     Unsubscribe {
@@ -266,6 +300,10 @@ enum RawFrame {
         resume: Option<BTreeMap<String, u64>>,
         #[serde(default)]
         epochs: Option<BTreeMap<String, u64>>,
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        order: Option<ShareOrder>,
         #[serde(default)]
         req: Option<Value>,
     },
@@ -372,7 +410,12 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
         FrameError::new(ErrorCode::BadFrame, message).with_req(req.filter(is_valid_req))
     })?;
     let frame = match raw {
-        RawFrame::Subscribe { topic, from, resume, epochs, req } => {
+        RawFrame::Subscribe { topic, from, resume, epochs, group, order, req } => {
+            let group = match (group, order) {
+                (Some(name), order) => Some(GroupJoin { name, order: order.unwrap_or_default() }),
+                (None, None) => None,
+                (None, Some(_)) => return Err(FrameError::new(ErrorCode::BadFrame, "order is a field of a shared subscription: it needs group").with_req(req)),
+            };
             let partition_of = |field: &str, partition: &str| {
                 partition
                     .parse::<u32>()
@@ -392,7 +435,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
                     return Err(FrameError::new(ErrorCode::BadFrame, format!("from.time must be at most {} (epoch ms)", i64::MAX)).with_req(req));
                 }
             }
-            ClientFrame::Subscribe { topic, from, resume: parsed, req }
+            ClientFrame::Subscribe { topic, from, resume: parsed, group, req }
         }
         RawFrame::Unsubscribe { topic, req } => ClientFrame::Unsubscribe { topic, req },
         RawFrame::Ack { delivery_id, delivery_ids, req } => {
@@ -490,6 +533,9 @@ pub enum ServerFrame {
         topic: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         req: Option<Value>,
+        /// The shared subscription joined, for a member's `subscribed`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        group: Option<String>,
         partitions: Vec<SubscribedPartition>,
     },
     Unsubscribed {
@@ -511,6 +557,12 @@ pub enum ServerFrame {
     /// The instance is draining: the session closes next with 1012; come back after `after_ms`.
     Reconnect {
         after_ms: u64,
+        /// Where to reconnect, when this instance knows (a shared subscription that lives on
+        /// another instance); else ask `/session/recommend`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        instance: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ws_url: Option<String>,
     },
     Pong {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -737,9 +789,18 @@ mod tests {
                 topic: "t".into(),
                 from: StartFrom::Latest,
                 resume: [(2, ResumeOffset { offset: 7, epoch: 0 })].into(),
+                group: None,
                 req: Some(json!(1))
             }
         );
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","group":"workers","order":"key"}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Subscribe { group: Some(GroupJoin { ref name, order: ShareOrder::Key }), .. } if name == "workers"), "{f:?}");
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","group":"workers"}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Subscribe { group: Some(GroupJoin { order: ShareOrder::None, .. }), .. }), "{f:?}");
+        for bad in [r#""order":"key""#, r#""group":"g","order":"fifo""#, r#""group":7"#] {
+            let e = parse_client_frame(&format!(r#"{{"op":"subscribe","topic":"t",{bad},"req":3}}"#)).unwrap_err();
+            assert_eq!((e.code, e.req), (ErrorCode::BadFrame, Some(json!(3))), "{bad}");
+        }
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","resume":{"2":7,"3":9},"epochs":{"3":4,"5":1}}"#).unwrap();
         let ClientFrame::Subscribe { resume, .. } = f else { panic!() };
         assert_eq!(resume, [(2, ResumeOffset { offset: 7, epoch: 0 }), (3, ResumeOffset { offset: 9, epoch: 4 })].into(), "no epoch: the oldest");

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::backend::Event;
+use super::client_state::DeliveryRef;
 use super::dead_letters::DeadLetter;
 use super::in_flight::InFlightView;
 use super::names::TopicName;
@@ -35,6 +36,23 @@ pub enum SessionControl {
     Redriven(Box<RedrivenEvent>),
     /// The redrive scan of `topic` for subscription `subscription` ended.
     RedriveScanned { topic: TopicName, subscription: u64 },
+    /// From a shared subscription the session is a member of (bounded by the member's window).
+    Group(GroupMessage),
+}
+
+/// What a group sends a member session (through its `ControlInbox`).
+#[derive(Debug)]
+pub enum GroupMessage {
+    /// Event frames for the member, each with its delivery id.
+    Events { topic: TopicName, events: Vec<(DeliveryRef, String)> },
+    /// Frames the hub answered the member's forwarded frames with (`ack_ok`, `error`), or sent to
+    /// every member (`gap`).
+    Frames(Vec<String>),
+    /// Deliveries taken back from the member (their ack timed out; another member has them now).
+    TakenBack(Vec<DeliveryRef>),
+    /// The group's hub ended (the instance drains or shuts down, the log was truncated): the
+    /// member must subscribe again.
+    Ended { topic: TopicName },
 }
 
 /// A dead letter read again, with room in the session's window, on its way to the session.
@@ -91,7 +109,7 @@ impl ControlInbox {
                         queue.retain(|m| !matches!(m, SessionControl::Redrive { topic: t } if t == topic));
                         true
                     }
-                    SessionControl::Redriven(_) | SessionControl::RedriveScanned { .. } => true,
+                    SessionControl::Redriven(_) | SessionControl::RedriveScanned { .. } | SessionControl::Group(_) => true,
                     SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. } => closes == 0,
                 };
                 if keep {

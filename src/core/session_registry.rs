@@ -29,16 +29,20 @@ pub enum Transport {
     WebSocket,
     /// Server-Sent Events down, frames POSTed up (`http::sse`).
     Sse,
+    /// No connection: the hub of a shared subscription (`core::group`), whose "client" is the
+    /// group, its frames exchanged with the group's members in the instance.
+    Group,
 }
 
 impl Transport {
-    pub const ALL: [Transport; 2] = [Transport::WebSocket, Transport::Sse];
+    pub const ALL: [Transport; 3] = [Transport::WebSocket, Transport::Sse, Transport::Group];
 
     /// The name in `/admin/sessions` and in metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
             Transport::WebSocket => "websocket",
             Transport::Sse => "sse",
+            Transport::Group => "group",
         }
     }
 }

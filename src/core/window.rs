@@ -19,7 +19,8 @@ pub struct Window {
 struct Budget {
     /// Deliveries in flight.
     slots: AtomicUsize,
-    max_slots: usize,
+    /// Changed only by `Window::set_max_events` (a shared subscription's hub, as members come and go).
+    max_slots: AtomicUsize,
     /// Payload bytes in flight.
     bytes: AtomicU64,
     max_bytes: u64,
@@ -31,7 +32,8 @@ struct Budget {
 impl Budget {
     /// Takes one slot and `cost` bytes when both fit.
     fn try_take(&self, cost: u64) -> bool {
-        if self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_slots).then_some(n + 1)).is_err() {
+        let max_slots = self.max_slots.load(Ordering::Relaxed);
+        if self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_slots).then_some(n + 1)).is_err() {
             return false;
         }
         if self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n + cost <= self.max_bytes).then_some(n + cost)).is_err() {
@@ -47,8 +49,9 @@ impl Budget {
     /// Takes up to `want` slots and every free byte, when at least one slot and one byte are
     /// free: the room a feeder's read may fill.
     fn try_reserve(&self, want: usize) -> Option<(usize, u64)> {
-        let before = self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_slots).then(|| n + want.min(self.max_slots - n))).ok()?;
-        let slots = want.min(self.max_slots - before);
+        let max_slots = self.max_slots.load(Ordering::Relaxed);
+        let before = self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_slots).then(|| n + want.min(max_slots - n))).ok()?;
+        let slots = want.min(max_slots - before);
         match self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_bytes).then_some(self.max_bytes)) {
             Ok(before) => Some((slots, self.max_bytes - before)),
             Err(_) => {
@@ -132,7 +135,7 @@ impl Window {
     pub fn new(max_events: usize, max_bytes: u32) -> Self {
         let budget = Budget {
             slots: AtomicUsize::new(0),
-            max_slots: max_events,
+            max_slots: AtomicUsize::new(max_events),
             bytes: AtomicU64::new(0),
             max_bytes: u64::from(max_bytes.max(1)),
             waiting: AtomicUsize::new(0),
@@ -185,7 +188,7 @@ impl Window {
 
     /// Deliveries that could still be added (ignoring bytes).
     pub fn free_slots(&self) -> usize {
-        self.budget.max_slots.saturating_sub(self.budget.slots.load(Ordering::Relaxed))
+        self.budget.max_slots.load(Ordering::Relaxed).saturating_sub(self.budget.slots.load(Ordering::Relaxed))
     }
 
     /// Payload bytes that could still be added (an event larger than this still goes once the
@@ -216,6 +219,15 @@ impl Window {
     }
 
     /// True when nothing more can be pushed: every slot taken, or a feeder waits for room.
+    /// A new bound on events (a shared subscription's hub: its members' windows together). Events
+    /// in the window above a lower bound stay; nothing more is taken until they are below it.
+    pub fn set_max_events(&self, max_events: usize) {
+        self.budget.max_slots.store(max_events, Ordering::SeqCst);
+        if self.budget.waiting.load(Ordering::SeqCst) > 0 {
+            self.budget.freed.notify_waiters();
+        }
+    }
+
     pub fn is_full(&self) -> bool {
         self.free_slots() == 0 || self.budget.waiting.load(Ordering::Relaxed) > 0
     }

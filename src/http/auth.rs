@@ -50,12 +50,19 @@ struct Claims {
     topics: Option<Vec<String>>,
     /// Topic patterns the holder may publish to without the admin token; absent allows none.
     publish: Option<Vec<String>>,
+    /// Shared-subscription group patterns the holder may join; absent allows none.
+    groups: Option<Vec<String>>,
 }
 
 impl Claims {
     /// What a session holding this token may do.
     fn into_access(self) -> Access {
-        Access { expires_at_ms: self.exp.map(|s| s.saturating_mul(1000)), topics: self.topics, publish: Some(self.publish.unwrap_or_default()) }
+        Access {
+            expires_at_ms: self.exp.map(|s| s.saturating_mul(1000)),
+            topics: self.topics,
+            publish: Some(self.publish.unwrap_or_default()),
+            groups: Some(self.groups.unwrap_or_default()),
+        }
     }
 }
 

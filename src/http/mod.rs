@@ -13,6 +13,7 @@ pub(crate) mod drain;
 pub(crate) mod error;
 pub(crate) mod exposure;
 pub(crate) mod gaps;
+pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod lingering;
 pub(crate) mod metrics;
@@ -70,6 +71,9 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/dead-letters", get(dead_letters::list))
         .route("/admin/dead-letters/redrive", post(dead_letters::redrive))
         .route("/admin/gaps", get(gaps::list))
+        .route("/admin/groups", get(groups::list))
+        .route("/admin/groups/{topic}/{group}", get(groups::view).delete(groups::delete))
+        .route("/admin/groups/{topic}/{group}/{partition}", put(groups::reset))
         .route("/admin/drain", post(drain::drain))
         .route_layer(admin.clone());
     Router::new()

@@ -118,6 +118,13 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
 )]
 pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
+    let partitions = partitions_with_lag(&app, &topic, &client_id).await?;
+    Ok(Json(json!({"topic": topic.as_str(), "client_id": client_id.as_str(), "partitions": partitions})))
+}
+
+/// Every partition of `topic` with the stored offsets of `client_id` (a client's, or a group's
+/// identity) and the lag to the log end.
+pub(super) async fn partitions_with_lag(app: &AppState, topic: &TopicName, client_id: &ClientId) -> Result<Vec<Value>, ApiError> {
     let d = &app.dispatcher;
     let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
@@ -137,7 +144,7 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
             "lag": bounds.log_end.saturating_sub(lag_from),
         }));
     }
-    Ok(Json(json!({"topic": topic.as_str(), "client_id": client_id.as_str(), "partitions": partitions})))
+    Ok(partitions)
 }
 
 /// The largest `time` taken (epoch ms): what Kafka's ListOffsets and RocketMQ carry (an i64).
@@ -181,6 +188,12 @@ pub async fn reset(
     JsonBody(body): JsonBody<ResetBody>,
 ) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
+    reset_offset(&app, topic, client_id, &partition, body).await
+}
+
+/// Resets the offset of `client_id` (a client's, or a group's identity) while it has no live
+/// session (a group: no hub on this instance).
+pub(super) async fn reset_offset(app: &AppState, topic: TopicName, client_id: ClientId, partition: &str, body: ResetBody) -> Result<Json<Value>, ApiError> {
     let partition: u32 = partition.parse().map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?;
     let d = &app.dispatcher;
     let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
@@ -213,7 +226,10 @@ pub async fn reset(
 }
 
 fn live(client_id: &ClientId) -> ApiError {
-    ApiError::conflict(format!("client {client_id} has a live session (disconnect it first), or another change of its offsets is running"))
+    match client_id.group() {
+        Some(group) => ApiError::conflict(format!("group {group} has members on this instance (disconnect them first), or another change of its offsets is running")),
+        None => ApiError::conflict(format!("client {client_id} has a live session (disconnect it first), or another change of its offsets is running")),
+    }
 }
 
 /// `DELETE /admin/offsets/{topic}/{client_id}`: forget the client's offsets on the topic.
@@ -236,6 +252,12 @@ fn live(client_id: &ClientId) -> ApiError {
 )]
 pub async fn delete(State(app): State<AppState>, Path((topic, client_id)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
     let (topic, client_id) = parse_names(&topic, &client_id)?;
+    delete_offsets(&app, topic, client_id).await
+}
+
+/// Forgets the offsets of `client_id` (a client's, or a group's identity) on `topic` while it has
+/// no live session.
+pub(super) async fn delete_offsets(app: &AppState, topic: TopicName, client_id: ClientId) -> Result<Json<Value>, ApiError> {
     let d = &app.dispatcher;
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
     let store = d.store.clone();

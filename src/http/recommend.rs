@@ -1,4 +1,5 @@
-//! `GET /session/recommend?client_id=`: the live instance this client should use.
+//! `GET /session/recommend?client_id=` (or `?group=`): the live instance this client (or this
+//! shared subscription's members) should use.
 
 use std::collections::HashMap;
 
@@ -17,15 +18,22 @@ use super::AppState;
     operation_id = "recommend_instance",
     tag = "cluster",
     summary = "The live instance this client should use (rendezvous hashing)",
-    params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
+    params(
+        ("client_id" = Option<String>, Query, description = "client id (this or group)", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("group" = Option<String>, Query, description = "a shared subscription's group: the instance it lives on", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+    ),
     responses(
         (status = 200, body = crate::http::schemas::Recommendation),
         (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<impl IntoResponse, ApiError> {
-    let client_id = super::required_client_id(&query)?;
-    let chosen = app.cluster.recommend(client_id.as_str(), !app.dispatcher.draining.is_cancelled());
+    // A group lives where rendezvous hashing on its name points, as a client does on its id.
+    let key = match query.get("group") {
+        Some(group) => crate::core::names::GroupName::parse(group).map_err(|e| ApiError::invalid_name(e.0))?.to_string(),
+        None => super::required_client_id(&query)?.to_string(),
+    };
+    let chosen = app.cluster.recommend(&key, !app.dispatcher.draining.is_cancelled());
     // Readable from any origin: a browser page served by one instance asks the others when its
     // own is gone (the answer is the same public information to everyone).
     let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];

@@ -210,6 +210,50 @@ pub struct Deleted {
     pub deleted: u64,
 }
 
+/// A member of a shared subscription.
+#[derive(serde::Serialize, ToSchema)]
+pub struct GroupMember {
+    pub session_id: String,
+    pub client_id: String,
+    /// The group's deliveries it holds unacknowledged.
+    pub in_flight: u64,
+    /// Keys whose events it holds (`order: key`).
+    pub keys: u64,
+}
+
+/// A shared subscription live on this instance.
+#[derive(serde::Serialize, ToSchema)]
+pub struct GroupRow {
+    pub topic: String,
+    pub group: String,
+    /// `none` or `key`.
+    pub order: String,
+    pub instance: String,
+    pub members: Vec<GroupMember>,
+    /// Its members' deliveries in flight together.
+    pub in_flight: u64,
+    /// Events handed out by the group that wait for a member with room.
+    pub waiting: u64,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct GroupList {
+    pub groups: Vec<GroupRow>,
+}
+
+/// One group: its stored floor per partition (`committed`, `lag` as for a client) and, when it
+/// is live on this instance, its members.
+#[derive(serde::Serialize, ToSchema)]
+pub struct GroupDetail {
+    pub topic: String,
+    pub group: String,
+    pub live: bool,
+    pub order: Option<String>,
+    pub members: Vec<GroupMember>,
+    pub waiting: u64,
+    pub partitions: Vec<ClientPartition>,
+}
+
 #[derive(serde::Serialize, ToSchema)]
 pub struct Session {
     pub session_id: String,
@@ -387,6 +431,14 @@ pub enum Req {
     Number(f64),
 }
 
+/// How a shared subscription's events are shared among its members.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareOrderSchema {
+    None,
+    Key,
+}
+
 /// A frame sent by the client, tagged by `op`.
 #[derive(serde::Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -405,6 +457,12 @@ pub enum ClientFrame {
         /// The offset epoch of each partition of `resume` as the last `subscribed` named it
         /// (`{"<partition>": epoch}`); a partition without one is of epoch 0, the oldest.
         epochs: Option<BTreeMap<String, u64>>,
+        /// Join shared subscription `group` of the topic (topic name rule): each event goes to
+        /// one member; the group's progress is its own (`from`, `resume` apply to no member).
+        group: Option<String>,
+        /// With `group`: `none` (default) shares freely, `key` keeps each key at one member at a
+        /// time, in offset order.
+        order: Option<ShareOrderSchema>,
         req: Option<Req>,
     },
     /// Stop; in-flight deliveries of the topic are released for redelivery.
@@ -474,6 +532,8 @@ pub enum ServerFrame {
     Subscribed {
         topic: String,
         req: Option<Req>,
+        /// The shared subscription joined (a member's `subscribed`).
+        group: Option<String>,
         partitions: Vec<SubscribedPartition>,
     },
     Unsubscribed {
@@ -519,6 +579,9 @@ pub enum ServerFrame {
     /// `/session/recommend`) after `after_ms`.
     Reconnect {
         after_ms: u64,
+        /// Where to reconnect when the gateway knows (a shared subscription's instance).
+        instance: Option<String>,
+        ws_url: Option<String>,
     },
     /// A `publish` was written: the offsets in the order sent; `replayed` when an
     /// `idempotency_key` repeated an earlier publish.

@@ -297,7 +297,8 @@ impl StreamWriter {
         let mut chunk = String::new();
         for frame in frames {
             match frame {
-                Outbound::Text(json) => {
+                // Only a group's hub sends `Shared`; no SSE session is one.
+                Outbound::Text(json) | Outbound::Shared(crate::core::transport::SharedEvent { text: json, .. }) => {
                     let kind = frame_type(&json);
                     chunk.push_str("event: ");
                     chunk.push_str(kind);

@@ -117,7 +117,7 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
     });
     let outbound = sink.with(|frame: Outbound| {
         ready(Ok::<_, axum::Error>(match frame {
-            Outbound::Text(text) => Message::Text(text.into()),
+            Outbound::Text(text) | Outbound::Shared(crate::core::transport::SharedEvent { text, .. }) => Message::Text(text.into()),
             Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
             Outbound::Ping => Message::Ping(Default::default()),
         }))

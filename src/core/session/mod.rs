@@ -31,37 +31,12 @@ use crate::core::window::Window;
 use crate::core::FastMap;
 
 mod acks;
+mod groups;
 mod publishing;
 mod redrives;
 mod subscriptions;
 
-/// What the transport hands the session.
-#[derive(Debug)]
-pub enum Inbound {
-    Text(String),
-    /// A binary frame: not part of the protocol.
-    Binary,
-    /// A frame over `limits.max_frame_bytes`.
-    TooLarge,
-    /// A sign of life that is not a frame of the protocol (a WebSocket pong or ping).
-    Alive,
-    /// Frames sent together by a transport that answers them itself (a Server-Sent Events
-    /// session's POST): handled in order like text frames, and what the session sends in answer
-    /// to them goes back through `answer`, not down the stream.
-    Frames {
-        texts: Vec<String>,
-        answer: tokio::sync::oneshot::Sender<Vec<String>>,
-    },
-}
-
-/// What the session hands the transport.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outbound {
-    Text(String),
-    Close(u16, String),
-    /// A keepalive probe (a WebSocket ping); the peer's answer comes back as `Inbound::Alive`.
-    Ping,
-}
+pub use crate::core::transport::{Inbound, Outbound};
 
 /// Batches of events (one partition's fetch each) a session's feeders may queue for it.
 const FEED_BATCHES_QUEUED: usize = 16;
@@ -153,6 +128,8 @@ struct Session {
     refresh_notice_at: Option<Instant>,
     /// When the current token expires, on the session's clock (set with the token).
     expiry: Option<Instant>,
+    /// The shared subscriptions it is a member of (`groups`); `None` until the first.
+    groups: Option<Box<groups::Memberships>>,
 }
 
 /// How long since the connection under a session last took bytes from it (`http::connections`
@@ -206,6 +183,7 @@ pub async fn run_session<I, O>(
         settling: None,
         refresh_notice_at: None,
         expiry: None,
+        groups: None,
     };
     s.expiry = s.expiry_of_token();
     s.refresh_notice_at = s.notice_for_current_token();
@@ -356,6 +334,7 @@ pub async fn run_session<I, O>(
         }
     }
     control.close();
+    s.leave_groups();
     let released = s.in_flight.len();
     s.cancel.cancel();
     // Every offset write of this session is durable before the client counts as offline (and
@@ -470,7 +449,7 @@ impl Session {
             SessionControl::TakenOver => Step::Close(close_code::TAKEN_OVER, "taken over by a newer session"),
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Drain { after_ms } => {
-                self.send(ServerFrame::Reconnect { after_ms });
+                self.send(ServerFrame::Reconnect { after_ms, instance: None, ws_url: None });
                 self.settling = Some(Instant::now() + self.d.settings.drain_settle);
                 self.settle_check()
             }
@@ -496,6 +475,7 @@ impl Session {
                 self.on_redrive_scanned(&topic, subscription);
                 Step::Continue
             }
+            SessionControl::Group(message) => self.on_group_message(message),
         }
     }
 
@@ -612,7 +592,8 @@ impl Session {
     /// nobody would read it.
     fn check_peer(&mut self) -> Step {
         let settings = &self.d.settings;
-        if settings.ping_interval.is_zero() {
+        // A group's hub has no peer to lose: its distributor ends it.
+        if settings.ping_interval.is_zero() || self.is_hub() {
             return Step::Continue;
         }
         if std::mem::take(&mut self.heard) {
@@ -633,7 +614,8 @@ impl Session {
     /// stays full with no ack at all for `slow_client_timeout` is slow. Sampled every
     /// `SLOW_CHECK`, so the ack path itself pays nothing for it.
     fn check_window(&mut self) -> Step {
-        let full = self.window.is_full();
+        // A group's hub is never slow: its members are, each on its own.
+        let full = self.window.is_full() && !self.is_hub();
         let settled = self.info.stats.acked.load(Ordering::Relaxed) + self.termed;
         let progressed = settled != self.settled_at_last_check;
         self.settled_at_last_check = settled;
@@ -679,6 +661,11 @@ impl Session {
         Box::pin(self.on_frame(text)).await
     }
 
+    /// A shared subscription's hub (`core::group`), not a client's session.
+    fn is_hub(&self) -> bool {
+        self.info.transport == crate::core::session_registry::Transport::Group
+    }
+
     async fn on_frame(&mut self, text: &str) -> Step {
         let frame = match parse_client_frame(text) {
             Ok(frame) => {
@@ -692,8 +679,14 @@ impl Session {
             }
         };
         let result = match frame {
-            ClientFrame::Subscribe { topic, from, resume, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
+            ClientFrame::Subscribe { topic, from, group: Some(join), req, .. } => {
+                self.subscribe_group(&topic, from, join, req.clone()).await.map_err(|e| e.with_req(req))
+            }
+            ClientFrame::Subscribe { topic, from, resume, group: None, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
+            ClientFrame::Nack { delivery_id, delay_ms, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "nack", "delivery_id": delivery_id, "delay_ms": delay_ms, "req": req})) => Ok(()),
+            ClientFrame::Extend { delivery_id, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "extend", "delivery_id": delivery_id, "req": req})) => Ok(()),
+            ClientFrame::Term { delivery_id, reason, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "term", "delivery_id": delivery_id, "reason": reason, "req": req})) => Ok(()),
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, delay_ms.map(Duration::from_millis)).map_err(|e| e.with_req(req)),
             ClientFrame::Extend { delivery_id, req } => self.extend(&delivery_id).map_err(|e| e.with_req(req)),

@@ -49,6 +49,8 @@ impl Session {
         // Subscribing again restarts the subscription from the committed offsets, but only once
         // the new one is planned: a re-subscribe that fails (backend down, a bad resume token,
         // the topic being deleted) leaves the running subscription as it was.
+        // A group of the topic this session is a member of is left for the topic itself.
+        self.leave_group(&topic);
         let resubscribing = self.subscriptions.contains_key(&topic);
         if !resubscribing {
             self.d.add_subscriber(&topic)?;
@@ -82,6 +84,7 @@ impl Session {
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
+            group: None,
             partitions: starts
                 .iter()
                 .map(|s| SubscribedPartition { partition: s.partition, from: s.from, epoch: s.epoch, gap: s.gap.map(|(from, to)| GapRange { from, to }) })
@@ -165,7 +168,7 @@ impl Session {
 
     pub(super) fn unsubscribe(&mut self, topic: &str, req: Option<Value>) -> Result<(), FrameError> {
         let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
-        if !self.release_topic(&topic) {
+        if !self.release_topic(&topic) && !self.leave_group(&topic) {
             return Err(FrameError::new(ErrorCode::NotSubscribed, format!("not subscribed to {topic}")));
         }
         self.send(ServerFrame::Unsubscribed { topic: topic.to_string(), req });
@@ -288,7 +291,7 @@ impl Session {
             };
             self.lower_truncated_offset(&tp, log_end, min_epoch).await;
         }
-        self.send(ServerFrame::Reconnect { after_ms: 0 });
+        self.send(ServerFrame::Reconnect { after_ms: 0, instance: None, ws_url: None });
     }
 
     /// Tells the client that `from`..`to`-1 of a partition are gone (a `gap` frame) and reports it.
@@ -304,6 +307,10 @@ impl Session {
         if at.is_redrive() {
             frame.pop();
             frame.push_str(",\"redrive\":true}");
+        }
+        if self.is_hub() {
+            self.out.push(Outbound::Shared(crate::core::transport::SharedEvent { text: frame, delivery: id, key: event.key.clone() }));
+            return;
         }
         self.out.push(Outbound::Text(frame));
     }

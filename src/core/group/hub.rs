@@ -1,0 +1,279 @@
+//! A shared subscription's distributor: the other end of its hub session's "socket". It offers
+//! the hub's event frames to `Sharing`, sends what that assigns to the members, forwards the
+//! members' frames to the hub and the hub's answers back, and keeps the hub's window the size of
+//! its members' windows together (so that no event waits long at the hub for a member: its ack
+//! timeout runs from when the hub hands it out).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::sharing::{Offered, Sharing};
+use super::{Command, GroupView, Groups, HubEnds, MemberLink, MemberView};
+use crate::core::client_state::DeliveryRef;
+use crate::core::names::{GroupName, TopicName};
+use crate::core::protocol::{ErrorCode, FrameError, ShareOrder};
+use crate::core::session_control::{GroupMessage, SessionControl};
+use crate::core::transport::{Inbound, Outbound};
+use crate::core::window::Window;
+
+/// Whose answer a forwarded frame waits for.
+enum Asker {
+    Member(u64),
+    /// The hub's own `subscribe`, sent when the first member joined.
+    Subscribe,
+}
+
+type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = (Asker, Vec<String>)> + Send>>;
+
+struct Distributor {
+    topic: TopicName,
+    group: GroupName,
+    /// `None` once the group stops: the hub's inbound ends, and with it the hub.
+    hub: Option<mpsc::UnboundedSender<Inbound>>,
+    window: Arc<Window>,
+    sharing: Sharing,
+    members: HashMap<u64, MemberLink>,
+    /// The hub's `subscribed` frame, once it answered; joins wait for it.
+    subscribed: Option<Value>,
+    joining: Vec<(MemberLink, oneshot::Sender<Result<Value, FrameError>>)>,
+    answers: FuturesUnordered<Answer>,
+    /// A member joined once: from then on, no members and none joining stops the group.
+    joined_once: bool,
+}
+
+pub(super) async fn distribute(
+    groups: Arc<Groups>,
+    topic: TopicName,
+    group: GroupName,
+    generation: u64,
+    order: ShareOrder,
+    links: HubEnds,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let HubEnds { inbound, mut outbound, window } = links;
+    let mut g = Distributor {
+        topic: topic.clone(),
+        group: group.clone(),
+        hub: Some(inbound),
+        window,
+        sharing: Sharing::new(order),
+        members: HashMap::new(),
+        subscribed: None,
+        joining: Vec::new(),
+        answers: FuturesUnordered::new(),
+        joined_once: false,
+    };
+    loop {
+        tokio::select! {
+            command = commands.recv(), if g.hub.is_some() => match command {
+                Some(command) => g.on_command(command),
+                None => g.stop(),
+            },
+            frame = outbound.recv() => match frame {
+                Some(frame) => {
+                    g.on_hub_frame(frame);
+                    // What the hub sent together is shared out together.
+                    while let Ok(frame) = outbound.try_recv() {
+                        g.on_hub_frame(frame);
+                    }
+                }
+                None => break,
+            },
+            Some((asker, frames)) = g.answers.next() => g.on_answer(asker, frames),
+        }
+        g.share_out();
+        if g.hub.is_some() && g.joined_once && g.members.is_empty() && g.joining.is_empty() {
+            g.stop();
+            groups.forget(&topic, &group, generation);
+        }
+    }
+    // The hub has ended: joins still waiting and members still joined must subscribe again.
+    groups.forget(&topic, &group, generation);
+    for (_, reply) in g.joining.drain(..) {
+        let _ = reply.send(Err(FrameError::new(ErrorCode::Unavailable, format!("group {group} of topic {topic} stopped; subscribe again"))));
+    }
+    for link in g.members.values() {
+        link.control.send(SessionControl::Group(GroupMessage::Ended { topic: topic.clone() }));
+    }
+    tracing::info!(%topic, %group, "shared subscription stopped on this instance");
+}
+
+impl Distributor {
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Join { link, from, reply } => {
+                self.joined_once = true;
+                if let Some(subscribed) = &self.subscribed {
+                    let _ = reply.send(Ok(subscribed.clone()));
+                    self.add_member(link);
+                    return;
+                }
+                if self.joining.is_empty() {
+                    let frame = json!({"op": "subscribe", "topic": self.topic.as_str(), "from": from.to_json()}).to_string();
+                    self.ask(Asker::Subscribe, vec![frame]);
+                }
+                self.joining.push((link, reply));
+            }
+            Command::Leave { member } => {
+                let Some(link) = self.members.remove(&member) else {
+                    self.joining.retain(|(l, _)| l.member != member);
+                    return;
+                };
+                let released = self.sharing.leave(member);
+                self.resize_window();
+                tracing::debug!(topic = %self.topic, group = %self.group, session_id = %link.session_id, released = released.len(), "member left its group");
+                if !released.is_empty() {
+                    // Released at once, as a session's end releases its deliveries.
+                    let frames = released.iter().map(|d| json!({"op": "nack", "delivery_id": d.to_id(), "delay_ms": 0}).to_string()).collect();
+                    self.ask_quietly(frames);
+                }
+            }
+            Command::Forward { member, settles, frame } => {
+                for (delivery, how) in settles {
+                    self.sharing.settle(member, delivery, how);
+                }
+                self.ask(Asker::Member(member), vec![frame]);
+            }
+            Command::Describe(reply) => {
+                let members = self
+                    .sharing
+                    .members()
+                    .into_iter()
+                    .filter_map(|(id, in_flight, keys)| {
+                        let link = self.members.get(&id)?;
+                        Some(MemberView { session_id: link.session_id.clone(), client_id: link.client_id.to_string(), in_flight, keys })
+                    })
+                    .collect();
+                let order = match self.sharing.order() {
+                    ShareOrder::Key => "key",
+                    ShareOrder::None => "none",
+                };
+                let _ = reply.send(GroupView { topic: self.topic.to_string(), group: self.group.to_string(), order, members, waiting: self.sharing.waiting() });
+            }
+        }
+    }
+
+    fn add_member(&mut self, link: MemberLink) {
+        tracing::debug!(topic = %self.topic, group = %self.group, session_id = %link.session_id, client_id = %link.client_id, "member joined its group");
+        self.sharing.join(link.member, link.capacity);
+        self.members.insert(link.member, link);
+        self.resize_window();
+    }
+
+    /// The hub may have in flight what its members can hold together.
+    fn resize_window(&self) {
+        self.window.set_max_events(self.sharing.capacity());
+    }
+
+    /// Sends frames to the hub; their answers come back to `asker`.
+    fn ask(&mut self, asker: Asker, texts: Vec<String>) {
+        let Some(hub) = &self.hub else { return };
+        let (answer, answered) = oneshot::channel();
+        if hub.send(Inbound::Frames { texts, answer }).is_ok() {
+            self.answers.push(Box::pin(async move { (asker, answered.await.unwrap_or_default()) }));
+        }
+    }
+
+    /// Sends frames to the hub whose answers nobody reads.
+    fn ask_quietly(&mut self, texts: Vec<String>) {
+        if let Some(hub) = &self.hub {
+            let (answer, _) = oneshot::channel();
+            let _ = hub.send(Inbound::Frames { texts, answer });
+        }
+    }
+
+    fn on_answer(&mut self, asker: Asker, frames: Vec<String>) {
+        match asker {
+            Asker::Member(member) => {
+                if let Some(link) = self.members.get(&member).filter(|_| !frames.is_empty()) {
+                    link.control.send(SessionControl::Group(GroupMessage::Frames(frames)));
+                }
+            }
+            Asker::Subscribe => {
+                let parsed: Vec<Value> = frames.iter().filter_map(|f| serde_json::from_str(f).ok()).collect();
+                match parsed.iter().find(|f| f["type"] == "subscribed") {
+                    Some(subscribed) => {
+                        self.subscribed = Some(subscribed.clone());
+                        for (link, reply) in std::mem::take(&mut self.joining) {
+                            if reply.send(Ok(subscribed.clone())).is_ok() {
+                                self.add_member(link);
+                            }
+                        }
+                    }
+                    None => {
+                        let error = parsed.iter().find(|f| f["type"] == "error");
+                        let code = error.and_then(|e| serde_json::from_value::<ErrorCode>(e["code"].clone()).ok()).unwrap_or(ErrorCode::Unavailable);
+                        let message = error.and_then(|e| e["message"].as_str()).unwrap_or("the group could not subscribe").to_string();
+                        tracing::warn!(topic = %self.topic, group = %self.group, %message, "shared subscription could not subscribe");
+                        for (_, reply) in self.joining.drain(..) {
+                            let _ = reply.send(Err(FrameError::new(code, message.clone())));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_hub_frame(&mut self, frame: Outbound) {
+        match frame {
+            Outbound::Shared(event) => {
+                let offered = Offered { delivery: event.delivery, key: event.key, text: event.text };
+                if let Some(taken) = self.sharing.offer(offered) {
+                    if let Some(link) = self.members.get(&taken.member) {
+                        link.control.send(SessionControl::Group(GroupMessage::TakenBack(vec![taken.delivery])));
+                    }
+                }
+            }
+            Outbound::Text(text) => {
+                let kind = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["type"].as_str().map(str::to_string)).unwrap_or_default();
+                match kind.as_str() {
+                    // A gap the hub's reads found concerns every member.
+                    "gap" => {
+                        for link in self.members.values() {
+                            link.control.send(SessionControl::Group(GroupMessage::Frames(vec![text.clone()])));
+                        }
+                    }
+                    "error" => tracing::warn!(topic = %self.topic, group = %self.group, frame = %text, "a shared subscription's hub reported an error"),
+                    _ => {}
+                }
+            }
+            Outbound::Ping => {
+                if let Some(hub) = &self.hub {
+                    let _ = hub.send(Inbound::Alive);
+                }
+            }
+            Outbound::Close(code, reason) => {
+                tracing::info!(topic = %self.topic, group = %self.group, code, %reason, "a shared subscription's hub closed");
+            }
+        }
+    }
+
+    /// Sends each member what `Sharing` assigns it, in one message per member.
+    fn share_out(&mut self) {
+        let given = self.sharing.assign();
+        if given.is_empty() {
+            return;
+        }
+        let mut by_member: HashMap<u64, Vec<(DeliveryRef, String)>> = HashMap::new();
+        for (member, offered) in given {
+            by_member.entry(member).or_default().push((offered.delivery, offered.text));
+        }
+        for (member, events) in by_member {
+            if let Some(link) = self.members.get(&member) {
+                // A member whose session ended meanwhile leaves next; its events are released then.
+                link.control.send(SessionControl::Group(GroupMessage::Events { topic: self.topic.clone(), events }));
+            }
+        }
+    }
+
+    /// No members: the hub's inbound ends, so the hub ends as a client's session does.
+    fn stop(&mut self) {
+        self.hub = None;
+        self.window.set_max_events(0);
+    }
+}

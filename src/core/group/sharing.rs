@@ -1,0 +1,352 @@
+//! Which member of a shared subscription gets each event: the one with the most free room,
+//! taken round robin among equals, and with `order: key` the member that holds the event's key.
+//! Bookkeeping only (no tasks, no channels): the distributor (`super::hub`) offers it the hub's
+//! events and the members' settlements, and sends what it assigns.
+//!
+//! The rules (docs/semantics.md, "Shared subscriptions"):
+//! - an event goes to a live member with room; one taken back from a member (released when it
+//!   left, nacked, or timed out there) goes to another member when one has room;
+//! - `order: key`: while a member holds events of a key, the key's later events go to it alone,
+//!   after the earlier ones (a key's events wait in offset order, each behind the one before); a
+//!   key stays with its member while it lives and has room, and moves when it has none left.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::core::client_state::DeliveryRef;
+use crate::core::protocol::ShareOrder;
+
+/// A member: the session number of its session.
+pub type MemberId = u64;
+
+/// Keys remembered with no event in flight (for stickiness) before the idle ones are forgotten.
+const IDLE_KEYS_KEPT: usize = 100_000;
+
+/// An event of the hub waiting for a member.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offered {
+    pub delivery: DeliveryRef,
+    pub key: Option<String>,
+    /// The event frame as the hub wrote it.
+    pub text: String,
+}
+
+impl Offered {
+    fn event(&self) -> (u32, u64) {
+        (self.delivery.partition, self.delivery.offset)
+    }
+}
+
+/// How a member settled one of its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked or termed: done.
+    Done,
+    /// Nacked: it comes back from the hub, for another member.
+    Released,
+}
+
+#[derive(Debug)]
+struct Member {
+    id: MemberId,
+    capacity: usize,
+    held: usize,
+}
+
+#[derive(Debug)]
+struct Held {
+    member: MemberId,
+    delivery: DeliveryRef,
+    key: Option<String>,
+}
+
+#[derive(Debug)]
+struct KeyHold {
+    member: MemberId,
+    in_flight: usize,
+}
+
+/// What an offer took back from a member: the delivery the hub replaced (it timed out there).
+#[derive(Debug, PartialEq, Eq)]
+pub struct TakenBack {
+    pub member: MemberId,
+    pub delivery: DeliveryRef,
+}
+
+#[derive(Debug)]
+pub struct Sharing {
+    order: ShareOrder,
+    members: Vec<Member>,
+    /// Where the next search for a member starts (round robin among equals).
+    cursor: usize,
+    waiting: VecDeque<Offered>,
+    /// Every event given to a member and not settled, by `(partition, offset)`.
+    out: HashMap<(u32, u64), Held>,
+    keys: HashMap<String, KeyHold>,
+    /// The member an event was last taken from: it goes to another one when it can.
+    avoid: HashMap<(u32, u64), MemberId>,
+}
+
+impl Sharing {
+    pub fn new(order: ShareOrder) -> Self {
+        Self { order, members: Vec::new(), cursor: 0, waiting: VecDeque::new(), out: HashMap::new(), keys: HashMap::new(), avoid: HashMap::new() }
+    }
+
+    pub fn order(&self) -> ShareOrder {
+        self.order
+    }
+
+    pub fn join(&mut self, member: MemberId, capacity: usize) {
+        if !self.members.iter().any(|m| m.id == member) {
+            self.members.push(Member { id: member, capacity, held: 0 });
+        }
+    }
+
+    /// The members' windows together: how much the hub may have in flight.
+    pub fn capacity(&self) -> usize {
+        self.members.iter().map(|m| m.capacity).sum()
+    }
+
+    /// Removes a member; answers its deliveries still in flight, for the hub to release at once
+    /// (docs/protocol.md: a session's end releases its deliveries). Its keys are free from now.
+    pub fn leave(&mut self, member: MemberId) -> Vec<DeliveryRef> {
+        self.members.retain(|m| m.id != member);
+        let mut released = Vec::new();
+        let events: Vec<(u32, u64)> = self.out.iter().filter(|(_, h)| h.member == member).map(|(e, _)| *e).collect();
+        for event in events {
+            let held = self.out.remove(&event).expect("listed above");
+            self.avoid.insert(event, member);
+            released.push(held.delivery);
+        }
+        self.keys.retain(|_, hold| hold.member != member);
+        released
+    }
+
+    /// A hub's event (a first delivery or a redelivery). A redelivery of an event a member still
+    /// holds (its ack timed out there) is taken back from that member; one still waiting
+    /// replaces its older delivery in the queue.
+    pub fn offer(&mut self, offered: Offered) -> Option<TakenBack> {
+        let event = offered.event();
+        if let Some(waiting) = self.waiting.iter_mut().find(|w| w.event() == event) {
+            *waiting = offered;
+            return None;
+        }
+        let taken = self.out.remove(&event).map(|held| {
+            self.release_room(&held);
+            self.avoid.insert(event, held.member);
+            TakenBack { member: held.member, delivery: held.delivery }
+        });
+        self.waiting.push_back(offered);
+        taken
+    }
+
+    /// A member settled `delivery` (any delivery of the event it holds: a late ack of an older
+    /// id counts too). False when it held no such event.
+    pub fn settle(&mut self, member: MemberId, delivery: DeliveryRef, how: Settled) -> bool {
+        let event = (delivery.partition, delivery.offset);
+        match self.out.get(&event) {
+            Some(held) if held.member == member => {}
+            _ => return false,
+        }
+        let held = self.out.remove(&event).expect("checked above");
+        self.release_room(&held);
+        match how {
+            Settled::Done => {
+                self.avoid.remove(&event);
+            }
+            Settled::Released => {
+                self.avoid.insert(event, member);
+            }
+        }
+        true
+    }
+
+    fn release_room(&mut self, held: &Held) {
+        if let Some(m) = self.members.iter_mut().find(|m| m.id == held.member) {
+            m.held = m.held.saturating_sub(1);
+        }
+        if let Some(key) = &held.key {
+            if let Some(hold) = self.keys.get_mut(key) {
+                hold.in_flight = hold.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Gives waiting events to members with room, in queue order (offset order per partition);
+    /// answers `(member, event)` for each.
+    pub fn assign(&mut self) -> Vec<(MemberId, Offered)> {
+        let mut given = Vec::new();
+        // Keys with an earlier event still waiting: their later ones wait behind it.
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut at = 0;
+        while at < self.waiting.len() {
+            if !self.members.iter().any(|m| m.held < m.capacity) {
+                break;
+            }
+            let event = self.waiting[at].event();
+            let key = match self.order {
+                ShareOrder::Key => self.waiting[at].key.clone(),
+                ShareOrder::None => None,
+            };
+            let target = match &key {
+                Some(key) if blocked.contains(key) => None,
+                Some(key) => match self.keys.get(key) {
+                    // Its member alone, while it holds events of the key.
+                    Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
+                    // Sticky while its member lives and has room.
+                    Some(hold) if self.has_room(hold.member) => Some(hold.member),
+                    _ => self.pick(self.avoid.get(&event).copied()),
+                },
+                None => self.pick(self.avoid.get(&event).copied()),
+            };
+            let Some(member) = target else {
+                if let Some(key) = key {
+                    blocked.insert(key);
+                }
+                at += 1;
+                continue;
+            };
+            let offered = self.waiting.remove(at).expect("index checked");
+            if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
+                m.held += 1;
+            }
+            if let Some(key) = &key {
+                let hold = self.keys.entry(key.clone()).or_insert(KeyHold { member, in_flight: 0 });
+                hold.member = member;
+                hold.in_flight += 1;
+            }
+            self.out.insert(event, Held { member, delivery: offered.delivery, key });
+            given.push((member, offered));
+        }
+        if self.keys.len() > IDLE_KEYS_KEPT {
+            self.keys.retain(|_, hold| hold.in_flight > 0);
+        }
+        given
+    }
+
+    fn has_room(&self, member: MemberId) -> bool {
+        self.members.iter().any(|m| m.id == member && m.held < m.capacity)
+    }
+
+    /// The member with the most free room, searched from the cursor so that equals take turns;
+    /// `avoid` only when no other has room.
+    fn pick(&mut self, avoid: Option<MemberId>) -> Option<MemberId> {
+        let n = self.members.len();
+        let mut best: Option<(usize, usize)> = None;
+        for i in 0..n {
+            let index = (self.cursor + i) % n;
+            let m = &self.members[index];
+            let free = m.capacity.saturating_sub(m.held);
+            if free == 0 || Some(m.id) == avoid {
+                continue;
+            }
+            if best.is_none_or(|(_, most)| free > most) {
+                best = Some((index, free));
+            }
+        }
+        let index = match best {
+            Some((index, _)) => index,
+            None => self.members.iter().position(|m| Some(m.id) == avoid && m.held < m.capacity)?,
+        };
+        self.cursor = (index + 1) % n;
+        Some(self.members[index].id)
+    }
+
+    /// Per member: events in flight and keys held (`/admin/groups`).
+    pub fn members(&self) -> Vec<(MemberId, usize, usize)> {
+        self.members.iter().map(|m| (m.id, m.held, self.keys.values().filter(|h| h.member == m.id && h.in_flight > 0).count())).collect()
+    }
+
+    /// Events waiting for a member with room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered(seq: u64, partition: u32, offset: u64, key: Option<&str>) -> Offered {
+        Offered { delivery: DeliveryRef { seq, slot: 0, partition, offset }, key: key.map(str::to_string), text: String::new() }
+    }
+
+    #[test]
+    fn events_go_round_robin_to_members_with_room_and_wait_when_none_has() {
+        let mut s = Sharing::new(ShareOrder::None);
+        s.join(1, 2);
+        s.join(2, 2);
+        for offset in 0..5 {
+            assert_eq!(s.offer(offered(offset, 0, offset, None)), None);
+        }
+        let given: Vec<MemberId> = s.assign().iter().map(|(m, _)| *m).collect();
+        assert_eq!(given, vec![1, 2, 1, 2]);
+        assert_eq!(s.waiting(), 1);
+        assert!(s.assign().is_empty(), "nobody has room");
+        assert!(s.settle(2, DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 1 }, Settled::Done));
+        assert!(!s.settle(1, DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 1 }, Settled::Done), "settled once");
+        assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 4)]);
+    }
+
+    #[test]
+    fn a_released_or_timed_out_event_goes_to_another_member_unless_alone() {
+        let mut s = Sharing::new(ShareOrder::None);
+        s.join(1, 10);
+        s.join(2, 10);
+        s.offer(offered(1, 0, 7, None));
+        let (first, _) = s.assign().pop().unwrap();
+        // The hub redelivers it (an ack timeout): taken back from the first, given to the other.
+        assert_eq!(s.offer(offered(2, 0, 7, None)), Some(TakenBack { member: first, delivery: DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 7 } }));
+        let (second, _) = s.assign().pop().unwrap();
+        assert_ne!(first, second);
+        // Nacked there: back to the first.
+        assert!(s.settle(second, DeliveryRef { seq: 2, slot: 0, partition: 0, offset: 7 }, Settled::Released));
+        s.offer(offered(3, 0, 7, None));
+        assert_eq!(s.assign().pop().unwrap().0, first);
+        // Alone, a member gets its own released events again.
+        let released = s.leave(second);
+        assert!(released.is_empty());
+        assert!(s.settle(first, DeliveryRef { seq: 3, slot: 0, partition: 0, offset: 7 }, Settled::Released));
+        s.offer(offered(4, 0, 7, None));
+        assert_eq!(s.assign().pop().unwrap().0, first);
+    }
+
+    #[test]
+    fn a_key_is_in_flight_at_one_member_at_a_time_and_in_offset_order() {
+        let mut s = Sharing::new(ShareOrder::Key);
+        s.join(1, 1);
+        s.join(2, 5);
+        for offset in 0..4 {
+            s.offer(offered(offset, 0, offset, Some("k")));
+        }
+        s.offer(offered(9, 0, 9, Some("other")));
+        s.offer(offered(10, 0, 10, None));
+        let given: Vec<(MemberId, u64)> = s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect();
+        // "k" goes to the emptier member 2 and stays there; the others share what is left.
+        assert_eq!(given.iter().filter(|(_, o)| *o < 4).map(|(m, _)| *m).collect::<Vec<_>>(), vec![2, 2, 2, 2]);
+        assert_eq!(given.iter().filter(|(_, o)| *o < 4).map(|(_, o)| *o).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(given.len(), 6);
+        // Member 2 leaves holding "k": its events are released, and the key is free.
+        let released: Vec<u64> = s.leave(2).iter().map(|d| d.offset).collect();
+        assert!(released.contains(&0) && released.contains(&3));
+        // Member 1, the one left, is full: the key's next event waits.
+        s.offer(offered(11, 0, 11, Some("k")));
+        let held_by_1 = s.members().iter().find(|(m, _, _)| *m == 1).map(|(_, held, _)| *held).unwrap();
+        assert_eq!(held_by_1, 1);
+        assert!(s.assign().is_empty());
+    }
+
+    #[test]
+    fn a_keys_later_event_waits_behind_its_earlier_one_while_other_keys_go_on() {
+        let mut s = Sharing::new(ShareOrder::Key);
+        s.join(1, 1);
+        s.join(2, 1);
+        s.offer(offered(1, 0, 0, Some("a")));
+        s.offer(offered(2, 0, 1, Some("a")));
+        s.offer(offered(3, 0, 2, Some("b")));
+        let given: Vec<(MemberId, u64)> = s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect();
+        // "a"@1 may not go to member 2 while "a"@0 is at member 1: "b" takes member 2.
+        assert_eq!(given, vec![(1, 0), (2, 2)]);
+        assert!(s.settle(1, DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 0 }, Settled::Done));
+        assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(1, 1)]);
+    }
+}

@@ -1,0 +1,216 @@
+//! A session as a member of shared subscriptions (`subscribe` with `group`, `core::group`): it
+//! joins the group, writes the event frames its group assigns it, and sends the acks, nacks,
+//! extends and terms of those deliveries to the group instead of settling them itself. The
+//! group's progress is its hub's; this session only holds the delivery ids it was given.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::{run_session, Session, Step};
+use crate::core::access::Access;
+use crate::core::client_state::DeliveryRef;
+use crate::core::dispatcher::Dispatcher;
+use crate::core::group::{GroupHandle, HubEnds, HubStarter, MemberLink, Settled};
+use crate::core::names::{ClientId, GroupName, TopicName};
+use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, ServerFrame, StartFrom};
+use crate::core::session_control::GroupMessage;
+use crate::core::session_registry::Transport;
+use crate::core::transport::{Inbound, Outbound};
+use crate::core::FastMap;
+
+/// The groups a session is a member of and the group deliveries it holds.
+#[derive(Default)]
+pub(super) struct Memberships {
+    joined: FastMap<TopicName, (GroupName, GroupHandle)>,
+    /// Each group delivery the session holds, with the topic of its group: acks of these ids go
+    /// to the group.
+    held: FastMap<DeliveryRef, TopicName>,
+}
+
+/// Starts hubs as sessions of this gateway (`HubStarter`).
+struct SessionHubs<'a>(&'a Arc<Dispatcher>);
+
+impl HubStarter for SessionHubs<'_> {
+    fn start(&self, group: &GroupName) -> Result<HubEnds, FrameError> {
+        let d = self.0;
+        let registration = d.register(ClientId::of_group(group), None, Transport::Group)?;
+        // Nothing is taken before members bring their windows (the distributor sizes it).
+        registration.info.window.set_max_events(0);
+        let window = registration.info.window.clone();
+        let (inbound, inbound_rx) = mpsc::unbounded_channel::<Inbound>();
+        let (outbound_tx, outbound) = mpsc::unbounded_channel::<Outbound>();
+        let frames_in = futures_util::stream::unfold(inbound_rx, |mut rx| async move { rx.recv().await.map(|frame| (frame, rx)) });
+        let frames_out = futures_util::sink::unfold(outbound_tx, |tx, frame: Outbound| async move {
+            tx.send(frame).map_err(|_| ())?;
+            Ok::<_, ()>(tx)
+        });
+        d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Box::pin(frames_in), Box::pin(frames_out), None));
+        Ok(HubEnds { inbound, outbound, window })
+    }
+}
+
+impl Session {
+    /// `subscribe` with `group`: joins the group on this topic (a direct subscription of the
+    /// topic, or another group's, is replaced). A group that lives on another instance of the
+    /// cluster sends the session there: `reconnect` naming it, then 1012.
+    pub(super) async fn subscribe_group(&mut self, topic: &str, from: StartFrom, join: GroupJoin, req: Option<Value>) -> Result<(), FrameError> {
+        let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        let group = GroupName::parse(&join.name).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
+        if !self.access.allows(topic.as_str()) {
+            return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
+        }
+        if !self.access.may_join(group.as_str()) {
+            return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow group {group} (its groups claim)")));
+        }
+        if let Some((instance, ws_url)) = self.d.group_home.get().and_then(|home| home.elsewhere(&group)) {
+            tracing::info!(session_id = %self.info.session_id, %group, %instance, "member sent to its group's instance");
+            self.send(ServerFrame::Reconnect { after_ms: 0, instance: Some(instance), ws_url: Some(ws_url) });
+            // Closes with 1012 on this step (`settle_check` past its deadline).
+            self.settling = Some(tokio::time::Instant::now());
+            return Ok(());
+        }
+        let joined = self.groups.as_ref().is_some_and(|g| g.joined.contains_key(&topic));
+        let limit = self.d.settings.max_subscriptions_per_session;
+        if !joined && !self.subscriptions.contains_key(&topic) && self.subscriptions.len() + self.group_count() >= limit {
+            return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
+        }
+        self.release_topic(&topic);
+        self.leave_group(&topic);
+        let link = MemberLink {
+            member: self.info.number,
+            session_id: self.info.session_id.clone(),
+            client_id: self.info.client_id.clone(),
+            control: self.control.clone(),
+            capacity: self.d.settings.max_in_flight,
+        };
+        let groups = self.d.groups.clone();
+        let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, link).await?;
+        subscribed["group"] = Value::from(group.as_str());
+        match req {
+            Some(req) => subscribed["req"] = req,
+            None => {
+                if let Some(frame) = subscribed.as_object_mut() {
+                    frame.remove("req");
+                }
+            }
+        }
+        self.d.metrics.frame_out("subscribed");
+        self.out.push(super::Outbound::Text(subscribed.to_string()));
+        self.groups.get_or_insert_with(Default::default).joined.insert(topic.clone(), (group, handle));
+        self.info.subscriptions.lock().unwrap().push(topic);
+        Ok(())
+    }
+
+    fn group_count(&self) -> usize {
+        self.groups.as_ref().map_or(0, |g| g.joined.len())
+    }
+
+    /// Leaves the group the session joined on `topic`; false when it joined none there. Its
+    /// group deliveries are released to the other members.
+    pub(super) fn leave_group(&mut self, topic: &TopicName) -> bool {
+        let Some(groups) = self.groups.as_mut() else { return false };
+        let Some((_, handle)) = groups.joined.remove(topic) else { return false };
+        handle.leave(self.info.number);
+        groups.held.retain(|_, t| t != topic);
+        self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
+        true
+    }
+
+    /// Leaves every group (the session ends).
+    pub(super) fn leave_groups(&mut self) {
+        let topics: Vec<TopicName> = self.groups.as_ref().map(|g| g.joined.keys().cloned().collect()).unwrap_or_default();
+        for topic in topics {
+            self.leave_group(&topic);
+        }
+    }
+
+    pub(super) fn on_group_message(&mut self, message: GroupMessage) -> Step {
+        match message {
+            GroupMessage::Events { topic, events } => {
+                let Some(groups) = self.groups.as_mut().filter(|g| g.joined.contains_key(&topic)) else {
+                    return Step::Continue; // left meanwhile: the group released them
+                };
+                let n = events.len() as u64;
+                for (delivery, text) in events {
+                    groups.held.insert(delivery, topic.clone());
+                    self.out.push(super::Outbound::Text(text));
+                }
+                self.d.metrics.delivered(n);
+                self.info.stats.delivered.fetch_add(n, Ordering::Relaxed);
+            }
+            GroupMessage::Frames(frames) => {
+                for frame in frames {
+                    self.out.push(super::Outbound::Text(frame));
+                }
+            }
+            GroupMessage::TakenBack(deliveries) => {
+                if let Some(groups) = self.groups.as_mut() {
+                    for delivery in deliveries {
+                        groups.held.remove(&delivery);
+                    }
+                }
+            }
+            GroupMessage::Ended { topic } => {
+                if self.groups.as_ref().is_some_and(|g| g.joined.contains_key(&topic)) {
+                    self.leave_group(&topic);
+                    self.send(ServerFrame::Reconnect { after_ms: 0, instance: None, ws_url: None });
+                    return Step::Close(close_code::DRAINING, "the shared subscription stopped on this instance; subscribe again");
+                }
+            }
+        }
+        Step::Continue
+    }
+
+    /// Sends the group deliveries among `ids` to their groups as acks (one frame per group, with
+    /// `req`, whose `ack_ok` the group answers); answers the other ids, `None` when none was a
+    /// group delivery.
+    pub(super) fn ack_group_deliveries<S: AsRef<str>>(&mut self, ids: &[S], req: &Option<Value>) -> Option<Vec<String>> {
+        let groups = self.groups.as_mut()?;
+        let mut own = Vec::new();
+        let mut by_topic: FastMap<TopicName, Vec<DeliveryRef>> = FastMap::default();
+        for id in ids {
+            match DeliveryRef::parse(id.as_ref()).and_then(|d| groups.held.remove(&d).map(|topic| (d, topic))) {
+                Some((delivery, topic)) => by_topic.entry(topic).or_default().push(delivery),
+                None => own.push(id.as_ref().to_string()),
+            }
+        }
+        if by_topic.is_empty() {
+            return None;
+        }
+        let mut acked = 0;
+        for (topic, deliveries) in by_topic {
+            let Some((_, handle)) = groups.joined.get(&topic) else { continue };
+            acked += deliveries.len() as u64;
+            let mut frame = json!({"op": "ack", "delivery_ids": deliveries.iter().map(|d| d.to_id()).collect::<Vec<_>>()});
+            if let Some(req) = req {
+                frame["req"] = req.clone();
+            }
+            handle.forward(self.info.number, deliveries.into_iter().map(|d| (d, Settled::Done)).collect(), frame.to_string());
+        }
+        self.info.stats.acked.fetch_add(acked, Ordering::Relaxed);
+        self.info.stats.last_ack_at.store(self.d.clock.now_ms(), Ordering::Relaxed);
+        Some(own)
+    }
+
+    /// A nack, extend or term of a group delivery goes to its group as the client sent it; false
+    /// when `delivery_id` is not a group delivery of this session.
+    pub(super) fn forward_to_group(&mut self, delivery_id: &str, frame: Value) -> bool {
+        let Some(groups) = self.groups.as_mut() else { return false };
+        let Some(delivery) = DeliveryRef::parse(delivery_id) else { return false };
+        let Some(topic) = groups.held.get(&delivery).cloned() else { return false };
+        let Some((_, handle)) = groups.joined.get(&topic) else { return false };
+        let settles = match frame["op"].as_str() {
+            Some("nack") => vec![(delivery, Settled::Released)],
+            Some("term") => vec![(delivery, Settled::Done)],
+            _ => Vec::new(),
+        };
+        if !settles.is_empty() {
+            groups.held.remove(&delivery);
+        }
+        handle.forward(self.info.number, settles, frame.to_string());
+        true
+    }
+}

@@ -1,0 +1,43 @@
+//! What a session and its transport exchange: frames in (`Inbound`), frames out (`Outbound`).
+//! Its own module so that a transport that is no socket (a shared subscription's distributor,
+//! `core::group`) needs nothing of the session's code.
+
+/// What the transport hands the session.
+#[derive(Debug)]
+pub enum Inbound {
+    Text(String),
+    /// A binary frame: not part of the protocol.
+    Binary,
+    /// A frame over `limits.max_frame_bytes`.
+    TooLarge,
+    /// A sign of life that is not a frame of the protocol (a WebSocket pong or ping).
+    Alive,
+    /// Frames sent together by a transport that answers them itself (a Server-Sent Events
+    /// session's POST): handled in order like text frames, and what the session sends in answer
+    /// to them goes back through `answer`, not down the stream.
+    Frames {
+        texts: Vec<String>,
+        answer: tokio::sync::oneshot::Sender<Vec<String>>,
+    },
+}
+
+/// What the session hands the transport.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outbound {
+    Text(String),
+    Close(u16, String),
+    /// A keepalive probe (a WebSocket ping); the peer's answer comes back as `Inbound::Alive`.
+    Ping,
+    /// An event frame of a shared subscription's hub (transport `Group`), with what its group
+    /// shares it out by (`core::group`). No other session sends one.
+    Shared(SharedEvent),
+}
+
+/// An event frame of a group's hub, with its delivery id and key at hand.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedEvent {
+    pub text: String,
+    pub delivery: crate::core::client_state::DeliveryRef,
+    pub key: Option<String>,
+}
+
