@@ -40,4 +40,3 @@ pub struct SharedEvent {
     pub delivery: crate::core::client_state::DeliveryRef,
     pub key: Option<String>,
 }
-

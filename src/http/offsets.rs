@@ -126,7 +126,7 @@ pub async fn client_view(State(app): State<AppState>, Path((topic, client_id)): 
 /// identity) and the lag to the log end.
 pub(super) async fn partitions_with_lag(app: &AppState, topic: &TopicName, client_id: &ClientId) -> Result<Vec<Value>, ApiError> {
     let d = &app.dispatcher;
-    let count = d.backend.partitions(&topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
+    let count = d.backend.partitions(topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
     let stored: HashMap<u32, OffsetRecord> = d.store.scan(&filter)?.into_iter().map(|(k, r)| (k.partition, r)).collect();
     let mut partitions = Vec::with_capacity(count as usize);
@@ -227,7 +227,9 @@ pub(super) async fn reset_offset(app: &AppState, topic: TopicName, client_id: Cl
 
 fn live(client_id: &ClientId) -> ApiError {
     match client_id.group() {
-        Some(group) => ApiError::conflict(format!("group {group} has members on this instance (disconnect them first), or another change of its offsets is running")),
+        Some(group) => {
+            ApiError::conflict(format!("group {group} has members on this instance (disconnect them first), or another change of its offsets is running"))
+        }
         None => ApiError::conflict(format!("client {client_id} has a live session (disconnect it first), or another change of its offsets is running")),
     }
 }

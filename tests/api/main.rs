@@ -17,6 +17,7 @@ mod drain;
 mod epochs;
 mod errors;
 mod exposure;
+mod groups;
 mod js_client;
 mod kafka;
 mod kafka_broker;

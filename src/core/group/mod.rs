@@ -67,11 +67,21 @@ pub struct MemberLink {
 
 /// A member's word to its group.
 pub(crate) enum Command {
-    Join { link: MemberLink, from: StartFrom, reply: oneshot::Sender<Result<Value, FrameError>> },
-    Leave { member: u64 },
+    Join {
+        link: MemberLink,
+        from: StartFrom,
+        reply: oneshot::Sender<Result<Value, FrameError>>,
+    },
+    Leave {
+        member: u64,
+    },
     /// A client frame for the hub (ack, nack, extend, term of group deliveries), with what it
     /// settles at the member.
-    Forward { member: u64, settles: Vec<(DeliveryRef, Settled)>, frame: String },
+    Forward {
+        member: u64,
+        settles: Vec<(DeliveryRef, Settled)>,
+        frame: String,
+    },
     Describe(oneshot::Sender<GroupView>),
 }
 

@@ -1,6 +1,6 @@
 //! Which member of a shared subscription gets each event: the one with the most free room,
 //! taken round robin among equals, and with `order: key` the member that holds the event's key.
-//! Bookkeeping only (no tasks, no channels): the distributor (`super::hub`) offers it the hub's
+//! Bookkeeping only (no tasks, no channels): the group's distributor (hub.rs) offers it the hub's
 //! events and the members' settlements, and sends what it assigns.
 //!
 //! The rules (docs/semantics.md, "Shared subscriptions"):

@@ -682,11 +682,28 @@ impl Session {
             ClientFrame::Subscribe { topic, from, group: Some(join), req, .. } => {
                 self.subscribe_group(&topic, from, join, req.clone()).await.map_err(|e| e.with_req(req))
             }
-            ClientFrame::Subscribe { topic, from, resume, group: None, req } => self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req)),
+            ClientFrame::Subscribe { topic, from, resume, group: None, req } => {
+                self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req))
+            }
             ClientFrame::Unsubscribe { topic, req } => self.unsubscribe(&topic, req.clone()).map_err(|e| e.with_req(req)),
-            ClientFrame::Nack { delivery_id, delay_ms, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "nack", "delivery_id": delivery_id, "delay_ms": delay_ms, "req": req})) => Ok(()),
-            ClientFrame::Extend { delivery_id, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "extend", "delivery_id": delivery_id, "req": req})) => Ok(()),
-            ClientFrame::Term { delivery_id, reason, req } if self.groups.is_some() && self.forward_to_group(&delivery_id, serde_json::json!({"op": "term", "delivery_id": delivery_id, "reason": reason, "req": req})) => Ok(()),
+            ClientFrame::Nack { delivery_id, delay_ms, req }
+                if self.groups.is_some()
+                    && self.forward_to_group(&delivery_id, serde_json::json!({"op": "nack", "delivery_id": delivery_id, "delay_ms": delay_ms, "req": req})) =>
+            {
+                Ok(())
+            }
+            ClientFrame::Extend { delivery_id, req }
+                if self.groups.is_some()
+                    && self.forward_to_group(&delivery_id, serde_json::json!({"op": "extend", "delivery_id": delivery_id, "req": req})) =>
+            {
+                Ok(())
+            }
+            ClientFrame::Term { delivery_id, reason, req }
+                if self.groups.is_some()
+                    && self.forward_to_group(&delivery_id, serde_json::json!({"op": "term", "delivery_id": delivery_id, "reason": reason, "req": req})) =>
+            {
+                Ok(())
+            }
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, delay_ms.map(Duration::from_millis)).map_err(|e| e.with_req(req)),
             ClientFrame::Extend { delivery_id, req } => self.extend(&delivery_id).map_err(|e| e.with_req(req)),

@@ -1,0 +1,330 @@
+//! Shared subscriptions (issue 44, docs/protocol.md "Shared subscriptions"): members of one
+//! group share a topic's events, each event acked once, keys kept in order at one member at a
+//! time, a dead member's events given to the others, the group's floor its own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const PARTITIONS: u32 = 4;
+const KEYS: usize = 50;
+
+/// What the members saw, checked as they go.
+#[derive(Default)]
+pub struct Seen {
+    /// Per key: the member holding its unacked deliveries, and how many.
+    holders: HashMap<String, (usize, usize)>,
+    /// Per key: the last offset first delivered.
+    last_first: HashMap<String, u64>,
+    /// Per event: the members it was delivered to, with the attempt.
+    deliveries: BTreeMap<(u64, u64), Vec<(usize, u64)>>,
+    /// Events acked, per member.
+    acked: Vec<usize>,
+    violations: Vec<String>,
+}
+
+impl Seen {
+    fn total_acked(&self) -> usize {
+        self.acked.iter().sum()
+    }
+}
+
+/// How a member behaves.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Member {
+    /// Acks what it gets, in batches.
+    Acker,
+    /// Takes `n` events, acks none of them, and drops its connection (no close frame).
+    DiesAfter(usize),
+}
+
+pub fn keyed_events(from: usize, n: usize) -> Vec<Value> {
+    (from..from + n).map(|i| json!({"key": format!("k{}", i % KEYS), "partition": ((i % KEYS) as u32) % PARTITIONS, "payload": {"i": i}})).collect()
+}
+
+async fn run_member(addr: SocketAddr, me: usize, topic: String, order: &'static str, behaviour: Member, total: usize, seen: Arc<Mutex<Seen>>) {
+    let mut client = TestClient::connect(addr, &format!("member-{me}")).await;
+    let subscribed = client.subscribe(&topic, json!({"group": "g", "order": order})).await;
+    assert_eq!(subscribed["group"], "g", "{subscribed}");
+    let mut unacked: Vec<(String, Option<String>)> = Vec::new();
+    let mut taken = 0;
+    loop {
+        let frame = client.try_recv(Duration::from_millis(200)).await;
+        if let Some(event) = frame.as_ref().filter(|f| f["type"] == "event") {
+            let key = event["key"].as_str().map(str::to_string);
+            let (partition, offset, attempt) = (event["partition"].as_u64().unwrap(), event["offset"].as_u64().unwrap(), event["attempt"].as_u64().unwrap());
+            let mut s = seen.lock().unwrap();
+            s.deliveries.entry((partition, offset)).or_default().push((me, attempt));
+            if let Some(key) = key.as_ref().filter(|_| order == "key") {
+                let holder = s.holders.entry(key.clone()).or_insert((me, 0));
+                let clash = (holder.1 > 0 && holder.0 != me)
+                    .then(|| format!("key {key} at member {me} (offset {offset}) while member {} holds {} of it", holder.0, holder.1));
+                *holder = (me, holder.1 + 1);
+                s.violations.extend(clash);
+                if attempt == 1 {
+                    if let Some(last) = s.last_first.insert(key.clone(), offset).filter(|last| *last >= offset) {
+                        s.violations.push(format!("key {key}: first delivery of {offset} after {last}"));
+                    }
+                }
+            }
+            drop(s);
+            unacked.push((id(event).to_string(), key));
+            taken += 1;
+            if let Member::DiesAfter(n) = behaviour {
+                if taken >= n {
+                    // Its keys are free once the gateway sees it gone, which is after this.
+                    let mut s = seen.lock().unwrap();
+                    for (_, key) in &unacked {
+                        if let Some(holder) = key.as_ref().and_then(|k| s.holders.get_mut(k)) {
+                            holder.1 -= 1;
+                        }
+                    }
+                    return; // dropped: no close frame, no acks
+                }
+            }
+            if unacked.len() < 16 || behaviour != Member::Acker {
+                continue;
+            }
+        } else if frame.is_some() {
+            continue;
+        }
+        if !unacked.is_empty() {
+            // Released before the ack goes out: the next holder can only hear of the key after.
+            let ids: Vec<String> = {
+                let mut s = seen.lock().unwrap();
+                for (_, key) in &unacked {
+                    if let Some(holder) = key.as_ref().and_then(|k| s.holders.get_mut(k)) {
+                        holder.1 -= 1;
+                    }
+                }
+                s.acked[me] += unacked.len();
+                unacked.drain(..).map(|(id, _)| id).collect()
+            };
+            client.send(json!({"op": "ack", "delivery_ids": ids})).await;
+        }
+        if frame.is_none() && seen.lock().unwrap().total_acked() >= total {
+            client.close().await;
+            return;
+        }
+    }
+}
+
+/// Members of group `g` on `topic` share `total` keyed events published after they joined;
+/// answers what they saw once every event was acked.
+pub async fn share(addr: SocketAddr, base: &str, topic: &str, order: &'static str, members: &[Member], total: usize) -> Seen {
+    let (status, body) = post_json(&format!("{base}/topics"), json!({"name": topic, "partitions": PARTITIONS})).await;
+    assert!(status == 200 || status == 409, "{status} {body}");
+    let seen = Arc::new(Mutex::new(Seen { acked: vec![0; members.len()], ..Default::default() }));
+    let mut tasks = Vec::new();
+    for (me, behaviour) in members.iter().enumerate() {
+        tasks.push(tokio::spawn(run_member(addr, me, topic.to_string(), order, *behaviour, total, seen.clone())));
+    }
+    wait_for("every member joined", async || {
+        let (_, body) = get_json(&format!("{base}/admin/groups?topic={topic}")).await;
+        body["groups"][0]["members"].as_array().is_some_and(|m| m.len() == members.len())
+    })
+    .await;
+    for from in (0..total).step_by(500) {
+        let (status, body) = post_json(&format!("{base}/topics/{topic}/events"), json!({"events": keyed_events(from, 500.min(total - from))})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task).await.expect("members finish").unwrap();
+    }
+    Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap()
+}
+
+/// The group's stored floor per partition equals the log end (every event acked, durable).
+pub async fn floor_reaches_log_end(base: &str, topic: &str) {
+    wait_for("the group's floor reaches the log end", async || {
+        let (status, body) = get_json(&format!("{base}/admin/groups/{topic}/g")).await;
+        assert_eq!(status, 200, "{body}");
+        body["partitions"].as_array().unwrap().iter().all(|p| p["committed"] == p["log_end"] && p["lag"] == 0)
+    })
+    .await;
+}
+
+fn check_each_event_acked_once(seen: &Seen, total: usize) {
+    assert!(seen.violations.is_empty(), "{:?}", &seen.violations[..seen.violations.len().min(10)]);
+    assert_eq!(seen.deliveries.len(), total, "every event reached a member");
+    let twice: Vec<_> = seen.deliveries.iter().filter(|(_, d)| d.len() != 1).take(5).collect();
+    assert!(twice.is_empty(), "each event was delivered once: {twice:?}");
+    assert_eq!(seen.total_acked(), total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_members_share_ten_thousand_keyed_events_each_acked_once_keys_in_order() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let seen = share(gw.addr(), &gw.base, "work", "key", &[Member::Acker; 5], 10_000).await;
+    check_each_event_acked_once(&seen, 10_000);
+    for (member, acked) in seen.acked.iter().enumerate() {
+        assert!(*acked > 0, "member {member} got a share: {:?}", seen.acked);
+    }
+    floor_reaches_log_end(&gw.base, "work").await;
+    // The group's floor is its own: no client of the members has an offset on the topic.
+    let (_, offsets) = get_json(&format!("{}/admin/offsets?topic=work", gw.base)).await;
+    let clients: Vec<&str> = offsets["offsets"].as_array().unwrap().iter().map(|r| r["client_id"].as_str().unwrap()).collect();
+    assert!(clients.iter().all(|c| *c == "$g"), "{clients:?}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_key_order_members_share_freely_and_each_event_is_acked_once() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let seen = share(gw.addr(), &gw.base, "free", "none", &[Member::Acker; 3], 3_000).await;
+    check_each_event_acked_once(&seen, 3_000);
+    assert!(seen.acked.iter().all(|a| *a > 0), "{:?}", seen.acked);
+    floor_reaches_log_end(&gw.base, "free").await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_dies_holding_events_hands_them_to_the_others() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    // Its end releases them at once; the timeout only bounds a member that hangs instead.
+    config.delivery.ack_timeout_ms = 5_000;
+    let gw = InProcess::start(config).await;
+    let members = [Member::Acker, Member::Acker, Member::Acker, Member::Acker, Member::DiesAfter(40)];
+    let seen = share(gw.addr(), &gw.base, "dies", "key", &members, 4_000).await;
+    assert!(seen.violations.is_empty(), "{:?}", &seen.violations[..seen.violations.len().min(10)]);
+    assert_eq!(seen.deliveries.len(), 4_000, "every event reached a member");
+    let died_with: Vec<(u64, u64)> = seen.deliveries.iter().filter(|(_, d)| d.iter().any(|(m, _)| *m == 4)).map(|(e, _)| *e).collect();
+    assert_eq!(died_with.len(), 40, "the dying member took 40");
+    for event in &died_with {
+        let deliveries = &seen.deliveries[event];
+        assert!(deliveries.iter().any(|(m, attempt)| *m != 4 && *attempt == 2), "{event:?} reached another member again: {deliveries:?}");
+    }
+    assert_eq!(seen.acked[4], 0);
+    assert_eq!(seen.total_acked(), 4_000);
+    floor_reaches_log_end(&gw.base, "dies").await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_names_and_orders_are_checked_and_the_group_is_listed_and_reset_when_idle() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    publish(&gw.base, "jobs", json!({"partition": 0, "payload": 1})).await;
+    let mut a = TestClient::connect(gw.addr(), "a").await;
+    for (extra, code) in [
+        (json!({"group": "no#pe"}), "invalid_name"),
+        (json!({"group": ""}), "invalid_name"),
+        (json!({"group": "g", "order": "fifo"}), "bad_frame"),
+        (json!({"order": "key"}), "bad_frame"),
+        (json!({"group": 7}), "bad_frame"),
+    ] {
+        let mut frame = json!({"op": "subscribe", "topic": "jobs", "req": 1});
+        frame.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        a.send(frame).await;
+        let error = a.recv_type("error").await;
+        assert_eq!((error["code"].as_str(), &error["req"]), (Some(code), &json!(1)), "{extra}: {error}");
+    }
+    let subscribed = a.subscribe("jobs", json!({"group": "g"})).await;
+    assert_eq!(subscribed["group"], "g");
+    assert_eq!(subscribed["req"], "sub");
+    // One group, one order: a member asking for another is refused.
+    let mut b = TestClient::connect(gw.addr(), "b").await;
+    b.send(json!({"op": "subscribe", "topic": "jobs", "group": "g", "order": "key", "req": 2})).await;
+    assert_eq!(b.recv_type("error").await["code"], "bad_frame");
+    let event = a.recv_type("event").await;
+    // An ack with req is confirmed with the group's floor.
+    let ok = a.ack_confirmed(&[id(&event)], "r1").await;
+    assert_eq!(ok["type"], "ack_ok", "{ok}");
+    assert_eq!(ok["committed"]["jobs"]["0"], 1, "{ok}");
+    let (_, listed) = get_json(&format!("{}/admin/groups", gw.base)).await;
+    assert_eq!(listed["groups"][0]["group"], "g", "{listed}");
+    assert_eq!(listed["groups"][0]["members"][0]["client_id"], "a", "{listed}");
+    // While it has members, its floor is not an operator's to move.
+    let url = format!("{}/admin/groups/jobs/g/0", gw.base);
+    let status = http().put(&url).json(&json!({"offset": 0})).send().await.unwrap().status().as_u16();
+    assert_eq!(status, 409);
+    a.send(json!({"op": "unsubscribe", "topic": "jobs", "req": 3})).await;
+    assert_eq!(a.recv_type("unsubscribed").await["req"], 3);
+    wait_for("the group stops with its last member", async || {
+        let (_, listed) = get_json(&format!("{}/admin/groups", gw.base)).await;
+        listed["groups"].as_array().unwrap().is_empty()
+    })
+    .await;
+    let mut status = 0;
+    wait_for("the idle group's floor can be reset", async || {
+        status = http().put(&url).json(&json!({"offset": 0})).send().await.unwrap().status().as_u16();
+        status == 200
+    })
+    .await;
+    // Rewound by the operator: the next member gets the event again.
+    let mut c = TestClient::connect(gw.addr(), "c").await;
+    let subscribed = c.subscribe("jobs", json!({"group": "g"})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 0, "{subscribed}");
+    let again = c.recv_type("event").await;
+    assert_eq!((again["partition"].as_u64(), again["offset"].as_u64()), (Some(0), Some(0)));
+    gw.stop().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_subscribes_on_another_instance_is_sent_to_the_groups_instance() {
+    let ports = [free_port(), free_port()];
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let (dir, data) = temp_dir();
+        let mut config = test_config(&data);
+        config.server.listen = format!("127.0.0.1:{port}");
+        config.server.instance_id = format!("gw-{i}");
+        config.cluster.peers = urls.clone();
+        config.cluster.probe_interval_ms = 100;
+        gateways.push(InProcess::start(config).await);
+        dirs.push(dir);
+    }
+    let mut home = Value::Null;
+    wait_for("both instances name the same home for the group", async || {
+        let (_, a) = get_json(&format!("{}/session/recommend?group=workers", gateways[0].base)).await;
+        let (_, b) = get_json(&format!("{}/session/recommend?group=workers", gateways[1].base)).await;
+        home = a.clone();
+        a == b
+            && a["instance"].is_string()
+            && {
+                let (_, other) = get_json(&format!("{}/session/recommend?client_id=x", gateways[0].base)).await;
+                other["instance"].is_string()
+            }
+            && {
+                // Both peers healthy in both views: each names each at least once among a few groups.
+                let mut named = std::collections::BTreeSet::new();
+                for g in 0..20 {
+                    let (_, r) = get_json(&format!("{}/session/recommend?group=g{g}", gateways[0].base)).await;
+                    named.insert(r["instance"].as_str().unwrap().to_string());
+                }
+                named.len() == 2
+            }
+    })
+    .await;
+    let (status, bad) = get_json(&format!("{}/session/recommend?group=no%23pe", gateways[0].base)).await;
+    assert_eq!((status, bad["error"]["code"].as_str()), (400, Some("invalid_name")));
+    let away = if home["instance"] == "gw-0" { 1 } else { 0 };
+    publish(&gateways[1 - away].base, "t", json!({"payload": 1})).await;
+    let mut member = TestClient::connect(gateways[away].addr(), "m").await;
+    member.send(json!({"op": "subscribe", "topic": "t", "group": "workers", "req": 1})).await;
+    let reconnect = member.recv_type("reconnect").await;
+    assert_eq!(reconnect["instance"], home["instance"], "{reconnect}");
+    assert_eq!(reconnect["ws_url"], home["ws_url"], "{reconnect}");
+    assert_eq!(member.close_code().await, 1012);
+    // At home it joins.
+    let mut member = TestClient::connect(gateways[1 - away].addr(), "m").await;
+    assert_eq!(member.subscribe("t", json!({"group": "workers"})).await["group"], "workers");
+    member.close().await;
+    for gw in gateways {
+        gw.stop().await;
+    }
+}
