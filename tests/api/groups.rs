@@ -328,3 +328,18 @@ async fn a_member_that_subscribes_on_another_instance_is_sent_to_the_groups_inst
         gw.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_five_members_share_keyed_events_each_acked_once_keys_in_order() {
+    let broker = crate::kafka_broker::TestBroker::start();
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.storage.backend = ackgate::config::BackendKind::Kafka;
+    config.kafka.bootstrap_servers = broker.bootstrap();
+    let gw = InProcess::start(config).await;
+    let seen = share(gw.addr(), &gw.base, "kwork", "key", &[Member::Acker; 5], 10_000).await;
+    check_each_event_acked_once(&seen, 10_000);
+    assert!(seen.acked.iter().all(|a| *a > 0), "{:?}", seen.acked);
+    floor_reaches_log_end(&gw.base, "kwork").await;
+    gw.stop().await;
+}

@@ -18,6 +18,7 @@ mod epochs;
 mod errors;
 mod exposure;
 mod groups;
+mod groups_cluster;
 mod js_client;
 mod kafka;
 mod kafka_broker;

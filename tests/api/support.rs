@@ -360,7 +360,11 @@ impl TestClient {
 
     /// `connect` that answers `None` instead of failing (a gateway that may be gone).
     pub async fn try_connect(addr: SocketAddr, client_id: &str) -> Option<Self> {
-        let url = format!("ws://{addr}/ws?client_id={client_id}");
+        Self::try_connect_url(&format!("ws://{addr}/ws?client_id={client_id}")).await
+    }
+
+    /// `connect_url` that answers `None` instead of failing.
+    pub async fn try_connect_url(url: &str) -> Option<Self> {
         let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url)).await.ok()?.ok()?;
         let mut client = Self { conn: Conn::Ws(Box::new(ws)), welcome: Value::Null };
         client.welcome = client.try_recv(WAIT).await.filter(|w| w["type"] == "welcome")?;

@@ -4,7 +4,7 @@
 //! its members' windows together (so that no event waits long at the hub for a member: its ack
 //! timeout runs from when the hub hands it out).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures_util::stream::FuturesUnordered;
@@ -16,7 +16,7 @@ use super::sharing::{Offered, Sharing};
 use super::{Command, GroupView, Groups, HubEnds, MemberLink, MemberView};
 use crate::core::client_state::DeliveryRef;
 use crate::core::names::{GroupName, TopicName};
-use crate::core::protocol::{ErrorCode, FrameError, ShareOrder};
+use crate::core::protocol::{ErrorCode, FrameError, ResumeOffset, ShareOrder, StartFrom};
 use crate::core::session_control::{GroupMessage, SessionControl};
 use crate::core::transport::{Inbound, Outbound};
 use crate::core::window::Window;
@@ -44,6 +44,15 @@ struct Distributor {
     answers: FuturesUnordered<Answer>,
     /// A member joined once: from then on, no members and none joining stops the group.
     joined_once: bool,
+    /// The hub's `subscribe` is on its way (its answer not in).
+    subscribing: bool,
+    /// The resume token the hub subscribed with: per partition the highest its members brought.
+    resumed: BTreeMap<u32, ResumeOffset>,
+    /// A member brought a token above it: the hub subscribes again with it once the current
+    /// `subscribe` is answered.
+    resume_again: bool,
+    /// The first member's `from`: where the hub starts a partition the group has no floor of.
+    from: StartFrom,
 }
 
 pub(super) async fn distribute(
@@ -67,6 +76,10 @@ pub(super) async fn distribute(
         joining: Vec::new(),
         answers: FuturesUnordered::new(),
         joined_once: false,
+        subscribing: false,
+        resumed: BTreeMap::new(),
+        resume_again: false,
+        from: StartFrom::Committed,
     };
     loop {
         tokio::select! {
@@ -106,18 +119,29 @@ pub(super) async fn distribute(
 impl Distributor {
     fn on_command(&mut self, command: Command) {
         match command {
-            Command::Join { link, from, reply } => {
+            Command::Join { link, from, resume, reply } => {
+                if !self.joined_once {
+                    self.from = from;
+                }
                 self.joined_once = true;
-                if let Some(subscribed) = &self.subscribed {
-                    let _ = reply.send(Ok(subscribed.clone()));
-                    self.add_member(link);
-                    return;
+                // A member's token above where the hub started (it was told a floor this
+                // instance did not store: another instance served the group before it died)
+                // moves the hub there: it subscribes again, with the higher token.
+                let higher = self.merge_resume(&resume);
+                match (&self.subscribed, higher) {
+                    (Some(subscribed), false) => {
+                        let _ = reply.send(Ok(subscribed.clone()));
+                        self.add_member(link);
+                    }
+                    _ => {
+                        self.joining.push((link, reply));
+                        if self.subscribing {
+                            self.resume_again |= higher;
+                        } else {
+                            self.subscribe_hub();
+                        }
+                    }
                 }
-                if self.joining.is_empty() {
-                    let frame = json!({"op": "subscribe", "topic": self.topic.as_str(), "from": from.to_json()}).to_string();
-                    self.ask(Asker::Subscribe, vec![frame]);
-                }
-                self.joining.push((link, reply));
             }
             Command::Leave { member } => {
                 let Some(link) = self.members.remove(&member) else {
@@ -158,6 +182,29 @@ impl Distributor {
         }
     }
 
+    /// Takes the higher of each partition's offsets (by epoch, then offset) into the hub's token;
+    /// true when any rose.
+    fn merge_resume(&mut self, resume: &BTreeMap<u32, ResumeOffset>) -> bool {
+        let mut higher = false;
+        for (partition, token) in resume {
+            let known = self.resumed.entry(*partition).or_insert(ResumeOffset { offset: 0, epoch: 0 });
+            if (token.epoch, token.offset) > (known.epoch, known.offset) {
+                *known = *token;
+                higher = true;
+            }
+        }
+        higher
+    }
+
+    /// The hub's `subscribe` (again): from the first member's `from`, with the highest token.
+    fn subscribe_hub(&mut self) {
+        let resume: BTreeMap<String, u64> = self.resumed.iter().map(|(p, t)| (p.to_string(), t.offset)).collect();
+        let epochs: BTreeMap<String, u64> = self.resumed.iter().map(|(p, t)| (p.to_string(), t.epoch)).collect();
+        let frame = json!({"op": "subscribe", "topic": self.topic.as_str(), "from": self.from.to_json(), "resume": resume, "epochs": epochs});
+        self.subscribing = true;
+        self.ask(Asker::Subscribe, vec![frame.to_string()]);
+    }
+
     fn add_member(&mut self, link: MemberLink) {
         tracing::debug!(topic = %self.topic, group = %self.group, session_id = %link.session_id, client_id = %link.client_id, "member joined its group");
         self.sharing.join(link.member, link.capacity);
@@ -195,6 +242,11 @@ impl Distributor {
                 }
             }
             Asker::Subscribe => {
+                self.subscribing = false;
+                if std::mem::take(&mut self.resume_again) {
+                    self.subscribe_hub();
+                    return;
+                }
                 let parsed: Vec<Value> = frames.iter().filter_map(|f| serde_json::from_str(f).ok()).collect();
                 match parsed.iter().find(|f| f["type"] == "subscribed") {
                     Some(subscribed) => {

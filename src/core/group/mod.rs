@@ -14,7 +14,7 @@
 //! deliveries released, its acks durable), and the next member starts it again from the group's
 //! stored floor.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use super::client_state::DeliveryRef;
 use super::names::{ClientId, GroupName, TopicName};
-use super::protocol::{ErrorCode, FrameError, ShareOrder, StartFrom};
+use super::protocol::{ErrorCode, FrameError, ResumeOffset, ShareOrder, StartFrom};
 use super::session_control::ControlInbox;
 use super::transport::{Inbound, Outbound};
 use super::window::Window;
@@ -67,9 +67,12 @@ pub struct MemberLink {
 
 /// A member's word to its group.
 pub(crate) enum Command {
+    /// `resume`: the group's floor as the member was last told it (its `ack_ok`s), a token
+    /// that carries the group's progress from an instance that died to the next.
     Join {
         link: MemberLink,
         from: StartFrom,
+        resume: BTreeMap<u32, ResumeOffset>,
         reply: oneshot::Sender<Result<Value, FrameError>>,
     },
     Leave {
@@ -144,6 +147,7 @@ impl Groups {
         group: &GroupName,
         order: ShareOrder,
         from: StartFrom,
+        resume: &BTreeMap<u32, ResumeOffset>,
         link: MemberLink,
     ) -> Result<(GroupHandle, Value), FrameError> {
         // A hub that ends while a member joins answers nothing: the member tries the next one.
@@ -156,7 +160,7 @@ impl Groups {
                 ));
             }
             let (reply, answer) = oneshot::channel();
-            if handle.commands.send(Command::Join { link: link.clone(), from, reply }).is_err() {
+            if handle.commands.send(Command::Join { link: link.clone(), from, resume: resume.clone(), reply }).is_err() {
                 self.forget(topic, group, handle.generation);
                 continue;
             }

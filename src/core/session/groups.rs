@@ -3,6 +3,7 @@
 //! extends and terms of those deliveries to the group instead of settling them itself. The
 //! group's progress is its hub's; this session only holds the delivery ids it was given.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use crate::core::client_state::DeliveryRef;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::group::{GroupHandle, HubEnds, HubStarter, MemberLink, Settled};
 use crate::core::names::{ClientId, GroupName, TopicName};
-use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, ServerFrame, StartFrom};
+use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, ResumeOffset, ServerFrame, StartFrom};
 use crate::core::session_control::GroupMessage;
 use crate::core::session_registry::Transport;
 use crate::core::transport::{Inbound, Outbound};
@@ -56,7 +57,14 @@ impl Session {
     /// `subscribe` with `group`: joins the group on this topic (a direct subscription of the
     /// topic, or another group's, is replaced). A group that lives on another instance of the
     /// cluster sends the session there: `reconnect` naming it, then 1012.
-    pub(super) async fn subscribe_group(&mut self, topic: &str, from: StartFrom, join: GroupJoin, req: Option<Value>) -> Result<(), FrameError> {
+    pub(super) async fn subscribe_group(
+        &mut self,
+        topic: &str,
+        from: StartFrom,
+        resume: &BTreeMap<u32, ResumeOffset>,
+        join: GroupJoin,
+        req: Option<Value>,
+    ) -> Result<(), FrameError> {
         let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
         let group = GroupName::parse(&join.name).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
         if !self.access.allows(topic.as_str()) {
@@ -87,7 +95,7 @@ impl Session {
             capacity: self.d.settings.max_in_flight,
         };
         let groups = self.d.groups.clone();
-        let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, link).await?;
+        let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, resume, link).await?;
         subscribed["group"] = Value::from(group.as_str());
         match req {
             Some(req) => subscribed["req"] = req,

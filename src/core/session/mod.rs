@@ -679,8 +679,8 @@ impl Session {
             }
         };
         let result = match frame {
-            ClientFrame::Subscribe { topic, from, group: Some(join), req, .. } => {
-                self.subscribe_group(&topic, from, join, req.clone()).await.map_err(|e| e.with_req(req))
+            ClientFrame::Subscribe { topic, from, resume, group: Some(join), req } => {
+                self.subscribe_group(&topic, from, &resume, join, req.clone()).await.map_err(|e| e.with_req(req))
             }
             ClientFrame::Subscribe { topic, from, resume, group: None, req } => {
                 self.subscribe(&topic, from, &resume, req.clone()).await.map_err(|e| e.with_req(req))
