@@ -424,7 +424,8 @@ export class AckgateClient {
    */
   #streamSubscribes(query) {
     const fromOf = ([, options]) => options.from ?? "committed";
-    const entries = [...this.subscriptions];
+    // Shared subscriptions are joined by POST (the stream's URL subscribes topics directly).
+    const entries = [...this.subscriptions].filter(([, options]) => !options.group);
     const from = entries.map(fromOf).find((f) => typeof f === "string");
     if (from === undefined) return;
     const topics = entries.filter((entry) => fromOf(entry) === from).map(([topic]) => topic);
@@ -463,7 +464,9 @@ export class AckgateClient {
       if (this.closedHere) break;
       let url = this.url;
       try {
-        const { named, answered } = await this.#recommended();
+        const sentTo = this.reconnectUrl;
+        this.reconnectUrl = undefined;
+        const { named, answered } = sentTo ? { named: sentTo, answered: sentTo } : await this.#recommended();
         url = named;
         this.options.onReconnect?.({ attempt, delayMs, url });
         let welcome;
@@ -507,7 +510,9 @@ export class AckgateClient {
 
   /** The /ws URL the first instance that answers `/session/recommend` names, and its own. */
   async #recommended() {
-    const query = new URLSearchParams({ client_id: this.options.clientId });
+    // A member of a shared subscription goes where its group lives.
+    const group = [...this.subscriptions.values()].find((o) => o.group)?.group;
+    const query = new URLSearchParams(group ? { group } : { client_id: this.options.clientId });
     for (const base of [...this.known]) {
       try {
         const response = await fetch(`${base}/session/recommend?${query}`, { signal: AbortSignal.timeout(2000) });
@@ -526,12 +531,15 @@ export class AckgateClient {
    * Subscribes; remembered, so a reconnect subscribes again (with a resume token). Without an
    * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
    */
-  async subscribe(topic, { from, resume, epochs } = {}) {
+  async subscribe(topic, { from, resume, epochs, group, order } = {}) {
     // Events that arrive before `events()` is iterated (during a second subscribe, say) wait
     // for it instead of coming back only after the ack timeout.
     this.buffering = true;
     const frame = { op: "subscribe", topic };
     if (from) frame.from = from;
+    // A shared subscription: its token (from `ack_ok`s) is the group's floor, kept per topic.
+    if (group) frame.group = group;
+    if (order) frame.order = order;
     const token = resume ?? (this.options.storage ? this.committed[topic] : undefined);
     if (token && Object.keys(token).length > 0) {
       frame.resume = token;
@@ -539,13 +547,15 @@ export class AckgateClient {
       frame.epochs = Object.fromEntries(Object.keys(token).filter((p) => known[p]).map((p) => [p, known[p]]));
     }
     const subscribed = await this.#request(frame);
-    this.#subscribed(topic, from, subscribed);
+    this.#subscribed(topic, from, subscribed, { group, order });
     return subscribed;
   }
 
   /** Remembers a subscription and where each of its partitions starts. */
-  #subscribed(topic, from, subscribed) {
-    this.subscriptions.set(topic, from ? { from } : {});
+  #subscribed(topic, from, subscribed, { group, order } = {}) {
+    const options = from ? { from } : {};
+    if (group) Object.assign(options, order ? { group, order } : { group });
+    this.subscriptions.set(topic, options);
     for (const { partition, from: start, epoch } of subscribed.partitions || []) this.#learn(topic, partition, start, epoch ?? 0, true);
     this.#saveToken();
   }
@@ -893,6 +903,8 @@ export class AckgateClient {
       // The instance drains: it sends no new event and closes once what this client acked is
       // confirmed (server.drain_settle_ms), so the token taken elsewhere covers those acks.
       this.reconnectAfterMs = frame.after_ms;
+      // A shared subscription's member sent to the instance its group lives on.
+      if (frame.ws_url) this.reconnectUrl = frame.ws_url;
       this.draining = true;
       this.#confirmNow();
       return;

@@ -36,6 +36,8 @@ export interface SubscribedFrame {
   type: "subscribed";
   topic: string;
   req?: string | number;
+  /** The shared subscription joined (`subscribe` with `group`). */
+  group?: string;
   /** `epoch`: the partition's offset epoch; a token is trusted above the stored offset only within it. */
   partitions: { partition: number; from: number; epoch: number; gap?: { from: number; to: number } }[];
 }
@@ -105,7 +107,7 @@ export type ServerFrame =
   | { type: "unsubscribed"; topic: string; req?: string | number }
   | { type: "pong"; req?: string | number }
   | { type: "gap"; topic: string; partition: number; from: number; to: number }
-  | { type: "reconnect"; after_ms: number };
+  | { type: "reconnect"; after_ms: number; instance?: string; ws_url?: string };
 
 /**
  * How the client reaches its session: a WebSocket (the default), Server-Sent Events (`GET /sse`
@@ -195,7 +197,8 @@ export declare class AckgateClient {
   welcome: WelcomeFrame | null;
   /** Opens the session over the `transport`; resolves with its welcome (`ack_url` set when SSE carries it). */
   connect(): Promise<WelcomeFrame>;
-  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken; epochs?: ResumeToken }): Promise<SubscribedFrame>;
+  /** `group`: join that shared subscription of the topic (each event goes to one member); `order: "key"` keeps each key at one member at a time, in offset order. */
+  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken; epochs?: ResumeToken; group?: string; order?: "none" | "key" }): Promise<SubscribedFrame>;
   unsubscribe(topic: string): Promise<{ type: "unsubscribed"; topic: string }>;
   /** Plain by default; `{confirm: true}` resolves with `ack_ok` once the offsets are durable. */
   ack(ids: string | string[], options?: { confirm?: boolean }): Promise<AckOkFrame | void>;

@@ -343,3 +343,69 @@ async fn on_kafka_five_members_share_keyed_events_each_acked_once_keys_in_order(
     floor_reaches_log_end(&gw.base, "kwork").await;
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_closes_releases_its_events_to_the_others_at_once() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await; // ack timeout 30 s: the release is not it
+    let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": "leave", "partitions": 1})).await;
+    assert_eq!(status, 200);
+    let mut one = TestClient::connect(gw.addr(), "one").await;
+    let mut two = TestClient::connect(gw.addr(), "two").await;
+    one.subscribe("leave", json!({"group": "g", "order": "key"})).await;
+    two.subscribe("leave", json!({"group": "g", "order": "key"})).await;
+    let events: Vec<Value> = (0..10).map(|i| json!({"partition": 0, "key": format!("k{}", i % 4), "payload": i})).collect();
+    post_json(&format!("{}/topics/leave/events", gw.base), json!({ "events": events })).await;
+    let mut got_one = Vec::new();
+    while let Some(event) = one.try_recv(Duration::from_millis(300)).await.filter(|f| f["type"] == "event") {
+        got_one.push(event["offset"].as_u64().unwrap());
+    }
+    assert!(!got_one.is_empty(), "member one got a share");
+    one.close().await;
+    let mut got_two = BTreeMap::new();
+    while got_two.len() < 10 {
+        let event = two.recv_type("event").await;
+        got_two.insert(event["offset"].as_u64().unwrap(), event["attempt"].as_u64().unwrap());
+    }
+    for offset in got_one {
+        assert_eq!(got_two[&offset], 2, "{offset} came again, released by the member's end");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_published_as_a_member_closes_reach_the_others_at_once() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": "closing", "partitions": 1})).await;
+    assert_eq!(status, 200);
+    let mut one = TestClient::connect(gw.addr(), "one").await;
+    let mut two = TestClient::connect(gw.addr(), "two").await;
+    one.subscribe("closing", json!({"group": "g", "order": "key"})).await;
+    two.subscribe("closing", json!({"group": "g", "order": "key"})).await;
+    for round in 0..20 {
+        let events: Vec<Value> = (0..4).map(|i| json!({"partition": 0, "key": format!("k{i}"), "payload": i})).collect();
+        post_json(&format!("{}/topics/closing/events", gw.base), json!({ "events": events })).await;
+        let mut got = 0;
+        while got < 4 {
+            let (mut a, mut b) = (one.try_recv(Duration::from_millis(50)).await, two.try_recv(Duration::from_millis(50)).await);
+            for (client, frame) in [(&mut one, a.take()), (&mut two, b.take())] {
+                if let Some(event) = frame.filter(|f| f["type"] == "event") {
+                    got += 1;
+                    client.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+                }
+            }
+        }
+        assert_eq!(got, 4, "round {round}");
+    }
+    one.close().await;
+    let events: Vec<Value> = (0..4).map(|i| json!({"partition": 0, "key": format!("k{i}"), "payload": i})).collect();
+    post_json(&format!("{}/topics/closing/events", gw.base), json!({ "events": events })).await;
+    let mut offsets = Vec::new();
+    while offsets.len() < 4 {
+        offsets.push(two.recv_type("event").await["offset"].as_u64().unwrap());
+    }
+    offsets.sort();
+    assert_eq!(offsets, vec![80, 81, 82, 83]);
+    gw.stop().await;
+}

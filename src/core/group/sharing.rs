@@ -11,6 +11,7 @@
 //!   key stays with its member while it lives and has room, and moves when it has none left.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
 use crate::core::client_state::DeliveryRef;
 use crate::core::protocol::ShareOrder;
@@ -20,6 +21,11 @@ pub type MemberId = u64;
 
 /// Keys remembered with no event in flight (for stickiness) before the idle ones are forgotten.
 const IDLE_KEYS_KEPT: usize = 100_000;
+
+/// How long a key's later events wait for an earlier one released to the hub (a member's end, a
+/// nack) to come back: longer, and they go on (a nack's long `delay_ms`, an event the hub made a
+/// dead letter instead).
+const RETURN_WAIT: Duration = Duration::from_secs(30);
 
 /// An event of the hub waiting for a member.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,11 +90,24 @@ pub struct Sharing {
     keys: HashMap<String, KeyHold>,
     /// The member an event was last taken from: it goes to another one when it can.
     avoid: HashMap<(u32, u64), MemberId>,
+    /// With `order: key`: per key, its events released to the hub and not offered again yet (and
+    /// since when): the key's later events wait for them, so that a key's events reach members
+    /// in offset order even when the hub redelivers them in another.
+    returning: HashMap<String, Vec<((u32, u64), Instant)>>,
 }
 
 impl Sharing {
     pub fn new(order: ShareOrder) -> Self {
-        Self { order, members: Vec::new(), cursor: 0, waiting: VecDeque::new(), out: HashMap::new(), keys: HashMap::new(), avoid: HashMap::new() }
+        Self {
+            order,
+            members: Vec::new(),
+            cursor: 0,
+            waiting: VecDeque::new(),
+            out: HashMap::new(),
+            keys: HashMap::new(),
+            avoid: HashMap::new(),
+            returning: HashMap::new(),
+        }
     }
 
     pub fn order(&self) -> ShareOrder {
@@ -115,6 +134,7 @@ impl Sharing {
         for event in events {
             let held = self.out.remove(&event).expect("listed above");
             self.avoid.insert(event, member);
+            self.await_return(event, held.key.as_deref());
             released.push(held.delivery);
         }
         self.keys.retain(|_, hold| hold.member != member);
@@ -126,6 +146,14 @@ impl Sharing {
     /// replaces its older delivery in the queue.
     pub fn offer(&mut self, offered: Offered) -> Option<TakenBack> {
         let event = offered.event();
+        if let Some(key) = offered.key.as_ref().filter(|_| self.order == ShareOrder::Key) {
+            if let Some(returning) = self.returning.get_mut(key) {
+                returning.retain(|(e, _)| *e != event);
+                if returning.is_empty() {
+                    self.returning.remove(key);
+                }
+            }
+        }
         if let Some(waiting) = self.waiting.iter_mut().find(|w| w.event() == event) {
             *waiting = offered;
             return None;
@@ -135,8 +163,28 @@ impl Sharing {
             self.avoid.insert(event, held.member);
             TakenBack { member: held.member, delivery: held.delivery }
         });
-        self.waiting.push_back(offered);
+        // In offset order per partition, redeliveries among first deliveries.
+        let at = self.waiting.partition_point(|w| w.event() < event);
+        self.waiting.insert(at, offered);
         taken
+    }
+
+    /// A keyed event went back to the hub: its key's later events wait until it is offered again.
+    fn await_return(&mut self, event: (u32, u64), key: Option<&str>) {
+        if let Some(key) = key.filter(|_| self.order == ShareOrder::Key) {
+            self.returning.entry(key.to_string()).or_default().push((event, Instant::now()));
+        }
+    }
+
+    /// True when an earlier event of `key` in `event`'s partition is on its way back from the hub.
+    fn behind_returning(&mut self, key: &str, event: (u32, u64)) -> bool {
+        let Some(returning) = self.returning.get_mut(key) else { return false };
+        returning.retain(|(_, since)| since.elapsed() < RETURN_WAIT);
+        if returning.is_empty() {
+            self.returning.remove(key);
+            return false;
+        }
+        returning.iter().any(|((partition, offset), _)| *partition == event.0 && *offset < event.1)
     }
 
     /// A member settled `delivery` (any delivery of the event it holds: a late ack of an older
@@ -155,6 +203,7 @@ impl Sharing {
             }
             Settled::Released => {
                 self.avoid.insert(event, member);
+                self.await_return(event, held.key.as_deref());
             }
         }
         true
@@ -188,7 +237,7 @@ impl Sharing {
                 ShareOrder::None => None,
             };
             let target = match &key {
-                Some(key) if blocked.contains(key) => None,
+                Some(key) if blocked.contains(key) || self.behind_returning(key, event) => None,
                 Some(key) => match self.keys.get(key) {
                     // Its member alone, while it holds events of the key.
                     Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
@@ -348,5 +397,31 @@ mod tests {
         assert_eq!(given, vec![(1, 0), (2, 2)]);
         assert!(s.settle(1, DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 0 }, Settled::Done));
         assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn a_keys_released_events_come_back_before_its_later_ones_whatever_order_the_hub_sends_them() {
+        let mut s = Sharing::new(ShareOrder::Key);
+        s.join(1, 10);
+        s.join(2, 10);
+        for offset in [40, 44, 48] {
+            s.offer(offered(offset, 0, offset, Some("k0")));
+        }
+        let first: Vec<MemberId> = s.assign().iter().map(|(m, _)| *m).collect();
+        assert!(first.iter().all(|m| *m == first[0]), "one member holds the key: {first:?}");
+        let other = if first[0] == 1 { 2 } else { 1 };
+        assert_eq!(s.leave(first[0]).len(), 3);
+        // The hub sends the released ones back out of order: 48 and 44 wait for 40.
+        s.offer(offered(101, 0, 48, Some("k0")));
+        s.offer(offered(102, 0, 44, Some("k0")));
+        assert!(s.assign().is_empty(), "40 is still on its way back");
+        s.offer(offered(103, 0, 40, Some("k0")));
+        let order: Vec<(MemberId, u64)> = s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect();
+        assert_eq!(order, vec![(other, 40), (other, 44), (other, 48)]);
+        // A nacked one holds its key's later ones back the same way.
+        assert!(s.settle(other, DeliveryRef { seq: 103, slot: 0, partition: 0, offset: 40 }, Settled::Released));
+        s.offer(offered(104, 0, 52, Some("k0")));
+        let given: Vec<u64> = s.assign().iter().map(|(_, o)| o.delivery.offset).collect();
+        assert!(given.is_empty(), "52 waits for 40: {given:?}");
     }
 }

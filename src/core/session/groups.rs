@@ -3,7 +3,7 @@
 //! extends and terms of those deliveries to the group instead of settling them itself. The
 //! group's progress is its hub's; this session only holds the delivery ids it was given.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -29,6 +29,35 @@ pub(super) struct Memberships {
     /// Each group delivery the session holds, with the topic of its group: acks of these ids go
     /// to the group.
     held: FastMap<DeliveryRef, TopicName>,
+    /// Group deliveries acked lately (at most `RECENT_KEPT`, oldest first out): an ack of one
+    /// again (a client confirming what it acked plainly, with `req`) goes to the group too,
+    /// whose answer is the no-op success with its floor.
+    recent: FastMap<DeliveryRef, TopicName>,
+    recent_order: VecDeque<DeliveryRef>,
+}
+
+/// Acked group deliveries a member remembers (`Memberships::recent`).
+const RECENT_KEPT: usize = 4096;
+
+impl Memberships {
+    /// The group topic of a delivery the session holds, or acked lately (`settled`: taken out of
+    /// what it holds and remembered as acked).
+    fn topic_of(&mut self, delivery: &DeliveryRef, settled: bool) -> Option<TopicName> {
+        if let Some(topic) = self.held.get(delivery).cloned() {
+            if settled {
+                self.held.remove(delivery);
+                self.recent.insert(*delivery, topic.clone());
+                self.recent_order.push_back(*delivery);
+                if self.recent_order.len() > RECENT_KEPT {
+                    if let Some(oldest) = self.recent_order.pop_front() {
+                        self.recent.remove(&oldest);
+                    }
+                }
+            }
+            return Some(topic);
+        }
+        self.recent.get(delivery).cloned()
+    }
 }
 
 /// Starts hubs as sessions of this gateway (`HubStarter`).
@@ -123,6 +152,8 @@ impl Session {
         let Some((_, handle)) = groups.joined.remove(topic) else { return false };
         handle.leave(self.info.number);
         groups.held.retain(|_, t| t != topic);
+        groups.recent.retain(|_, t| t != topic);
+        groups.recent_order.retain(|d| groups.recent.contains_key(d));
         self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
         true
     }
@@ -180,7 +211,7 @@ impl Session {
         let mut own = Vec::new();
         let mut by_topic: FastMap<TopicName, Vec<DeliveryRef>> = FastMap::default();
         for id in ids {
-            match DeliveryRef::parse(id.as_ref()).and_then(|d| groups.held.remove(&d).map(|topic| (d, topic))) {
+            match DeliveryRef::parse(id.as_ref()).and_then(|d| groups.topic_of(&d, true).map(|topic| (d, topic))) {
                 Some((delivery, topic)) => by_topic.entry(topic).or_default().push(delivery),
                 None => own.push(id.as_ref().to_string()),
             }
