@@ -58,6 +58,9 @@ struct Member {
     held: usize,
 }
 
+/// An event `(partition, offset)` released to the hub, and since when.
+type Returning = ((u32, u64), Instant);
+
 #[derive(Debug)]
 struct Held {
     member: MemberId,
@@ -93,7 +96,7 @@ pub struct Sharing {
     /// With `order: key`: per key, its events released to the hub and not offered again yet (and
     /// since when): the key's later events wait for them, so that a key's events reach members
     /// in offset order even when the hub redelivers them in another.
-    returning: HashMap<String, Vec<((u32, u64), Instant)>>,
+    returning: HashMap<String, Vec<Returning>>,
 }
 
 impl Sharing {
