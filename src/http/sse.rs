@@ -30,7 +30,7 @@ use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::dispatcher::Dispatcher;
-use crate::core::names::{ClientId, OffsetKey, TopicName};
+use crate::core::names::{ClientId, GroupName, OffsetKey, TopicName};
 use crate::core::protocol::{close_code, ErrorCode, ResumeOffset};
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
@@ -88,6 +88,8 @@ impl Drop for Listed {
     params(
         ("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("topics" = Option<String>, Query, description = "topics to subscribe to at once, comma-separated"),
+        ("group" = Option<String>, Query, description = "join this shared subscription of each of the topics (event ids are then the group's floor)", pattern = r"^[A-Za-z0-9._-]{1,249}$"),
+        ("order" = Option<String>, Query, description = "with group: none (default) or key"),
         ("from" = Option<String>, Query, description = "committed (default), earliest or latest: where a partition without a stored offset or token starts; only for topics the resume token does not name"),
         ("resume" = Option<String>, Query, description = "a resume token (an event's id); the Last-Event-ID header wins"),
         ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)"),
@@ -124,6 +126,12 @@ fn start(
     let client_id = super::required_client_id(&query).map_err(|e| Box::new(e.into_response()))?;
     let access = session_access(&app.config.auth, query.get("token").map(String::as_str), headers, &client_id).map_err(|e| Box::new(e.into_response()))?;
     let subscribes = initial_subscribes(&query, headers).map_err(|e| Box::new(e.into_response()))?;
+    // With `group=`, the stream's topics are that shared subscription's, and its events' ids are
+    // the group's floor (what a member resumes the group with).
+    let token_identity = match query.get("group").filter(|g| !g.is_empty()) {
+        Some(group) => ClientId::of_group(&GroupName::parse(group).map_err(|e| Box::new(ApiError::invalid_name(e.0).into_response()))?),
+        None => client_id.clone(),
+    };
     if app.dispatcher.draining.is_cancelled() {
         return Err(Box::new(super::ws::draining(&app.config)));
     }
@@ -158,6 +166,7 @@ fn start(
         info,
         frames: outbound_rx,
         alive: inbound_tx,
+        token_identity,
         token: None,
         keepalive: tokio::time::interval_at(
             tokio::time::Instant::now() + Duration::from_millis(app.config.server.sse_keepalive_ms),
@@ -190,6 +199,11 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
         Some(text) => decode_resume_token(text)?,
         None => BTreeMap::new(),
     };
+    let group = query.get("group").filter(|g| !g.is_empty());
+    let order = query.get("order").filter(|o| !o.is_empty());
+    if order.is_some() && group.is_none() {
+        return Err(ApiError::bad_request("order is a field of a shared subscription: it needs group"));
+    }
     let mut frames = Vec::new();
     let mut named = std::collections::HashSet::new();
     // Each topic once: a URL naming one over and over would re-plan it as many times.
@@ -203,6 +217,13 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
             }
             None => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
         };
+        let mut frame = frame;
+        if let Some(group) = group {
+            frame["group"] = json!(group);
+        }
+        if let Some(order) = order {
+            frame["order"] = json!(order);
+        }
         frames.push(frame.to_string());
     }
     Ok(frames)
@@ -261,6 +282,8 @@ struct StreamWriter {
     /// itself is how an SSE peer is known to be there (a write to a gone peer drops the body).
     alive: mpsc::Sender<Inbound>,
     keepalive: tokio::time::Interval,
+    /// Whose offsets the resume token holds: the client's, or its group's (`group=`).
+    token_identity: ClientId,
     /// The last resume token, when it was read and for which subscriptions.
     token: Option<CachedToken>,
     ended: bool,
@@ -383,7 +406,7 @@ impl StreamWriter {
                 }
             };
             for partition in 0..partitions {
-                match self.d.store.read(&OffsetKey::new(topic.clone(), self.info.client_id.clone(), partition)) {
+                match self.d.store.read(&OffsetKey::new(topic.clone(), self.token_identity.clone(), partition)) {
                     Ok(Some(record)) => {
                         offsets.insert(partition.to_string(), ResumeOffset { offset: record.committed, epoch: record.epoch }.into());
                     }

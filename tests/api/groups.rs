@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -407,5 +408,49 @@ async fn events_published_as_a_member_closes_reach_the_others_at_once() {
     }
     offsets.sort();
     assert_eq!(offsets, vec![80, 81, 82, 83]);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_member_joins_with_group_in_its_url_and_its_event_ids_carry_the_groups_floor() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": "ssegroup", "partitions": 1})).await;
+    assert_eq!(status, 200);
+    let status = http().get(format!("{}/sse?client_id=s&topics=ssegroup&order=key", gw.base)).send().await.unwrap().status().as_u16();
+    assert_eq!(status, 400, "order without group");
+    let mut sse = TestClient::connect_sse(gw.addr(), "s", "topics=ssegroup&group=g&order=key", &[]).await;
+    let subscribed = sse.recv_type("subscribed").await;
+    assert_eq!(subscribed["group"], "g", "{subscribed}");
+    let mut ws = TestClient::connect(gw.addr(), "w").await;
+    ws.subscribe("ssegroup", json!({"group": "g", "order": "key"})).await;
+    let events: Vec<Value> = (0..20).map(|i| json!({"partition": 0, "key": format!("k{}", i % 2), "payload": i})).collect();
+    post_json(&format!("{}/topics/ssegroup/events", gw.base), json!({ "events": events })).await;
+    let (mut over_sse, mut over_ws) = (0, 0);
+    while over_sse + over_ws < 20 {
+        if let Some(event) = sse.try_recv(Duration::from_millis(50)).await.filter(|f| f["type"] == "event") {
+            sse.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+            over_sse += 1;
+        }
+        if let Some(event) = ws.try_recv(Duration::from_millis(50)).await.filter(|f| f["type"] == "event") {
+            ws.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+            over_ws += 1;
+        }
+    }
+    assert!(over_sse > 0 && over_ws > 0, "both members got a share: {over_sse} {over_ws}");
+    floor_reaches_log_end(&gw.base, "ssegroup").await;
+    // The next event's id is the group's floor, not the SSE client's own (it has none).
+    post_json(
+        &format!("{}/topics/ssegroup/events", gw.base),
+        json!({"events": [{"partition": 0, "key": "k0", "payload": 20}, {"partition": 0, "key": "k1", "payload": 21}]}),
+    )
+    .await;
+    wait_for("an event id naming the group's floor", async || {
+        let _ = sse.try_recv(Duration::from_millis(100)).await;
+        let Some(token) = sse.sse().last_event_id.clone() else { return false };
+        let decoded: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap()).unwrap();
+        decoded["ssegroup"]["0"] == 20
+    })
+    .await;
     gw.stop().await;
 }
