@@ -69,7 +69,19 @@ pub struct ConsumerPlan {
     /// Counts consumers whose `subscribed` arrived (a start at `latest` must be in place before
     /// the publisher begins, or the first events fall before it).
     pub subscribed: Arc<AtomicU64>,
+    /// A member of this shared subscription: it stops once the members together received
+    /// `expect` first deliveries (counted in `SharedPlan::first_deliveries`).
+    pub group: Option<SharedPlan>,
 }
+
+/// What the members of a `--group` run share.
+pub struct SharedPlan {
+    pub name: String,
+    pub first_deliveries: Arc<AtomicU64>,
+}
+
+/// How often a member that waits for a frame looks whether the group is done.
+const MEMBER_CHECK: Duration = Duration::from_millis(100);
 
 pub struct ConsumerResult {
     pub received: Received,
@@ -349,7 +361,11 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
     if let Some(from) = plan.from {
         subscribe["from"] = json!(from);
     }
+    if let Some(group) = &plan.group {
+        subscribe["group"] = json!(group.name);
+    }
     ws.send(subscribe.to_string()).await?;
+    let group_done = || plan.group.as_ref().is_some_and(|g| g.first_deliveries.load(Ordering::Relaxed) >= plan.expect);
     let mut pending_ids: Vec<String> = Vec::new();
     // Confirmed mode: the ack waiting for its ack_ok, and when it was sent.
     let mut awaiting: Option<(u64, Instant)> = None;
@@ -358,7 +374,16 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
     let mut retries_here = 0u32;
     loop {
         let acked_before = received.acked;
-        let message = ws.recv().await.with_context(|| format!("{}: reading", plan.client_id))?;
+        let message = match &plan.group {
+            None => ws.recv().await,
+            // A member may get nothing more: the others took the rest.
+            Some(_) => match tokio::time::timeout(MEMBER_CHECK, ws.recv()).await {
+                Ok(message) => message,
+                Err(_) if group_done() && awaiting.is_none() && unsent.is_empty() => break,
+                Err(_) => continue,
+            },
+        }
+        .with_context(|| format!("{}: reading", plan.client_id))?;
         let mut batch = vec![message];
         while let Some(more) = ws.recv().now_or_never() {
             batch.push(more?);
@@ -384,6 +409,8 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
                     received.deliveries += 1;
                     if event.attempt > 1 {
                         received.redeliveries += 1;
+                    } else if let Some(group) = &plan.group {
+                        group.first_deliveries.fetch_add(1, Ordering::Relaxed);
                     }
                     received.offsets.entry(event.partition).or_default().insert(event.offset);
                     if received.deliveries <= plan.skip_acks {
@@ -406,6 +433,8 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
                     received.deliveries += 1;
                     if frame.attempt > 1 {
                         received.redeliveries += 1;
+                    } else if let Some(group) = &plan.group {
+                        group.first_deliveries.fetch_add(1, Ordering::Relaxed);
                     }
                     received.offsets.entry(frame.partition).or_default().insert(frame.offset);
                     if let (Some(since), Some(Paced { t: Some(t) })) = (plan.paced_since, &frame.payload) {
@@ -477,7 +506,11 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
             // Progress counts acks sent (confirmed mode counts ack_ok answers as they come).
             plan.progress.fetch_add(received.acked - acked_before, Ordering::Relaxed);
         }
-        let done = received.distinct() >= plan.expect && (plan.mode != AckMode::Confirmed || (awaiting.is_none() && unsent.is_empty()));
+        let received_all = match &plan.group {
+            Some(_) => group_done(),
+            None => received.distinct() >= plan.expect,
+        };
+        let done = received_all && (plan.mode != AckMode::Confirmed || (awaiting.is_none() && unsent.is_empty()));
         if done {
             break;
         }

@@ -60,6 +60,10 @@ pub struct Cli {
     /// Every client reads the same topic (each receives every event).
     #[arg(long)]
     pub fanout: bool,
+    /// N members of one shared subscription (`group`) share one topic's `--events`, each event
+    /// to one of them (instead of `--clients` split or fan-out); over WebSockets.
+    #[arg(long, conflicts_with_all = ["fanout", "broadcast", "instances", "lite", "rate", "behind"])]
+    pub group: Option<usize>,
     /// Events published in total (split) or to the one topic (fan-out).
     #[arg(long, default_value_t = 200_000)]
     pub events: u64,

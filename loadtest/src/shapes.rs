@@ -17,6 +17,9 @@ use crate::Cli;
 /// Events per publish request while preloading.
 const PUBLISH_BATCH: u64 = 1000;
 
+/// The shared subscription of a `--group` run.
+const GROUP: &str = "lt";
+
 struct Http {
     client: reqwest::Client,
     base: String,
@@ -227,7 +230,10 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let run = format!("lt{}r{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let clients: Vec<String> = (0..cli.clients).map(|i| format!("{run}-c{i}")).collect();
     // (topic, its clients, events to publish there)
-    let assignments: Vec<(String, Vec<String>, u64)> = if cli.fanout {
+    let assignments: Vec<(String, Vec<String>, u64)> = if let Some(members) = cli.group {
+        let members: Vec<String> = (0..members).map(|i| format!("{run}-m{i}")).collect();
+        vec![(format!("{run}-grp"), members, cli.events)]
+    } else if cli.fanout {
         vec![(format!("{run}-fan"), clients.clone(), cli.events)]
     } else {
         let per = cli.events / cli.clients as u64;
@@ -247,6 +253,8 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             cli.clients,
             cli.partitions
         )
+    } else if let Some(members) = cli.group {
+        format!("group of {members} members, {} events, {} partitions, {}-byte payloads, ack {:?}", cli.events, cli.partitions, cli.payload_bytes, cli.ack)
     } else {
         format!(
             "{} {} clients, {} events, {} partitions, {}-byte payloads, ack {:?}",
@@ -298,7 +306,11 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     }
     drop(connecting);
     let acked = Arc::new(AtomicU64::new(0));
-    let deliveries_expected: u64 = assignments.iter().map(|(_, readers, count)| readers.len() as u64 * count).sum();
+    let deliveries_expected: u64 = match cli.group {
+        Some(_) => cli.events,
+        None => assignments.iter().map(|(_, readers, count)| readers.len() as u64 * count).sum(),
+    };
+    let first_deliveries = Arc::new(AtomicU64::new(0));
     let paced_since = paced.then(Instant::now);
     let cpu_before = gateway.cpu_seconds();
     let started = Instant::now();
@@ -317,6 +329,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             skip_acks: cli.skip_acks,
             from: cli.behind.map(|_| "latest"),
             subscribed: subscribed.clone(),
+            group: cli.group.map(|_| client::SharedPlan { name: GROUP.to_string(), first_deliveries: first_deliveries.clone() }),
         };
         tasks.push(tokio::spawn(client::consume(plan, ws)));
     }
@@ -359,6 +372,28 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let latency_name = if paced { "publish_to_delivery" } else { "ack_round_trip" };
     summary.add_latency(latency_name, &latency);
 
+    if cli.group.is_some() {
+        // Completeness of a group: its members together received every offset, and the
+        // group's floor reached the log end.
+        let mut union: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
+        for got in &per_client {
+            for (partition, offsets) in &got.offsets {
+                union.entry(*partition).or_default().extend(offsets);
+            }
+        }
+        for (partition, offsets) in expected.get(&assignments[0].0).into_iter().flatten() {
+            let missing = offsets.iter().filter(|o| !union.get(partition).is_some_and(|s| s.contains(o))).count();
+            if missing > 0 {
+                summary.problem(format!("the group missed {missing} events of partition {partition}"));
+            }
+        }
+        let shares: Vec<u64> = per_client.iter().map(|r| r.distinct()).collect();
+        summary.add("member_events_min", shares.iter().min().copied().unwrap_or(0));
+        summary.add("member_events_max", shares.iter().max().copied().unwrap_or(0));
+        let group = vec![(assignments[0].0.clone(), vec![format!("${GROUP}")])];
+        check_committed(&http, &group, Duration::from_secs(cli.settle_secs), &mut summary).await?;
+        return Ok(summary);
+    }
     // Completeness: every client received every offset written to its topic...
     let mut i = 0;
     for (topic, readers, _) in &assignments {
