@@ -190,6 +190,7 @@ impl Dispatcher {
             connected_at: self.clock.now_ms(),
             stats: SessionStats::default(),
             subscriptions: Mutex::new(Vec::new()),
+            groups: Mutex::new(Vec::new()),
             window: Arc::new(match transport {
                 Transport::Group => Window::new(self.settings.group_max_in_flight, self.settings.max_in_flight_bytes),
                 _ => Window::new(self.settings.max_in_flight, self.settings.max_in_flight_bytes),

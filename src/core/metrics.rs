@@ -56,6 +56,8 @@ pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
 pub const CLIENT_COMMITTED_LAG: &str = "ackgate_client_committed_lag";
 pub const OLDEST_SESSION_AGE: &str = "ackgate_oldest_session_age_seconds";
+pub const GROUP_MEMBERS: &str = "ackgate_group_members";
+pub const GROUP_WAITING: &str = "ackgate_group_waiting";
 pub const READY: &str = "ackgate_ready";
 pub const BUILD_INFO: &str = "ackgate_build_info";
 pub const PUBLISH_TO_DELIVERY: &str = "ackgate_publish_to_delivery_seconds";
@@ -95,13 +97,15 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 41] = [
+pub const ALL: [&str; 43] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
     COMMITTED_LAG,
     CLIENT_COMMITTED_LAG,
     OLDEST_SESSION_AGE,
+    GROUP_MEMBERS,
+    GROUP_WAITING,
     READY,
     BUILD_INFO,
     PUBLISH_TO_DELIVERY,
@@ -253,13 +257,15 @@ pub fn offsets_above_log_end() -> Counter {
 impl Metrics {
     /// Registers every handle with the installed recorder (or no-op handles without one).
     pub fn register() -> Self {
-        describe_gauge!(SESSIONS, "Live sessions on this instance, by transport (websocket, sse)");
+        describe_gauge!(SESSIONS, "Live sessions on this instance, by transport (websocket, sse, group: a shared subscription's hub)");
         describe_gauge!(IN_FLIGHT, "Unacknowledged deliveries across sessions");
         describe_gauge!(PULL_LAG, "Events in the log not yet pulled, per topic and partition");
         describe_gauge!(
             COMMITTED_LAG,
             "Events the clients with a live session on this instance have not acknowledged (log end minus stored committed offset), summed per topic"
         );
+        describe_gauge!(GROUP_MEMBERS, "Members of the shared subscriptions live on this instance");
+        describe_gauge!(GROUP_WAITING, "Events shared subscriptions handed out that wait for a member with room");
         describe_gauge!(READY, "1 when /readyz answers ready (store and backend answer, not draining), else 0");
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
         describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");

@@ -59,6 +59,9 @@ pub struct SessionInfo {
     pub connected_at: u64,
     pub stats: SessionStats,
     pub subscriptions: Mutex<Vec<TopicName>>,
+    /// The shared subscriptions it is a member of: `(topic, group)` (not in `subscriptions`:
+    /// the client's own offsets on those topics are not what it reads).
+    pub groups: Mutex<Vec<(TopicName, super::names::GroupName)>>,
     /// Its in-flight window, shared with its feeders: the admin view reads whether it is full
     /// as it is now (a feeder may start waiting for room without the session doing anything).
     pub window: Arc<Window>,

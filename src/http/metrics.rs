@@ -16,8 +16,9 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES,
-    OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
+    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION, HTTP_REQUESTS,
+    IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG,
+    READY, SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -167,6 +168,9 @@ async fn record_committed_lag(app: &AppState) {
     let now_ms = d.clock.now_ms();
     let oldest = sessions.iter().map(|s| s.connected_at).min();
     metrics::gauge!(OLDEST_SESSION_AGE).set(oldest.map_or(0.0, |at| now_ms.saturating_sub(at) as f64 / 1000.0));
+    let groups = d.groups.describe(None, None).await;
+    metrics::gauge!(GROUP_MEMBERS).set(groups.iter().map(|g| g.members.len()).sum::<usize>() as f64);
+    metrics::gauge!(GROUP_WAITING).set(groups.iter().map(|g| g.waiting).sum::<usize>() as f64);
     for session in sessions {
         for topic in session.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             readers.entry(topic.clone()).or_default().insert(session.client_id.clone());

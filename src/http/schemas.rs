@@ -262,6 +262,9 @@ pub struct Session {
     /// Epoch ms.
     pub connected_at: u64,
     pub subscriptions: Vec<String>,
+    /// The shared subscriptions it is a member of (their deliveries are not in `in_flight`:
+    /// `/admin/groups` counts them per member).
+    pub groups: Vec<SessionGroup>,
     pub in_flight: u64,
     pub delivered: u64,
     pub acked: u64,
@@ -270,9 +273,16 @@ pub struct Session {
     pub last_ack_at: Option<u64>,
     /// The in-flight window is full: nothing more is pushed until acks arrive.
     pub window_full: bool,
-    /// `websocket` (`sse` once Server-Sent Events are served).
-    #[schema(pattern = "^(websocket|sse)$")]
+    /// `websocket`, `sse`, or `group`: a shared subscription's hub (its client_id is `$` and the
+    /// group's name).
+    #[schema(pattern = "^(websocket|sse|group)$")]
     pub transport: String,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct SessionGroup {
+    pub topic: String,
+    pub group: String,
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -17,12 +17,14 @@ fn session_json(info: &SessionInfo) -> Value {
     let stats = &info.stats;
     let last_ack = stats.last_ack_at.load(Ordering::Relaxed);
     let subscriptions: Vec<String> = info.subscriptions.lock().unwrap().iter().map(|t| t.to_string()).collect();
+    let groups: Vec<Value> = info.groups.lock().unwrap().iter().map(|(t, g)| json!({"topic": t.as_str(), "group": g.as_str()})).collect();
     json!({
         "session_id": info.session_id,
         "client_id": info.client_id.as_str(),
         "remote_addr": info.remote_addr.map(|a| a.to_string()),
         "connected_at": info.connected_at,
         "subscriptions": subscriptions,
+        "groups": groups,
         "in_flight": stats.in_flight.load(Ordering::Relaxed),
         "delivered": stats.delivered.load(Ordering::Relaxed),
         "acked": stats.acked.load(Ordering::Relaxed),

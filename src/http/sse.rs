@@ -378,12 +378,23 @@ impl StreamWriter {
         let now = tokio::time::Instant::now();
         // Compared under the lock, copied only when the token is read again (once per chunk of
         // events, so no copy of the list on the common path).
-        let topics = {
-            let current = self.info.subscriptions.lock().unwrap();
-            if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == *current) {
-                return cached.token.clone();
+        let topics = match self.token_identity.group() {
+            // A member's stream (`group=`): the group's topics, its floor.
+            Some(group) => {
+                let groups = self.info.groups.lock().unwrap();
+                let current: Vec<TopicName> = groups.iter().filter(|(_, g)| g.as_str() == group).map(|(t, _)| t.clone()).collect();
+                if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == current) {
+                    return cached.token.clone();
+                }
+                current
             }
-            current.clone()
+            None => {
+                let current = self.info.subscriptions.lock().unwrap();
+                if let Some(cached) = self.token.as_ref().filter(|c| now.duration_since(c.read_at) < TOKEN_REFRESH && c.topics == *current) {
+                    return cached.token.clone();
+                }
+                current.clone()
+            }
         };
         let token = self.read_resume_token(&topics).await;
         self.token = Some(CachedToken { read_at: now, topics, token: token.clone() });

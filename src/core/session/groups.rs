@@ -136,8 +136,8 @@ impl Session {
         }
         self.d.metrics.frame_out("subscribed");
         self.out.push(super::Outbound::Text(subscribed.to_string()));
-        self.groups.get_or_insert_with(Default::default).joined.insert(topic.clone(), (group, handle));
-        self.info.subscriptions.lock().unwrap().push(topic);
+        self.info.groups.lock().unwrap().push((topic.clone(), group.clone()));
+        self.groups.get_or_insert_with(Default::default).joined.insert(topic, (group, handle));
         Ok(())
     }
 
@@ -154,7 +154,7 @@ impl Session {
         groups.held.retain(|_, t| t != topic);
         groups.recent.retain(|_, t| t != topic);
         groups.recent_order.retain(|d| groups.recent.contains_key(d));
-        self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
+        self.info.groups.lock().unwrap().retain(|(t, _)| t != topic);
         true
     }
 
