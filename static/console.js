@@ -253,8 +253,8 @@ async function refreshTopics() {
 async function refreshAdmin() {
   refreshTopics();
   try {
-    const [sessions, offsets, deadLetters, gaps] = await Promise.all(
-      ["/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps"].map(async (path) => {
+    const [sessions, offsets, deadLetters, gaps, groups] = await Promise.all(
+      ["/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps", "/admin/groups"].map(async (path) => {
         const response = await fetch(path, { headers: adminHeaders() });
         const body = await response.json();
         if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}`);
@@ -262,13 +262,19 @@ async function refreshAdmin() {
       }),
     );
     fillTable("sessions", sessions.sessions, [
-      (s) => s.session_id, (s) => s.client_id, (s) => s.transport, (s) => s.subscriptions.join(", "), (s) => s.in_flight,
+      (s) => s.session_id, (s) => s.client_id, (s) => s.transport,
+      (s) => [...s.subscriptions, ...(s.groups || []).map((g) => `${g.topic} (group ${g.group})`)].join(", "), (s) => s.in_flight,
       (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,
     ]);
     fillTable("offsets", offsets.offsets, [
       (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => when(o.updated_at),
     ]);
     fillDeadLetters(deadLetters.dead_letters);
+    fillTable("groups", groups.groups, [
+      (g) => g.topic, (g) => g.group, (g) => g.order,
+      (g) => g.members.map((m) => `${m.client_id} (${m.in_flight} in flight, ${m.keys} keys)`).join(", "),
+      (g) => g.in_flight, (g) => g.waiting,
+    ]);
     fillTable("gaps", gaps.gaps, [(g) => g.topic, (g) => g.client_id, (g) => g.partition, (g) => g.from, (g) => g.to, (g) => when(g.at)]);
     $("admin-error").textContent = "";
   } catch (err) {
