@@ -454,3 +454,51 @@ async fn an_sse_member_joins_with_group_in_its_url_and_its_event_ids_carry_the_g
     .await;
     gw.stop().await;
 }
+
+/// On RocketMQ POP the group is a client like any other: its hub's acks fire the deferred broker
+/// ACKs as the group's floor passes the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rocketmq_pop_members_share_keyed_events_each_acked_once_keys_in_order() {
+    let broker = crate::rocketmq_broker::TestRocketMq::start();
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.storage.backend = ackgate::config::BackendKind::RocketMq;
+    config.rocketmq.namesrv_addr = broker.namesrv();
+    config.rocketmq.mode = ackgate::config::RocketMqMode::Pop;
+    config.rocketmq.consumer_group = "ackgate-groups".into();
+    let gw = InProcess::start(config).await;
+    let seen = share(gw.addr(), &gw.base, "rwork", "key", &[Member::Acker; 3], 2_000).await;
+    check_each_event_acked_once(&seen, 2_000);
+    assert!(seen.acked.iter().all(|a| *a > 0), "{:?}", seen.acked);
+    floor_reaches_log_end(&gw.base, "rwork").await;
+    gw.stop().await;
+}
+
+/// A member that takes its share and acks none of it is closed with 4003 as any slow client is,
+/// and its events go to the other member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_acking_is_closed_as_a_slow_client_and_its_share_moves_on() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight = 5;
+    config.delivery.slow_client_timeout_ms = 1_000;
+    let gw = InProcess::start(config).await;
+    let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": "slow", "partitions": 1})).await;
+    assert_eq!(status, 200);
+    let mut stuck = TestClient::connect(gw.addr(), "stuck").await;
+    stuck.subscribe("slow", json!({"group": "g"})).await;
+    let events: Vec<Value> = (0..10).map(|i| json!({"partition": 0, "payload": i})).collect();
+    post_json(&format!("{}/topics/slow/events", gw.base), json!({ "events": events })).await;
+    assert_eq!(stuck.recv_events(5).await.len(), 5, "its window's worth");
+    let mut worker = TestClient::connect(gw.addr(), "worker").await;
+    worker.subscribe("slow", json!({"group": "g"})).await;
+    assert_eq!(stuck.close_code().await, 4003);
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < 10 {
+        let event = worker.recv_type("event").await;
+        got.insert(event["offset"].as_u64().unwrap());
+        worker.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+    }
+    floor_reaches_log_end(&gw.base, "slow").await;
+    gw.stop().await;
+}

@@ -141,6 +141,11 @@ impl Session {
         Ok(())
     }
 
+    /// The group deliveries it holds fill its window (`delivery.max_in_flight`).
+    pub(super) fn group_window_full(&self) -> bool {
+        self.groups.as_ref().is_some_and(|g| g.held.len() >= self.d.settings.max_in_flight)
+    }
+
     fn group_count(&self) -> usize {
         self.groups.as_ref().map_or(0, |g| g.joined.len())
     }

@@ -614,8 +614,9 @@ impl Session {
     /// stays full with no ack at all for `slow_client_timeout` is slow. Sampled every
     /// `SLOW_CHECK`, so the ack path itself pays nothing for it.
     fn check_window(&mut self) -> Step {
-        // A group's hub is never slow: its members are, each on its own.
-        let full = self.window.is_full() && !self.is_hub();
+        // A group's hub is never slow: its members are, each on its own (a member whose share of
+        // a group fills its window and who acks none of it is as slow as any client).
+        let full = (self.window.is_full() || self.group_window_full()) && !self.is_hub();
         let settled = self.info.stats.acked.load(Ordering::Relaxed) + self.termed;
         let progressed = settled != self.settled_at_last_check;
         self.settled_at_last_check = settled;
