@@ -161,13 +161,15 @@ impl Dispatcher {
         if registry.changing.contains(&client_id) {
             return Err(FrameError::new(ErrorCode::Unavailable, "an operator is changing this client's offsets; retry in a moment"));
         }
-        let replaces = registry.by_client.get(&client_id).cloned();
+        // A group's hubs (one per topic it is joined on, all of the identity `$NAME`) never take
+        // each other over: each is its topic's.
+        let hub = transport == Transport::Group;
+        let replaces = if hub { None } else { registry.by_client.get(&client_id).cloned() };
         // A takeover may go past the limit only while the client runs just the session it
         // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
         let running_here = registry.running.get(&client_id).copied().unwrap_or(0);
         // A group's hub is bounded by its members, which are counted.
-        let counted = transport != Transport::Group;
-        if counted && registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
+        if !hub && registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
                 format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings.max_sessions),
@@ -198,7 +200,9 @@ impl Dispatcher {
         });
         let control = Arc::new(ControlInbox::new());
         registry.sessions.insert(session_id.clone(), SessionEntry { info: info.clone(), control: control.clone() });
-        registry.by_client.insert(client_id.clone(), session_id);
+        if !hub {
+            registry.by_client.insert(client_id.clone(), session_id);
+        }
         if let Some(since) = registry.offline_since.remove(&client_id) {
             registry.offline.remove(&since);
         }
@@ -405,7 +409,11 @@ impl Dispatcher {
     /// True while the session numbered `session` is the client's current one (not taken over).
     pub(super) fn is_current(&self, client_id: &ClientId, session: u64) -> bool {
         let registry = self.registry();
-        registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session)
+        if registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id)).is_some_and(|e| e.info.number == session) {
+            return true;
+        }
+        // A group's hubs are never taken over: each is current while it runs.
+        client_id.group().is_some() && registry.sessions.values().any(|e| e.info.number == session && e.info.transport == Transport::Group)
     }
 }
 

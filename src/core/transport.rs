@@ -31,6 +31,9 @@ pub enum Outbound {
     /// An event frame of a shared subscription's hub (transport `Group`), with what its group
     /// shares it out by (`core::group`). No other session sends one.
     Shared(SharedEvent),
+    /// A group's hub settled event `(partition, offset)` itself (a dead letter at
+    /// `max_attempts`): its group forgets it at whichever member holds it.
+    SharedGone(u32, u64),
 }
 
 /// An event frame of a group's hub, with its delivery id and key at hand.

@@ -351,6 +351,7 @@ impl StreamWriter {
                     };
                     push_data(&mut chunk, &data);
                 }
+                Outbound::SharedGone(..) => {}
                 Outbound::Ping => {
                     let _ = self.alive.try_send(Inbound::Alive);
                     chunk.push_str(": ka\n\n");

@@ -119,7 +119,8 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
         ready(Ok::<_, axum::Error>(match frame {
             Outbound::Text(text) | Outbound::Shared(crate::core::transport::SharedEvent { text, .. }) => Message::Text(text.into()),
             Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
-            Outbound::Ping => Message::Ping(Default::default()),
+            // Only a group's hub sends `SharedGone`, and no socket carries a hub.
+            Outbound::Ping | Outbound::SharedGone(..) => Message::Ping(Default::default()),
         }))
     });
     run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound), progress).await;

@@ -48,6 +48,14 @@ struct Distributor {
     subscribing: bool,
     /// The resume token the hub subscribed with: per partition the highest its members brought.
     resumed: BTreeMap<u32, ResumeOffset>,
+    /// Per partition the floor the hub last named (`subscribed`'s `from`, `ack_ok`s' `committed`,
+    /// with `subscribed`'s epoch): a member's token at or below it is nothing new.
+    floors: BTreeMap<u32, ResumeOffset>,
+    /// What `resumed` was before a re-subscribe that may be refused (a token naming a partition
+    /// the topic does not have): it is restored then.
+    resumed_before: Option<BTreeMap<u32, ResumeOffset>>,
+    /// The most the hub may have in flight (`delivery.group_max_in_flight`).
+    cap: usize,
     /// A member brought a token above it: the hub subscribes again with it once the current
     /// `subscribe` is answered.
     resume_again: bool,
@@ -64,7 +72,7 @@ pub(super) async fn distribute(
     links: HubEnds,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
-    let HubEnds { inbound, mut outbound, window } = links;
+    let HubEnds { inbound, mut outbound, window, cap } = links;
     let mut g = Distributor {
         topic: topic.clone(),
         group: group.clone(),
@@ -78,6 +86,9 @@ pub(super) async fn distribute(
         joined_once: false,
         subscribing: false,
         resumed: BTreeMap::new(),
+        floors: BTreeMap::new(),
+        resumed_before: None,
+        cap,
         resume_again: false,
         from: StartFrom::Committed,
     };
@@ -127,7 +138,13 @@ impl Distributor {
                 // A member's token above where the hub started (it was told a floor this
                 // instance did not store: another instance served the group before it died)
                 // moves the hub there: it subscribes again, with the higher token.
+                let before = self.resumed.clone();
                 let higher = self.merge_resume(&resume);
+                if !higher {
+                    // Nothing above what the hub stands at: kept as it was (a lower token of a
+                    // partition the hub never named would only start it lower next time).
+                    self.resumed = before.clone();
+                }
                 match (&self.subscribed, higher) {
                     (Some(subscribed), false) => {
                         let _ = reply.send(Ok(subscribed.clone()));
@@ -138,6 +155,9 @@ impl Distributor {
                         if self.subscribing {
                             self.resume_again |= higher;
                         } else {
+                            if self.subscribed.is_some() {
+                                self.resumed_before = Some(before);
+                            }
                             self.subscribe_hub();
                         }
                     }
@@ -183,26 +203,57 @@ impl Distributor {
     }
 
     /// Takes the higher of each partition's offsets (by epoch, then offset) into the hub's token;
-    /// true when any rose.
+    /// true when any is above both what the hub subscribed with and the floor it last named (a
+    /// member that was told a floor this instance never stored: the group's last instance died).
     fn merge_resume(&mut self, resume: &BTreeMap<u32, ResumeOffset>) -> bool {
         let mut higher = false;
         for (partition, token) in resume {
+            let floor = self.floors.get(partition).map_or((0, 0), |f| (f.epoch, f.offset));
             let known = self.resumed.entry(*partition).or_insert(ResumeOffset { offset: 0, epoch: 0 });
             if (token.epoch, token.offset) > (known.epoch, known.offset) {
                 *known = *token;
-                higher = true;
+                higher |= (token.epoch, token.offset) > floor;
             }
         }
         higher
     }
 
-    /// The hub's `subscribe` (again): from the first member's `from`, with the highest token.
+    /// The hub's `subscribe`: from the first member's `from` the first time, from the group's
+    /// committed floor after that (a named start again would skip what the group holds), with
+    /// the highest token.
     fn subscribe_hub(&mut self) {
         let resume: BTreeMap<String, u64> = self.resumed.iter().map(|(p, t)| (p.to_string(), t.offset)).collect();
         let epochs: BTreeMap<String, u64> = self.resumed.iter().map(|(p, t)| (p.to_string(), t.epoch)).collect();
-        let frame = json!({"op": "subscribe", "topic": self.topic.as_str(), "from": self.from.to_json(), "resume": resume, "epochs": epochs});
+        let from = match self.subscribed {
+            Some(_) => StartFrom::Committed,
+            None => self.from,
+        };
+        let frame = json!({"op": "subscribe", "topic": self.topic.as_str(), "from": from.to_json(), "resume": resume, "epochs": epochs});
         self.subscribing = true;
         self.ask(Asker::Subscribe, vec![frame.to_string()]);
+    }
+
+    /// Learns the floors a `subscribed` or an `ack_ok` of the hub names.
+    fn learn_floors(&mut self, frame: &Value) {
+        match frame["type"].as_str() {
+            Some("subscribed") => {
+                for p in frame["partitions"].as_array().into_iter().flatten() {
+                    if let (Some(partition), Some(from)) = (p["partition"].as_u64(), p["from"].as_u64()) {
+                        let epoch = p["epoch"].as_u64().unwrap_or(0);
+                        self.floors.insert(partition as u32, ResumeOffset { offset: from, epoch });
+                    }
+                }
+            }
+            Some("ack_ok") => {
+                for (partition, floor) in frame["committed"][self.topic.as_str()].as_object().into_iter().flatten() {
+                    if let (Ok(partition), Some(floor)) = (partition.parse::<u32>(), floor.as_u64()) {
+                        let known = self.floors.entry(partition).or_insert(ResumeOffset { offset: 0, epoch: 0 });
+                        known.offset = known.offset.max(floor);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 
     fn add_member(&mut self, link: MemberLink) {
@@ -212,9 +263,9 @@ impl Distributor {
         self.resize_window();
     }
 
-    /// The hub may have in flight what its members can hold together.
+    /// The hub may have in flight what its members can hold together, within its cap.
     fn resize_window(&self) {
-        self.window.set_max_events(self.sharing.capacity());
+        self.window.set_max_events(self.sharing.capacity().min(self.cap));
     }
 
     /// Sends frames to the hub; their answers come back to `asker`.
@@ -237,6 +288,11 @@ impl Distributor {
     fn on_answer(&mut self, asker: Asker, frames: Vec<String>) {
         match asker {
             Asker::Member(member) => {
+                for frame in frames.iter().filter(|f| f.starts_with("{\"type\":\"ack_ok\"")) {
+                    if let Ok(frame) = serde_json::from_str::<Value>(frame) {
+                        self.learn_floors(&frame);
+                    }
+                }
                 if let Some(link) = self.members.get(&member).filter(|_| !frames.is_empty()) {
                     link.control.send(SessionControl::Group(GroupMessage::Frames(frames)));
                 }
@@ -250,6 +306,8 @@ impl Distributor {
                 let parsed: Vec<Value> = frames.iter().filter_map(|f| serde_json::from_str(f).ok()).collect();
                 match parsed.iter().find(|f| f["type"] == "subscribed") {
                     Some(subscribed) => {
+                        self.resumed_before = None;
+                        self.learn_floors(subscribed);
                         self.subscribed = Some(subscribed.clone());
                         for (link, reply) in std::mem::take(&mut self.joining) {
                             if reply.send(Ok(subscribed.clone())).is_ok() {
@@ -262,6 +320,11 @@ impl Distributor {
                         let code = error.and_then(|e| serde_json::from_value::<ErrorCode>(e["code"].clone()).ok()).unwrap_or(ErrorCode::Unavailable);
                         let message = error.and_then(|e| e["message"].as_str()).unwrap_or("the group could not subscribe").to_string();
                         tracing::warn!(topic = %self.topic, group = %self.group, %message, "shared subscription could not subscribe");
+                        // A refused token (a re-subscribe) is forgotten; the running subscription
+                        // goes on as it was.
+                        if let Some(before) = self.resumed_before.take() {
+                            self.resumed = before;
+                        }
                         for (_, reply) in self.joining.drain(..) {
                             let _ = reply.send(Err(FrameError::new(code, message.clone())));
                         }
@@ -292,6 +355,13 @@ impl Distributor {
                     }
                     "error" => tracing::warn!(topic = %self.topic, group = %self.group, frame = %text, "a shared subscription's hub reported an error"),
                     _ => {}
+                }
+            }
+            Outbound::SharedGone(partition, offset) => {
+                if let Some(taken) = self.sharing.forget((partition, offset)) {
+                    if let Some(link) = self.members.get(&taken.member) {
+                        link.control.send(SessionControl::Group(GroupMessage::TakenBack(vec![taken.delivery])));
+                    }
                 }
             }
             Outbound::Ping => {

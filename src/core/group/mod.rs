@@ -51,6 +51,8 @@ pub struct HubEnds {
     pub inbound: mpsc::UnboundedSender<Inbound>,
     pub outbound: mpsc::UnboundedReceiver<Outbound>,
     pub window: Arc<Window>,
+    /// The most the hub may have in flight across its members (`delivery.group_max_in_flight`).
+    pub cap: usize,
 }
 
 /// A member session as its group sees it.

@@ -190,12 +190,27 @@ impl Sharing {
         returning.iter().any(|((partition, offset), _)| *partition == event.0 && *offset < event.1)
     }
 
-    /// A member settled `delivery` (any delivery of the event it holds: a late ack of an older
-    /// id counts too). False when it held no such event.
+    /// The hub settled `event` itself (a dead letter): it is forgotten, waiting or held; answers
+    /// the member it is taken from.
+    pub fn forget(&mut self, event: (u32, u64)) -> Option<TakenBack> {
+        self.waiting.retain(|w| w.event() != event);
+        self.avoid.remove(&event);
+        for returning in self.returning.values_mut() {
+            returning.retain(|(e, _)| *e != event);
+        }
+        self.returning.retain(|_, r| !r.is_empty());
+        let held = self.out.remove(&event)?;
+        self.release_room(&held);
+        Some(TakenBack { member: held.member, delivery: held.delivery })
+    }
+
+    /// A member settled `delivery`, the one it holds of its event (an older id of an event given
+    /// to it again is no longer what it holds: the hub answers that one). False when it held no
+    /// such delivery.
     pub fn settle(&mut self, member: MemberId, delivery: DeliveryRef, how: Settled) -> bool {
         let event = (delivery.partition, delivery.offset);
         match self.out.get(&event) {
-            Some(held) if held.member == member => {}
+            Some(held) if held.member == member && held.delivery.seq == delivery.seq => {}
             _ => return false,
         }
         let held = self.out.remove(&event).expect("checked above");
@@ -271,6 +286,19 @@ impl Sharing {
         }
         if self.keys.len() > IDLE_KEYS_KEPT {
             self.keys.retain(|_, hold| hold.in_flight > 0);
+        }
+        // Bounded by what can be in flight: the entries of events that never came back (the hub
+        // made them dead letters) do not pile up.
+        let bound = self.capacity().max(1) * 4;
+        if self.avoid.len() > bound {
+            let out = &self.out;
+            self.avoid.retain(|event, _| out.contains_key(event));
+        }
+        if self.returning.len() > bound {
+            self.returning.retain(|_, r| {
+                r.retain(|(_, since)| since.elapsed() < RETURN_WAIT);
+                !r.is_empty()
+            });
         }
         given
     }

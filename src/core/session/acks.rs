@@ -365,6 +365,9 @@ impl Session {
             return;
         }
         tracing::warn!(client_id = %dead.client_id, topic = %topic, partition = event.partition, offset = event.offset, reason = %dead.reason.escape_debug(), "dead letter");
+        if self.is_hub() {
+            self.out.push(crate::core::transport::Outbound::SharedGone(event.partition, event.offset));
+        }
         self.in_flight.remove(&event);
         self.waiting.remove(&event);
         self.d.metrics.dead_letters.increment(1);

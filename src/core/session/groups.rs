@@ -16,6 +16,7 @@ use crate::core::client_state::DeliveryRef;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::group::{GroupHandle, HubEnds, HubStarter, MemberLink, Settled};
 use crate::core::names::{ClientId, GroupName, TopicName};
+use crate::core::offsets::OffsetFilter;
 use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, ResumeOffset, ServerFrame, StartFrom};
 use crate::core::session_control::GroupMessage;
 use crate::core::session_registry::Transport;
@@ -78,7 +79,7 @@ impl HubStarter for SessionHubs<'_> {
             Ok::<_, ()>(tx)
         });
         d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Box::pin(frames_in), Box::pin(frames_out), None));
-        Ok(HubEnds { inbound, outbound, window })
+        Ok(HubEnds { inbound, outbound, window, cap: d.settings.group_max_in_flight })
     }
 }
 
@@ -102,6 +103,7 @@ impl Session {
         if !self.access.may_join(group.as_str()) {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow group {group} (its groups claim)")));
         }
+        self.count_subscribe()?;
         if let Some((instance, ws_url)) = self.d.group_home.get().and_then(|home| home.elsewhere(&group)) {
             tracing::info!(session_id = %self.info.session_id, %group, %instance, "member sent to its group's instance");
             self.send(ServerFrame::Reconnect { after_ms: 0, instance: Some(instance), ws_url: Some(ws_url) });
@@ -122,6 +124,15 @@ impl Session {
             client_id: self.info.client_id.clone(),
             control: self.control.clone(),
             capacity: self.d.settings.max_in_flight,
+        };
+        // A named start (`latest`, a time, the last n) is where a group with no floor begins; a
+        // group that has one goes on from it, whichever member comes first.
+        let from = match from {
+            StartFrom::Committed | StartFrom::Earliest => from,
+            named => match self.group_has_floor(&topic, &group).await? {
+                true => StartFrom::Committed,
+                false => named,
+            },
         };
         let groups = self.d.groups.clone();
         let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, resume, link).await?;
@@ -144,6 +155,17 @@ impl Session {
     /// The group deliveries it holds fill its window (`delivery.max_in_flight`).
     pub(super) fn group_window_full(&self) -> bool {
         self.groups.as_ref().is_some_and(|g| g.held.len() >= self.d.settings.max_in_flight)
+    }
+
+    /// True when the store holds a floor of `group` on `topic`.
+    async fn group_has_floor(&self, topic: &TopicName, group: &GroupName) -> Result<bool, FrameError> {
+        let (store, filter) = (self.d.store.clone(), OffsetFilter { topic: Some(topic.clone()), client_id: Some(ClientId::of_group(group)), partition: None });
+        let scanned = tokio::task::spawn_blocking(move || store.scan(&filter)).await;
+        match scanned {
+            Ok(Ok(rows)) => Ok(!rows.is_empty()),
+            Ok(Err(e)) => Err(FrameError::unavailable("the offset store", e)),
+            Err(e) => Err(FrameError::unavailable("the offset store", e)),
+        }
     }
 
     fn group_count(&self) -> usize {

@@ -27,21 +27,7 @@ impl Session {
         if !self.access.allows(topic.as_str()) {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
         }
-        // Each subscribe plans every partition (bounds, store reads, a write): a client may not
-        // make thousands a second (an SSE URL naming a topic over and over, a frames POST).
-        let now = tokio::time::Instant::now();
-        let (second, made) = &mut self.subscribes_in_second;
-        if now.duration_since(*second) >= std::time::Duration::from_secs(1) {
-            (*second, *made) = (now, 0);
-        }
-        let per_sec = self.d.settings.max_subscribes_per_sec;
-        if *made >= per_sec {
-            return Err(FrameError::new(
-                ErrorCode::LimitExceeded,
-                format!("a session may subscribe {per_sec} times a second (limits.max_subscribes_per_sec); retry in a second"),
-            ));
-        }
-        *made += 1;
+        self.count_subscribe()?;
         let limit = self.d.settings.max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
             return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
@@ -107,6 +93,26 @@ impl Session {
         if self.d.store.redrives_pending() > 0 {
             self.start_redrive(&topic);
         }
+        Ok(())
+    }
+
+    /// Each subscribe plans every partition (bounds, store reads, a write; a group's may start a
+    /// hub): a client may not make thousands a second (an SSE URL naming a topic over and over,
+    /// a frames POST).
+    pub(super) fn count_subscribe(&mut self) -> Result<(), FrameError> {
+        let now = tokio::time::Instant::now();
+        let (second, made) = &mut self.subscribes_in_second;
+        if now.duration_since(*second) >= std::time::Duration::from_secs(1) {
+            (*second, *made) = (now, 0);
+        }
+        let per_sec = self.d.settings.max_subscribes_per_sec;
+        if *made >= per_sec {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("a session may subscribe {per_sec} times a second (limits.max_subscribes_per_sec); retry in a second"),
+            ));
+        }
+        *made += 1;
         Ok(())
     }
 
