@@ -502,3 +502,57 @@ async fn a_member_that_stops_acking_is_closed_as_a_slow_client_and_its_share_mov
     floor_reaches_log_end(&gw.base, "slow").await;
     gw.stop().await;
 }
+
+/// Review of issue 44, finding 1: one group name on two topics is two groups; their hubs (one
+/// identity, `$NAME`) must not take each other over, or each would restart the other forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_group_name_on_two_topics_is_two_groups_that_leave_each_other_alone() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    for topic in ["left", "right"] {
+        let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": topic, "partitions": 1})).await;
+        assert_eq!(status, 200);
+    }
+    let mut a = TestClient::connect(gw.addr(), "a").await;
+    let mut b = TestClient::connect(gw.addr(), "b").await;
+    a.subscribe("left", json!({"group": "same"})).await;
+    b.subscribe("right", json!({"group": "same"})).await;
+    for round in 0..3 {
+        for topic in ["left", "right"] {
+            post_json(&format!("{}/topics/{topic}/events", gw.base), json!({"partition": 0, "payload": round})).await;
+        }
+        for (client, topic) in [(&mut a, "left"), (&mut b, "right")] {
+            let event = client.recv_type("event").await;
+            assert_eq!((event["topic"].as_str(), event["offset"].as_u64(), event["attempt"].as_u64()), (Some(topic), Some(round), Some(1)));
+            client.ack_confirmed(&[id(&event)], "ok").await;
+        }
+    }
+    let (_, listed) = get_json(&format!("{}/admin/groups?group=same", gw.base)).await;
+    assert_eq!(listed["groups"].as_array().unwrap().len(), 2, "{listed}");
+    gw.stop().await;
+}
+
+/// Review of issue 44, finding 5: an event the group's hub makes a dead letter itself (its
+/// member never acked it, `max_attempts` ran out) no longer takes room at that member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_group_gives_up_on_frees_its_members_room() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight = 1;
+    config.delivery.ack_timeout_ms = 300;
+    config.delivery.max_attempts = 1;
+    let gw = InProcess::start(config).await;
+    let (status, _) = post_json(&format!("{}/topics", gw.base), json!({"name": "poison", "partitions": 1})).await;
+    assert_eq!(status, 200);
+    let mut member = TestClient::connect(gw.addr(), "m").await;
+    member.subscribe("poison", json!({"group": "g"})).await;
+    post_json(&format!("{}/topics/poison/events", gw.base), json!({"events": [{"partition": 0, "payload": 0}, {"partition": 0, "payload": 1}]})).await;
+    let first = member.recv_type("event").await;
+    assert_eq!(first["offset"], 0);
+    // Not acked: a dead letter after its one attempt; the member's one slot is free again.
+    let second = member.recv_type("event").await;
+    assert_eq!(second["offset"], 1, "{second}");
+    let (_, dead) = get_json(&format!("{}/admin/dead-letters?topic=poison", gw.base)).await;
+    assert_eq!(dead["dead_letters"][0]["client_id"], "$g", "{dead}");
+    gw.stop().await;
+}
