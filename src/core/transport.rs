@@ -30,7 +30,8 @@ pub enum Outbound {
     Ping,
     /// An event frame of a shared subscription's hub (transport `Group`), with what its group
     /// shares it out by (`core::group`). No other session sends one.
-    Shared(SharedEvent),
+    /// Boxed: every frame of every session is an `Outbound`, and this one is rare and large.
+    Shared(Box<SharedEvent>),
     /// A group's hub settled event `(partition, offset)` itself (a dead letter at
     /// `max_attempts`): its group forgets it at whichever member holds it.
     SharedGone(u32, u64),

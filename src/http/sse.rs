@@ -320,8 +320,7 @@ impl StreamWriter {
         let mut chunk = String::new();
         for frame in frames {
             match frame {
-                // Only a group's hub sends `Shared`; no SSE session is one.
-                Outbound::Text(json) | Outbound::Shared(crate::core::transport::SharedEvent { text: json, .. }) => {
+                Outbound::Text(json) => {
                     let kind = frame_type(&json);
                     chunk.push_str("event: ");
                     chunk.push_str(kind);
@@ -351,7 +350,8 @@ impl StreamWriter {
                     };
                     push_data(&mut chunk, &data);
                 }
-                Outbound::SharedGone(..) => {}
+                // Only a group's hub sends these; no SSE session is one.
+                Outbound::Shared(_) | Outbound::SharedGone(..) => {}
                 Outbound::Ping => {
                     let _ = self.alive.try_send(Inbound::Alive);
                     chunk.push_str(": ka\n\n");

@@ -117,7 +117,8 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
     });
     let outbound = sink.with(|frame: Outbound| {
         ready(Ok::<_, axum::Error>(match frame {
-            Outbound::Text(text) | Outbound::Shared(crate::core::transport::SharedEvent { text, .. }) => Message::Text(text.into()),
+            Outbound::Text(text) => Message::Text(text.into()),
+            Outbound::Shared(event) => Message::Text(event.text.into()),
             Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
             // Only a group's hub sends `SharedGone`, and no socket carries a hub.
             Outbound::Ping | Outbound::SharedGone(..) => Message::Ping(Default::default()),

@@ -337,6 +337,7 @@ impl Distributor {
     fn on_hub_frame(&mut self, frame: Outbound) {
         match frame {
             Outbound::Shared(event) => {
+                let event = *event;
                 let offered = Offered { delivery: event.delivery, key: event.key, text: event.text };
                 if let Some(taken) = self.sharing.offer(offered) {
                     if let Some(link) = self.members.get(&taken.member) {

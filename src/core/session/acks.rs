@@ -23,20 +23,18 @@ use crate::core::redelivery::RedeliveryPolicy;
 impl Session {
     /// `ids` are delivery ids: a `&[&str]` of one for the plain ack frame (no allocation on that
     /// path, the most frequent frame of all), the parsed list otherwise.
-    pub(super) async fn ack<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
-        // Deliveries of a shared subscription are settled by their group (`groups`).
-        if self.groups.is_some() {
-            if let Some(own) = self.ack_group_deliveries(ids, &req) {
-                if own.is_empty() {
-                    return Ok(());
-                }
-                return Box::pin(self.ack_own(&own, req)).await;
-            }
+    /// `ack` of a member of shared subscriptions: its group deliveries are settled by their
+    /// groups (`groups`), the rest here. Apart from `ack`, so that a session that joined no group
+    /// (the hot path) carries none of it.
+    pub(super) async fn ack_as_member<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
+        match self.ack_group_deliveries(ids, &req) {
+            Some(own) if own.is_empty() => Ok(()),
+            Some(own) => self.ack(&own, req).await,
+            None => self.ack(ids, req).await,
         }
-        self.ack_own(ids, req).await
     }
 
-    async fn ack_own<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
+    pub(super) async fn ack<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
         let mut unknown = Vec::new();
         let mut acked = 0u64;
         // Floor and last_acked of every touched partition before this ack, to see which moved

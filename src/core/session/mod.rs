@@ -651,7 +651,11 @@ impl Session {
     async fn on_text(&mut self, text: &str) -> Step {
         if let Some(id) = plain_ack_id(text) {
             self.d.metrics.frame_in("ack");
-            if let Err(e) = self.ack(&[id], None).await {
+            let acked = match self.groups.is_some() {
+                true => Box::pin(self.ack_as_member(&[id], None)).await,
+                false => self.ack(&[id], None).await,
+            };
+            if let Err(e) = acked {
                 self.error(e);
             }
             return Step::Continue;
@@ -704,6 +708,9 @@ impl Session {
                     && self.forward_to_group(&delivery_id, serde_json::json!({"op": "term", "delivery_id": delivery_id, "reason": reason, "req": req})) =>
             {
                 Ok(())
+            }
+            ClientFrame::Ack { delivery_ids, req } if self.groups.is_some() => {
+                Box::pin(self.ack_as_member(&delivery_ids, req.clone())).await.map_err(|e| e.with_req(req))
             }
             ClientFrame::Ack { delivery_ids, req } => self.ack(&delivery_ids, req.clone()).await.map_err(|e| e.with_req(req)),
             ClientFrame::Nack { delivery_id, delay_ms, req } => self.nack(&delivery_id, delay_ms.map(Duration::from_millis)).map_err(|e| e.with_req(req)),

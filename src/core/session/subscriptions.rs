@@ -315,7 +315,7 @@ impl Session {
             frame.push_str(",\"redrive\":true}");
         }
         if self.is_hub() {
-            self.out.push(Outbound::Shared(crate::core::transport::SharedEvent { text: frame, delivery: id, key: event.key.clone() }));
+            self.out.push(Outbound::Shared(Box::new(crate::core::transport::SharedEvent { text: frame, delivery: id, key: event.key.clone() })));
             return;
         }
         self.out.push(Outbound::Text(frame));
