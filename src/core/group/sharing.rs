@@ -10,11 +10,12 @@
 //!   after the earlier ones (a key's events wait in offset order, each behind the one before); a
 //!   key stays with its member while it lives and has room, and moves when it has none left.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::core::client_state::DeliveryRef;
 use crate::core::protocol::ShareOrder;
+use crate::core::{FastMap, FastSet};
 
 /// A member: the session number of its session.
 pub type MemberId = u64;
@@ -87,16 +88,21 @@ pub struct Sharing {
     members: Vec<Member>,
     /// Where the next search for a member starts (round robin among equals).
     cursor: usize,
-    waiting: VecDeque<Offered>,
+    /// Per partition, its events waiting for a member, in offset order.
+    waiting: Vec<VecDeque<Offered>>,
+    /// The events waiting (a redelivery of one replaces it where it stands).
+    waiting_events: FastSet<(u32, u64)>,
+    /// The partition the next `assign` starts with: partitions take turns.
+    next_partition: usize,
     /// Every event given to a member and not settled, by `(partition, offset)`.
-    out: HashMap<(u32, u64), Held>,
-    keys: HashMap<String, KeyHold>,
+    out: FastMap<(u32, u64), Held>,
+    keys: FastMap<String, KeyHold>,
     /// The member an event was last taken from: it goes to another one when it can.
-    avoid: HashMap<(u32, u64), MemberId>,
+    avoid: FastMap<(u32, u64), MemberId>,
     /// With `order: key`: per key, its events released to the hub and not offered again yet (and
     /// since when): the key's later events wait for them, so that a key's events reach members
     /// in offset order even when the hub redelivers them in another.
-    returning: HashMap<String, Vec<Returning>>,
+    returning: FastMap<String, Vec<Returning>>,
 }
 
 impl Sharing {
@@ -105,11 +111,13 @@ impl Sharing {
             order,
             members: Vec::new(),
             cursor: 0,
-            waiting: VecDeque::new(),
-            out: HashMap::new(),
-            keys: HashMap::new(),
-            avoid: HashMap::new(),
-            returning: HashMap::new(),
+            waiting: Vec::new(),
+            waiting_events: FastSet::default(),
+            next_partition: 0,
+            out: FastMap::default(),
+            keys: FastMap::default(),
+            avoid: FastMap::default(),
+            returning: FastMap::default(),
         }
     }
 
@@ -157,8 +165,10 @@ impl Sharing {
                 }
             }
         }
-        if let Some(waiting) = self.waiting.iter_mut().find(|w| w.event() == event) {
-            *waiting = offered;
+        if self.waiting_events.contains(&event) {
+            if let Some(waiting) = self.waiting[event.0 as usize].iter_mut().find(|w| w.event() == event) {
+                *waiting = offered;
+            }
             return None;
         }
         let taken = self.out.remove(&event).map(|held| {
@@ -166,9 +176,21 @@ impl Sharing {
             self.avoid.insert(event, held.member);
             TakenBack { member: held.member, delivery: held.delivery }
         });
-        // In offset order per partition, redeliveries among first deliveries.
-        let at = self.waiting.partition_point(|w| w.event() < event);
-        self.waiting.insert(at, offered);
+        // In offset order per partition, redeliveries among first deliveries (which come in
+        // order: at the back).
+        let partition = event.0 as usize;
+        if self.waiting.len() <= partition {
+            self.waiting.resize_with(partition + 1, VecDeque::new);
+        }
+        let queue = &mut self.waiting[partition];
+        match queue.back() {
+            Some(last) if last.delivery.offset > event.1 => {
+                let at = queue.partition_point(|w| w.delivery.offset < event.1);
+                queue.insert(at, offered);
+            }
+            _ => queue.push_back(offered),
+        }
+        self.waiting_events.insert(event);
         taken
     }
 
@@ -193,7 +215,9 @@ impl Sharing {
     /// The hub settled `event` itself (a dead letter): it is forgotten, waiting or held; answers
     /// the member it is taken from.
     pub fn forget(&mut self, event: (u32, u64)) -> Option<TakenBack> {
-        self.waiting.retain(|w| w.event() != event);
+        if self.waiting_events.remove(&event) {
+            self.waiting[event.0 as usize].retain(|w| w.event() != event);
+        }
         self.avoid.remove(&event);
         for returning in self.returning.values_mut() {
             returning.retain(|(e, _)| *e != event);
@@ -243,47 +267,54 @@ impl Sharing {
     pub fn assign(&mut self) -> Vec<(MemberId, Offered)> {
         let mut given = Vec::new();
         // Keys with an earlier event still waiting: their later ones wait behind it.
-        let mut blocked: HashSet<String> = HashSet::new();
-        let mut at = 0;
-        while at < self.waiting.len() {
-            if !self.members.iter().any(|m| m.held < m.capacity) {
-                break;
-            }
-            let event = self.waiting[at].event();
-            let key = match self.order {
-                ShareOrder::Key => self.waiting[at].key.clone(),
-                ShareOrder::None => None,
-            };
-            let target = match &key {
-                Some(key) if blocked.contains(key) || self.behind_returning(key, event) => None,
-                Some(key) => match self.keys.get(key) {
-                    // Its member alone, while it holds events of the key.
-                    Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
-                    // Sticky while its member lives and has room.
-                    Some(hold) if self.has_room(hold.member) => Some(hold.member),
-                    _ => self.pick(self.avoid.get(&event).copied()),
-                },
-                None => self.pick(self.avoid.get(&event).copied()),
-            };
-            let Some(member) = target else {
-                if let Some(key) = key {
-                    blocked.insert(key);
+        let mut blocked: FastSet<String> = FastSet::default();
+        let partitions = self.waiting.len();
+        'partitions: for turn in 0..partitions {
+            let partition = (self.next_partition + turn) % partitions;
+            let mut at = 0;
+            while at < self.waiting[partition].len() {
+                if !self.members.iter().any(|m| m.held < m.capacity) {
+                    break 'partitions;
                 }
-                at += 1;
-                continue;
-            };
-            let offered = self.waiting.remove(at).expect("index checked");
-            if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
-                m.held += 1;
+                let waiting = &self.waiting[partition][at];
+                let event = waiting.event();
+                let key = match self.order {
+                    ShareOrder::Key => waiting.key.clone(),
+                    ShareOrder::None => None,
+                };
+                let target = match &key {
+                    Some(key) if blocked.contains(key) || self.behind_returning(key, event) => None,
+                    Some(key) => match self.keys.get(key) {
+                        // Its member alone, while it holds events of the key.
+                        Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
+                        // Sticky while its member lives and has room.
+                        Some(hold) if self.has_room(hold.member) => Some(hold.member),
+                        _ => self.pick(self.avoid.get(&event).copied()),
+                    },
+                    None => self.pick(self.avoid.get(&event).copied()),
+                };
+                let Some(member) = target else {
+                    if let Some(key) = key {
+                        blocked.insert(key);
+                    }
+                    at += 1;
+                    continue;
+                };
+                let offered = self.waiting[partition].remove(at).expect("index checked");
+                self.waiting_events.remove(&event);
+                if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
+                    m.held += 1;
+                }
+                if let Some(key) = &key {
+                    let hold = self.keys.entry(key.clone()).or_insert(KeyHold { member, in_flight: 0 });
+                    hold.member = member;
+                    hold.in_flight += 1;
+                }
+                self.out.insert(event, Held { member, delivery: offered.delivery, key });
+                given.push((member, offered));
             }
-            if let Some(key) = &key {
-                let hold = self.keys.entry(key.clone()).or_insert(KeyHold { member, in_flight: 0 });
-                hold.member = member;
-                hold.in_flight += 1;
-            }
-            self.out.insert(event, Held { member, delivery: offered.delivery, key });
-            given.push((member, offered));
         }
+        self.next_partition = (self.next_partition + 1) % partitions.max(1);
         if self.keys.len() > IDLE_KEYS_KEPT {
             self.keys.retain(|_, hold| hold.in_flight > 0);
         }
@@ -338,7 +369,7 @@ impl Sharing {
 
     /// Events waiting for a member with room.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting_events.len()
     }
 }
 
