@@ -36,8 +36,10 @@ pub enum SessionControl {
     Redriven(Box<RedrivenEvent>),
     /// The redrive scan of `topic` for subscription `subscription` ended.
     RedriveScanned { topic: TopicName, subscription: u64 },
-    /// From a shared subscription the session is a member of (bounded by the member's window).
-    Group(GroupMessage),
+    /// From a shared subscription the session is a member of (bounded by the member's window),
+    /// run as `generation` (a message of a group the session left, or of an earlier run of it,
+    /// is no longer its).
+    Group { generation: u64, message: GroupMessage },
 }
 
 /// What a group sends a member session (through its `ControlInbox`).
@@ -109,7 +111,7 @@ impl ControlInbox {
                         queue.retain(|m| !matches!(m, SessionControl::Redrive { topic: t } if t == topic));
                         true
                     }
-                    SessionControl::Redriven(_) | SessionControl::RedriveScanned { .. } | SessionControl::Group(_) => true,
+                    SessionControl::Redriven(_) | SessionControl::RedriveScanned { .. } | SessionControl::Group { .. } => true,
                     SessionControl::TakenOver | SessionControl::Disconnect | SessionControl::Drain { .. } => closes == 0,
                 };
                 if keep {

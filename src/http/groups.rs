@@ -27,7 +27,7 @@ fn parse_names(topic: &str, group: &str) -> Result<(TopicName, GroupName), ApiEr
     tag = "groups",
     summary = "The shared subscriptions live on this instance, with their members",
     params(
-        ("topic" = Option<String>, Query, description = "exact topic", min_length = 1, max_length = 499),
+        ("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("group" = Option<String>, Query, description = "exact group", pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249),
     ),
     security(("admin_token" = [])),
@@ -66,7 +66,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     tag = "groups",
     summary = "One group: its stored floor and lag per partition, and its members when live here",
     params(
-        ("topic" = String, Path, description = "topic name", min_length = 1, max_length = 499),
+        ("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("group" = String, Path, description = "group", pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249),
     ),
     security(("admin_token" = [])),
@@ -75,7 +75,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
-        (status = 404, description = "unknown_topic", body = crate::http::schemas::ErrorBody),
+        (status = 404, description = "unknown_topic, or not_found: the group has no floor stored here and no members here", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -87,6 +87,9 @@ pub async fn view(State(app): State<AppState>, Path((topic, group)): Path<(Strin
         Some(v) => (Some(v.order), v.members, v.waiting),
         None => (None, Vec::new(), 0),
     };
+    if order.is_none() && partitions.iter().all(|p| p["committed"].is_null()) {
+        return Err(ApiError::not_found(format!("group {group} of topic {topic} has no floor stored here and no members here")));
+    }
     Ok(Json(json!({
         "topic": topic.as_str(),
         "group": group.as_str(),
@@ -106,7 +109,7 @@ pub async fn view(State(app): State<AppState>, Path((topic, group)): Path<(Strin
     tag = "groups",
     summary = "Reset a group's floor on a partition while it has no members here (backwards allowed, at most the log end)",
     params(
-        ("topic" = String, Path, description = "topic name", min_length = 1, max_length = 499),
+        ("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("group" = String, Path, description = "group", pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249),
         ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0),
     ),
@@ -139,7 +142,7 @@ pub async fn reset(
     tag = "groups",
     summary = "Forget a group's stored floors on a topic while it has no members here",
     params(
-        ("topic" = String, Path, description = "topic name", min_length = 1, max_length = 499),
+        ("topic" = String, Path, description = "topic name", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("group" = String, Path, description = "group", pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249),
     ),
     security(("admin_token" = [])),

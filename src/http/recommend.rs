@@ -19,8 +19,8 @@ use super::AppState;
     tag = "cluster",
     summary = "The live instance this client should use (rendezvous hashing)",
     params(
-        ("client_id" = Option<String>, Query, description = "client id (this or group)", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
-        ("group" = Option<String>, Query, description = "a shared subscription's group: the instance it lives on", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
+        ("client_id" = String, Query, description = "client id (not needed with group)", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("group" = Option<String>, Query, description = "a shared subscription's group: the instance it lives on (instead of client_id's)", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
     ),
     responses(
         (status = 200, body = crate::http::schemas::Recommendation),

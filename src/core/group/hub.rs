@@ -44,6 +44,8 @@ struct Distributor {
     answers: FuturesUnordered<Answer>,
     /// A member joined once: from then on, no members and none joining stops the group.
     joined_once: bool,
+    /// This run of the group (`Groups`): what its messages to members carry.
+    generation: u64,
     /// The hub's `subscribe` is on its way (its answer not in).
     subscribing: bool,
     /// The resume token the hub subscribed with: per partition the highest its members brought.
@@ -84,6 +86,7 @@ pub(super) async fn distribute(
         joining: Vec::new(),
         answers: FuturesUnordered::new(),
         joined_once: false,
+        generation,
         subscribing: false,
         resumed: BTreeMap::new(),
         floors: BTreeMap::new(),
@@ -122,7 +125,7 @@ pub(super) async fn distribute(
         let _ = reply.send(Err(FrameError::new(ErrorCode::Unavailable, format!("group {group} of topic {topic} stopped; subscribe again"))));
     }
     for link in g.members.values() {
-        link.control.send(SessionControl::Group(GroupMessage::Ended { topic: topic.clone() }));
+        link.control.send(SessionControl::Group { generation, message: GroupMessage::Ended { topic: topic.clone() } });
     }
     tracing::info!(%topic, %group, "shared subscription stopped on this instance");
 }
@@ -294,7 +297,7 @@ impl Distributor {
                     }
                 }
                 if let Some(link) = self.members.get(&member).filter(|_| !frames.is_empty()) {
-                    link.control.send(SessionControl::Group(GroupMessage::Frames(frames)));
+                    link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Frames(frames) });
                 }
             }
             Asker::Subscribe => {
@@ -341,7 +344,7 @@ impl Distributor {
                 let offered = Offered { delivery: event.delivery, key: event.key, text: event.text };
                 if let Some(taken) = self.sharing.offer(offered) {
                     if let Some(link) = self.members.get(&taken.member) {
-                        link.control.send(SessionControl::Group(GroupMessage::TakenBack(vec![taken.delivery])));
+                        link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::TakenBack(vec![taken.delivery]) });
                     }
                 }
             }
@@ -351,7 +354,7 @@ impl Distributor {
                     // A gap the hub's reads found concerns every member.
                     "gap" => {
                         for link in self.members.values() {
-                            link.control.send(SessionControl::Group(GroupMessage::Frames(vec![text.clone()])));
+                            link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Frames(vec![text.clone()]) });
                         }
                     }
                     "error" => tracing::warn!(topic = %self.topic, group = %self.group, frame = %text, "a shared subscription's hub reported an error"),
@@ -361,7 +364,7 @@ impl Distributor {
             Outbound::SharedGone(partition, offset) => {
                 if let Some(taken) = self.sharing.forget((partition, offset)) {
                     if let Some(link) = self.members.get(&taken.member) {
-                        link.control.send(SessionControl::Group(GroupMessage::TakenBack(vec![taken.delivery])));
+                        link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::TakenBack(vec![taken.delivery]) });
                     }
                 }
             }
@@ -389,7 +392,7 @@ impl Distributor {
         for (member, events) in by_member {
             if let Some(link) = self.members.get(&member) {
                 // A member whose session ended meanwhile leaves next; its events are released then.
-                link.control.send(SessionControl::Group(GroupMessage::Events { topic: self.topic.clone(), events }));
+                link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Events { topic: self.topic.clone(), events } });
             }
         }
     }

@@ -118,6 +118,11 @@ pub struct GroupHandle {
 }
 
 impl GroupHandle {
+    /// This run of the group: the messages of another run are not for its members.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     pub fn leave(&self, member: u64) {
         let _ = self.commands.send(Command::Leave { member });
     }

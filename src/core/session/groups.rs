@@ -193,12 +193,19 @@ impl Session {
         }
     }
 
-    pub(super) fn on_group_message(&mut self, message: GroupMessage) -> Step {
+    /// True when the session is a member, on `topic`, of the group run `generation`.
+    fn joined_run(&self, topic: &TopicName, generation: u64) -> bool {
+        self.groups.as_ref().and_then(|g| g.joined.get(topic)).is_some_and(|(_, handle)| handle.generation() == generation)
+    }
+
+    pub(super) fn on_group_message(&mut self, generation: u64, message: GroupMessage) -> Step {
         match message {
             GroupMessage::Events { topic, events } => {
-                let Some(groups) = self.groups.as_mut().filter(|g| g.joined.contains_key(&topic)) else {
-                    return Step::Continue; // left meanwhile: the group released them
-                };
+                // Left meanwhile (the group released them), or of a run it no longer belongs to.
+                if !self.joined_run(&topic, generation) {
+                    return Step::Continue;
+                }
+                let Some(groups) = self.groups.as_mut() else { return Step::Continue };
                 let n = events.len() as u64;
                 for (delivery, text) in events {
                     groups.held.insert(delivery, topic.clone());
@@ -220,7 +227,7 @@ impl Session {
                 }
             }
             GroupMessage::Ended { topic } => {
-                if self.groups.as_ref().is_some_and(|g| g.joined.contains_key(&topic)) {
+                if self.joined_run(&topic, generation) {
                     self.leave_group(&topic);
                     self.send(ServerFrame::Reconnect { after_ms: 0, instance: None, ws_url: None });
                     return Step::Close(close_code::DRAINING, "the shared subscription stopped on this instance; subscribe again");

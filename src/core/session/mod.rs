@@ -475,7 +475,7 @@ impl Session {
                 self.on_redrive_scanned(&topic, subscription);
                 Step::Continue
             }
-            SessionControl::Group(message) => self.on_group_message(message),
+            SessionControl::Group { generation, message } => self.on_group_message(generation, message),
         }
     }
 
