@@ -461,12 +461,7 @@ async fn an_sse_member_joins_with_group_in_its_url_and_its_event_ids_carry_the_g
 async fn on_rocketmq_pop_members_share_keyed_events_each_acked_once_keys_in_order() {
     let broker = crate::rocketmq_broker::TestRocketMq::start();
     let (_dir, data) = temp_dir();
-    let mut config = test_config(&data);
-    config.storage.backend = ackgate::config::BackendKind::RocketMq;
-    config.rocketmq.namesrv_addr = broker.namesrv();
-    config.rocketmq.mode = ackgate::config::RocketMqMode::Pop;
-    config.rocketmq.consumer_group = "ackgate-groups".into();
-    let gw = InProcess::start(config).await;
+    let gw = InProcess::start(rocketmq_config(&data, &broker, ackgate::config::RocketMqMode::Pop)).await;
     let seen = share(gw.addr(), &gw.base, "rwork", "key", &[Member::Acker; 3], 2_000).await;
     check_each_event_acked_once(&seen, 2_000);
     assert!(seen.acked.iter().all(|a| *a > 0), "{:?}", seen.acked);
@@ -555,5 +550,61 @@ async fn an_event_the_group_gives_up_on_frees_its_members_room() {
     assert_eq!(second["offset"], 1, "{second}");
     let (_, dead) = get_json(&format!("{}/admin/dead-letters?topic=poison", gw.base)).await;
     assert_eq!(dead["dead_letters"][0]["client_id"], "$g", "{dead}");
+    gw.stop().await;
+}
+
+fn rocketmq_config(data: &std::path::Path, broker: &crate::rocketmq_broker::TestRocketMq, mode: ackgate::config::RocketMqMode) -> ackgate::config::Config {
+    let mut config = test_config(data);
+    config.storage.backend = ackgate::config::BackendKind::RocketMq;
+    config.rocketmq.namesrv_addr = broker.namesrv();
+    config.rocketmq.mode = mode;
+    config.rocketmq.consumer_group = "ackgate-groups".into();
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rocketmq_pull_members_share_keyed_events_each_acked_once_keys_in_order() {
+    let broker = crate::rocketmq_broker::TestRocketMq::start();
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(rocketmq_config(&data, &broker, ackgate::config::RocketMqMode::Pull)).await;
+    let seen = share(gw.addr(), &gw.base, "rpull", "key", &[Member::Acker; 3], 2_000).await;
+    check_each_event_acked_once(&seen, 2_000);
+    floor_reaches_log_end(&gw.base, "rpull").await;
+    gw.stop().await;
+}
+
+/// A group on a RocketMQ lite topic (`parent@lite`): its floor is stored under the lite topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_rocketmq_lite_topic_members_share_its_events() {
+    let broker = crate::rocketmq_broker::TestRocketMq::start();
+    let (_dir, data) = temp_dir();
+    let mut config = rocketmq_config(&data, &broker, ackgate::config::RocketMqMode::Pop);
+    config.rocketmq.lite_parents = vec!["rooms".into()];
+    let gw = InProcess::start(config).await;
+    let (status, body) = post_json(&format!("{}/topics", gw.base), json!({"name": "rooms", "partitions": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut members = Vec::new();
+    for m in 0..2 {
+        let mut member = TestClient::connect(gw.addr(), &format!("lite-{m}")).await;
+        assert_eq!(member.subscribe("rooms@r1", json!({"group": "g"})).await["group"], "g");
+        members.push(member);
+    }
+    let events: Vec<Value> = (0..200).map(|n| json!({"payload": {"n": n}})).collect();
+    let (status, body) = post_json(&format!("{}/topics/rooms@r1/events", gw.base), json!({ "events": events })).await;
+    assert_eq!(status, 200, "{body}");
+    let mut got: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+    let mut shares = [0usize; 2];
+    while got.len() < 200 {
+        for (m, member) in members.iter_mut().enumerate() {
+            if let Some(event) = member.try_recv(Duration::from_millis(20)).await.filter(|f| f["type"] == "event") {
+                *got.entry((event["partition"].as_u64().unwrap(), event["offset"].as_u64().unwrap())).or_default() += 1;
+                shares[m] += 1;
+                member.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+            }
+        }
+    }
+    assert!(got.values().all(|n| *n == 1), "each event once");
+    assert!(shares.iter().all(|s| *s > 0), "{shares:?}");
+    floor_reaches_log_end(&gw.base, "rooms@r1").await;
     gw.stop().await;
 }
