@@ -214,6 +214,16 @@ pub enum ShareOrder {
     Key,
 }
 
+impl ShareOrder {
+    /// As `subscribe` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Key => "key",
+        }
+    }
+}
+
 /// `group` and `order` of a `subscribe`: the session joins shared subscription `name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupJoin {

@@ -209,7 +209,7 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
     // Each topic once: a URL naming one over and over would re-plan it as many times.
     for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty() && named.insert(*t)) {
         let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
-        let frame = match token.get(topic.as_str()) {
+        let mut frame = match token.get(topic.as_str()) {
             Some(resume) => {
                 let offsets: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.offset)).collect();
                 let epochs: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.epoch)).collect();
@@ -217,7 +217,6 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
             }
             None => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
         };
-        let mut frame = frame;
         if let Some(group) = group {
             frame["group"] = json!(group);
         }

@@ -8,10 +8,6 @@ use serde_json::Value;
 
 use crate::support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Instance `gw-{i}` of a cluster of `urls`, on `port`, probing its peers every 100 ms.
 fn peer_config(data: &std::path::Path, i: usize, port: u16, urls: &[String]) -> ackgate::config::Config {
     let mut config = test_config(data);

@@ -269,10 +269,6 @@ async fn group_names_and_orders_are_checked_and_the_group_is_listed_and_reset_wh
     gw.stop().await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_subscribes_on_another_instance_is_sent_to_the_groups_instance() {
     let ports = [free_port(), free_port()];

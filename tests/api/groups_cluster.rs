@@ -26,10 +26,6 @@ struct Seen {
     homes: Vec<String>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// The `ws_url` of the group's instance, asked of the known instances in turn.
 async fn group_home(known: &[String]) -> Option<String> {
     for base in known {
@@ -105,24 +101,15 @@ async fn member(me: usize, known: Vec<String>, seen: Arc<Mutex<Seen>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_groups_instance_sigkilled_its_members_follow_to_the_next_and_nothing_is_lost() {
     let broker = TestBroker::start();
-    let bootstrap = broker.bootstrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let peers = serde_json::to_string(&urls).unwrap();
-    let dirs: Vec<(tempfile::TempDir, std::path::PathBuf)> = (0..3).map(|_| temp_dir()).collect();
-    let env = [
-        ("ACKGATE_STORAGE__BACKEND", "kafka"),
-        ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
-        ("ACKGATE_CLUSTER__PEERS", peers.as_str()),
-        ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
-    ];
-    let mut gateways: Vec<Option<Process>> = (0..3).map(|i| Some(Process::start_at(&dirs[i].1, &format!("127.0.0.1:{}", ports[i]), &env))).collect();
+    let cluster = KafkaCluster::new(broker.bootstrap(), 3);
+    let (ports, urls) = (&cluster.ports, &cluster.urls);
+    let mut gateways: Vec<Option<Process>> = (0..3).map(|i| Some(cluster.start(i))).collect();
     let created = http().post(format!("{}/topics", urls[0])).json(&json!({"name": TOPIC, "partitions": PARTITIONS})).send().await.unwrap();
     assert_eq!(created.status(), 200);
     // Every instance names the same home for the group before members come.
     wait_for("the instances agree on the group's home", async || {
         let mut homes = BTreeSet::new();
-        for base in &urls {
+        for base in urls {
             let (_, answer) = get_json(&format!("{base}/session/recommend?group=g")).await;
             homes.insert(answer["ws_url"].as_str().unwrap_or_default().to_string());
         }

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::free_port;
+
 pub struct TestBroker {
     dir: tempfile::TempDir,
     pub port: u16,
@@ -23,10 +25,6 @@ fn binary() -> PathBuf {
     });
     assert!(path.exists(), "Kafka test broker missing at {}: run `scripts/kafka-test-broker install`", path.display());
     path
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl TestBroker {

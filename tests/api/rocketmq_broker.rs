@@ -2,13 +2,14 @@
 //! port; `scripts/rocketmq-test-broker install` builds them), one pair per test, started through
 //! `scripts/rocketmq-test-broker start PORT` with its data in a temp dir, stopped on drop.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use ackgate::backend::rocketmq::message::StoredMessage;
 use ackgate::backend::rocketmq::remoting::{code, Remoting, Response};
+
+use crate::support::free_port;
 
 pub struct TestRocketMq {
     dir: tempfile::TempDir,
@@ -19,10 +20,6 @@ pub struct TestRocketMq {
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/rocketmq-test-broker")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl TestRocketMq {

@@ -591,3 +591,39 @@ pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
     let data = dir.path().join("data");
     (dir, data)
 }
+
+/// A port free on 127.0.0.1 now (for an instance that must know its peers' URLs before it starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Real gateways on one Kafka-protocol broker, each on its own port and data dir, each naming all
+/// of them in `cluster.peers` (probed every 200 ms).
+pub struct KafkaCluster {
+    pub ports: Vec<u16>,
+    pub urls: Vec<String>,
+    peers: String,
+    bootstrap: String,
+    dirs: Vec<(tempfile::TempDir, PathBuf)>,
+}
+
+impl KafkaCluster {
+    pub fn new(bootstrap: String, instances: usize) -> Self {
+        let ports: Vec<u16> = (0..instances).map(|_| free_port()).collect();
+        let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let peers = serde_json::to_string(&urls).unwrap();
+        let dirs = (0..instances).map(|_| temp_dir()).collect();
+        Self { ports, urls, peers, bootstrap, dirs }
+    }
+
+    /// Starts instance `i` (again: on its own port and data dir).
+    pub fn start(&self, i: usize) -> Process {
+        let env = [
+            ("ACKGATE_STORAGE__BACKEND", "kafka"),
+            ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", self.bootstrap.as_str()),
+            ("ACKGATE_CLUSTER__PEERS", self.peers.as_str()),
+            ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
+        ];
+        Process::start_at(&self.dirs[i].1, &format!("127.0.0.1:{}", self.ports[i]), &env)
+    }
+}

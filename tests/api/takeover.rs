@@ -6,7 +6,6 @@
 //! `committed` offsets their `ack_ok` frames confirmed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,10 +21,6 @@ const TOPIC: &str = "takeover";
 const PARTITIONS: u32 = 4;
 const CLIENTS: usize = 30;
 const EVENTS: u64 = 3_000;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// What one following client saw.
 #[derive(Default, Debug)]
@@ -163,18 +158,9 @@ async fn recommended(known: &mut Vec<String>, client_id: &str) -> Option<String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_survivors() {
     let broker = TestBroker::start();
-    let bootstrap = broker.bootstrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let peers = serde_json::to_string(&urls).unwrap();
-    let dirs: Vec<(tempfile::TempDir, std::path::PathBuf)> = (0..3).map(|_| temp_dir()).collect();
-    let env = [
-        ("ACKGATE_STORAGE__BACKEND", "kafka"),
-        ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
-        ("ACKGATE_CLUSTER__PEERS", peers.as_str()),
-        ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
-    ];
-    let mut gateways: Vec<Option<Process>> = (0..3).map(|i| Some(Process::start_at(&dirs[i].1, &format!("127.0.0.1:{}", ports[i]), &env))).collect();
+    let cluster = KafkaCluster::new(broker.bootstrap(), 3);
+    let (ports, urls) = (&cluster.ports, &cluster.urls);
+    let mut gateways: Vec<Option<Process>> = (0..3).map(|i| Some(cluster.start(i))).collect();
     let first = gateways[0].as_ref().unwrap().base.clone();
     let created = http().post(format!("{first}/topics")).json(&json!({"name": TOPIC, "partitions": PARTITIONS})).send().await.unwrap();
     assert_eq!(created.status(), 200);
@@ -271,7 +257,7 @@ async fn a_killed_instance_loses_no_event_its_clients_follow_recommend_to_the_su
 
     // The killed instance comes back with the offsets it had stored when it died. A client that
     // moved away and later lands on it again resumes from its token, not from that stale offset.
-    let restarted = Process::start_at(&dirs[victim].1, &format!("127.0.0.1:{}", ports[victim]), &env);
+    let restarted = cluster.start(victim);
     let (mover, token) = seen
         .iter()
         .enumerate()

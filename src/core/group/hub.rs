@@ -196,10 +196,7 @@ impl Distributor {
                         Some(MemberView { session_id: link.session_id.clone(), client_id: link.client_id.to_string(), in_flight, keys })
                     })
                     .collect();
-                let order = match self.sharing.order() {
-                    ShareOrder::Key => "key",
-                    ShareOrder::None => "none",
-                };
+                let order = self.sharing.order().as_str();
                 let _ = reply.send(GroupView { topic: self.topic.to_string(), group: self.group.to_string(), order, members, waiting: self.sharing.waiting() });
             }
         }

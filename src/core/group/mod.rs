@@ -226,9 +226,4 @@ impl Groups {
         views.sort_by(|a, b| (&a.topic, &a.group).cmp(&(&b.topic, &b.group)));
         views
     }
-
-    /// True while the group has a hub on this instance.
-    pub fn is_live(&self, topic: &TopicName, group: &GroupName) -> bool {
-        self.live.lock().unwrap().get(&(topic.clone(), group.clone())).is_some_and(|h| !h.commands.is_closed())
-    }
 }
