@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::core::delivery_settings::ResetPolicy;
 
+pub mod address_range;
 mod environment;
 pub mod origin;
 pub mod template;
@@ -122,6 +123,13 @@ pub struct ServerConfig {
     /// only when this is set. ["*"]: any Host (no check). An anonymous listener off loopback
     /// (auth.allow_anonymous) needs it set.
     pub allowed_hosts: Vec<String>,
+    /// Reverse proxies (addresses or CIDR ranges, e.g. ["127.0.0.1", "10.0.0.0/8"]) whose
+    /// X-Forwarded-For / X-Forwarded-Proto / X-Forwarded-Host or Forwarded headers are believed: the
+    /// client address they name is the one limits.max_connections_per_ip counts, logs and
+    /// /admin/sessions show, and the scheme and host they name are the page's in the Origin and Host
+    /// checks. Nobody else's forwarding headers are (a client could name any address). Empty = none
+    /// (docs/deployment.md).
+    pub trusted_proxies: Vec<String>,
     /// A connection that has not sent a whole request head this long after it was accepted (or,
     /// between requests, after the head's first byte) is closed: slowloris sockets never pile up.
     pub header_read_timeout_ms: u64,
@@ -162,6 +170,7 @@ impl Default for ServerConfig {
             tls_handshake_timeout_ms: 10_000,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
+            trusted_proxies: Vec::new(),
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
@@ -815,6 +824,11 @@ impl Config {
         for origin in &self.server.allowed_origins {
             if origin != "*" && origin::parse_origin(origin).is_none() {
                 problems.push(format!("server.allowed_origins: {origin:?} is not \"*\" or scheme://host[:port]"));
+            }
+        }
+        for range in &self.server.trusted_proxies {
+            if address_range::AddressRange::parse(range).is_none() {
+                problems.push(format!("server.trusted_proxies: {range:?} is not an address or address/prefix (e.g. \"10.0.0.0/8\")"));
             }
         }
         match self.storage.backend {

@@ -292,6 +292,16 @@ impl Gateway {
                 "serving off loopback without full auth (auth.allow_anonymous = true): anyone who can reach this address can act as any client"
             );
         }
+        let public_host = crate::config::origin::parse_origin(&config.server.public_url).map(|o| o.host);
+        if config.server.listens_on_loopback() && config.server.trusted_proxies.is_empty() && public_host.as_deref().is_some_and(|h| !is_loopback_name(h)) {
+            // Only a proxy on this host can reach a loopback listener for a public name: every
+            // client then has the proxy's address.
+            tracing::warn!(
+                listen = %config.server.listen,
+                public_url = %config.server.public_url,
+                "listening on loopback behind a proxy (public_url names another host) without server.trusted_proxies: per-IP limits, logs and /admin/sessions see the proxy's address, not the clients' (docs/deployment.md)"
+            );
+        }
         if !config.cluster.peers.is_empty() && config.server.public_url.is_empty() {
             // Rendezvous hashing ranks instances by their URL strings: a default public_url
             // (`http://<listen>`, e.g. 0.0.0.0) differs from how peers name this instance, so the
@@ -348,6 +358,7 @@ impl Gateway {
             tls_handshake_timeout: Duration::from_millis(config.server.tls_handshake_timeout_ms),
             linger,
             unacknowledged_timeout: unacknowledged_timeout(&config),
+            trusted_proxies: Arc::new(crate::http::forwarded::TrustedProxies::new(&config.server.trusted_proxies)),
         };
         tracing::info!(
             max_connections = limits.max_connections,
@@ -575,4 +586,9 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             }
         }
     });
+}
+
+/// A host name that means this machine: `localhost`, a loopback address.
+fn is_loopback_name(host: &str) -> bool {
+    host == "localhost" || host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }

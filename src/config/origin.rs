@@ -40,6 +40,16 @@ pub fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
     (!host.is_empty()).then_some((host, port))
 }
 
+/// `scheme://host[:port]`, the port left out when it is the scheme's default.
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match default_port(&self.scheme) {
+            Some(port) if port == self.port => write!(f, "{}://{}", self.scheme, self.host),
+            _ => write!(f, "{}://{}:{}", self.scheme, self.host, self.port),
+        }
+    }
+}
+
 /// Parses `scheme://host[:port]` (no path). `None` for anything else, `null` included.
 pub fn parse_origin(text: &str) -> Option<Origin> {
     let (scheme, authority) = text.trim().split_once("://")?;

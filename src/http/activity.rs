@@ -27,6 +27,9 @@ pub struct Activity {
     fd: std::sync::atomic::AtomicI32,
     /// Bytes its send queue held when last asked (`u64::MAX`: never asked).
     pub(super) queued: AtomicU64,
+    /// The per-IP slot of the client a trusted proxy named for the WebSocket this connection was
+    /// upgraded to (`http::forwarded`): released with the connection.
+    pub(super) forwarded_slot: std::sync::Mutex<Option<super::connection_counts::ConnectionSlot>>,
 }
 
 impl Activity {
@@ -41,6 +44,7 @@ impl Activity {
             last_write_ms: AtomicU64::new(0),
             fd: std::sync::atomic::AtomicI32::new(-1),
             queued: AtomicU64::new(u64::MAX),
+            forwarded_slot: std::sync::Mutex::new(None),
         }
     }
 

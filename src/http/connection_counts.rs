@@ -18,11 +18,16 @@ pub struct ConnectionCounts {
 pub struct ConnectionSlot {
     counts: Arc<ConnectionCounts>,
     ip: Option<IpAddr>,
+    /// Counted in `open` too (a forwarded client's slot is only counted per IP: its proxy's
+    /// connection holds the slot in all).
+    in_all: bool,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.counts.open.fetch_sub(1, Ordering::Relaxed);
+        if self.in_all {
+            self.counts.open.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(ip) = self.ip {
             let mut per_ip = self.counts.per_ip.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(n) = per_ip.get_mut(&ip) {
@@ -52,15 +57,26 @@ impl Refusal {
         }
     }
 
-    /// The whole HTTP answer: status line, headers and the error body, then the connection closes.
-    pub(super) fn response(self) -> Vec<u8> {
-        let (status, code, message) = match self {
+    /// Status line, error code and message.
+    fn parts(self) -> (&'static str, &'static str, &'static str) {
+        match self {
             Refusal::Capacity => {
                 ("503 Service Unavailable", "unavailable", "this instance has no room for more connections; retry later or use another instance")
             }
             Refusal::PerIp => ("429 Too Many Requests", "limit_exceeded", "too many connections from this address (limits.max_connections_per_ip)"),
-        };
-        let body = format!(r#"{{"error":{{"code":"{code}","message":"{message}"}}}}"#);
+        }
+    }
+
+    /// The error body, as `ApiError` writes one.
+    pub(super) fn body(self) -> String {
+        let (_, code, message) = self.parts();
+        format!(r#"{{"error":{{"code":"{code}","message":"{message}"}}}}"#)
+    }
+
+    /// The whole HTTP answer: status line, headers and the error body, then the connection closes.
+    pub(super) fn response(self) -> Vec<u8> {
+        let (status, _, _) = self.parts();
+        let body = self.body();
         let retry = if self == Refusal::Capacity { "retry-after: 1\r\n" } else { "" };
         format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry}connection: close\r\n\r\n{body}", body.len()).into_bytes()
     }
@@ -78,17 +94,26 @@ impl ConnectionCounts {
             return Err(Refusal::Capacity);
         }
         if max_per_ip == 0 {
-            return Ok(ConnectionSlot { counts: self.clone(), ip: None });
+            return Ok(ConnectionSlot { counts: self.clone(), ip: None, in_all: true });
         }
+        self.admit_per_ip(ip, max_per_ip, true).inspect_err(|_| {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Takes a slot for the client a trusted proxy names (`http::forwarded`), counted per IP only.
+    pub(super) fn admit_forwarded(self: &Arc<Self>, ip: IpAddr, max_per_ip: usize) -> Result<ConnectionSlot, Refusal> {
+        self.admit_per_ip(ip, max_per_ip, false)
+    }
+
+    fn admit_per_ip(self: &Arc<Self>, ip: IpAddr, max_per_ip: usize, in_all: bool) -> Result<ConnectionSlot, Refusal> {
         let mut per_ip = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
         let n = per_ip.entry(ip).or_insert(0);
         if *n >= max_per_ip {
-            drop(per_ip);
-            self.open.fetch_sub(1, Ordering::Relaxed);
             return Err(Refusal::PerIp);
         }
         *n += 1;
-        Ok(ConnectionSlot { counts: self.clone(), ip: Some(ip) })
+        Ok(ConnectionSlot { counts: self.clone(), ip: Some(ip), in_all })
     }
 }
 
@@ -110,6 +135,18 @@ mod tests {
         assert_eq!(counts.open(), 2);
         let _a3 = counts.admit(a, 3, 2).expect("a's slot came back");
         assert_eq!(counts.admit(b, 3, 2).err(), Some(Refusal::Capacity), "refusals took no slot");
+    }
+
+    #[test]
+    fn a_forwarded_clients_slot_counts_per_ip_only() {
+        let counts = Arc::new(ConnectionCounts::default());
+        let client: IpAddr = "203.0.113.9".parse().unwrap();
+        let first = counts.admit_forwarded(client, 2).unwrap();
+        let _second = counts.admit_forwarded(client, 2).unwrap();
+        assert_eq!(counts.admit_forwarded(client, 2).err(), Some(Refusal::PerIp));
+        assert_eq!(counts.open(), 0, "the proxy's connection holds the slot in all");
+        drop(first);
+        assert!(counts.admit_forwarded(client, 2).is_ok(), "given back on drop");
     }
 
     #[test]

@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::activity::{Activity, HasActivity};
-pub use super::connection_counts::{ConnectionCounts, Refusal};
+pub use super::connection_counts::{ConnectionCounts, ConnectionSlot, Refusal};
+use super::forwarded::TrustedProxies;
 use super::lingering::{Linger, LingeringStream, PeerAddr};
 use super::tls::Tls;
 use crate::core::log_throttle::Throttled;
@@ -54,6 +55,9 @@ pub struct ConnectionLimits {
     /// Sent data unacknowledged this long (a peer gone without a FIN) makes the kernel drop the
     /// connection (TCP_USER_TIMEOUT); `None` = the kernel's retransmission limit (~15 minutes).
     pub unacknowledged_timeout: Option<Duration>,
+    /// `server.trusted_proxies`: a connection from one of them is counted per IP by the client
+    /// each request names, not by the proxy's address.
+    pub trusted_proxies: Arc<TrustedProxies>,
 }
 
 /// Descriptors kept for everything but client connections (RocksDB's files, the backend's
@@ -130,7 +134,9 @@ pub async fn serve(
                 continue;
             }
         };
-        let slot = match counts.admit(remote.ip(), limits.max_connections, limits.max_per_ip) {
+        // A proxy's connections carry many clients: each is counted per IP as its requests name it.
+        let max_per_ip = if limits.trusted_proxies.trusts(remote.ip()) { 0 } else { limits.max_per_ip };
+        let slot = match counts.admit(remote.ip(), limits.max_connections, max_per_ip) {
             Ok(slot) => slot,
             Err(refusal) => {
                 connections_refused(refusal.label()).increment(1);
@@ -143,13 +149,13 @@ pub async fn serve(
         };
         configure_socket(&tcp, limits.unacknowledged_timeout);
         let stream = LingeringStream::new(tcp, limits.linger, Some(slot));
-        let (router, tls, limits, stop) = (router.clone(), tls.clone(), limits.clone(), stop.clone());
+        let (router, tls, limits, stop, counts) = (router.clone(), tls.clone(), limits.clone(), stop.clone(), counts.clone());
         connections.spawn(async move {
             match tls {
-                None => serve_connection(stream, remote, router, &limits, stop).await,
+                None => serve_connection(stream, remote, router, &limits, counts, stop).await,
                 Some(tls) => {
                     if let Some(stream) = tls.handshake(stream, limits.tls_handshake_timeout).await {
-                        serve_connection(stream, remote, router, &limits, stop).await
+                        serve_connection(stream, remote, router, &limits, counts, stop).await
                     }
                 }
             }
@@ -194,17 +200,50 @@ fn configure_socket(tcp: &TcpStream, unacknowledged_timeout: Option<Duration>) {
     }
 }
 
-/// Hands the request to the router with the peer's address, counting it for the watchdog; a
-/// body is timed from here until it has been read to its end (or dropped unread).
-async fn route(
+/// What `route` needs of the connection beyond the request.
+#[derive(Clone)]
+struct Routing {
     router: Router,
     activity: Arc<Activity>,
     remote: SocketAddr,
     body_read_timeout: Duration,
-    request: hyper::Request<Incoming>,
-) -> Result<axum::response::Response, Infallible> {
+    trusted_proxies: Arc<TrustedProxies>,
+    counts: Arc<ConnectionCounts>,
+    max_per_ip: usize,
+}
+
+/// The client of a request from a trusted proxy (`http::forwarded`) and its per-IP slot, held
+/// while the request is answered (an upgraded WebSocket's for the connection's life); `Err` with
+/// why when its address has no slot left.
+fn forwarded_client(routing: &Routing, request: &mut hyper::Request<Incoming>) -> Result<(SocketAddr, Option<ConnectionSlot>), Refusal> {
+    let Some(forwarded) = routing.trusted_proxies.forwarded(routing.remote.ip(), request.headers()) else {
+        return Ok((routing.remote, None));
+    };
+    let client = SocketAddr::new(forwarded.client, 0);
+    request.extensions_mut().insert(forwarded);
+    if routing.max_per_ip == 0 {
+        return Ok((client, None));
+    }
+    let slot = routing.counts.admit_forwarded(client.ip(), routing.max_per_ip)?;
+    Ok((client, Some(slot)))
+}
+
+/// Hands the request to the router with the client's address, counting it for the watchdog; a
+/// body is timed from here until it has been read to its end (or dropped unread).
+async fn route(routing: Routing, mut request: hyper::Request<Incoming>) -> Result<axum::response::Response, Infallible> {
     use hyper::body::Body as _;
     use tower_service::Service;
+    let (remote, forwarded_slot) = match forwarded_client(&routing, &mut request) {
+        Ok(client) => client,
+        Err(refusal) => {
+            connections_refused(refusal.label()).increment(1);
+            let mut answer = axum::response::Response::new(Body::from(refusal.body()));
+            *answer.status_mut() = axum::http::StatusCode::TOO_MANY_REQUESTS;
+            answer.headers_mut().insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"));
+            return Ok(answer);
+        }
+    };
+    let Routing { router, activity, body_read_timeout, .. } = routing;
     activity.request_started();
     let mut request = if request.body().is_end_stream() {
         request.map(Body::new)
@@ -221,12 +260,17 @@ async fn route(
     let response = router.call(request).await?;
     let streaming = response.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
     if !streaming {
+        if response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS {
+            // A WebSocket: its client holds the slot for as long as the connection lives.
+            *activity.forwarded_slot.lock().unwrap_or_else(|e| e.into_inner()) = forwarded_slot;
+        }
         activity.request_done();
         return Ok(response);
     }
     // A Server-Sent Events stream is a request still being answered for as long as its body
-    // runs: the idle timeout must not cut it (its keepalive comments are writes, not requests).
-    let done = RequestDone(activity);
+    // runs: the idle timeout must not cut it (its keepalive comments are writes, not requests),
+    // and a forwarded client holds its slot as long.
+    let done = (RequestDone(activity), forwarded_slot);
     Ok(response.map(|body| {
         Body::from_stream(futures_util::StreamExt::map(body.into_data_stream(), move |chunk| {
             let _ = &done;
@@ -285,15 +329,22 @@ impl Drop for RequestDone {
     }
 }
 
-async fn serve_connection<IO>(io: IO, remote: SocketAddr, router: Router, limits: &ConnectionLimits, stop: CancellationToken)
+async fn serve_connection<IO>(io: IO, remote: SocketAddr, router: Router, limits: &ConnectionLimits, counts: Arc<ConnectionCounts>, stop: CancellationToken)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + HasActivity + Unpin + Send + 'static,
 {
     let activity = io.activity();
     activity.watching.store(true, Ordering::Relaxed);
-    let watched = activity.clone();
-    let body_read_timeout = limits.body_read_timeout;
-    let service = hyper::service::service_fn(move |request| route(router.clone(), watched.clone(), remote, body_read_timeout, request));
+    let routing = Routing {
+        router,
+        activity: activity.clone(),
+        remote,
+        body_read_timeout: limits.body_read_timeout,
+        trusted_proxies: limits.trusted_proxies.clone(),
+        counts,
+        max_per_ip: limits.max_per_ip,
+    };
+    let service = hyper::service::service_fn(move |request| route(routing.clone(), request));
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The watchdog below is the header-read timer (hyper's would also close idle keep-alive
     // connections after the shorter header-read time).

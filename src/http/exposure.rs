@@ -25,6 +25,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use super::forwarded::Forwarded;
 use super::AppState;
 use crate::config::origin::{parse_origin, split_host_port, Origin};
 use crate::config::Config;
@@ -71,9 +72,13 @@ impl Exposure {
 
     /// The Host check: `Err` with the reason when the request is addressed to a host that is
     /// not allowed. A request without any host (HTTP/1.0) cannot come from a browser and passes.
-    fn check_host(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), String> {
+    /// Behind a trusted proxy the host is the one the client sent the proxy (`X-Forwarded-Host`).
+    fn check_host(&self, headers: &HeaderMap, uri: &Uri, forwarded: Option<&Forwarded>) -> Result<(), String> {
         let Some(rules) = &self.hosts else { return Ok(()) };
-        let given = headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}").to_string()).or_else(|| uri.authority().map(|a| a.to_string()));
+        let given = forwarded
+            .and_then(|f| f.host.clone())
+            .or_else(|| headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}").to_string()))
+            .or_else(|| uri.authority().map(|a| a.to_string()));
         let Some(given) = given else { return Ok(()) };
         let Some((host, port)) = split_host_port(&given) else {
             return Err(format!("the Host header {given:?} is malformed"));
@@ -84,8 +89,9 @@ impl Exposure {
         Err(format!("requests addressed to host {host:?} are not served here; add it to server.allowed_hosts"))
     }
 
-    /// The Origin check, for requests that can act (see the module documentation).
-    fn check_origin(&self, headers: &HeaderMap) -> Result<(), String> {
+    /// The Origin check, for requests that can act (see the module documentation). The request's
+    /// own origin is the listener's scheme and the `Host`, or what a trusted proxy says of them.
+    fn check_origin(&self, headers: &HeaderMap, forwarded: Option<&Forwarded>) -> Result<(), String> {
         let Some(given) = headers.get(header::ORIGIN) else { return Ok(()) };
         if self.any_origin {
             return Ok(());
@@ -94,7 +100,9 @@ impl Exposure {
         let Some(origin) = parse_origin(text) else {
             return Err(format!("requests from origin {text:?} are not allowed; add it to server.allowed_origins"));
         };
-        let own = headers.get(header::HOST).and_then(|h| h.to_str().ok()).and_then(|h| parse_origin(&format!("{}://{h}", self.scheme)));
+        let scheme = forwarded.and_then(|f| f.scheme).unwrap_or(self.scheme);
+        let host = forwarded.and_then(|f| f.host.as_deref()).or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()));
+        let own = host.and_then(|h| parse_origin(&format!("{scheme}://{h}")));
         if own.as_ref() == Some(&origin) || self.origins.contains(&origin) {
             return Ok(());
         }
@@ -127,16 +135,19 @@ fn can_act(method: &Method, path: &str) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || path == "/ws" || path == "/sse"
 }
 
-/// `GET /sse` and `POST /sse/{id}/frames`: a page of an allowed origin other than the gateway's
-/// reads the stream and POSTs frames cross-origin, which the browser allows only with CORS.
-fn is_sse(path: &str) -> bool {
-    path == "/sse" || path.starts_with("/sse/")
+/// The routes a page of an allowed origin other than the gateway's uses cross-origin, which the
+/// browser allows only with CORS: `GET /sse` and `POST /sse/{id}/frames` (a stream and its
+/// frames), `POST /topics/{topic}/events` (publishing from a page), and `GET /static/ackgate.js`
+/// (the client, imported by `<script type="module">`, always a CORS request).
+fn is_cross_origin_route(path: &str) -> bool {
+    let publish = path.strip_prefix("/topics/").and_then(|rest| rest.strip_suffix("/events")).is_some_and(|topic| !topic.is_empty() && !topic.contains('/'));
+    path == "/sse" || path.starts_with("/sse/") || publish || path == "/static/ackgate.js"
 }
 
-/// CORS for the SSE routes, for an Origin the check allows: the preflight of a POST of frames
-/// (JSON with `Authorization`) is answered here, and the answers name the origin.
-async fn sse_cors(exposure: &Exposure, request: Request, next: Next) -> Response {
-    if let Err(message) = exposure.check_origin(request.headers()) {
+/// CORS for those routes, for an Origin the check allows: the preflight of a POST (JSON with
+/// `Authorization`, an `Idempotency-Key`) is answered here, and the answers name the origin.
+async fn cors(exposure: &Exposure, request: Request, next: Next) -> Response {
+    if let Err(message) = exposure.check_origin(request.headers(), request.extensions().get::<Forwarded>()) {
         return ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message).into_response();
     }
     let origin = request.headers()[header::ORIGIN].clone();
@@ -144,7 +155,7 @@ async fn sse_cors(exposure: &Exposure, request: Request, next: Next) -> Response
         let mut preflight = StatusCode::NO_CONTENT.into_response();
         let headers = preflight.headers_mut();
         headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST"));
-        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type, last-event-id"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type, idempotency-key, last-event-id"));
         headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
         preflight
     } else {
@@ -160,12 +171,13 @@ async fn sse_cors(exposure: &Exposure, request: Request, next: Next) -> Response
 /// Middleware: refuses with 403 `forbidden` what the checks refuse, before auth and routing.
 pub async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let exposure = &app.exposure;
-    let mut verdict = exposure.check_host(request.headers(), request.uri());
+    let forwarded = request.extensions().get::<Forwarded>();
+    let mut verdict = exposure.check_host(request.headers(), request.uri(), forwarded);
     if verdict.is_ok() && can_act(request.method(), request.uri().path()) {
-        verdict = check_fetch_metadata(request.headers(), request.uri().path()).and_then(|()| exposure.check_origin(request.headers()));
+        verdict = check_fetch_metadata(request.headers(), request.uri().path()).and_then(|()| exposure.check_origin(request.headers(), forwarded));
     }
     match verdict {
-        Ok(()) if is_sse(request.uri().path()) && request.headers().contains_key(header::ORIGIN) => sse_cors(exposure, request, next).await,
+        Ok(()) if is_cross_origin_route(request.uri().path()) && request.headers().contains_key(header::ORIGIN) => cors(exposure, request, next).await,
         Ok(()) => next.run(request).await,
         Err(message) => {
             // Anyone's page can make these: once a second, with the count left out.
@@ -214,19 +226,19 @@ mod tests {
     fn same_origin_and_listed_origins_pass_others_do_not() {
         let e = exposure("127.0.0.1:8080", false, &["https://app.example"], &[]);
         let own = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")]);
-        assert!(e.check_origin(&own).is_ok());
-        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080")])).is_ok(), "no Origin: not a browser");
-        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://app.example")])).is_ok());
-        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://10.0.0.8:8080")])).is_ok(), "a peer instance's page");
-        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://gw.example.com")])).is_ok(), "the public_url's page");
+        assert!(e.check_origin(&own, None).is_ok());
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080")]), None).is_ok(), "no Origin: not a browser");
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://app.example")]), None).is_ok());
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://10.0.0.8:8080")]), None).is_ok(), "a peer instance's page");
+        assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://gw.example.com")]), None).is_ok(), "the public_url's page");
         for evil in ["https://evil.example", "http://127.0.0.1:9999", "https://127.0.0.1:8080", "null", "https://app.example.evil.example"] {
-            assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", evil)])).is_err(), "{evil}");
+            assert!(e.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", evil)]), None).is_err(), "{evil}");
         }
         let tls = exposure("127.0.0.1:8443", true, &[], &[]);
-        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "https://localhost:8443")])).is_ok());
-        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "http://localhost:8443")])).is_err());
+        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "https://localhost:8443")]), None).is_ok());
+        assert!(tls.check_origin(&headers(&[("host", "localhost:8443"), ("origin", "http://localhost:8443")]), None).is_err());
         let any = exposure("127.0.0.1:8080", false, &["*"], &[]);
-        assert!(any.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example")])).is_ok());
+        assert!(any.check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example")]), None).is_ok());
     }
 
     #[test]
@@ -234,22 +246,37 @@ mod tests {
         let e = exposure("127.0.0.1:8080", false, &[], &["gw.internal", "other.internal:9000"]);
         let uri = Uri::from_static("/topics");
         for ok in ["localhost:8080", "127.0.0.1", "[::1]:8080", "LOCALHOST", "gw.example.com", "gw.internal:1234", "other.internal:9000"] {
-            assert!(e.check_host(&headers(&[("host", ok)]), &uri).is_ok(), "{ok}");
+            assert!(e.check_host(&headers(&[("host", ok)]), &uri, None).is_ok(), "{ok}");
         }
         for refused in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "other.internal:9001", "localhost.evil.example"] {
-            assert!(e.check_host(&headers(&[("host", refused)]), &uri).is_err(), "{refused}");
+            assert!(e.check_host(&headers(&[("host", refused)]), &uri, None).is_err(), "{refused}");
         }
-        assert!(e.check_host(&HeaderMap::new(), &uri).is_ok(), "no Host at all: HTTP/1.0, not a browser");
+        assert!(e.check_host(&HeaderMap::new(), &uri, None).is_ok(), "no Host at all: HTTP/1.0, not a browser");
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_pages_scheme_and_host_are_the_proxys() {
+        let e = exposure("127.0.0.1:8080", false, &[], &[]);
+        let uri = Uri::from_static("/ws");
+        let proxied = Forwarded { client: "203.0.113.9".parse().unwrap(), scheme: Some("https"), host: Some("localhost:8443".into()) };
+        let page = headers(&[("host", "127.0.0.1:8080"), ("origin", "https://localhost:8443")]);
+        assert!(e.check_origin(&page, None).is_err(), "without the proxy's word an https page is another origin");
+        assert!(e.check_origin(&page, Some(&proxied)).is_ok());
+        let evil = headers(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example")]);
+        assert!(e.check_origin(&evil, Some(&proxied)).is_err());
+        let rebound = Forwarded { host: Some("evil.example".into()), ..proxied.clone() };
+        assert!(e.check_host(&headers(&[("host", "127.0.0.1:8080")]), &uri, Some(&rebound)).is_err(), "the proxy's Host is checked");
+        assert!(e.check_host(&headers(&[("host", "127.0.0.1:8080")]), &uri, Some(&proxied)).is_ok());
     }
 
     #[test]
     fn elsewhere_the_host_check_applies_only_when_hosts_are_listed() {
         let open = exposure("0.0.0.0:8080", false, &[], &[]);
         let uri = Uri::from_static("/");
-        assert!(open.check_host(&headers(&[("host", "anything.example")]), &uri).is_ok());
+        assert!(open.check_host(&headers(&[("host", "anything.example")]), &uri, None).is_ok());
         let listed = exposure("0.0.0.0:8080", false, &[], &["gw.internal"]);
-        assert!(listed.check_host(&headers(&[("host", "gw.internal:8080")]), &uri).is_ok());
-        assert!(listed.check_host(&headers(&[("host", "evil.example")]), &uri).is_err());
+        assert!(listed.check_host(&headers(&[("host", "gw.internal:8080")]), &uri, None).is_ok());
+        assert!(listed.check_host(&headers(&[("host", "evil.example")]), &uri, None).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub(crate) mod dead_letters;
 pub(crate) mod drain;
 pub(crate) mod error;
 pub(crate) mod exposure;
+pub(crate) mod forwarded;
 pub(crate) mod gaps;
 pub(crate) mod groups;
 pub(crate) mod health;

@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 
 use axum::extract::{Query, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 use serde_json::json;
 
 use super::error::ApiError;
+use super::forwarded::Forwarded;
 use super::AppState;
 
 #[utoipa::path(
@@ -27,13 +29,27 @@ use super::AppState;
         (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn recommend(State(app): State<AppState>, Query(query): Query<HashMap<String, String>>) -> Result<impl IntoResponse, ApiError> {
+pub async fn recommend(
+    State(app): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    forwarded: Option<Extension<Forwarded>>,
+) -> Result<impl IntoResponse, ApiError> {
     // A group lives where rendezvous hashing on its name points, as a client does on its id.
     let key = match query.get("group") {
         Some(group) => crate::core::names::GroupName::parse(group).map_err(|e| ApiError::invalid_name(e.0))?.to_string(),
         None => super::required_client_id(&query)?.to_string(),
     };
-    let chosen = app.cluster.recommend(&key, !app.dispatcher.draining.is_cancelled());
+    let mut chosen = app.cluster.recommend(&key, !app.dispatcher.draining.is_cancelled());
+    if chosen.instance == app.dispatcher.instance && app.config.server.public_url.is_empty() {
+        // No public_url: this instance's default URL is its listen address (0.0.0.0 on a server,
+        // or a proxy's upstream): the URL this very request came in by is one the client can reach.
+        let scheme = forwarded.as_ref().and_then(|f| f.scheme).unwrap_or(if app.config.server.tls_cert.is_empty() { "http" } else { "https" });
+        let host = forwarded.as_ref().and_then(|f| f.host.clone()).or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
+        if let Some(origin) = host.and_then(|h| crate::config::origin::parse_origin(&format!("{scheme}://{h}"))) {
+            chosen.http_url = origin.to_string();
+        }
+    }
     // Readable from any origin: a browser page served by one instance asks the others when its
     // own is gone (the answer is the same public information to everyone).
     let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];

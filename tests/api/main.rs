@@ -33,6 +33,7 @@ mod power_loss;
 mod process;
 mod prometheus;
 mod restart;
+mod reverse_proxy;
 mod rocketmq;
 mod rocketmq_broker;
 mod rocketmq_lite;

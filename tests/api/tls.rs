@@ -19,7 +19,7 @@ use tokio_tungstenite::WebSocketStream;
 use crate::support::*;
 
 /// A self-signed certificate for localhost and 127.0.0.1, written as cert.pem / key.pem.
-fn write_certificate(dir: &std::path::Path) -> CertificateDer<'static> {
+pub(crate) fn write_certificate(dir: &std::path::Path) -> CertificateDer<'static> {
     let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
     std::fs::write(dir.join("cert.pem"), made.cert.pem()).unwrap();
     std::fs::write(dir.join("key.pem"), made.key_pair.serialize_pem()).unwrap();
@@ -27,7 +27,7 @@ fn write_certificate(dir: &std::path::Path) -> CertificateDer<'static> {
 }
 
 /// A client that trusts exactly `trusted` (and verifies the name, as browsers do).
-fn trusting(trusted: &CertificateDer<'static>) -> TlsConnector {
+pub(crate) fn trusting(trusted: &CertificateDer<'static>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(trusted.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
