@@ -56,6 +56,7 @@ pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
 pub const CLIENT_COMMITTED_LAG: &str = "ackgate_client_committed_lag";
 pub const OLDEST_SESSION_AGE: &str = "ackgate_oldest_session_age_seconds";
+pub const DEAD_LETTER_BACKLOG: &str = "ackgate_dead_letter_backlog";
 pub const GROUP_MEMBERS: &str = "ackgate_group_members";
 pub const GROUP_WAITING: &str = "ackgate_group_waiting";
 pub const READY: &str = "ackgate_ready";
@@ -97,13 +98,14 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 43] = [
+pub const ALL: [&str; 44] = [
     SESSIONS,
     IN_FLIGHT,
     PULL_LAG,
     COMMITTED_LAG,
     CLIENT_COMMITTED_LAG,
     OLDEST_SESSION_AGE,
+    DEAD_LETTER_BACKLOG,
     GROUP_MEMBERS,
     GROUP_WAITING,
     READY,
@@ -264,6 +266,7 @@ impl Metrics {
             COMMITTED_LAG,
             "Events the clients with a live session on this instance have not acknowledged (log end minus stored committed offset), summed per topic"
         );
+        describe_gauge!(DEAD_LETTER_BACKLOG, "Dead letters stored per topic (counted at scrape, at most 100000 in all)");
         describe_gauge!(GROUP_MEMBERS, "Members of the shared subscriptions live on this instance");
         describe_gauge!(GROUP_WAITING, "Events shared subscriptions handed out that wait for a member with room");
         describe_gauge!(READY, "1 when /readyz answers ready (store and backend answer, not draining), else 0");

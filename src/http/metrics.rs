@@ -16,9 +16,9 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION, HTTP_REQUESTS,
-    IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG,
-    READY, SESSIONS,
+    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DEAD_LETTER_BACKLOG, GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION,
+    HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START,
+    PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -95,6 +95,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::counter!(BROKER_ACKS, "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
     record_pull_lag(&app).await;
     record_committed_lag(&app).await;
+    record_dead_letter_backlog(&app);
     metrics::gauge!(READY).set(if super::health::is_ready(&app).await { 1.0 } else { 0.0 });
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     record_process();
@@ -196,6 +197,43 @@ async fn record_committed_lag(app: &AppState) {
     per_client.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, &a.2).cmp(&(&b.1, &b.2))));
     for (lag, topic, client) in per_client.into_iter().take(TOP_LAGGING_CLIENTS) {
         metrics::gauge!(CLIENT_COMMITTED_LAG, "topic" => topic.to_string(), "client_id" => client.to_string()).set(lag as f64);
+    }
+}
+
+/// Dead letters counted at one scrape, in all: a store holding more is counted this far (the
+/// scrape stays short), the topics past it left at their last value.
+const DEAD_LETTERS_COUNTED: usize = 100_000;
+
+/// `ackgate_dead_letter_backlog{topic}`: the dead letters stored per topic, waiting for an
+/// operator (redrive or delete). A topic whose last one went is set to 0, not dropped, so an
+/// alert on it resolves at once.
+fn record_dead_letter_backlog(app: &AppState) {
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut query = crate::core::dead_letters::DeadLetterQuery { topic: None, client_id: None, partition: None, after: None, limit: 1000 };
+    let mut counted = 0;
+    let complete = loop {
+        let Ok(page) = app.dispatcher.store.dead_letters(&query) else { return };
+        counted += page.dead_letters.len();
+        for dead in &page.dead_letters {
+            *counts.entry(dead.topic.to_string()).or_default() += 1;
+        }
+        match page.next {
+            Some(next) if counted < DEAD_LETTERS_COUNTED => query.after = Some(next),
+            Some(_) => break false,
+            None => break true,
+        }
+    };
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if complete {
+        for gone in seen.iter().filter(|topic| !counts.contains_key(*topic)) {
+            metrics::gauge!(DEAD_LETTER_BACKLOG, "topic" => gone.clone()).set(0.0);
+        }
+        seen.retain(|topic| counts.contains_key(topic));
+    }
+    for (topic, count) in counts {
+        metrics::gauge!(DEAD_LETTER_BACKLOG, "topic" => topic.clone()).set(count as f64);
+        seen.insert(topic);
     }
 }
 

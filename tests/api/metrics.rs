@@ -68,6 +68,7 @@ async fn metrics_move_with_a_real_exchange() {
     assert_eq!(value(&m, "ackgate_ack_latency_seconds_count"), 3.0);
     assert!(value(&m, "ackgate_ack_latency_seconds_sum") > 0.0);
     assert_eq!(value(&m, "ackgate_dead_letters_total"), 1.0);
+    assert_eq!(value(&m, r#"ackgate_dead_letter_backlog{topic="m"}"#), 1.0, "the termed event waits for an operator");
     assert_eq!(value(&m, "ackgate_pull_events_total"), 4.0);
     assert_eq!(value(&m, r#"ackgate_pull_lag{topic="m",partition="0"}"#), 0.0);
     // The floor moved to 1, 2, 3 (term) and 4; each write advanced it, none was stale.
