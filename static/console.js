@@ -91,6 +91,9 @@ $("connect-form").onsubmit = async (e) => {
   const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
   client = new AckgateClient(wsUrl, {
     clientId: $("client-id").value.trim(),
+    // A session of its own, as an operator expects of a console: connecting (here or in another
+    // tab) with a client id in use takes that session over.
+    tabs: "own",
     token: $("token").value.trim() || undefined,
     peers: $("peers").value.split(",").map((u) => u.trim()).filter(Boolean),
     onEvent: showEvent,

@@ -1,5 +1,5 @@
-// ackgate-client 0.1.0: the JavaScript client of ackgate (https://github.com/ackgate), an ES
-// module without dependencies for browsers and Node.js 20+ (`node --experimental-websocket`, or
+// ackgate-client 0.2.0: the JavaScript client of ackgate (https://github.com/ackgate/ackgate), an
+// ES module without dependencies for browsers and Node.js 20+ (`node --experimental-websocket`, or
 // Node 22). Licensed under the Apache License, Version 2.0 (LICENSE in the ackgate repository).
 //
 //   import { AckgateClient } from "ackgate-client";   // or "/static/ackgate.js" from a gateway
@@ -8,10 +8,16 @@
 //   await client.subscribe("orders");
 //   for await (const event of client.events()) { ...; client.ack(event.delivery_id); }
 //
+// Layout: `AckgateClient` is what the app holds: its listeners (`on`, `off`, the `onX` options),
+// its state, the iterators (`events()`, `topic()`) and the topics this page asked for. The
+// session itself (a `Session`: transport, requests, acks, tokens, reconnects) is either its own
+// or, when tabs of one origin share a client id, the one of the leader tab (TabGroup); a Session
+// reports through one function, `emit(kind, data)`, whose data a BroadcastChannel can carry.
+//
 // Frames are those of ackgate's docs/protocol.md. Requests that expect an answer (subscribe,
-// unsubscribe, confirmed acks, ping) return promises settled by the frame carrying the same
-// `req`, rejected by an `error` frame with it, and rejected at once when the socket closes or is
-// not open.
+// unsubscribe, confirmed acks, ping, publish) return promises settled by the frame carrying the
+// same `req`, rejected by an `error` frame with it, rejected at once when the socket closes or is
+// not open, and rejected with `timeout` after `requestTimeoutMs` without an answer.
 //
 // Acks: a plain ack by default (the gateway batches its offset writes), and at most every
 // `confirmEveryMs` per partition one confirmed ack whose `ack_ok` says what is durable; the
@@ -19,14 +25,14 @@
 // trailing confirmation `confirmEveryMs` later, so the token trails the acks by about that much.
 //
 // Following a takeover: on any close that is not final (final: 1008, 4001, or close() called
-// here) the client reconnects by itself, with exponential backoff and jitter (or after the pause
-// a draining instance names). Each attempt asks `GET /session/recommend` of an instance it knows
-// (the one it was given, `peers`, and every instance an answer named), connects to the instance
-// named, and subscribes again to every topic with its resume token: per partition the offset
-// after the contiguous acknowledged floor as the gateway confirmed it durable, or where the
-// subscription started. The new instance starts at the larger of that and its own stored
-// offset: nothing confirmed comes back, nothing unconfirmed is skipped. After an operator's
-// disconnect (4002) no token is sent: the operator may have reset the client's offsets.
+// here; 4004, an expired token, is not) the client reconnects by itself, with exponential backoff
+// and jitter (or after the pause a draining instance names). Each attempt asks `GET
+// /session/recommend` of an instance it knows (the one it was given, `peers`, and every instance
+// an answer named), connects to the instance named, and subscribes again to every topic with its
+// resume token: per partition the offset after the contiguous acknowledged floor as the gateway
+// confirmed it durable, or where the subscription started. The new instance starts at the larger
+// of that and its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped.
+// After an operator's disconnect (4002) no token is sent: the operator may have reset the offsets.
 //
 // Transports (`transport`): "websocket" (the default), "sse" or "auto". Over Server-Sent Events
 // the session's frames come down `GET /sse` (an EventSource) and the client's go up as JSON
@@ -45,17 +51,52 @@ function randomKey() {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-/** Closes after which a client must not reconnect by itself: 1008 auth, 4001 taken over. */
-export const FINAL_CLOSES = new Set([1008, 4001]);
+/**
+ * A set nobody can change (the `ReadonlySet` of index.d.ts): the client decides with the sets
+ * below, so an app that added to them would change what the client does. No `add`, `delete` or
+ * `clear`, and no way around it (a Set subclass would still yield to `Set.prototype.add.call`).
+ */
+class FrozenSet {
+  #items;
+  constructor(items) {
+    this.#items = new Set(items);
+    Object.freeze(this);
+  }
+  get size() {
+    return this.#items.size;
+  }
+  has(value) {
+    return this.#items.has(value);
+  }
+  forEach(callback, thisArg) {
+    for (const value of this.#items) callback.call(thisArg, value, value, this);
+  }
+  keys() {
+    return this.#items.keys();
+  }
+  values() {
+    return this.#items.values();
+  }
+  entries() {
+    return this.#items.entries();
+  }
+  [Symbol.iterator]() {
+    return this.#items.values();
+  }
+}
+
+/** Closes after which a client must not reconnect by itself: 1008 auth, 4001 taken over. (4004,
+ * an expired token, is not final: the client reconnects with a token from `tokenProvider`.) */
+export const FINAL_CLOSES = new FrozenSet([1008, 4001]);
 
 /** Error codes after which a subscription is dropped instead of tried again. */
-export const FINAL_SUBSCRIBE_ERRORS = new Set(["unknown_topic", "forbidden", "invalid_name"]);
+export const FINAL_SUBSCRIBE_ERRORS = new FrozenSet(["unknown_topic", "forbidden", "invalid_name"]);
 
 /** Close 4002: disconnected by an operator. */
 const OPERATOR_CLOSE = 4002;
 
 /** The transports `options.transport` names. */
-const TRANSPORTS = new Set(["websocket", "sse", "auto"]);
+const TRANSPORTS = ["websocket", "sse", "auto"];
 
 /** The frames an SSE stream names (`event:`); EventSource hands a listener only the names it asked for. */
 const SSE_EVENTS = ["welcome", "subscribed", "event", "gap", "reconnect", "error", "pong", "ack_ok", "unsubscribed", "close", "message"];
@@ -65,6 +106,9 @@ const MAX_SSE_QUERY = 6000;
 
 /** How long a POST's 404 waits for the stream's own close (a takeover's 4001 must win). */
 const GONE_GRACE_MS = 1000;
+
+/** What `on(name)` takes, and the option called for each (`onEvent`, ...). */
+const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame" };
 
 /** "ws://host:8080/ws" -> "http://host:8080". */
 function httpBase(wsUrl) {
@@ -89,6 +133,15 @@ function decodeToken(text) {
     return token && typeof token === "object" ? token : null;
   } catch {
     return null;
+  }
+}
+
+/** The JSON kept under `key` in `storage`, or {}. */
+function load(storage, key) {
+  try {
+    return JSON.parse(storage?.getItem(key) ?? "{}") || {};
+  } catch {
+    return {};
   }
 }
 
@@ -262,62 +315,89 @@ function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) 
   return transport;
 }
 
-export class AckgateClient {
-  /**
-   * @param {string} url the /ws URL without query, e.g. "ws://host:8080/ws"
-   * @param {import("./index.d.ts").AckgateClientOptions} options
-   */
-  constructor(url, options) {
-    if (!options?.clientId) throw new TypeError("options.clientId is required");
-    if (options.transport !== undefined && !TRANSPORTS.has(options.transport)) {
-      throw new TypeError(`options.transport is "websocket", "sse" or "auto", not ${JSON.stringify(options.transport)}`);
-    }
-    if (options.transport === "sse" && !(options.EventSource ?? globalThis.EventSource)) {
-      throw new TypeError('transport "sse" needs an EventSource: this runtime has none, pass options.EventSource');
-    }
-    this.url = url;
-    this.options = options;
-    this.transport = null; // the current transport (webSocketTransport or sseTransport)
-    this.sseChosen = false; // "auto" fell back to SSE: it stays there
-    this.welcome = null;
-    this.nextReq = 1;
-    this.pending = new Map(); // req (or "sub:<topic>" for a stream's own subscribe) -> promise
-    this.initial = new Map(); // SSE: topic -> its subscribe by the stream's URL, answered without req
-    this.inFlight = new Map(); // delivery_id -> event
-    this.subscriptions = new Map(); // topic -> the options it was subscribed with
-    this.known = new Set([httpBase(url), ...(options.peers || []).map((u) => u.replace(/\/+$/, ""))]);
-    this.closedHere = false;
-    this.reconnecting = false;
-    this.lastConfirmed = new Map(); // "topic\0partition" -> ms of the last confirmed ack
-    this.unconfirmed = new Map(); // "topic\0partition" -> the newest delivery_id acked since
-    this.trailing = null; // timer of the trailing confirmations
-    this.draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
-    this.queue = []; // events waiting for an `events()` reader (kept from the first subscribe on)
-    this.buffering = false; // a subscribe was made: events are queued for a later events()
-    this.outbox = []; // publishes not answered yet: sent again, with their key, after a reconnect
-    this.heartbeat = null; // the timer of the pings that find a dead connection
-    this.checking = false; // a heartbeat ping waits for its pong
-    // In a page: back online, or shown again after a sleep, the connection is checked at once.
-    if (typeof globalThis.addEventListener === "function") {
-      globalThis.addEventListener("online", () => this.#checkAlive());
-      globalThis.document?.addEventListener?.("visibilitychange", () => {
-        if (globalThis.document.visibilityState === "visible") this.#checkAlive();
-      });
-    }
-    this.readers = []; // `events()` readers waiting for an event
-    this.storageKey = `ackgate:${options.clientId}:resume`;
-    this.epochsKey = `ackgate:${options.clientId}:epochs`;
-    this.committed = this.#load(this.storageKey); // topic -> partition -> durable committed offset
-    // topic -> partition -> the offset epoch the gateway last named (`subscribed`, SSE ids): a
-    // token is trusted above the stored offset only within its epoch, and a newer epoch (an
-    // operator's reset, a lost log tail) replaces the token instead of being outbid by it.
-    this.epochs = this.#load(this.epochsKey);
+
+/**
+ * One client's session with the gateway, kept alive across reconnects: transport, requests, acks
+ * and their confirmations, resume tokens, publishes waiting for a connection, heartbeat. It
+ * reports through `emit(kind, data)`: "frame" (every frame received), "state", "close",
+ * "reconnect", "dropped" (a subscription refused for good at a resubscribe), "error" (an error
+ * that answers no request) and "tokens" (the resume tokens moved).
+ */
+class Session {
+  #url;
+  #options;
+  #tokens; // {committed, epochs}: topic -> partition -> offset / offset epoch (shared with the client)
+  #emit;
+  #transport = null; // the current transport (webSocketTransport or sseTransport)
+  #sseChosen = false; // "auto" fell back to SSE: it stays there
+  #welcome = null;
+  #state = "closed";
+  #nextReq = 1;
+  #pending = new Map(); // req (or "sub:<topic>" for a stream's own subscribe) -> {resolve, reject}
+  #initial = new Map(); // SSE: topic -> its subscribe by the stream's URL, answered without req
+  #inFlight = new Map(); // delivery_id -> event
+  #subscriptions = new Map(); // topic -> the options it was subscribed with
+  #known; // the http base URLs of every instance heard of, asked for /session/recommend
+  #closedHere = false;
+  #reconnecting = false;
+  #lastClose;
+  #reconnectAfterMs; // a draining instance's `reconnect` frame: when to come back
+  #reconnectUrl; // ... and where (a shared subscription's group lives there)
+  #lastConfirmed = new Map(); // "topic\0partition" -> ms of the last confirmed ack
+  #unconfirmed = new Map(); // "topic\0partition" -> the newest delivery_id acked since
+  #trailing = null; // timer of the trailing confirmations
+  #draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
+  #outbox = []; // publishes not answered yet: sent again, with their key, after a reconnect
+  #heartbeat = null; // the timer of the pings that find a dead connection
+  #checking = false; // a ping that checks the connection waits for its pong
+
+  constructor(url, options, tokens, emit) {
+    this.#url = url;
+    this.#options = options;
+    this.#tokens = tokens;
+    this.#emit = emit;
+    this.#known = new Set([httpBase(url), ...(options.peers || []).map((u) => u.replace(/\/+$/, ""))]);
+  }
+
+  get state() {
+    return this.#state;
+  }
+
+  get welcome() {
+    return this.#welcome;
+  }
+
+  /** Whether `topic` is subscribed (and subscribed again at each reconnect). */
+  has(topic) {
+    return this.#subscriptions.has(topic);
+  }
+
+  #setState(state) {
+    if (state === this.#state) return;
+    this.#state = state;
+    this.#emit("state", state);
   }
 
   /** Opens the session; resolves with the welcome frame. */
-  connect() {
-    this.closedHere = false;
-    return this.#open(this.url);
+  async connect() {
+    this.#closedHere = false;
+    this.#setState("connecting");
+    try {
+      return await this.#open(this.#url);
+    } catch (error) {
+      this.#setState("closed");
+      throw error;
+    }
+  }
+
+  /**
+   * Starts as after a lost connection: recommend, connect, subscribe to `topics` (topic ->
+   * options) with their resume tokens. A tab that takes over the lead of its client id does so.
+   */
+  resume(topics) {
+    for (const [topic, options] of topics) this.#subscriptions.set(topic, options);
+    this.#setState("reconnecting");
+    this.#reconnect();
   }
 
   /**
@@ -326,44 +406,56 @@ export class AckgateClient {
    * (with their tokens) as it starts.
    */
   async #open(url, resubscribing = false) {
-    const token = this.options.tokenProvider ? await this.options.tokenProvider() : this.options.token;
-    const kind = this.sseChosen ? "sse" : (this.options.transport ?? "websocket");
+    const token = this.#options.tokenProvider ? await this.#options.tokenProvider() : this.#options.token;
+    const kind = this.#sseChosen ? "sse" : (this.#options.transport ?? "websocket");
     if (kind !== "auto") return this.#openWith(kind, url, token, resubscribing);
     try {
       return await this.#openWith("websocket", url, token, resubscribing);
     } catch (error) {
-      await this.transport?.ended; // the failed socket's close is handled first
-      if (this.closedHere || FINAL_CLOSES.has(this.lastClose) || !(this.options.EventSource ?? globalThis.EventSource)) throw error;
+      await this.#transport?.ended; // the failed socket's close is handled first
+      if (this.#closedHere || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
       const welcome = await this.#openWith("sse", url, token, resubscribing);
-      this.sseChosen = true;
+      this.#sseChosen = true;
       return welcome;
     }
   }
 
   #openWith(kind, url, token, resubscribing) {
-    const query = new URLSearchParams({ client_id: this.options.clientId });
+    const query = new URLSearchParams({ client_id: this.#options.clientId });
     if (token) query.set("token", token);
-    this.initial = new Map();
+    this.#initial = new Map();
     if (kind === "sse" && resubscribing) this.#streamSubscribes(query);
     return new Promise((resolve, reject) => {
       let transport = null;
       let welcomed = false;
-      const current = () => transport === this.transport;
+      const current = () => transport === this.#transport;
+      // A connection that never brings its welcome (a proxy that holds the upgrade, a network
+      // that drops it) is abandoned: it counts as a failed attempt, and the next one follows.
+      const limit = this.#options.connectTimeoutMs ?? 10000;
+      const timer =
+        limit > 0 &&
+        setTimeout(() => {
+          const why = `no welcome within ${limit} ms (connectTimeoutMs)`;
+          reject(new AckgateError("timeout", why));
+          transport.abandon(why);
+        }, limit);
       const hooks = {
         frame: (frame) => {
           if (!current()) return;
           if (frame.type === "welcome") {
             welcomed = true;
-            this.draining = false;
+            clearTimeout(timer);
+            this.#draining = false;
             this.#startHeartbeat(transport);
             // Publishes waiting for a connection go out once the session is open.
-            queueMicrotask(() => this.outbox.forEach((entry) => this.#sendPublish(entry)));
-            this.url = url;
-            this.known.add(httpBase(url));
-            this.welcome = frame;
+            queueMicrotask(() => this.#outbox.forEach((entry) => this.#sendPublish(entry)));
+            this.#url = url;
+            this.#known.add(httpBase(url));
+            this.#welcome = frame;
             resolve(frame);
           }
           this.#dispatch(frame);
+          if (frame.type === "welcome") this.#setState("connected");
         },
         error: (detail) => {
           const what = kind === "sse" ? `SSE connection to ${httpBase(url)}/sse` : `WebSocket connection to ${url}`;
@@ -371,35 +463,37 @@ export class AckgateClient {
         },
         close: (close) => {
           if (!current()) return;
-          clearInterval(this.heartbeat);
-          this.lastClose = close.code;
+          clearTimeout(timer);
+          clearInterval(this.#heartbeat);
+          this.#lastClose = close.code;
           this.#failPending(`socket closed (${close.code})`);
           // Deliveries of the old session are gone with it; their offsets stay unacknowledged in
           // the resume token until they come again and are acknowledged.
-          this.inFlight.clear();
-          this.unconfirmed.clear();
+          this.#inFlight.clear();
+          this.#unconfirmed.clear();
           if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
-          const final = this.closedHere || FINAL_CLOSES.has(close.code) || this.options.reconnect === false;
-          this.options.onClose?.({ code: close.code, reason: close.reason, final });
+          const final = this.#closedHere || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
+          if (final) this.#setState("closed");
+          else if (welcomed) this.#setState("reconnecting");
+          this.#emit("close", { code: close.code, reason: close.reason, final });
           if (!welcomed) reject(new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
           else if (!final) this.#reconnect();
           if (final) {
-            this.#endEvents();
-            for (const entry of this.outbox.splice(0)) entry.reject(new AckgateError("closed", `closed for good (${close.code})`));
+            for (const entry of this.#outbox.splice(0)) entry.reject(new AckgateError("closed", `closed for good (${close.code})`));
           }
         },
         refused: (frames, code, message) => {
           if (!current()) return;
           let unanswered = false;
           for (const { req } of frames) {
-            const waiting = req !== undefined && this.pending.get(req);
+            const waiting = req !== undefined && this.#pending.get(req);
             if (waiting) {
-              this.pending.delete(req);
+              this.#pending.delete(req);
               waiting.reject(new AckgateError(code, message));
             } else unanswered = true;
           }
           // Frames without req (plain acks: redelivered later) are reported as an error frame.
-          if (unanswered) this.options.onError?.({ type: "error", code, message });
+          if (unanswered) this.#emit("error", { type: "error", code, message });
         },
         resume: (committed) => {
           if (current()) this.#advance(committed);
@@ -408,12 +502,12 @@ export class AckgateClient {
       transport =
         kind === "sse"
           ? sseTransport(url, query, hooks, {
-              EventSourceClass: this.options.EventSource ?? globalThis.EventSource,
+              EventSourceClass: this.#options.EventSource ?? globalThis.EventSource,
               token,
-              maxBatch: Math.max(1, this.options.maxBatchFrames ?? 10000),
+              maxBatch: Math.max(1, this.#options.maxBatchFrames ?? 10000),
             })
-          : webSocketTransport(url, query, hooks, this.options.WebSocket ?? globalThis.WebSocket);
-      this.transport = transport;
+          : webSocketTransport(url, query, hooks, this.#options.WebSocket ?? globalThis.WebSocket);
+      this.#transport = transport;
     });
   }
 
@@ -425,15 +519,16 @@ export class AckgateClient {
   #streamSubscribes(query) {
     const fromOf = ([, options]) => options.from ?? "committed";
     // Shared subscriptions are joined by POST (the stream's URL subscribes topics directly).
-    const entries = [...this.subscriptions].filter(([, options]) => !options.group);
+    const entries = [...this.#subscriptions].filter(([, options]) => !options.group);
     const from = entries.map(fromOf).find((f) => typeof f === "string");
     if (from === undefined) return;
     const topics = entries.filter((entry) => fromOf(entry) === from).map(([topic]) => topic);
     const token = {};
     for (const topic of topics) {
-      if (Object.keys(this.committed[topic] || {}).length > 0) {
-        const epochs = this.epochs[topic] || {};
-        token[topic] = Object.fromEntries(Object.entries(this.resumeToken(topic)).map(([p, offset]) => [p, epochs[p] ? [offset, epochs[p]] : offset]));
+      const committed = this.#tokens.committed[topic] || {};
+      if (Object.keys(committed).length > 0) {
+        const epochs = this.#tokens.epochs[topic] || {};
+        token[topic] = Object.fromEntries(Object.entries(committed).map(([p, offset]) => [p, epochs[p] ? [offset, epochs[p]] : offset]));
       }
     }
     const extended = new URLSearchParams(query);
@@ -443,67 +538,67 @@ export class AckgateClient {
     if (extended.toString().length > MAX_SSE_QUERY) return;
     for (const [key, value] of extended) query.set(key, value);
     for (const topic of topics) {
-      const answered = new Promise((resolve, reject) => this.pending.set(`sub:${topic}`, { resolve, reject }));
+      const answered = new Promise((resolve, reject) => this.#pending.set(`sub:${topic}`, { resolve, reject }));
       answered.catch(() => {}); // awaited by #resubscribe once the stream is welcomed
-      this.initial.set(topic, answered);
+      this.#initial.set(topic, answered);
     }
   }
 
   /** Reconnects until it succeeds or a final close: recommend, connect, resubscribe with tokens. */
   async #reconnect() {
-    if (this.reconnecting) return;
-    this.reconnecting = true;
-    const base = this.options.backoffMs ?? 250;
-    const max = this.options.maxBackoffMs ?? 10000;
-    for (let attempt = 1; !this.closedHere; attempt++) {
+    if (this.#reconnecting) return;
+    this.#reconnecting = true;
+    const base = this.#options.backoffMs ?? 250;
+    const max = this.#options.maxBackoffMs ?? 10000;
+    for (let attempt = 1; !this.#closedHere; attempt++) {
       // A draining instance says when to come back (a `reconnect` frame, then close 1012).
-      const told = attempt === 1 ? this.reconnectAfterMs : undefined;
-      this.reconnectAfterMs = undefined;
+      const told = attempt === 1 ? this.#reconnectAfterMs : undefined;
+      this.#reconnectAfterMs = undefined;
       const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
       await new Promise((r) => setTimeout(r, delayMs));
-      if (this.closedHere) break;
-      let url = this.url;
+      if (this.#closedHere) break;
+      let url = this.#url;
       try {
-        const sentTo = this.reconnectUrl;
-        this.reconnectUrl = undefined;
+        const sentTo = this.#reconnectUrl;
+        this.#reconnectUrl = undefined;
         const { named, answered } = sentTo ? { named: sentTo, answered: sentTo } : await this.#recommended();
         url = named;
-        this.options.onReconnect?.({ attempt, delayMs, url });
+        this.#emit("reconnect", { attempt, delayMs, url });
         let welcome;
         try {
           welcome = await this.#open(named, true);
         } catch (error) {
           // The instance named is unreachable (the one that answered may not have noticed it
           // died yet): the instance that answered is alive, so use it. Not after a final close.
-          if (answered === named || FINAL_CLOSES.has(this.lastClose)) throw error;
+          if (answered === named || FINAL_CLOSES.has(this.#lastClose)) throw error;
           url = answered;
           welcome = await this.#open(answered, true);
         }
         await this.#resubscribe();
-        this.options.onReconnect?.({ attempt, url, welcome });
-        this.reconnecting = false;
+        this.#emit("reconnect", { attempt, url, welcome });
+        this.#reconnecting = false;
         return;
       } catch (error) {
-        this.options.onReconnect?.({ attempt, delayMs, url, error: error.message });
-        if (FINAL_CLOSES.has(this.lastClose)) break;
+        this.#emit("reconnect", { attempt, delayMs, url, error: error.message });
+        if (FINAL_CLOSES.has(this.#lastClose)) break;
         // A session that opened but could not resubscribe is dropped before the next attempt.
-        if (this.transport?.isOpen()) this.transport.close(1000, "resubscribe failed");
+        if (this.#transport?.isOpen()) this.#transport.close(1000, "resubscribe failed");
       }
     }
-    this.reconnecting = false;
+    this.#reconnecting = false;
   }
 
   /** Subscribes again to every topic; one refused for good is dropped and reported. */
   async #resubscribe() {
-    for (const [topic, options] of [...this.subscriptions]) {
+    for (const [topic, options] of [...this.#subscriptions]) {
       try {
-        const byStream = this.initial.get(topic);
+        const byStream = this.#initial.get(topic);
         if (byStream) this.#subscribed(topic, options.from, await byStream);
-        else await this.subscribe(topic, { ...options, resume: this.resumeToken(topic) });
+        else await this.subscribe(topic, { ...options, resume: { ...this.#tokens.committed[topic] } });
       } catch (error) {
         if (!FINAL_SUBSCRIBE_ERRORS.has(error.code)) throw error;
-        this.subscriptions.delete(topic);
-        this.options.onSubscriptionDropped?.({ topic, code: error.code, message: error.message });
+        this.#subscriptions.delete(topic);
+        this.#emit("dropped", { topic, code: error.code, message: error.message });
       }
     }
   }
@@ -511,14 +606,14 @@ export class AckgateClient {
   /** The /ws URL the first instance that answers `/session/recommend` names, and its own. */
   async #recommended() {
     // A member of a shared subscription goes where its group lives.
-    const group = [...this.subscriptions.values()].find((o) => o.group)?.group;
-    const query = new URLSearchParams(group ? { group } : { client_id: this.options.clientId });
-    for (const base of [...this.known]) {
+    const group = [...this.#subscriptions.values()].find((o) => o.group)?.group;
+    const query = new URLSearchParams(group ? { group } : { client_id: this.#options.clientId });
+    for (const base of [...this.#known]) {
       try {
         const response = await fetch(`${base}/session/recommend?${query}`, { signal: AbortSignal.timeout(2000) });
         if (!response.ok) continue;
         const answer = await response.json();
-        if (answer.http_url) this.known.add(answer.http_url.replace(/\/+$/, ""));
+        if (answer.http_url) this.#known.add(answer.http_url.replace(/\/+$/, ""));
         if (answer.ws_url) return { named: answer.ws_url, answered: `${base.replace(/^http/, "ws")}/ws` };
       } catch {
         // That instance is down or unreachable: ask the next one.
@@ -532,18 +627,15 @@ export class AckgateClient {
    * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
    */
   async subscribe(topic, { from, resume, epochs, group, order } = {}) {
-    // Events that arrive before `events()` is iterated (during a second subscribe, say) wait
-    // for it instead of coming back only after the ack timeout.
-    this.buffering = true;
     const frame = { op: "subscribe", topic };
     if (from) frame.from = from;
     // A shared subscription: its token (from `ack_ok`s) is the group's floor, kept per topic.
     if (group) frame.group = group;
     if (order) frame.order = order;
-    const token = resume ?? (this.options.storage ? this.committed[topic] : undefined);
+    const token = resume ?? (this.#options.storage ? this.#tokens.committed[topic] : undefined);
     if (token && Object.keys(token).length > 0) {
       frame.resume = token;
-      const known = epochs ?? this.epochs[topic] ?? {};
+      const known = epochs ?? this.#tokens.epochs[topic] ?? {};
       frame.epochs = Object.fromEntries(Object.keys(token).filter((p) => known[p]).map((p) => [p, known[p]]));
     }
     const subscribed = await this.#request(frame);
@@ -555,7 +647,7 @@ export class AckgateClient {
   #subscribed(topic, from, subscribed, { group, order } = {}) {
     const options = from ? { from } : {};
     if (group) Object.assign(options, order ? { group, order } : { group });
-    this.subscriptions.set(topic, options);
+    this.#subscriptions.set(topic, options);
     for (const { partition, from: start, epoch } of subscribed.partitions || []) this.#learn(topic, partition, start, epoch ?? 0, true);
     this.#saveToken();
   }
@@ -567,8 +659,8 @@ export class AckgateClient {
    * known replaces the token. True when it moved.
    */
   #learn(topic, partition, offset, epoch, planned = false) {
-    const committed = (this.committed[topic] ||= {});
-    const epochs = (this.epochs[topic] ||= {});
+    const committed = (this.#tokens.committed[topic] ||= {});
+    const epochs = (this.#tokens.epochs[topic] ||= {});
     const known = epochs[partition] ?? 0;
     if (epoch < known && !planned) return false;
     if (epoch !== known || committed[partition] === undefined || offset > committed[partition]) {
@@ -581,7 +673,7 @@ export class AckgateClient {
   }
 
   unsubscribe(topic) {
-    this.subscriptions.delete(topic);
+    this.#subscriptions.delete(topic);
     return this.#request({ op: "unsubscribe", topic });
   }
 
@@ -592,21 +684,21 @@ export class AckgateClient {
    */
   ack(ids, { confirm = false } = {}) {
     const list = Array.isArray(ids) ? ids : [ids];
-    const every = this.options.confirmEveryMs ?? 1000;
+    const every = this.#options.confirmEveryMs ?? 1000;
     const now = Date.now();
     // After a `reconnect` frame every ack is confirmed: the close comes once the token covers them.
-    let due = confirm || this.draining;
+    let due = confirm || this.#draining;
     for (const id of list) {
-      const event = this.inFlight.get(id);
-      this.inFlight.delete(id);
+      const event = this.#inFlight.get(id);
+      this.#inFlight.delete(id);
       if (!event || event.redrive) continue; // a redriven event moves no offset
       const key = `${event.topic}\0${event.partition}`;
-      if (now - (this.lastConfirmed.get(key) ?? 0) >= every) due = true;
-      this.unconfirmed.set(key, id);
+      if (now - (this.#lastConfirmed.get(key) ?? 0) >= every) due = true;
+      this.#unconfirmed.set(key, id);
     }
     const frame = list.length === 1 ? { op: "ack", delivery_id: list[0] } : { op: "ack", delivery_ids: list };
     if (!due) {
-      if (this.transport?.isOpen()) this.#send(frame);
+      if (this.#transport?.isOpen()) this.#send(frame);
       this.#armTrailing(every);
       return Promise.resolve();
     }
@@ -620,45 +712,45 @@ export class AckgateClient {
   /** The partitions of `ids` count as confirmed now. */
   #confirming(ids) {
     const now = Date.now();
-    for (const [key, id] of [...this.unconfirmed]) {
+    for (const [key, id] of [...this.#unconfirmed]) {
       if (ids.includes(id)) {
-        this.unconfirmed.delete(key);
-        this.lastConfirmed.set(key, now);
+        this.#unconfirmed.delete(key);
+        this.#lastConfirmed.set(key, now);
       }
     }
   }
 
   /** Confirms, `every` ms from now, the partitions acked since their last confirmation. */
   #armTrailing(every) {
-    if (this.trailing) return;
-    this.trailing = setTimeout(() => this.#confirmNow(), every);
+    if (this.#trailing) return;
+    this.#trailing = setTimeout(() => this.#confirmNow(), every);
   }
 
   /** Asks tokenProvider for a new token and sends it as `refresh`; a failure only means the
    * session closes with 4004 at its expiry and the client reconnects with a fresh token. */
   async #refreshToken() {
-    if (!this.options.tokenProvider) return;
+    if (!this.#options.tokenProvider) return;
     try {
-      const token = await this.options.tokenProvider();
-      if (this.transport?.isOpen()) await this.#request({ op: "refresh", token });
+      const token = await this.#options.tokenProvider();
+      if (this.#transport?.isOpen()) await this.#request({ op: "refresh", token });
     } catch (error) {
-      this.options.onError?.({ type: "error", code: error?.code ?? "unauthorized", message: `token refresh failed: ${error?.message ?? error}` });
+      this.#emit("error", { type: "error", code: error?.code ?? "unauthorized", message: `token refresh failed: ${error?.message ?? error}` });
     }
   }
 
   /** Confirms the partitions acked since their last confirmation, now. */
   #confirmNow() {
-    clearTimeout(this.trailing);
-    this.trailing = null;
-    const ids = [...new Set(this.unconfirmed.values())];
-    if (ids.length === 0 || !this.transport?.isOpen()) return;
+    clearTimeout(this.#trailing);
+    this.#trailing = null;
+    const ids = [...new Set(this.#unconfirmed.values())];
+    if (ids.length === 0 || !this.#transport?.isOpen()) return;
     // Acking an acknowledged event again is a no-op that still reports the durable floor.
     this.#confirming(ids);
     this.#request(ids.length === 1 ? { op: "ack", delivery_id: ids[0] } : { op: "ack", delivery_ids: ids }).catch(() => {});
   }
 
   nack(id, delayMs) {
-    this.inFlight.delete(id);
+    this.#inFlight.delete(id);
     this.#send(delayMs === undefined ? { op: "nack", delivery_id: id } : { op: "nack", delivery_id: id, delay_ms: delayMs });
   }
 
@@ -667,7 +759,7 @@ export class AckgateClient {
   }
 
   term(id, reason) {
-    this.inFlight.delete(id);
+    this.#inFlight.delete(id);
     this.#send(reason ? { op: "term", delivery_id: id, reason } : { op: "term", delivery_id: id });
   }
 
@@ -676,24 +768,22 @@ export class AckgateClient {
   }
 
   /**
-   * Publishes one event (`{payload, key?, partition?, headers?}`) or a list of them to `topic`
-   * over the session; resolves with the `published` frame (`offsets` in the order given).
-   * While disconnected it waits (at most `maxQueuedPublishes`, default 100, publishes) and goes
-   * out after the reconnect; each publish carries an idempotency key (`idempotencyKey`, or a
-   * random one), so one sent again after a lost answer is never written twice.
+   * Publishes `events` to `topic` over the session; resolves with the `published` frame. While
+   * disconnected it waits (at most `maxQueuedPublishes`, default 100, publishes) and goes out
+   * after the reconnect, under its idempotency key, so one sent again is never written twice.
    */
   publish(topic, events, { idempotencyKey } = {}) {
-    if (this.closedHere || FINAL_CLOSES.has(this.lastClose)) {
+    if (this.#closedHere || FINAL_CLOSES.has(this.#lastClose)) {
       return Promise.reject(new AckgateError("closed", "the client is closed for good"));
     }
-    const most = this.options.maxQueuedPublishes ?? 100;
-    if (this.outbox.length >= most) {
+    const most = this.#options.maxQueuedPublishes ?? 100;
+    if (this.#outbox.length >= most) {
       return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
     }
     const key = idempotencyKey ?? randomKey();
     return new Promise((resolve, reject) => {
       const entry = { topic, events: Array.isArray(events) ? events : [events], key, resolve, reject, sent: false };
-      this.outbox.push(entry);
+      this.#outbox.push(entry);
       this.#sendPublish(entry);
     });
   }
@@ -704,34 +794,36 @@ export class AckgateClient {
    * network switched, a proxy that black-holes it): it is abandoned and the client reconnects.
    */
   #startHeartbeat(transport) {
-    clearInterval(this.heartbeat);
-    const every = this.options.heartbeatMs ?? 20000;
+    clearInterval(this.#heartbeat);
+    const every = this.#options.heartbeatMs ?? 20000;
     if (!every) return;
-    this.heartbeat = setInterval(() => this.#checkAlive(transport), every);
-    this.heartbeat.unref?.(); // never keeps node alive by itself
+    this.#heartbeat = setInterval(() => this.checkAlive(transport), every);
+    this.#heartbeat.unref?.(); // never keeps node alive by itself
   }
 
   /** Pings now; no answer within `heartbeatTimeoutMs` abandons `transport`. */
-  #checkAlive(transport = this.transport) {
-    if (!transport?.isOpen() || transport !== this.transport || this.checking) return;
-    this.checking = true;
-    const limit = this.options.heartbeatTimeoutMs ?? 10000;
-    const timer = setTimeout(() => transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`), limit);
+  checkAlive(transport = this.#transport) {
+    if (!transport?.isOpen() || transport !== this.#transport || this.#checking) return;
+    this.#checking = true;
+    const limit = this.#options.heartbeatTimeoutMs ?? 10000;
+    const dead = () => transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`);
+    const timer = setTimeout(dead, limit);
     this.#request({ op: "ping" })
-      .catch(() => {})
+      // (A shorter requestTimeoutMs than heartbeatTimeoutMs gives up on the pong first.)
+      .catch((error) => error.code === "timeout" && dead())
       .finally(() => {
         clearTimeout(timer);
-        this.checking = false;
+        this.#checking = false;
       });
   }
 
   /** Sends a waiting publish if the session is open; one cut by a closed socket waits again. */
   #sendPublish(entry) {
-    if (entry.sent || !this.transport?.isOpen() || !this.welcome) return;
+    if (entry.sent || !this.#transport?.isOpen() || !this.#welcome) return;
     entry.sent = true;
     const done = () => {
-      const at = this.outbox.indexOf(entry);
-      if (at >= 0) this.outbox.splice(at, 1);
+      const at = this.#outbox.indexOf(entry);
+      if (at >= 0) this.#outbox.splice(at, 1);
     };
     this.#request({ op: "publish", topic: entry.topic, events: entry.events, idempotency_key: entry.key }).then(
       (published) => {
@@ -740,108 +832,68 @@ export class AckgateClient {
       },
       (error) => {
         entry.sent = false;
-        if (error.code === "closed" && !this.closedHere && this.outbox.includes(entry)) return; // sent again after the reconnect
+        if (error.code === "closed" && !this.#closedHere && this.#outbox.includes(entry)) return; // sent again after the reconnect
         done();
         entry.reject(error);
       },
     );
   }
 
-  /**
-   * Every event, for `for await (const event of client.events())`, those queued since the first
-   * `subscribe()` first; ends after a final close. One reader at a time is the intended use
-   * (several share the events).
-   */
-  events() {
-    this.eventsWanted = true;
-    const client = this;
-    return {
-      [Symbol.asyncIterator]() {
-        return this;
-      },
-      next() {
-        if (client.queue.length > 0) return Promise.resolve({ value: client.queue.shift(), done: false });
-        if (client.eventsEnded) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => client.readers.push(resolve));
-      },
-      return() {
-        client.eventsWanted = false;
-        return Promise.resolve({ value: undefined, done: true });
-      },
-    };
-  }
-
   /** Closes for good: no reconnect follows. */
   close() {
-    this.closedHere = true;
-    clearTimeout(this.trailing);
-    this.trailing = null;
-    this.transport?.close(1000, "bye");
-  }
-
-  /**
-   * The resume token of `topic`: per partition, the offset after the contiguous acknowledged
-   * floor the gateway confirmed durable, or where the subscription started.
-   */
-  resumeToken(topic) {
-    return { ...(this.committed[topic] || {}) };
-  }
-
-  /**
-   * The offset epochs of `topic`'s resume token (`{"<partition>": epoch}`, partitions of epoch 0
-   * left out): keep them with a token you store yourself and pass both to `subscribe`.
-   */
-  resumeEpochs(topic) {
-    return { ...(this.epochs[topic] || {}) };
+    this.#closedHere = true;
+    clearTimeout(this.#trailing);
+    this.#trailing = null;
+    this.#transport?.close(1000, "bye");
+    this.#setState("closed");
   }
 
   #send(frame) {
-    this.transport?.send(frame);
+    this.#transport?.send(frame);
   }
 
+  /**
+   * Sends `frame` with a new `req`; settled by the answer carrying it. An answer that does not
+   * come within `requestTimeoutMs` rejects with `timeout`, and the connection is checked at once
+   * (as by the heartbeat): a connection that black-holes is found and replaced.
+   */
   #request(frame) {
-    if (!this.transport?.isOpen()) {
+    if (!this.#transport?.isOpen()) {
       return Promise.reject(new AckgateError("closed", "not connected"));
     }
-    const req = this.nextReq++;
+    const req = this.#nextReq++;
+    const limit = this.#options.requestTimeoutMs ?? 10000;
     return new Promise((resolve, reject) => {
-      this.pending.set(req, { resolve, reject });
+      const timer =
+        limit > 0 &&
+        setTimeout(() => {
+          this.#pending.delete(req);
+          reject(new AckgateError("timeout", `no answer to ${frame.op} within ${limit} ms (requestTimeoutMs)`));
+          this.checkAlive();
+        }, limit);
+      const settle = (done) => (value) => {
+        clearTimeout(timer);
+        done(value);
+      };
+      this.#pending.set(req, { resolve: settle(resolve), reject: settle(reject) });
       this.#send({ ...frame, req });
     });
   }
 
   #failPending(why) {
-    for (const { reject } of this.pending.values()) reject(new AckgateError("closed", why));
-    this.pending.clear();
-  }
-
-  /** Queues an event for `events()`. Bounded by the window: past it, events no longer in flight
-   * (acked, nacked or termed through `onEvent` by an app that never iterates) are dropped. */
-  #enqueue(frame) {
-    this.queue.push(frame);
-    if (this.queue.length > (this.welcome?.max_in_flight ?? 1000)) this.queue = this.queue.filter((e) => this.inFlight.has(e.delivery_id));
-  }
-
-  #endEvents() {
-    this.eventsEnded = true;
-    for (const resolve of this.readers.splice(0)) resolve({ value: undefined, done: true });
-  }
-
-  #load(key) {
-    try {
-      return JSON.parse(this.options.storage?.getItem(key) ?? "{}") || {};
-    } catch {
-      return {};
-    }
+    for (const { reject } of this.#pending.values()) reject(new AckgateError("closed", why));
+    this.#pending.clear();
   }
 
   #saveToken() {
+    const storage = this.#options.storage;
     try {
-      this.options.storage?.setItem(this.storageKey, JSON.stringify(this.committed));
-      this.options.storage?.setItem(this.epochsKey, JSON.stringify(this.epochs));
+      storage?.setItem(`ackgate:${this.#options.clientId}:resume`, JSON.stringify(this.#tokens.committed));
+      storage?.setItem(`ackgate:${this.#options.clientId}:epochs`, JSON.stringify(this.#tokens.epochs));
     } catch {
       // A full or forbidden storage only costs the token's survival across a reload.
     }
+    this.#emit("tokens", this.#tokens);
   }
 
   /**
@@ -852,7 +904,7 @@ export class AckgateClient {
     let moved = false;
     for (const [topic, partitions] of Object.entries(offsets)) {
       for (const [partition, value] of Object.entries(partitions)) {
-        const [offset, epoch] = Array.isArray(value) ? value : [value, this.epochs[topic]?.[partition] ?? 0];
+        const [offset, epoch] = Array.isArray(value) ? value : [value, this.#tokens.epochs[topic]?.[partition] ?? 0];
         if (this.#learn(topic, partition, offset, epoch)) moved = true;
       }
     }
@@ -863,36 +915,28 @@ export class AckgateClient {
   /** The request `frame` answers, taken from `pending`. */
   #waiting(frame) {
     let key = frame.req;
-    if (key === undefined && this.initial.size > 0) {
+    if (key === undefined && this.#initial.size > 0) {
       // SSE: the stream's own subscribes are answered in order without req: `subscribed` names
       // its topic, an `error` is the first one still waiting.
       if (frame.type === "subscribed") key = `sub:${frame.topic}`;
-      else if (frame.type === "error") key = [...this.pending.keys()].find((k) => typeof k === "string" && k.startsWith("sub:"));
+      else if (frame.type === "error") key = [...this.#pending.keys()].find((k) => typeof k === "string" && k.startsWith("sub:"));
     }
-    const waiting = key !== undefined && this.pending.get(key);
-    if (waiting) this.pending.delete(key);
+    const waiting = key !== undefined && this.#pending.get(key);
+    if (waiting) this.#pending.delete(key);
     return waiting;
   }
 
   /** After an operator's disconnect: the operator may have moved the offsets; no token stands. */
   #forgetTokens() {
-    this.committed = {};
-    this.epochs = {};
+    this.#tokens.committed = {};
+    this.#tokens.epochs = {};
     this.#saveToken();
   }
 
   #dispatch(frame) {
-    this.options.onFrame?.(frame);
-    if (frame.type === "event") {
-      this.inFlight.set(frame.delivery_id, frame);
-      this.options.onEvent?.(frame);
-      if (this.eventsWanted || this.buffering) {
-        const reader = this.readers.shift();
-        if (reader) reader({ value: frame, done: false });
-        else this.#enqueue(frame);
-      }
-      return;
-    }
+    if (frame.type === "event") this.#inFlight.set(frame.delivery_id, frame);
+    this.#emit("frame", frame);
+    if (frame.type === "event") return;
     if (frame.type === "refresh_needed") {
       // The session's token expires soon: a new one from tokenProvider replaces it in band
       // (`refresh`); without one the session closes with 4004 and the client reconnects.
@@ -902,10 +946,10 @@ export class AckgateClient {
     if (frame.type === "reconnect") {
       // The instance drains: it sends no new event and closes once what this client acked is
       // confirmed (server.drain_settle_ms), so the token taken elsewhere covers those acks.
-      this.reconnectAfterMs = frame.after_ms;
+      this.#reconnectAfterMs = frame.after_ms;
       // A shared subscription's member sent to the instance its group lives on.
-      if (frame.ws_url) this.reconnectUrl = frame.ws_url;
-      this.draining = true;
+      if (frame.ws_url) this.#reconnectUrl = frame.ws_url;
+      this.#draining = true;
       this.#confirmNow();
       return;
     }
@@ -915,7 +959,765 @@ export class AckgateClient {
       if (frame.type === "error") waiting.reject(new AckgateError(frame.code, frame.message));
       else waiting.resolve(frame);
     } else if (frame.type === "error") {
-      this.options.onError?.(frame);
+      this.#emit("error", frame);
+    }
+  }
+}
+
+// Tabs of one origin with the same client id share one session (`tabs: "shared"`). The gateway
+// allows one session per client id: without this, a second tab would take over the first, which
+// closes with 4001 for good. One tab leads: it holds the Web Lock "ackgate:<clientId>" while it
+// leads, runs the session and subscribes to the union of every tab's topics; the others follow
+// over the BroadcastChannel of the same name: the leader posts every report of its session
+// (frames, state, closes, resume tokens) and each tab keeps the events of its own topics; a
+// follower's requests (subscribe, ack, publish, ...) go to the leader, which makes them and
+// answers. When the leader tab goes, its lock goes to a waiting tab, which leads from then on: it
+// connects and subscribes again to every topic with the resume tokens it was sent, as after a
+// lost connection (what was not acknowledged comes again, nothing is skipped).
+//
+// Each tab also holds a lock of its own, "ackgate:<clientId>:tab:<id>", for its life: the leader
+// asks for it, is granted it when that tab is gone, and then unsubscribes from the topics only
+// that tab wanted (their events would fill the window with deliveries nobody acks).
+//
+// Messages, `{t, from, to?, ...}`: "hello" (a tab and its topics: when it joins, and to each new
+// leader), "leader" (the leader's state, welcome and tokens: when it starts leading, and in
+// answer to a hello), "up" (one report of the leader's session), "call" and "reply" (a follower's
+// request and its answer), "bye" (a tab leaves).
+
+/** How long a leader that leaves keeps its lock after its bye (or a final close): the tabs hear
+ * it before one of them can win the lock and connect again. */
+const HANDOVER_MS = 100;
+
+/** Requests sent without waiting for an answer, as on a session of one's own. */
+const silent = (method, args) => method === "nack" || method === "extend" || method === "term" || (method === "ack" && !args[1]?.confirm);
+
+/** The other requests a follower may ask of the leader's session. */
+const CALLS = ["ack", "nack", "extend", "term", "ping", "publish"];
+
+/** An AckgateError as another tab made it (its message already names the code). */
+function remoteError({ code, message }) {
+  const error = new AckgateError(code, "");
+  error.message = message;
+  return error;
+}
+
+class TabGroup {
+  #options;
+  #local; // the client of this tab: {topics, tokens, receive(kind, data), session(emit)}
+  #name; // "ackgate:<clientId>": the leader's lock and the channel
+  #id = randomKey().slice(0, 16);
+  #channel = null;
+  #left = false;
+  #quit = new AbortController(); // ends the wait for the leader's lock
+  #releaseTab = null; // ends this tab's own lock
+  #joining = null; // {resolve, reject, timer} of the connect() in progress
+  #leader = null; // the leading tab's id (this tab's own while it leads)
+  #session = null; // while this tab leads
+  #stopLeading = null;
+  #wanted = new Map(); // while leading: topic -> {options, tabs: Set of tab ids, frame, pending}
+  #watched = new Set(); // while leading: the tabs whose lock it waits for
+  #calls = new Map(); // call id -> {method, args, resolve, reject, timer}: waiting for the leader
+  #nextCall = 1;
+
+  constructor(options, local) {
+    this.#options = options;
+    this.#local = local;
+    this.#name = `ackgate:${options.clientId}`;
+  }
+
+  /** The session, while this tab leads. */
+  get session() {
+    return this.#session;
+  }
+
+  /** Joins the tabs of this client id; resolves with the welcome of the session they share. */
+  join() {
+    const locks = globalThis.navigator.locks;
+    const limit = this.#options.connectTimeoutMs ?? 10000;
+    return new Promise((resolve, reject) => {
+      const why = `no session within ${limit} ms (connectTimeoutMs)`;
+      this.#joining = { resolve, reject, timer: limit > 0 && setTimeout(() => this.#failJoin(new AckgateError("timeout", why)), limit) };
+      // This tab's own lock, held for its life: the leader learns of its end by being granted it.
+      const held = (release) => {
+        if (this.#left) return release();
+        this.#releaseTab = release;
+        this.#channel = new BroadcastChannel(this.#name);
+        this.#channel.onmessage = ({ data }) => this.#message(data);
+        locks.request(this.#name, { signal: this.#quit.signal }, () => this.#lead()).catch(() => {}); // aborted: left first
+        this.#post({ t: "hello", topics: Object.fromEntries(this.#local.topics) });
+      };
+      locks.request(`${this.#name}:tab:${this.#id}`, () => new Promise(held)).catch((error) => this.#failJoin(error));
+    });
+  }
+
+  #joined(welcome) {
+    const joining = this.#joining;
+    if (!joining) return;
+    this.#joining = null;
+    clearTimeout(joining.timer);
+    joining.resolve(welcome);
+  }
+
+  #failJoin(error) {
+    const joining = this.#joining;
+    if (!joining) return;
+    this.#joining = null;
+    clearTimeout(joining.timer);
+    this.leave();
+    joining.reject(error);
+  }
+
+  /** Leaves: a leader closes its session and hands the lock on; every call waiting fails. */
+  leave() {
+    if (this.#left) return;
+    this.#left = true;
+    this.#failJoin(new AckgateError("closed", "closed before it connected"));
+    this.#quit.abort();
+    for (const { reject, timer } of this.#calls.values()) {
+      clearTimeout(timer);
+      reject(new AckgateError("closed", "the client is closed"));
+    }
+    this.#calls.clear();
+    const session = this.#session;
+    this.#session = null; // its reports are no longer passed on
+    session?.close();
+    this.#post({ t: "bye" });
+    setTimeout(
+      () => {
+        this.#stopLeading?.();
+        this.#releaseTab?.();
+        this.#channel?.close();
+        this.#channel = null;
+      },
+      session ? HANDOVER_MS : 0,
+    );
+  }
+
+  /** Granted the leader's lock: runs the session until this tab leaves (or closes). */
+  async #lead() {
+    if (this.#left) return;
+    this.#leader = this.#id;
+    const session = this.#local.session((kind, data) => this.#up(session, kind, data));
+    this.#session = session;
+    for (const [topic, options] of this.#local.topics) this.#want(this.#id, topic, options);
+    const leading = new Promise((stop) => (this.#stopLeading = stop));
+    this.#post({ t: "leader", ...this.#status() }); // the other tabs say hello with their topics
+    this.#recall();
+    if (this.#joining) {
+      clearTimeout(this.#joining.timer); // the session's connect has its own timeout
+      session.connect().then(
+        (welcome) => this.#joined(welcome),
+        (error) => this.#failJoin(error),
+      );
+    } else {
+      // It followed a leader that is gone: as after a lost connection, with the tokens it was sent.
+      session.resume([...this.#wanted].map(([topic, { options }]) => [topic, options]));
+    }
+    await leading;
+  }
+
+  #status() {
+    const session = this.#session;
+    return { state: session.state, welcome: session.welcome, tokens: this.#local.tokens };
+  }
+
+  /** A report of the session this tab leads: to this tab's client and to every other tab. */
+  #up(session, kind, data) {
+    if (session !== this.#session) return;
+    if (kind === "frame" && data.type === "subscribed" && this.#wanted.has(data.topic)) this.#wanted.get(data.topic).frame = data;
+    if (kind === "dropped") this.#wanted.delete(data.topic);
+    // A failed first connect is no news to the others: the next leader tries its own.
+    if (kind !== "state" || data !== "closed") this.#post({ t: "up", kind, data });
+    this.#local.receive(kind, data);
+    if (kind === "state" && data === "connected") this.#sync();
+  }
+
+  /** Subscribes, with the tokens this tab holds, to the topics tabs want that the session lacks. */
+  #sync() {
+    const session = this.#session;
+    if (session?.state !== "connected") return;
+    const { committed, epochs } = this.#local.tokens;
+    for (const [topic, entry] of this.#wanted) {
+      if (session.has(topic) || entry.pending) continue;
+      this.#subscribe(topic, entry, { ...entry.options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } }).catch((error) => {
+        // Refused for good: dropped for every tab; else tried again at the next welcome.
+        if (FINAL_SUBSCRIBE_ERRORS.has(error.code)) this.#up(session, "dropped", { topic, code: error.code, message: error.message });
+      });
+    }
+  }
+
+  #subscribe(topic, entry, options) {
+    entry.pending ??= this.#session
+      .subscribe(topic, options)
+      .then((frame) => (entry.frame = frame))
+      .finally(() => (entry.pending = null));
+    return entry.pending;
+  }
+
+  #want(tab, topic, { resume, epochs, ...options }) {
+    let entry = this.#wanted.get(topic);
+    // (Kept without a token: a later subscribe, by a new leader, sends the tokens of that time.)
+    if (!entry) this.#wanted.set(topic, (entry = { options, tabs: new Set(), frame: null, pending: null }));
+    entry.tabs.add(tab);
+    return entry;
+  }
+
+  /** `tab` no longer wants `topic`; true when no tab does. */
+  #unwant(tab, topic) {
+    const entry = this.#wanted.get(topic);
+    entry?.tabs.delete(tab);
+    if (entry?.tabs.size) return false;
+    this.#wanted.delete(topic);
+    return true;
+  }
+
+  /** A tab is gone (its lock came to this leader, or it said bye): its topics go with it. */
+  #tabGone(tab) {
+    this.#watched.delete(tab);
+    for (const [topic, entry] of [...this.#wanted]) {
+      if (this.#session && entry.tabs.has(tab) && this.#unwant(tab, topic)) this.#session.unsubscribe(topic).catch(() => {});
+    }
+  }
+
+  /** The leader makes a request of `tab` (its own included) on its session. */
+  async #handle(tab, method, args) {
+    const session = this.#session;
+    if (method === "subscribe") {
+      const [topic, options] = args;
+      const entry = this.#want(tab, topic, options);
+      // A topic another tab subscribed to is subscribed once: this tab gets its events from now on.
+      if (session.has(topic) && entry.frame) return entry.frame;
+      try {
+        return await this.#subscribe(topic, entry, options);
+      } catch (error) {
+        this.#unwant(tab, topic);
+        throw error;
+      }
+    }
+    if (method === "unsubscribe") {
+      const [topic] = args;
+      return this.#unwant(tab, topic) ? session.unsubscribe(topic) : { type: "unsubscribed", topic };
+    }
+    if (!CALLS.includes(method)) throw new AckgateError("bad_frame", `no request ${method}`);
+    return session[method](...args);
+  }
+
+  /** A request of this tab's client: made here while leading, else sent to the leader. */
+  call(method, args) {
+    if (this.#session) return this.#handle(this.#id, method, args);
+    if (silent(method, args)) {
+      if (this.#leader) this.#post({ t: "call", to: this.#leader, method, args });
+      return undefined;
+    }
+    if (!this.#leader && method !== "publish") return Promise.reject(new AckgateError("closed", "no leader tab"));
+    return new Promise((resolve, reject) => {
+      const id = this.#nextCall++;
+      // A publish waits for a leader, as for a connection; the rest are bounded like requests.
+      const limit = this.#options.requestTimeoutMs ?? 10000;
+      const expire = () => {
+        this.#calls.delete(id);
+        reject(new AckgateError("timeout", `no answer from the leader tab within ${limit} ms (requestTimeoutMs)`));
+      };
+      const timer = method !== "publish" && limit > 0 && setTimeout(expire, limit);
+      this.#calls.set(id, { method, args, resolve, reject, timer });
+      if (this.#leader) this.#post({ t: "call", to: this.#leader, id, method, args });
+    });
+  }
+
+  /**
+   * The leader changed: calls sent to the old one fail as on a lost connection, except
+   * publishes, which go to the new one (this tab, when it leads) under their idempotency key.
+   */
+  #recall() {
+    for (const [id, call] of [...this.#calls]) {
+      if (call.method !== "publish") {
+        this.#calls.delete(id);
+        clearTimeout(call.timer);
+        call.reject(new AckgateError("closed", "the leader tab is gone"));
+      } else if (this.#session) {
+        this.#calls.delete(id);
+        this.#handle(this.#id, "publish", call.args).then(call.resolve, call.reject);
+      } else if (this.#leader) {
+        this.#post({ t: "call", to: this.#leader, id, method: call.method, args: call.args });
+      }
+    }
+  }
+
+  /** What a follower shows: the leader's state, or connecting until it first connected. */
+  #show(state) {
+    this.#local.receive("state", state === "connected" ? "connected" : this.#joining ? "connecting" : "reconnecting");
+  }
+
+  #message(m) {
+    if (this.#left || (m.to !== undefined && m.to !== this.#id)) return;
+    const leading = this.#session !== null;
+    if (m.t === "hello" && leading) {
+      for (const [topic, options] of Object.entries(m.topics)) this.#want(m.from, topic, options);
+      if (!this.#watched.has(m.from)) {
+        this.#watched.add(m.from);
+        globalThis.navigator.locks.request(`${this.#name}:tab:${m.from}`, () => this.#tabGone(m.from));
+      }
+      this.#post({ t: "leader", to: m.from, ...this.#status() });
+      this.#sync();
+    } else if (m.t === "leader" && !leading) {
+      if (m.from !== this.#leader) {
+        this.#leader = m.from;
+        this.#recall();
+        if (m.to === undefined) this.#post({ t: "hello", topics: Object.fromEntries(this.#local.topics) });
+      }
+      this.#local.receive("tokens", m.tokens);
+      if (m.welcome) this.#local.receive("welcome", m.welcome);
+      this.#show(m.state);
+      if (m.state === "connected") this.#joined(m.welcome);
+    } else if (m.t === "up" && m.from === this.#leader && !leading) {
+      if (m.kind === "state") this.#show(m.data);
+      else this.#local.receive(m.kind, m.data);
+      if (m.kind === "state" && m.data === "connected") this.#joined(this.#local.welcome);
+    } else if (m.t === "call" && leading) {
+      const answer = this.#handle(m.from, m.method, m.args);
+      if (m.id === undefined) return void answer.catch(() => {});
+      answer.then(
+        (value) => this.#post({ t: "reply", to: m.from, id: m.id, value }),
+        (error) => this.#post({ t: "reply", to: m.from, id: m.id, error: { code: error.code ?? "internal", message: error.message } }),
+      );
+    } else if (m.t === "reply") {
+      const call = this.#calls.get(m.id);
+      if (!call) return;
+      this.#calls.delete(m.id);
+      clearTimeout(call.timer);
+      if (m.error) call.reject(remoteError(m.error));
+      else call.resolve(m.value);
+    } else if (m.t === "bye") {
+      if (leading) this.#tabGone(m.from);
+      else if (m.from === this.#leader) {
+        this.#leader = null;
+        this.#recall();
+        this.#show("reconnecting");
+      }
+    }
+  }
+
+  #post(message) {
+    this.#channel?.postMessage({ ...message, from: this.#id });
+  }
+}
+
+/**
+ * The items (events, and gaps for readers that asked for them) of `events()` or of one
+ * `topic()` iterator, queued until read. The readers of one feed share its items.
+ */
+class Feed {
+  #topic; // null: events()
+  #items; // not read yet
+  #readers = []; // {resolve, gaps}: reads waiting for an item
+  #ended = false;
+
+  constructor(topic, items = []) {
+    this.#topic = topic;
+    this.#items = items;
+  }
+
+  get topic() {
+    return this.#topic;
+  }
+
+  get ended() {
+    return this.#ended;
+  }
+
+  /** Takes the queued items of `topic` out. */
+  take(topic) {
+    const taken = this.#items.filter((item) => item.topic === topic);
+    this.#items = this.#items.filter((item) => item.topic !== topic);
+    return taken;
+  }
+
+  /** Past `bound` queued items (the window), those `keep` refuses are dropped. */
+  push(item, bound, keep) {
+    const at = this.#readers.findIndex((reader) => reader.gaps || item.type === "event");
+    if (at >= 0) this.#readers.splice(at, 1)[0].resolve({ value: item, done: false });
+    else if (this.#readers.length === 0) {
+      // (A gap that none of the waiting readers wants is dropped.)
+      this.#items.push(item);
+      if (this.#items.length > bound) this.#items = this.#items.filter(keep);
+    }
+  }
+
+  /** Nothing more comes; `drop`: not even what is queued. */
+  end(drop) {
+    this.#ended = true;
+    if (drop) this.#items = [];
+    for (const { resolve } of this.#readers.splice(0)) resolve({ value: undefined, done: true });
+  }
+
+  iterator(gaps, onReturn) {
+    const next = () => {
+      while (this.#items.length > 0) {
+        const item = this.#items.shift();
+        if (gaps || item.type === "event") return Promise.resolve({ value: item, done: false });
+      }
+      if (this.#ended) return Promise.resolve({ value: undefined, done: true });
+      return new Promise((resolve) => this.#readers.push({ resolve, gaps }));
+    };
+    return {
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+      next,
+      return() {
+        onReturn?.();
+        return Promise.resolve({ value: undefined, done: true });
+      },
+    };
+  }
+}
+
+export class AckgateClient {
+  #url;
+  #options;
+  #shared; // tabs share one session (tabs: "shared" where the page has the APIs for it)
+  #session = null; // the session of its own (not shared)
+  #tabs = null; // shared: the TabGroup, from connect() to close()
+  #state = "closed";
+  #welcome = null;
+  #tokens; // {committed, epochs}: topic -> partition -> durable committed offset / its offset epoch
+  #listeners = new Map(); // event name -> Set of listeners
+  #topics = new Map(); // topic -> options: the topics this client subscribed to
+  #main = new Feed(null); // the items of events()
+  #feeds = new Set(); // the feeds of the open topic() iterators
+  #buffering = false; // from the first subscribe() or events() on, events wait for a reader
+  #held = new Set(); // delivery ids handed out and not acked, nacked or termed here
+  // In a page: back online, or shown again after a sleep, the connection is checked at once.
+  #online = () => this.#live()?.checkAlive();
+  #visible = () => globalThis.document.visibilityState === "visible" && this.#online();
+
+  /**
+   * @param {string} url the /ws URL without query, e.g. "ws://host:8080/ws"
+   * @param {import("./index.d.ts").AckgateClientOptions} options
+   */
+  constructor(url, options) {
+    if (!options?.clientId) throw new TypeError("options.clientId is required");
+    const transport = options.transport ?? "websocket";
+    if (!TRANSPORTS.includes(transport)) {
+      throw new TypeError(`options.transport is "websocket", "sse" or "auto", not ${JSON.stringify(options.transport)}`);
+    }
+    const hasEventSource = Boolean(options.EventSource ?? globalThis.EventSource);
+    if (transport === "sse" && !hasEventSource) {
+      throw new TypeError('transport "sse" needs an EventSource: this runtime has none, pass options.EventSource');
+    }
+    if (transport !== "sse" && !(options.WebSocket ?? globalThis.WebSocket) && !(transport === "auto" && hasEventSource)) {
+      throw new TypeError(
+        "this runtime has no WebSocket: on Node.js 20 run `node --experimental-websocket`, use Node.js 22 or later, or pass options.WebSocket (e.g. the ws package's WebSocket)",
+      );
+    }
+    if (options.tabs !== undefined && options.tabs !== "shared" && options.tabs !== "own") {
+      throw new TypeError(`options.tabs is "shared" or "own", not ${JSON.stringify(options.tabs)}`);
+    }
+    this.#url = url;
+    this.#options = options;
+    // Tabs share a session where a page has Web Locks and BroadcastChannel (elsewhere, e.g. in
+    // Node.js, two clients of one id in one process are two sessions, as they always were).
+    this.#shared = options.tabs !== "own" && globalThis.document !== undefined && typeof globalThis.BroadcastChannel === "function" && Boolean(globalThis.navigator?.locks);
+    this.#tokens = {
+      committed: load(options.storage, `ackgate:${options.clientId}:resume`),
+      // topic -> partition -> the offset epoch the gateway last named (`subscribed`, SSE ids): a
+      // token is trusted above the stored offset only within its epoch, and a newer epoch (an
+      // operator's reset, a lost log tail) replaces the token instead of being outbid by it.
+      epochs: load(options.storage, `ackgate:${options.clientId}:epochs`),
+    };
+    if (!this.#shared) this.#session = this.#newSession((kind, data) => this.#receive(kind, data));
+  }
+
+  /** "connecting", "connected", "reconnecting" or "closed" (also before connect()). */
+  get state() {
+    return this.#state;
+  }
+
+  /** The welcome of the current (or last) session. */
+  get welcome() {
+    return this.#welcome;
+  }
+
+  /** Calls `listener` on each `name` ("event", "state", "gap", ...); returns what removes it. */
+  on(name, listener) {
+    if (!Object.hasOwn(LISTENED, name)) throw new TypeError(`no event ${JSON.stringify(name)}: ${Object.keys(LISTENED).join(", ")}`);
+    if (!this.#listeners.has(name)) this.#listeners.set(name, new Set());
+    this.#listeners.get(name).add(listener);
+    return () => this.off(name, listener);
+  }
+
+  off(name, listener) {
+    this.#listeners.get(name)?.delete(listener);
+  }
+
+  /** Opens the session (or joins the one tabs of this client id share); resolves with the welcome frame. */
+  async connect() {
+    if (this.#main.ended) this.#main = new Feed(null); // connected again after a close
+    globalThis.addEventListener?.("online", this.#online);
+    globalThis.document?.addEventListener?.("visibilitychange", this.#visible);
+    if (!this.#shared) return this.#session.connect();
+    this.#tabs?.leave();
+    const client = this;
+    const tabs = new TabGroup(this.#options, {
+      topics: this.#topics,
+      tokens: this.#tokens,
+      get welcome() {
+        return client.#welcome;
+      },
+      receive: (kind, data) => this.#tabs === tabs && this.#receive(kind, data),
+      session: (emit) => this.#newSession(emit),
+    });
+    this.#tabs = tabs;
+    this.#receive("state", "connecting");
+    try {
+      return await tabs.join();
+    } catch (error) {
+      if (this.#tabs === tabs) {
+        this.#tabs = null;
+        this.#receive("state", "closed");
+      }
+      throw error;
+    }
+  }
+
+  #newSession(emit) {
+    return new Session(this.#url, this.#options, this.#tokens, emit);
+  }
+
+  /** The session this page runs, if any (its own, or the tabs' while this one leads). */
+  #live() {
+    return this.#shared ? this.#tabs?.session : this.#session;
+  }
+
+  /** A request: to its own session, or through the tabs' leader. */
+  #call(method, args) {
+    if (!this.#shared) return this.#session[method](...args);
+    if (this.#tabs) return this.#tabs.call(method, args);
+    return silent(method, args) ? undefined : Promise.reject(new AckgateError("closed", "not connected"));
+  }
+
+  /**
+   * Subscribes; remembered, so a reconnect subscribes again (with a resume token). Without an
+   * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
+   */
+  async subscribe(topic, options = {}) {
+    // Events that arrive before `events()` is iterated (during a second subscribe, say) wait
+    // for it instead of coming back only after the ack timeout.
+    this.#buffering = true;
+    const known = this.#topics.has(topic);
+    // Taken before the answer: with tabs sharing a session, the first events may come first.
+    const { resume, epochs, ...kept } = options;
+    this.#topics.set(topic, kept);
+    try {
+      return await this.#call("subscribe", [topic, options]);
+    } catch (error) {
+      if (!known) this.#topics.delete(topic);
+      throw error;
+    }
+  }
+
+  unsubscribe(topic) {
+    this.#drop(topic);
+    return this.#call("unsubscribe", [topic]);
+  }
+
+  /**
+   * Acknowledges one id or many. `{ confirm: true }` resolves with `ack_ok` once the offsets are
+   * durable; otherwise the ack is plain, except that a partition not confirmed for
+   * `confirmEveryMs` gets a confirmed one (its `ack_ok` refreshes the resume token).
+   */
+  ack(ids, options = {}) {
+    for (const id of Array.isArray(ids) ? ids : [ids]) this.#held.delete(id);
+    return this.#call("ack", [ids, options]) ?? Promise.resolve();
+  }
+
+  nack(id, delayMs) {
+    this.#held.delete(id);
+    this.#call("nack", delayMs === undefined ? [id] : [id, delayMs]);
+  }
+
+  extend(id) {
+    this.#call("extend", [id]);
+  }
+
+  term(id, reason) {
+    this.#held.delete(id);
+    this.#call("term", reason === undefined ? [id] : [id, reason]);
+  }
+
+  ping() {
+    return this.#call("ping", []);
+  }
+
+  /**
+   * Publishes one event (`{payload, key?, partition?, headers?}`) or a list of them to `topic`
+   * over the session; resolves with the `published` frame (`offsets` in the order given).
+   * While disconnected it waits (at most `maxQueuedPublishes`, default 100, publishes) and goes
+   * out after the reconnect; each publish carries an idempotency key (`idempotencyKey`, or a
+   * random one), so one sent again after a lost answer is never written twice.
+   */
+  publish(topic, events, { idempotencyKey = randomKey() } = {}) {
+    return this.#call("publish", [topic, events, { idempotencyKey }]);
+  }
+
+  /**
+   * Every event of the topics without a `topic()` iterator, for `for await (const event of
+   * client.events())`, those queued since the first `subscribe()` first; ends after a final
+   * close. `{gaps: true}`: gaps come too (items of type "gap"). Readers share the events.
+   */
+  events({ gaps = false } = {}) {
+    this.#buffering = true;
+    return this.#main.iterator(gaps);
+  }
+
+  /**
+   * The events of `topic` only (each `topic()` iterator gets all of them; `events()` no longer
+   * does), those that came since its subscribe first; ends at its unsubscribe, when a
+   * resubscribe is refused for good, and after a final close. `{gaps: true}` as for `events()`.
+   */
+  topic(topic, { gaps = false } = {}) {
+    const feed = new Feed(topic, this.#main.take(topic));
+    if (this.#main.ended) feed.end(false);
+    else this.#feeds.add(feed);
+    return feed.iterator(gaps, () => {
+      this.#feeds.delete(feed);
+      feed.end(true);
+    });
+  }
+
+  /** Closes for good: no reconnect follows. */
+  close() {
+    globalThis.removeEventListener?.("online", this.#online);
+    globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
+    if (this.#shared) {
+      const connected = this.#tabs !== null;
+      this.#tabs?.leave();
+      this.#tabs = null;
+      this.#receive("state", "closed");
+      if (connected) this.#emit("close", { code: 1000, reason: "bye", final: true });
+    } else {
+      this.#session.close();
+    }
+    this.#finish();
+  }
+
+  /**
+   * The resume token of `topic`: per partition, the offset after the contiguous acknowledged
+   * floor the gateway confirmed durable, or where the subscription started.
+   */
+  resumeToken(topic) {
+    return { ...this.#tokens.committed[topic] };
+  }
+
+  /**
+   * The offset epochs of `topic`'s resume token (`{"<partition>": epoch}`, partitions of epoch 0
+   * left out): keep them with a token you store yourself and pass both to `subscribe`.
+   */
+  resumeEpochs(topic) {
+    return { ...this.#tokens.epochs[topic] };
+  }
+
+  /** Calls the `onX` option and the `on()` listeners of `name`. A listener that throws does not
+   * stop the client: its error is reported as an uncaught one (reportError), or thrown again on
+   * its own where there is no reportError (Node.js). */
+  #emit(name, value) {
+    const option = this.#options[LISTENED[name]];
+    for (const listener of [option, ...(this.#listeners.get(name) || [])]) {
+      try {
+        listener?.(value);
+      } catch (error) {
+        if (globalThis.reportError) globalThis.reportError(error);
+        else
+          queueMicrotask(() => {
+            throw error;
+          });
+      }
+    }
+  }
+
+  /** A report of the session (its own, or the one tabs share): see Session. */
+  #receive(kind, data) {
+    if (kind === "frame") return this.#frame(data);
+    if (kind === "tokens") {
+      this.#tokens.committed = data.committed;
+      this.#tokens.epochs = data.epochs;
+    } else if (kind === "welcome") {
+      this.#welcome = data;
+    } else if (kind === "state") {
+      if (data === this.#state) return;
+      this.#state = data;
+      this.#emit("state", data);
+    } else if (kind === "dropped") {
+      if (!this.#topics.has(data.topic)) return; // another tab's topic
+      this.#drop(data.topic);
+      this.#options.onSubscriptionDropped?.(data);
+    } else {
+      if (kind === "close") this.#held.clear(); // the session's deliveries went with it
+      this.#emit(kind, data);
+      if (kind === "close" && data.final) this.#finish();
+    }
+  }
+
+  #frame(frame) {
+    if (frame.type === "welcome") this.#welcome = frame;
+    // Tabs that share a session share its frames: each takes those of its own topics.
+    if (this.#shared && frame.topic !== undefined && !this.#topics.has(frame.topic)) return;
+    this.#emit("frame", frame);
+    if (frame.type === "event") {
+      this.#held.add(frame.delivery_id);
+      this.#emit("event", frame);
+      this.#deliver(frame);
+    } else if (frame.type === "gap") {
+      this.#gap(frame);
+    } else if (frame.type === "subscribed") {
+      // Events that were gone from the log before the subscription started are a gap too.
+      for (const { partition, gap } of frame.partitions || []) {
+        if (gap) this.#gap({ type: "gap", topic: frame.topic, partition, from: gap.from, to: gap.to });
+      }
+    }
+  }
+
+  #gap(gap) {
+    this.#emit("gap", gap);
+    this.#deliver(gap);
+  }
+
+  /** To the topic's iterators, or else (once asked for) to events(). */
+  #deliver(item) {
+    const bound = this.#welcome?.max_in_flight ?? 1000;
+    // Past the window, events no longer held (acked, nacked or termed through `on("event")` by
+    // an app that never iterates) are dropped from the queues.
+    const keep = (queued) => queued.type !== "event" || this.#held.has(queued.delivery_id);
+    let taken = false;
+    for (const feed of this.#feeds) {
+      if (feed.topic === item.topic) {
+        feed.push(item, bound, keep);
+        taken = true;
+      }
+    }
+    if (!taken && this.#buffering) this.#main.push(item, bound, keep);
+  }
+
+  /** The topic is no longer subscribed here: its iterators end. */
+  #drop(topic) {
+    this.#topics.delete(topic);
+    for (const feed of [...this.#feeds]) {
+      if (feed.topic === topic) {
+        this.#feeds.delete(feed);
+        feed.end(true);
+      }
+    }
+  }
+
+  /** Closed for good: the iterators end once they gave what they hold; the tabs are left. */
+  #finish() {
+    this.#receive("state", "closed");
+    this.#main.end(false);
+    for (const feed of this.#feeds) feed.end(false);
+    this.#feeds.clear();
+    if (this.#tabs) {
+      this.#tabs.leave();
+      this.#tabs = null;
     }
   }
 }

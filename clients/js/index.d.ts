@@ -1,10 +1,12 @@
-// Types of ackgate-client (ackgate.js). Written by hand; `tsc --noEmit` checks them against
-// examples/typed.ts. Licensed under the Apache License, Version 2.0.
+// Types of ackgate-client (ackgate.js). Written by hand; `tsc --noEmit` (strict, with
+// exactOptionalPropertyTypes) checks them against examples/typed.ts and the React example.
+// Licensed under the Apache License, Version 2.0.
 
 /** `{"<partition>": next_offset}`: where each partition of a topic resumes. */
 export type ResumeToken = Record<string, number>;
 
-export type StartFrom = "committed" | "earliest" | "latest" | { time: number };
+/** Where a subscription starts: see docs/protocol.md (`{last: n}`: the last n events of each partition). */
+export type StartFrom = "committed" | "earliest" | "latest" | { time: number } | { last: number };
 
 export type ErrorCode =
   | "bad_frame"
@@ -42,7 +44,8 @@ export interface SubscribedFrame {
   partitions: { partition: number; from: number; epoch: number; gap?: { from: number; to: number } }[];
 }
 
-export interface EventFrame {
+/** One delivery. `T`: the payload's type, as the app knows it (the client does not check it). */
+export interface EventFrame<T = unknown> {
   type: "event";
   delivery_id: string;
   topic: string;
@@ -59,9 +62,21 @@ export interface EventFrame {
   /** True for a dead letter an operator sent again. */
   redrive?: true;
   /** The value, when it is JSON. */
-  payload?: unknown;
+  payload?: T;
   /** The value, base64, when it is not JSON. */
   payload_base64?: string;
+}
+
+/**
+ * Events `from`..`to`-1 of a partition are gone (removed by retention) and will never come: sent
+ * by the gateway mid-session, or named by a `subscribed` frame's partition (`gap`).
+ */
+export interface GapFrame {
+  type: "gap";
+  topic: string;
+  partition: number;
+  from: number;
+  to: number;
 }
 
 export interface AckOkFrame {
@@ -79,9 +94,20 @@ export interface PublishedFrame {
   replayed?: boolean;
 }
 
+export interface UnsubscribedFrame {
+  type: "unsubscribed";
+  topic: string;
+  req?: string | number;
+}
+
+export interface PongFrame {
+  type: "pong";
+  req?: string | number;
+}
+
 /** One event to publish, as the REST body's events. */
-export interface NewEvent {
-  payload?: unknown;
+export interface NewEvent<T = unknown> {
+  payload?: T;
   payload_base64?: string;
   key?: string;
   partition?: number;
@@ -95,18 +121,18 @@ export interface ErrorFrame {
   req?: string | number;
 }
 
-export type ServerFrame =
+export type ServerFrame<T = unknown> =
   | WelcomeFrame
   | SubscribedFrame
-  | EventFrame
+  | EventFrame<T>
+  | GapFrame
   | AckOkFrame
   | PublishedFrame
+  | UnsubscribedFrame
+  | PongFrame
   | ErrorFrame
   | { type: "refresh_needed"; expires_at: number }
   | { type: "refreshed"; req?: string | number; expires_at: number | null }
-  | { type: "unsubscribed"; topic: string; req?: string | number }
-  | { type: "pong"; req?: string | number }
-  | { type: "gap"; topic: string; partition: number; from: number; to: number }
   | { type: "reconnect"; after_ms: number; instance?: string; ws_url?: string };
 
 /**
@@ -115,6 +141,45 @@ export type ServerFrame =
  * socket fails before its welcome.
  */
 export type Transport = "websocket" | "sse" | "auto";
+
+/**
+ * `connecting`: connect() called, no welcome yet; `connected`: a session is open;
+ * `reconnecting`: it was lost and the client is getting another; `closed`: before connect(),
+ * after close(), after a final close or a failed connect().
+ */
+export type ClientState = "connecting" | "connected" | "reconnecting" | "closed";
+
+/** A close of the session; `final`: no reconnect follows. */
+export interface CloseInfo {
+  code: number;
+  reason: string;
+  final: boolean;
+}
+
+/** Before each reconnect attempt `{attempt, delayMs, url}`, after a failed one `error` too, after a success `{attempt, url, welcome}`. */
+export interface ReconnectProgress {
+  attempt: number;
+  delayMs?: number;
+  url: string;
+  error?: string;
+  welcome?: WelcomeFrame;
+}
+
+/** What `on(name, listener)` hands each listener. */
+export interface AckgateEvents<T = unknown> {
+  /** Every event of this client's topics (as well as to the iterators). */
+  event: EventFrame<T>;
+  /** Each change of `state`. */
+  state: ClientState;
+  /** Every gap: events removed by retention that will never come. */
+  gap: GapFrame;
+  /** An `error` frame that answers no request (over SSE also a refused POST of frames without one, e.g. plain acks; a failed token refresh). */
+  error: ErrorFrame;
+  close: CloseInfo;
+  reconnect: ReconnectProgress;
+  /** Every frame received, for logging. */
+  frame: ServerFrame<T>;
+}
 
 /** What the client uses of an EventSource (the browser's, or one passed as `EventSource`). */
 export interface EventSourceLike {
@@ -139,81 +204,122 @@ export interface TokenStorage {
   setItem(key: string, value: string): void;
 }
 
-export interface AckgateClientOptions {
-  /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`). */
+export interface AckgateClientOptions<T = unknown> {
+  /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`): see docs/clients.md for how to choose it. */
   clientId: string;
   /** `websocket` (default), `sse` or `auto` (a WebSocket, else Server-Sent Events). `sse` without an EventSource throws. */
-  transport?: Transport;
+  transport?: Transport | undefined;
+  /**
+   * `shared` (the default): in a page with Web Locks and BroadcastChannel, the tabs of one origin
+   * with this `clientId` share one session, led by one tab; elsewhere (Node.js) each client has
+   * its own. `own`: a session of its own (a second tab with the same id takes it over: 4001).
+   */
+  tabs?: "shared" | "own" | undefined;
   /** The EventSource constructor for `sse` and `auto` (default `globalThis.EventSource`; Node has none). */
-  EventSource?: new (url: string) => EventSourceLike;
-  /** The WebSocket constructor (default `globalThis.WebSocket`). */
-  WebSocket?: new (url: string) => WebSocketLike;
+  EventSource?: (new (url: string) => EventSourceLike) | undefined;
+  /** The WebSocket constructor (default `globalThis.WebSocket`; Node.js 20 has one only with `--experimental-websocket`). */
+  WebSocket?: (new (url: string) => WebSocketLike) | undefined;
   /** SSE: at most this many client frames per POST (default 10000, the gateway's `limits.max_batch_events`). */
-  maxBatchFrames?: number;
+  maxBatchFrames?: number | undefined;
   /** A JWT, when the gateway has `auth.jwt_secret` (in the URL; SSE POSTs send it as `Authorization: Bearer`). */
-  token?: string;
-  /** Called before each connect (and reconnect) for a fresh JWT; wins over `token`. */
-  tokenProvider?: () => string | Promise<string>;
+  token?: string | undefined;
+  /** Called before each connect (and reconnect), and when the gateway asks for a refresh, for a fresh JWT; wins over `token`. */
+  tokenProvider?: (() => string | Promise<string>) | undefined;
   /** Where the resume token survives a page reload (e.g. `sessionStorage`); off by default. */
-  storage?: TokenStorage;
+  storage?: TokenStorage | undefined;
   /** At most one confirmed ack per partition this often (default 1000); the rest are plain. After a draining instance's `reconnect` frame every ack is confirmed. */
-  confirmEveryMs?: number;
+  confirmEveryMs?: number | undefined;
+  /** A connect (or reconnect attempt) without its welcome this long (default 10000 ms) is abandoned: a failed attempt. 0: no limit. */
+  connectTimeoutMs?: number | undefined;
+  /** A request without its answer this long (default 10000 ms) rejects with `timeout`, and the connection is checked with a ping. 0: no limit. */
+  requestTimeoutMs?: number | undefined;
   /** A ping every this many ms (default 20000; 0: none) finds a dead connection. */
-  heartbeatMs?: number;
+  heartbeatMs?: number | undefined;
   /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. */
-  heartbeatTimeoutMs?: number;
+  heartbeatTimeoutMs?: number | undefined;
   /** Publishes that may wait for a connection (default 100); more reject with `limit_exceeded`. */
-  maxQueuedPublishes?: number;
+  maxQueuedPublishes?: number | undefined;
   /** Reconnect after a close that is not final (default true). */
-  reconnect?: boolean;
+  reconnect?: boolean | undefined;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
-  peers?: string[];
+  peers?: string[] | undefined;
   /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. */
-  backoffMs?: number;
-  maxBackoffMs?: number;
-  onEvent?: (event: EventFrame) => void;
+  backoffMs?: number | undefined;
+  maxBackoffMs?: number | undefined;
+  onEvent?: ((event: EventFrame<T>) => void) | undefined;
+  onState?: ((state: ClientState) => void) | undefined;
+  onGap?: ((gap: GapFrame) => void) | undefined;
   /** An `error` frame that answers no request (over SSE also a refused POST of frames without one, e.g. plain acks). */
-  onError?: (frame: ErrorFrame) => void;
-  onClose?: (close: { code: number; reason: string; final: boolean }) => void;
-  onFrame?: (frame: ServerFrame) => void;
-  /** Before each attempt `{attempt, delayMs, url, error?}`, after a success `{attempt, url, welcome}`. */
-  onReconnect?: (progress: { attempt: number; delayMs?: number; url: string; error?: string; welcome?: WelcomeFrame }) => void;
+  onError?: ((frame: ErrorFrame) => void) | undefined;
+  onClose?: ((close: CloseInfo) => void) | undefined;
+  onFrame?: ((frame: ServerFrame<T>) => void) | undefined;
+  onReconnect?: ((progress: ReconnectProgress) => void) | undefined;
   /** A subscription refused for good at a resubscribe (unknown_topic, forbidden, invalid_name). */
-  onSubscriptionDropped?: (dropped: { topic: string; code: ErrorCode; message: string }) => void;
+  onSubscriptionDropped?: ((dropped: { topic: string; code: ErrorCode; message: string }) => void) | undefined;
 }
 
-export declare const FINAL_CLOSES: Set<number>;
-export declare const FINAL_SUBSCRIBE_ERRORS: Set<ErrorCode>;
+export interface SubscribeOptions {
+  from?: StartFrom | undefined;
+  /** A token kept by the app (`resumeToken`), sent instead of the one the client holds. */
+  resume?: ResumeToken | undefined;
+  /** The offset epochs of `resume` (`resumeEpochs`). */
+  epochs?: ResumeToken | undefined;
+  /** Join that shared subscription of the topic (each event goes to one member). */
+  group?: string | undefined;
+  /** `key`: each key at one member at a time, in offset order. */
+  order?: "none" | "key" | undefined;
+}
+
+/** Closes after which the client does not reconnect by itself (1008, 4001). Read-only. */
+export declare const FINAL_CLOSES: ReadonlySet<number>;
+/** Errors after which a resubscribe drops its topic. Read-only. */
+export declare const FINAL_SUBSCRIBE_ERRORS: ReadonlySet<ErrorCode>;
 
 export declare class AckgateError extends Error {
   constructor(code: string, message: string);
-  /** An error code of the protocol (over SSE also of a refused POST), or `closed` when the session closed or was not open. */
-  code: ErrorCode | "closed";
+  /**
+   * An error code of the protocol (over SSE also of a refused POST), `closed` when the session
+   * closed or was not open, or `timeout` when no answer (or no welcome) came in time.
+   */
+  code: ErrorCode | "closed" | "timeout";
 }
 
-export declare class AckgateClient {
-  constructor(url: string, options: AckgateClientOptions);
-  /** The last welcome frame. */
-  welcome: WelcomeFrame | null;
-  /** Opens the session over the `transport`; resolves with its welcome (`ack_url` set when SSE carries it). */
+/** `T`: the payload type of this client's events (not checked at run time). */
+export declare class AckgateClient<T = unknown> {
+  constructor(url: string, options: AckgateClientOptions<T>);
+  /** Where the session stands; a `state` event comes at each change. */
+  readonly state: ClientState;
+  /** The welcome of the current (or last) session. */
+  readonly welcome: WelcomeFrame | null;
+  /** Listens beside the `onX` options; returns a function that removes the listener. */
+  on<K extends keyof AckgateEvents<T>>(name: K, listener: (value: AckgateEvents<T>[K]) => void): () => void;
+  off<K extends keyof AckgateEvents<T>>(name: K, listener: (value: AckgateEvents<T>[K]) => void): void;
+  /** Opens the session over the `transport` (or joins the one its tabs share); resolves with its welcome (`ack_url` set when SSE carries it). */
   connect(): Promise<WelcomeFrame>;
-  /** `group`: join that shared subscription of the topic (each event goes to one member); `order: "key"` keeps each key at one member at a time, in offset order. */
-  subscribe(topic: string, options?: { from?: StartFrom; resume?: ResumeToken; epochs?: ResumeToken; group?: string; order?: "none" | "key" }): Promise<SubscribedFrame>;
-  unsubscribe(topic: string): Promise<{ type: "unsubscribed"; topic: string }>;
-  /** Plain by default; `{confirm: true}` resolves with `ack_ok` once the offsets are durable. */
-  ack(ids: string | string[], options?: { confirm?: boolean }): Promise<AckOkFrame | void>;
+  subscribe(topic: string, options?: SubscribeOptions): Promise<SubscribedFrame>;
+  unsubscribe(topic: string): Promise<UnsubscribedFrame>;
+  /** Resolves with `ack_ok` once the offsets are durable. */
+  ack(ids: string | string[], options: { confirm: true }): Promise<AckOkFrame>;
+  /** Plain: resolves at once. */
+  ack(ids: string | string[], options?: { confirm?: false | undefined }): Promise<void>;
+  ack(ids: string | string[], options?: { confirm?: boolean | undefined }): Promise<AckOkFrame | void>;
   nack(id: string, delayMs?: number): void;
   extend(id: string): void;
   term(id: string, reason?: string): void;
-  ping(): Promise<{ type: "pong" }>;
+  ping(): Promise<PongFrame>;
   /**
    * Publishes over the session (the token's `publish` claim must allow `topic`); waits while
-   * disconnected and is sent again after a reconnect under the same idempotency key.
+   * disconnected and is sent again after a reconnect under the same idempotency key. The
+   * payload is the client's `T` unless named: `publish<Audit>("audit", ...)`.
    */
-  publish(topic: string, events: NewEvent | NewEvent[], options?: { idempotencyKey?: string }): Promise<PublishedFrame>;
-  /** Every event from now on; ends after a final close. */
-  events(): AsyncIterableIterator<EventFrame>;
-  /** Closes for good: no reconnect follows. */
+  publish<P = T>(topic: string, events: NewEvent<NoInfer<P>> | NewEvent<NoInfer<P>>[], options?: { idempotencyKey?: string | undefined }): Promise<PublishedFrame>;
+  /** The events of the topics without a `topic()` iterator; ends after a final close. `{gaps: true}`: gaps too. */
+  events<U = T>(options?: { gaps?: false | undefined }): AsyncIterableIterator<EventFrame<U>>;
+  events<U = T>(options: { gaps: true }): AsyncIterableIterator<EventFrame<U> | GapFrame>;
+  /** The events of `topic` only; ends at its unsubscribe (or when it is dropped) and after a final close. */
+  topic<U = T>(topic: string, options?: { gaps?: false | undefined }): AsyncIterableIterator<EventFrame<U>>;
+  topic<U = T>(topic: string, options: { gaps: true }): AsyncIterableIterator<EventFrame<U> | GapFrame>;
+  /** Closes for good: no reconnect follows (a leader tab hands the shared session to another tab). */
   close(): void;
   resumeToken(topic: string): ResumeToken;
   /** The offset epochs of the resume token's partitions (epoch 0 left out). */

@@ -4,6 +4,7 @@
 mod auth;
 mod bounds;
 mod browser;
+mod browser_client;
 mod chaos;
 mod cluster;
 mod conformance;

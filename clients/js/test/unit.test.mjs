@@ -1,0 +1,552 @@
+// ackgate-client without a gateway: a fake WebSocket (passed as `options.WebSocket`) plays the
+// gateway's side, frame by frame, so the API's promises, states, listeners, iterators and timers
+// are checked exactly and fast. Needs no environment (client.test.mjs needs running gateways).
+//
+//   node --test test/unit.test.mjs
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS } from "../ackgate.js";
+import { build } from "../build.mjs";
+
+/**
+ * A fake gateway: every socket the client opens is kept in `sockets`; the test opens it
+ * (`welcome()`), answers its frames (`answer()`), sends it frames (`send()`) or cuts it.
+ */
+function fakeGateway() {
+  const sockets = [];
+  class FakeWebSocket {
+    static OPEN = 1;
+    readyState = 0; // CONNECTING until the test opens it
+    sent = []; // the client's frames, parsed
+
+    constructor(url) {
+      this.url = url;
+      sockets.push(this);
+    }
+
+    send(data) {
+      if (this.readyState !== 1) throw new Error("not open");
+      this.sent.push(JSON.parse(data));
+    }
+
+    close(code = 1005, reason = "") {
+      if (this.readyState === 3) return;
+      this.readyState = 3;
+      this.closedWith = code;
+      setTimeout(() => this.onclose?.({ code, reason }));
+    }
+
+    /** Opens and sends the welcome. */
+    welcome(fields = {}) {
+      this.readyState = 1;
+      this.send_({ type: "welcome", session_id: `s${sockets.indexOf(this) + 1}`, client_id: "unit", instance: "fake", ack_timeout_ms: 30000, max_in_flight: 1000, ...fields });
+    }
+
+    send_(frame) {
+      this.onmessage?.({ data: JSON.stringify(frame) });
+    }
+
+    /** The last frame the client sent with `op`. */
+    last(op) {
+      return this.sent.findLast((frame) => frame.op === op);
+    }
+
+    /** Answers the last `op` frame with `frame` (its req added). */
+    answer(op, frame) {
+      this.send_({ ...frame, req: this.last(op).req });
+    }
+
+    /** The server closes (or the network drops it: 1006). */
+    cut(code = 1006, reason = "") {
+      this.readyState = 3;
+      this.onclose?.({ code, reason });
+    }
+  }
+  return { WebSocket: FakeWebSocket, sockets, socket: () => sockets.at(-1) };
+}
+
+const tick = (ms = 0) => new Promise((resolve) => setTimeout(resolve, ms));
+
+const event = (topic, offset, extra = {}) => ({
+  type: "event",
+  delivery_id: `${topic}.${offset}`,
+  topic,
+  partition: 0,
+  offset,
+  attempt: 1,
+  timestamp: 0,
+  key: null,
+  headers: {},
+  payload: { n: offset },
+  ...extra,
+});
+
+/** A client connected to a fake gateway, subscribed to `topics` (each with one partition). */
+async function connected(options = {}, topics = []) {
+  const gateway = fakeGateway();
+  const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, ...options });
+  const welcome = client.connect();
+  gateway.socket().welcome();
+  await welcome;
+  for (const topic of topics) {
+    const subscribed = client.subscribe(topic);
+    gateway.socket().answer("subscribe", { type: "subscribed", topic, partitions: [{ partition: 0, from: 0, epoch: 0 }] });
+    await subscribed;
+  }
+  return { client, gateway, socket: gateway.socket() };
+}
+
+/** Replaces `fetch` for /session/recommend: every instance names ws://fake/ws. */
+function recommendFake() {
+  const real = globalThis.fetch;
+  globalThis.fetch = async () => new Response(JSON.stringify({ instance: "fake", ws_url: "ws://fake/ws", http_url: "http://fake" }));
+  return () => (globalThis.fetch = real);
+}
+
+test("ack: plain resolves at once with nothing, {confirm: true} resolves with the ack_ok, and an error frame rejects it", async () => {
+  const { client, socket } = await connected({ confirmEveryMs: 60_000 }, ["t"]);
+  socket.send_(event("t", 0));
+  socket.send_(event("t", 1));
+  socket.send_(event("t", 2));
+  // The first ack of a partition is confirmed (in the background); the next one is plain.
+  assert.equal(await client.ack("t.0"), undefined);
+  socket.answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } } });
+  assert.equal(await client.ack("t.1"), undefined);
+  assert.deepEqual(socket.sent.at(-1), { op: "ack", delivery_id: "t.1" }, "plain: no req");
+  const confirmed = client.ack(["t.2"], { confirm: true });
+  assert.equal(socket.last("ack").delivery_id, "t.2");
+  socket.answer("ack", { type: "ack_ok", committed: { t: { 0: 3 } } });
+  assert.deepEqual((await confirmed).committed, { t: { 0: 3 } });
+  assert.deepEqual(client.resumeToken("t"), { 0: 3 });
+  const refused = client.ack("nope", { confirm: true });
+  socket.answer("ack", { type: "error", code: "unknown_delivery", message: "no such delivery" });
+  await assert.rejects(refused, (e) => e instanceof AckgateError && e.code === "unknown_delivery");
+  client.close();
+});
+
+test("state: closed, connecting, connected, reconnecting after a lost connection, connected again, closed; a state event for each change", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const seen = [];
+    const fromOption = [];
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, onState: (s) => fromOption.push(s) });
+    client.on("state", (s) => seen.push([s, client.state]));
+    assert.equal(client.state, "closed");
+    const welcome = client.connect();
+    assert.equal(client.state, "connecting");
+    gateway.socket().welcome();
+    assert.equal((await welcome).session_id, "s1");
+    assert.equal(client.welcome?.session_id, "s1");
+    gateway.socket().cut(1006);
+    assert.equal(client.state, "reconnecting");
+    while (gateway.sockets.length < 2) await tick(1);
+    gateway.socket().welcome();
+    assert.equal(client.state, "connected");
+    assert.equal(client.welcome?.session_id, "s2");
+    client.close();
+    assert.equal(client.state, "closed");
+    const states = ["connecting", "connected", "reconnecting", "connected", "closed"];
+    assert.deepEqual(seen, states.map((s) => [s, s]), "the getter agrees with each event");
+    assert.deepEqual(fromOption, states);
+  } finally {
+    restore();
+  }
+});
+
+test("on and off: listeners of every name beside the onX options, the remover on() returns, and unknown names refused", async () => {
+  const gateway = fakeGateway();
+  const calls = [];
+  const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, onEvent: (e) => calls.push(["onEvent", e.offset]) });
+  const listener = (e) => calls.push(["listener", e.offset]);
+  client.on("event", listener);
+  const remove = client.on("event", (e) => calls.push(["removed", e.offset]));
+  const frames = [];
+  client.on("frame", (f) => frames.push(f.type));
+  const connecting = client.connect();
+  gateway.socket().welcome();
+  await connecting;
+  const subscribing = client.subscribe("t");
+  gateway.socket().answer("subscribe", { type: "subscribed", topic: "t", partitions: [] });
+  await subscribing;
+  gateway.socket().send_(event("t", 0));
+  remove();
+  gateway.socket().send_(event("t", 1));
+  client.off("event", listener);
+  gateway.socket().send_(event("t", 2));
+  assert.deepEqual(calls, [["onEvent", 0], ["listener", 0], ["removed", 0], ["onEvent", 1], ["listener", 1], ["onEvent", 2]]);
+  assert.deepEqual(frames, ["welcome", "subscribed", "event", "event", "event"]);
+  assert.throws(() => client.on("toString", () => {}), TypeError);
+  assert.throws(() => client.on("events", () => {}), /no event "events"/);
+  client.close();
+});
+
+test("a listener that throws does not stop the client", async () => {
+  const { client, socket } = await connected({}, ["t"]);
+  // Reported as browsers report an uncaught error (reportError), the client going on.
+  const thrown = [];
+  globalThis.reportError = (error) => thrown.push(error.message);
+  try {
+    client.on("event", () => {
+      throw new Error("app bug");
+    });
+    const stream = client.events();
+    socket.send_(event("t", 0));
+    assert.equal((await stream.next()).value.offset, 0, "the event still reached the iterator");
+    assert.deepEqual(thrown, ["app bug"], "the error is reported");
+  } finally {
+    delete globalThis.reportError;
+    client.close();
+  }
+});
+
+test("topic() yields that topic's events only, those queued since its subscribe first; events() gets the rest; it ends at unsubscribe", async () => {
+  const { client, socket } = await connected({}, ["a", "b"]);
+  socket.send_(event("a", 0)); // before any iterator: queued
+  socket.send_(event("b", 0));
+  const a = client.topic("a");
+  const all = client.events();
+  socket.send_(event("a", 1));
+  socket.send_(event("b", 1));
+  const a2 = client.topic("a"); // a second iterator of a gets a's events from now on, too
+  socket.send_(event("a", 2));
+  const take = async (iterator, n) => {
+    const items = [];
+    while (items.length < n) items.push((await iterator.next()).value);
+    return items.map((e) => `${e.topic}${e.offset}`);
+  };
+  assert.deepEqual(await take(a, 3), ["a0", "a1", "a2"]);
+  assert.deepEqual(await take(a2, 1), ["a2"]);
+  assert.deepEqual(await take(all, 2), ["b0", "b1"]);
+  // Unsubscribe ends a's iterators (what they held was released by the gateway).
+  const waiting = a.next();
+  const unsubscribed = client.unsubscribe("a");
+  socket.answer("unsubscribe", { type: "unsubscribed", topic: "a" });
+  await unsubscribed;
+  assert.deepEqual(await waiting, { value: undefined, done: true });
+  assert.deepEqual(await a2.next(), { value: undefined, done: true });
+  // for-await's break (return()) ends an iterator; the topic's events go to events() again.
+  const b = client.topic("b");
+  socket.send_(event("b", 2));
+  for await (const e of b) {
+    assert.equal(e.offset, 2);
+    break;
+  }
+  socket.send_(event("b", 3));
+  assert.deepEqual(await take(all, 1), ["b3"]);
+  // A final close ends the rest.
+  const end = all.next();
+  socket.cut(4001, "taken over");
+  assert.deepEqual(await end, { value: undefined, done: true });
+  assert.deepEqual(await client.topic("b").next(), { value: undefined, done: true }, "a topic() after the end is ended");
+});
+
+test("gaps: onGap and on('gap') get every gap, a subscribe's too; iterators yield them only with {gaps: true}", async () => {
+  const gaps = [];
+  const { client, socket } = await connected({ onGap: (g) => gaps.push(["option", g.from, g.to]) });
+  client.on("gap", (g) => gaps.push(["on", g.from, g.to]));
+  const plain = client.events();
+  const subscribing = client.subscribe("t");
+  socket.answer("subscribe", { type: "subscribed", topic: "t", partitions: [{ partition: 0, from: 5, epoch: 0, gap: { from: 2, to: 5 } }] });
+  await subscribing;
+  socket.send_(event("t", 5));
+  socket.send_({ type: "gap", topic: "t", partition: 0, from: 6, to: 9 });
+  socket.send_(event("t", 9));
+  assert.deepEqual(gaps, [["option", 2, 5], ["on", 2, 5], ["option", 6, 9], ["on", 6, 9]]);
+  assert.deepEqual([(await plain.next()).value.offset, (await plain.next()).value.offset], [5, 9], "events() skips the gaps");
+
+  const withGaps = client.topic("t", { gaps: true });
+  socket.send_({ type: "gap", topic: "t", partition: 0, from: 10, to: 12 });
+  socket.send_(event("t", 12));
+  assert.deepEqual((await withGaps.next()).value, { type: "gap", topic: "t", partition: 0, from: 10, to: 12 });
+  assert.equal((await withGaps.next()).value.offset, 12);
+  // A subscribe's gap (the start wanted was below the log's start) is an item as well.
+  const other = client.events({ gaps: true });
+  const again = client.subscribe("u");
+  socket.answer("subscribe", { type: "subscribed", topic: "u", partitions: [{ partition: 1, from: 7, epoch: 0, gap: { from: 0, to: 7 } }] });
+  await again;
+  assert.deepEqual((await other.next()).value, { type: "gap", topic: "u", partition: 1, from: 0, to: 7 });
+  client.close();
+});
+
+test("a request without an answer rejects with timeout after requestTimeoutMs, and a ping then finds the dead connection", async () => {
+  const restore = recommendFake();
+  try {
+    const closes = [];
+    const { client, gateway, socket } = await connected({ requestTimeoutMs: 30, heartbeatTimeoutMs: 30, backoffMs: 1, onClose: (c) => closes.push(c) });
+    const started = Date.now();
+    await assert.rejects(client.ping(), (e) => e instanceof AckgateError && e.code === "timeout" && /requestTimeoutMs/.test(e.message));
+    assert.ok(Date.now() - started >= 25);
+    assert.equal(socket.sent.filter((f) => f.op === "ping").length, 2, "the connection is checked with a ping");
+    // That ping gets no answer either: the connection is abandoned (1006) and the client reconnects.
+    while (closes.length === 0) await tick(5);
+    assert.deepEqual(closes[0], { code: 1006, reason: "no pong within 30 ms (heartbeatTimeoutMs)", final: false });
+    assert.equal(socket.closedWith, 4000);
+    while (gateway.sockets.length < 2) await tick(1);
+    gateway.socket().welcome();
+    const pong = client.ping();
+    gateway.socket().answer("ping", { type: "pong" });
+    assert.equal((await pong).type, "pong");
+    // An answer in time clears its timer: nothing rejects later.
+    await tick(50);
+    assert.equal(client.state, "connected");
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("a connect whose welcome does not come within connectTimeoutMs rejects with timeout; in a reconnect it is a failed attempt and the next one follows", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const attempts = [];
+    const options = { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, connectTimeoutMs: 30, backoffMs: 1, maxBackoffMs: 1 };
+    const client = new AckgateClient("ws://fake/ws", { ...options, onReconnect: (r) => attempts.push(r) });
+    await assert.rejects(client.connect(), (e) => e.code === "timeout" && /connectTimeoutMs/.test(e.message));
+    assert.equal(gateway.sockets[0].closedWith, 4000, "the socket is abandoned");
+    assert.equal(client.state, "closed");
+
+    const connecting = client.connect();
+    gateway.socket().welcome();
+    await connecting;
+    gateway.socket().cut(1006);
+    while (gateway.sockets.length < 3) await tick(1); // the first reconnect attempt: it never opens
+    while (gateway.sockets.length < 4) await tick(5); // abandoned after 30 ms: the next one
+    assert.match(attempts.find((a) => a.error)?.error ?? "", /connectTimeoutMs/);
+    gateway.socket().welcome();
+    while (!attempts.some((a) => a.welcome)) await tick(1);
+    assert.equal(client.state, "connected");
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("FINAL_CLOSES and FINAL_SUBSCRIBE_ERRORS are read-only; 4004 (token expired) is not final: the client reconnects with a new token", async () => {
+  assert.deepEqual([...FINAL_CLOSES], [1008, 4001]);
+  assert.ok(FINAL_CLOSES.has(4001) && !FINAL_CLOSES.has(4004));
+  assert.equal(FINAL_SUBSCRIBE_ERRORS.size, 3);
+  assert.throws(() => FINAL_CLOSES.add(4004), TypeError);
+  assert.throws(() => FINAL_SUBSCRIBE_ERRORS.delete("forbidden"), TypeError);
+  assert.throws(() => Set.prototype.add.call(FINAL_CLOSES, 4004), TypeError, "not a Set underneath");
+  assert.throws(() => (FINAL_CLOSES.add = () => {}), TypeError, "frozen");
+  assert.ok(!FINAL_CLOSES.has(4004));
+
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    let tokens = 0;
+    const closes = [];
+    const client = new AckgateClient("ws://fake/ws", {
+      clientId: "unit",
+      WebSocket: gateway.WebSocket,
+      heartbeatMs: 0,
+      backoffMs: 1,
+      tokenProvider: async () => `jwt-${++tokens}`,
+      onClose: (c) => closes.push(c),
+    });
+    const connecting = client.connect();
+    await tick(1);
+    gateway.socket().welcome();
+    await connecting;
+    gateway.socket().cut(4004, "token expired");
+    assert.deepEqual(closes, [{ code: 4004, reason: "token expired", final: false }]);
+    while (gateway.sockets.length < 2) await tick(1);
+    assert.equal(new URL(gateway.socket().url).searchParams.get("token"), "jwt-2");
+    gateway.socket().welcome();
+    gateway.socket().cut(4001, "taken over");
+    assert.deepEqual(closes.at(-1), { code: 4001, reason: "taken over", final: true });
+    assert.equal(client.state, "closed");
+  } finally {
+    restore();
+  }
+});
+
+test("without a WebSocket the constructor throws a TypeError that names the fix", () => {
+  const saved = Object.getOwnPropertyDescriptor(globalThis, "WebSocket");
+  delete globalThis.WebSocket;
+  try {
+    assert.throws(() => new AckgateClient("ws://fake/ws", { clientId: "unit" }), (e) => e instanceof TypeError && /--experimental-websocket/.test(e.message) && /options\.WebSocket/.test(e.message));
+    // Over SSE no WebSocket is needed; "auto" makes do with an EventSource.
+    const EventSource = class {};
+    assert.ok(new AckgateClient("ws://fake/ws", { clientId: "unit", transport: "sse", EventSource }));
+    assert.ok(new AckgateClient("ws://fake/ws", { clientId: "unit", transport: "auto", EventSource }));
+  } finally {
+    if (saved) Object.defineProperty(globalThis, "WebSocket", saved);
+  }
+  assert.throws(() => new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: fakeGateway().WebSocket, tabs: "all" }), /options\.tabs/);
+});
+
+test("the client's internals are private: its public surface is its methods and getters", async () => {
+  const { client } = await connected({}, ["t"]);
+  assert.deepEqual(Object.keys(client), []);
+  for (const name of ["url", "options", "transport", "pending", "queue", "inFlight", "subscriptions", "committed"]) assert.equal(client[name], undefined, name);
+  const surface = Object.getOwnPropertyNames(AckgateClient.prototype).sort();
+  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
+  assert.throws(() => (client.state = "connected"), TypeError);
+  client.close();
+});
+
+test("publish waits for the connection and carries an idempotency key; a publish cut by a close is sent again with the same key", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 });
+    const published = client.publish("t", { payload: 1 });
+    const connecting = client.connect();
+    gateway.socket().welcome();
+    await connecting;
+    await tick();
+    const first = gateway.socket().last("publish");
+    assert.match(first.idempotency_key, /^[0-9a-f]{32}$/);
+    gateway.socket().cut(1006);
+    while (gateway.sockets.length < 2) await tick(1);
+    gateway.socket().welcome();
+    await tick();
+    assert.equal(gateway.socket().last("publish").idempotency_key, first.idempotency_key);
+    gateway.socket().answer("publish", { type: "published", offsets: [{ partition: 0, offset: 0 }] });
+    assert.deepEqual((await published).offsets, [{ partition: 0, offset: 0 }]);
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("the minified build (dist/ackgate.min.js and its source map) is the same client", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "ackgate-build-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const { file, map } = await build(join(dir, "ackgate.min.js"));
+  assert.ok(existsSync(file) && existsSync(map));
+  assert.ok(JSON.parse(readFileSync(map, "utf8")).sources.some((s) => s.endsWith("ackgate.js")));
+  const minified = await import(`${new URL(`file://${file}`)}?${Date.now()}`);
+  const gateway = fakeGateway();
+  const client = new minified.AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+  const connecting = client.connect();
+  gateway.socket().welcome();
+  await connecting;
+  const subscribing = client.subscribe("t");
+  gateway.socket().answer("subscribe", { type: "subscribed", topic: "t", partitions: [{ partition: 0, from: 0, epoch: 0 }] });
+  await subscribing;
+  gateway.socket().send_(event("t", 0));
+  const first = (await client.topic("t").next()).value;
+  assert.equal(first.offset, 0);
+  const ok = client.ack(first.delivery_id, { confirm: true });
+  gateway.socket().answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } } });
+  assert.deepEqual((await ok).committed, { t: { 0: 1 } });
+  assert.throws(() => minified.FINAL_CLOSES.add(1), TypeError);
+  client.close();
+});
+
+/** Web Locks as a page has them (exclusive, granted in the order asked, `signal` ends a wait), in memory. */
+function memoryLocks() {
+  const waiting = new Map(); // name -> grants waiting, in order
+  const held = new Set();
+  const grantNext = (name) => {
+    if (held.has(name) || !waiting.get(name)?.length) return;
+    held.add(name);
+    waiting.get(name).shift()();
+  };
+  return {
+    request(name, options, callback = options) {
+      return new Promise((resolve, reject) => {
+        const grant = async () => {
+          try {
+            resolve(await callback({ name }));
+          } catch (error) {
+            reject(error);
+          } finally {
+            held.delete(name);
+            grantNext(name);
+          }
+        };
+        options.signal?.addEventListener("abort", () => {
+          const queue = waiting.get(name);
+          if (queue?.includes(grant)) {
+            queue.splice(queue.indexOf(grant), 1);
+            reject(new DOMException("aborted", "AbortError"));
+          }
+        });
+        waiting.set(name, [...(waiting.get(name) || []), grant]);
+        queueMicrotask(() => grantNext(name));
+      });
+    },
+  };
+}
+
+const until = async (what, check) => {
+  for (let i = 0; i < 1000; i++) {
+    if (check()) return;
+    await tick(2);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+};
+
+test("tabs of one client id share one session: each gets its own topics' events, a follower's requests go through the leader, and the leader's close hands the session on with the tokens", async () => {
+  const restore = recommendFake();
+  // A page's APIs (the client shares only in a page: Node.js has no document, nor Web Locks).
+  globalThis.document = {};
+  Object.defineProperty(globalThis, "navigator", { value: { locks: memoryLocks() }, configurable: true });
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, confirmEveryMs: 60_000 };
+    const one = new AckgateClient("ws://fake/ws", options);
+    const two = new AckgateClient("ws://fake/ws", options);
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const socket = gateway.socket();
+    socket.welcome();
+    const welcome = await connecting;
+    assert.equal((await two.connect()).session_id, welcome.session_id, "the second tab joins the leader's session");
+    assert.deepEqual([gateway.sockets.length, one.state, two.state], [1, "connected", "connected"]);
+
+    const subscribe = async (client, topic) => {
+      const subscribed = client.subscribe(topic);
+      await until(`the subscribe to ${topic}`, () => socket.last("subscribe")?.topic === topic);
+      socket.answer("subscribe", { type: "subscribed", topic, partitions: [{ partition: 0, from: 0, epoch: 0 }] });
+      return subscribed;
+    };
+    await subscribe(one, "a");
+    assert.equal((await subscribe(two, "b")).topic, "b");
+    const [oneEvents, twoEvents] = [one.events(), two.events()];
+    socket.send_(event("a", 0));
+    socket.send_(event("b", 0));
+    assert.equal((await oneEvents.next()).value.delivery_id, "a.0");
+    assert.equal((await twoEvents.next()).value.delivery_id, "b.0", "each tab gets its own topics' events");
+
+    const acked = two.ack("b.0", { confirm: true });
+    await until("the follower's ack on the leader's socket", () => socket.last("ack")?.delivery_id === "b.0");
+    socket.answer("ack", { type: "ack_ok", committed: { b: { 0: 1 } } });
+    assert.deepEqual((await acked).committed, { b: { 0: 1 } });
+    await until("the token in the follower", () => two.resumeToken("b")[0] === 1);
+    const published = two.publish("b", { payload: "from two" });
+    await until("the follower's publish", () => socket.last("publish"));
+    socket.answer("publish", { type: "published", offsets: [{ partition: 0, offset: 1 }] });
+    assert.deepEqual((await published).offsets, [{ partition: 0, offset: 1 }]);
+
+    // The leader tab closes: the other takes the lead, connects and resubscribes with its token.
+    const states = [];
+    two.on("state", (s) => states.push(s));
+    one.close();
+    await until("the new leader's socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the resubscribe", () => next.last("subscribe"));
+    assert.deepEqual(next.last("subscribe"), { op: "subscribe", topic: "b", resume: { 0: 1 }, epochs: {}, req: next.last("subscribe").req });
+    next.answer("subscribe", { type: "subscribed", topic: "b", partitions: [{ partition: 0, from: 1, epoch: 0 }] });
+    next.send_(event("b", 1));
+    assert.equal((await twoEvents.next()).value.offset, 1);
+    assert.deepEqual(states, ["reconnecting", "connected"]);
+    assert.equal(next.sent.filter((f) => f.op === "subscribe").length, 1, "only the topics a tab still wants");
+    two.close();
+    assert.equal(two.state, "closed");
+  } finally {
+    restore();
+    delete globalThis.document;
+    delete globalThis.navigator;
+  }
+});

@@ -1,0 +1,85 @@
+//! The JavaScript client (issue 42) in a real headless Chromium: each test starts a gateway and
+//! runs one script of tests/browser/ against it (playwright-core; the scripts serve this
+//! checkout's clients/js/ackgate.js to the page as /static/ackgate.js), then checks the result
+//! lines it prints. A script exits non-zero, with the page's log, on any failure.
+//! - refresh.mjs: a token that expires mid-stream is refreshed in band (auth.jwt_secret,
+//!   auth.refresh_before_secs): the same session delivers past the first token's exp.
+//! - basics.mjs: events that arrive before `events()` is iterated wait for it; `from: {last: 3}`;
+//!   a publish from the page over its session, written once.
+//! - tabs.mjs: two tabs with one client id share one session; the leader tab closes and the
+//!   other takes over with its resume token, nothing lost.
+//! - blackhole.mjs: a connection that stops carrying bytes is noticed (request timeout, heartbeat)
+//!   and replaced.
+//! - react.mjs: the React example's `useAckgate` hook renders events and acks each after render
+//!   (React and esbuild from clients/js/node_modules: `npm ci` there).
+
+use std::process::Command;
+
+use crate::support::*;
+
+/// Runs `node tests/browser/<script> args...`; panics with its output unless it succeeds, else
+/// returns its stdout.
+async fn run_script(script: &str, args: Vec<String>) -> String {
+    let path = format!("{}/tests/browser/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = tokio::task::spawn_blocking(move || Command::new("node").arg(&path).args(&args).output().expect("node runs")).await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
+const JWT_SECRET: &str = "browser-client-test-secret-of-32-bytes";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_expires_mid_stream_is_refreshed_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = JWT_SECRET.into();
+    // The page's first token lives 4 s: `refresh_needed` comes 2 s before its exp.
+    config.auth.refresh_before_secs = 2;
+    let gw = InProcess::start(config).await;
+    let out = run_script("refresh.mjs", vec![gw.base.clone(), JWT_SECRET.to_string()]).await;
+    assert!(out.contains("refreshed: session ") && out.contains("went on past its first token's exp, 6 of 6 events received and acked"), "{out}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_events_from_last_and_publish_work_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("basics.mjs", vec![gw.base.clone()]).await;
+    assert!(out.contains("early: 5 events before the loop, attempts 1,1,1,1,1"), "{out}");
+    assert!(out.contains("last: from 7, offsets 7,8,9"), "{out}");
+    assert!(out.contains("published: offsets 0,1,2,3, written once (log_end 4), received and acked"), "{out}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tabs_of_one_client_id_share_a_session_and_hand_it_over_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("tabs.mjs", vec![gw.base.clone()]).await;
+    assert!(out.contains("shared: one session ") && out.contains("for two tabs, each got its own 5 events, both tabs' acks landed"), "{out}");
+    assert!(out.contains("handover: tab 2 leads session ") && out.contains(" 0..9, none lost, none acked before it again"), "{out}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_connection_is_noticed_and_replaced_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("blackhole.mjs", vec![gw.base.clone()]).await;
+    assert!(
+        out.contains("black hole: a ping rejected with timeout") && out.contains("the connection abandoned (1006)") && out.contains("at offset 2"),
+        "{out}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_react_example_acks_what_it_rendered_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("react.mjs", vec![gw.base.clone()]).await;
+    assert!(out.contains("react: 5 events rendered and acked after render (committed 5)"), "{out}");
+    gw.stop().await;
+}
