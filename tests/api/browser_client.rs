@@ -83,3 +83,17 @@ async fn the_react_example_acks_what_it_rendered_in_a_real_browser() {
     assert!(out.contains("react: 5 events rendered and acked after render (committed 5)"), "{out}");
     gw.stop().await;
 }
+
+/// docs/clients.md's walk-through: the minimal app on its own origin (a server of its own,
+/// listed in `server.allowed_origins`) imports the client from the gateway, receives and acks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimal_app_on_its_own_origin_receives_and_acks_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let app_port = free_port();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec![format!("http://127.0.0.1:{app_port}")];
+    let gw = InProcess::start(config).await;
+    let out = run_script("own_origin.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
+    assert!(out.contains("listed 4 events and acked them (committed 0 -> 4)"), "{out}");
+    gw.stop().await;
+}

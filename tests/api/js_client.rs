@@ -1,5 +1,7 @@
-//! The JavaScript client package (`clients/js`) against two real gateways: node's test runner
-//! runs `clients/js/test/` (plain acks with a confirmation per period, rejected requests when
+//! The JavaScript client package (`clients/js`) against three real gateways: node's test runner
+//! runs `clients/js/test/`: `unit.test.mjs` on a fake socket (ack overloads, states, listeners,
+//! iterators, gaps, timeouts, read-only sets, tabs on in-memory Web Locks, the minified build), and
+//! `client.test.mjs` against the gateways (plain acks with a confirmation per period, rejected requests when
 //! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, an
 //! operator's reset over a kept token (fenced by its epoch), a drained instance followed to its peer; over SSE: acks, a dropped stream resumed with its
 //! token, 4002, takeover both ways with a WebSocket client, `auto` falling back); `tsc --noEmit` checks `index.d.ts` against
