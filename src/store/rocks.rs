@@ -18,7 +18,7 @@
 //! so plain acks share those fsyncs.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -142,23 +142,76 @@ fn io_err(e: impl std::fmt::Display) -> StoreError {
 /// readiness turns false and the gateway stops with it (`Gateway::run`), so that its supervisor
 /// starts it again, which opens the database again, instead of serving while no event can be
 /// written and no ack stored (found by `loadtest chaos`, issue 43).
-#[derive(Default)]
-pub struct StoppedWrites(std::sync::OnceLock<String>);
+pub struct StoppedWrites {
+    reason: std::sync::OnceLock<String>,
+    /// The database's directory: where a damaged file found while serving is marked.
+    dir: PathBuf,
+}
+
+/// The file in a database's directory that names a damaged file found while serving (a table
+/// file whose block failed its checksum on a read): the next start refuses while that file is
+/// there, instead of serving up to the damaged block again.
+const DAMAGED_MARKER: &str = "DAMAGED";
 
 impl StoppedWrites {
+    pub fn for_dir(dir: &Path) -> Self {
+        Self { reason: std::sync::OnceLock::new(), dir: dir.to_path_buf() }
+    }
+
     /// Passes `e` on, keeping it when it is an I/O error or damage (a hard background error:
     /// RocksDB refuses every later write either way).
     pub fn check(&self, e: rocksdb::Error) -> rocksdb::Error {
         if matches!(e.kind(), rocksdb::ErrorKind::IOError | rocksdb::ErrorKind::Corruption) {
-            let _ = self.0.set(e.to_string());
+            let _ = self.reason.set(e.to_string());
+        }
+        e
+    }
+
+    /// Passes on the error of a read, stopping the database when it found damage: a table
+    /// file's block that fails its checksum is found only when a read reaches it, and what it
+    /// held must not be read around (a partition served past it, an offset read as absent). The
+    /// gateway stops with the file named and marks it, so the next start refuses too.
+    pub fn check_read(&self, e: rocksdb::Error) -> rocksdb::Error {
+        if e.kind() == rocksdb::ErrorKind::Corruption && self.reason.get().is_none() {
+            let said = e.to_string();
+            let file = damaged_file(&said);
+            if let Some(file) = &file {
+                let _ = std::fs::write(self.dir.join(DAMAGED_MARKER), file);
+            }
+            let _ = self.reason.set(damage_message(file.as_deref().unwrap_or("a table file"), &said, &self.dir));
         }
         e
     }
 
     /// The write error that stopped the database, if one did.
     pub fn reason(&self) -> Option<String> {
-        self.0.get().cloned()
+        self.reason.get().cloned()
     }
+}
+
+/// The path of the file a RocksDB corruption error names (`... in /data/log/000009.sst offset
+/// 154650 size 3362`), if it names one.
+fn damaged_file(said: &str) -> Option<String> {
+    said.split_whitespace()
+        .map(|w| w.trim_end_matches([',', ':', ';']))
+        .find(|w| w.starts_with('/') && (w.ends_with(".sst") || w.ends_with(".log") || w.contains("MANIFEST-")))
+        .map(str::to_string)
+}
+
+fn damage_message(file: &str, said: &str, dir: &Path) -> String {
+    format!("{file} is damaged ({said}): ackgate does not serve damaged data. Restore {} from a backup (docs/operations.md, \"Backups\")", dir.display())
+}
+
+/// Refuses to open a database whose damaged file, marked while serving (`check_read`), is still
+/// there; a marker whose file is gone (the directory was restored) is removed.
+pub fn refuse_if_marked_damaged(dir: &Path) -> Result<(), String> {
+    let marker = dir.join(DAMAGED_MARKER);
+    let Ok(file) = std::fs::read_to_string(&marker) else { return Ok(()) };
+    if Path::new(file.trim()).exists() {
+        return Err(damage_message(file.trim(), &format!("found while serving; {} names it", marker.display()), dir));
+    }
+    let _ = std::fs::remove_file(&marker);
+    Ok(())
 }
 
 /// A damaged file stops the start instead of being read around (issue 43, item 3). RocksDB's
@@ -205,11 +258,12 @@ impl RocksOffsetStore {
             [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
                 .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let dir = data_dir.join("offsets");
+        refuse_if_marked_damaged(&dir).map_err(StoreError::Io)?;
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| StoreError::Io(open_error(&dir, e)))?;
         let store = Self {
             db,
             durable,
-            stopped: StoppedWrites::default(),
+            stopped: StoppedWrites::for_dir(&dir),
             write_lock: Mutex::new(Serialized::default()),
             publishes: AtomicUsize::new(0),
             redrives: AtomicUsize::new(0),
@@ -277,7 +331,7 @@ impl RocksOffsetStore {
 
     fn get_record(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
         let cf = self.cf(CF_OFFSETS)?;
-        match self.db.get_pinned_cf(&cf, key.encode()).map_err(io_err)? {
+        match self.db.get_pinned_cf(&cf, key.encode()).map_err(|e| io_err(self.stopped.check_read(e)))? {
             Some(bytes) => Ok(Some(decode_record(key, &bytes)?)),
             None => Ok(None),
         }
@@ -287,7 +341,7 @@ impl RocksOffsetStore {
     fn for_each_with_prefix(&self, cf_name: &str, prefix: &[u8], f: RawVisitor<'_>) -> Result<(), StoreError> {
         let cf = self.cf(cf_name)?;
         for item in self.db.iterator_cf(&cf, IteratorMode::From(prefix, Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
+            let (key, value) = item.map_err(|e| io_err(self.stopped.check_read(e)))?;
             if !key.starts_with(prefix) {
                 break;
             }
@@ -369,7 +423,7 @@ impl RocksOffsetStore {
         let from = after.filter(|s| *s > prefix).unwrap_or(prefix);
         let mut rows = Vec::new();
         for item in self.db.iterator_cf(&cf, IteratorMode::From(from, Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
+            let (key, value) = item.map_err(|e| io_err(self.stopped.check_read(e)))?;
             if !key.starts_with(prefix) || rows.len() > limit {
                 break;
             }
@@ -1098,4 +1152,30 @@ fn decode_log_epoch(value: &[u8]) -> Option<LogEpoch> {
     let epoch = u32::from_be_bytes(value.get(..4)?.try_into().ok()?);
     let log_end = u64::from_be_bytes(value.get(4..12)?.try_into().ok()?);
     Some(LogEpoch { epoch, log_end })
+}
+
+#[cfg(test)]
+mod damage_tests {
+    use super::*;
+
+    #[test]
+    fn the_damaged_file_is_read_from_rocksdbs_message() {
+        let said = "Corruption: block checksum mismatch: stored(context removed) = 1, computed = 2, type = 4  in /data/log/000009.sst offset 154650 size 3362, block_type = Data";
+        assert_eq!(damaged_file(said).as_deref(), Some("/data/log/000009.sst"));
+        assert_eq!(damaged_file("Corruption: bad record length in /d/offsets/000004.log: x").as_deref(), Some("/d/offsets/000004.log"));
+        assert_eq!(damaged_file("Corruption: something"), None);
+    }
+
+    #[test]
+    fn a_marked_file_refuses_the_open_until_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let damaged = dir.path().join("000009.sst");
+        std::fs::write(&damaged, b"x").unwrap();
+        std::fs::write(dir.path().join(DAMAGED_MARKER), damaged.display().to_string()).unwrap();
+        let refused = refuse_if_marked_damaged(dir.path()).unwrap_err();
+        assert!(refused.contains(&format!("{} is damaged", damaged.display())) && refused.contains("Backups"), "{refused}");
+        std::fs::remove_file(&damaged).unwrap(); // restored from a backup without it
+        assert!(refuse_if_marked_damaged(dir.path()).is_ok());
+        assert!(!dir.path().join(DAMAGED_MARKER).exists(), "the stale marker is removed");
+    }
 }

@@ -128,6 +128,7 @@ impl EmbeddedLog {
         crate::store::rocks::refuse_corruption(&mut opts);
         let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let dir = data_dir.join("log");
+        crate::store::rocks::refuse_if_marked_damaged(&dir).map_err(io_err)?;
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| io_err(crate::store::rocks::open_error(&dir, e)))?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = LogState {
@@ -140,7 +141,7 @@ impl EmbeddedLog {
             clock,
             last_timestamp: AtomicU64::new(0),
             group_commit: GroupCommit::new(settings.group_commit_max_wait),
-            stopped: Default::default(),
+            stopped: crate::store::rocks::StoppedWrites::for_dir(&dir),
         };
         log.recover_topics()?;
         Ok(Self { state: Arc::new(log) })
@@ -359,7 +360,7 @@ impl LogState {
         let prefix = partition_prefix(&tp.topic, tp.partition);
         let start_key = event_key(&tp.topic, tp.partition, from);
         for item in self.db.iterator_cf(&cf, IteratorMode::From(&start_key, Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
+            let (key, value) = item.map_err(|e| io_err(self.stopped.check_read(e)))?;
             let Some(offset) = key.strip_prefix(prefix.as_slice()).and_then(|o| o.try_into().ok()).map(u64::from_be_bytes) else { break };
             if offset >= end {
                 break;
@@ -399,7 +400,7 @@ impl LogState {
         let first = event_key(&tp.topic, tp.partition, from);
         let mut events = Vec::with_capacity(max.min((end - from) as usize));
         for item in self.db.iterator_cf(&cf, IteratorMode::From(&first, Direction::Forward)) {
-            let (key, value) = item.map_err(io_err)?;
+            let (key, value) = item.map_err(|e| io_err(self.stopped.check_read(e)))?;
             if !key.starts_with(&prefix) || key.len() != prefix.len() + 8 {
                 break;
             }
