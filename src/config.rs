@@ -570,6 +570,24 @@ pub struct AuthConfig {
     /// sends a refresh frame with a new token (same sub) and goes on; one that does not is
     /// closed at exp with 4004 (not final: get a token and reconnect).
     pub refresh_before_secs: u64,
+    /// Public keys of an identity provider, as a JWKS document (http:// or https://): tokens
+    /// signed RS256, RS384, RS512, PS256, ES256, ES384 or EdDSA with a "kid" of that set are
+    /// accepted, with the claims HS256 tokens have (HS256 with jwt_secret goes on working). The
+    /// set is fetched at start, every jwks_refresh_secs, and again when a token names a kid it
+    /// lacks (at most once a minute): keys rotate without a restart. Empty = none.
+    pub jwks_url: String,
+    /// How often the JWKS is fetched again (at least 10).
+    pub jwks_refresh_secs: u64,
+    /// PEM file of the certificate authorities an https:// jwks_url is verified against; empty =
+    /// the system's (/etc/ssl/certs/ca-certificates.crt).
+    pub jwks_ca_file: String,
+}
+
+impl AuthConfig {
+    /// Whether sessions need a token: an HS256 secret or an identity provider's keys is set.
+    pub fn checks_tokens(&self) -> bool {
+        !self.jwt_secret.is_empty() || !self.jwks_url.is_empty()
+    }
 }
 
 impl Default for AuthConfig {
@@ -582,6 +600,9 @@ impl Default for AuthConfig {
             jwt_issuer: String::new(),
             jwt_max_lifetime_secs: 0,
             refresh_before_secs: 60,
+            jwks_url: String::new(),
+            jwks_refresh_secs: 300,
+            jwks_ca_file: String::new(),
         }
     }
 }
@@ -783,16 +804,16 @@ impl Config {
         if self.server.tls_cert.is_empty() != self.server.tls_key.is_empty() {
             problems.push("server.tls_cert and server.tls_key are set together (both PEM paths) or not at all".into());
         }
-        if !self.server.listens_on_loopback() && (self.auth.admin_token.is_empty() || self.auth.jwt_secret.is_empty()) && !self.auth.allow_anonymous {
+        if !self.server.listens_on_loopback() && (self.auth.admin_token.is_empty() || !self.auth.checks_tokens()) && !self.auth.allow_anonymous {
             problems.push(format!(
-                "server.listen {:?} is not a loopback address, and auth.admin_token or auth.jwt_secret is empty: anyone who can reach it could \
+                "server.listen {:?} is not a loopback address, and auth.admin_token or auth.jwt_secret (or auth.jwks_url) is empty: anyone who can reach it could \
                  read, publish, reset offsets and act as any client. Set both keys, or set auth.allow_anonymous = true to serve without them \
                  (README, \"Before you expose it\")",
                 self.server.listen
             ));
         }
         if !self.server.listens_on_loopback()
-            && (self.auth.admin_token.is_empty() || self.auth.jwt_secret.is_empty())
+            && (self.auth.admin_token.is_empty() || !self.auth.checks_tokens())
             && self.auth.allow_anonymous
             && self.server.allowed_hosts.is_empty()
         {
@@ -817,6 +838,13 @@ impl Config {
                 "limits.max_subscribes_per_sec ({}) must be at least limits.max_subscriptions_per_session ({}): an SSE URL subscribes every topic it names at once",
                 self.limits.max_subscribes_per_sec, self.limits.max_subscriptions_per_session
             ));
+        }
+        let jwks = &self.auth.jwks_url;
+        if !(jwks.is_empty() || jwks.starts_with("http://") || jwks.starts_with("https://")) {
+            problems.push(format!("auth.jwks_url {:?} is not an http:// or https:// URL", self.auth.jwks_url));
+        }
+        if self.auth.jwks_refresh_secs < 10 {
+            problems.push(format!("auth.jwks_refresh_secs is at least 10, got {}", self.auth.jwks_refresh_secs));
         }
         if self.storage.group_commit_max_wait_us > MAX_GROUP_COMMIT_WAIT_US {
             problems.push(format!("storage.group_commit_max_wait_us is at most {MAX_GROUP_COMMIT_WAIT_US}, got {}", self.storage.group_commit_max_wait_us));

@@ -268,8 +268,17 @@ impl Gateway {
             dispatcher.backend.set_ack_floor(floor.clone());
             let _ = dispatcher.ack_floor.set(floor);
         }
-        if !config.auth.jwt_secret.is_empty() {
-            let _ = dispatcher.token_check.set(Arc::new(crate::http::auth::JwtCheck(config.auth.clone())));
+        let token_keys = Arc::new(crate::http::auth::TokenKeys::new(&config.auth));
+        if token_keys.uses_jwks() {
+            // Tokens of the identity provider are refused until its keys are here; the start
+            // does not wait longer than one fetch, and the refresh task tries again.
+            match token_keys.fetch().await {
+                Ok(keys) => tracing::info!(url = %config.auth.jwks_url, keys, "JWKS fetched"),
+                Err(e) => tracing::error!(error = %e, "fetching the JWKS failed; its tokens are refused until a fetch succeeds"),
+            }
+        }
+        if config.auth.checks_tokens() {
+            let _ = dispatcher.token_check.set(Arc::new(crate::http::auth::JwtCheck(config.auth.clone(), token_keys.clone())));
         }
         let public_url = match config.server.public_url.as_str() {
             "" if tls.is_some() => format!("https://{local_addr}"),
@@ -283,12 +292,12 @@ impl Gateway {
             let home = crate::cluster::ClusterGroupHome { cluster: cluster.clone(), available: Box::new(move || !draining.is_cancelled()) };
             let _ = dispatcher.group_home.set(Arc::new(home));
         }
-        if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || config.auth.jwt_secret.is_empty()) {
+        if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || !config.auth.checks_tokens()) {
             // Only reachable with auth.allow_anonymous = true (validate refuses it otherwise).
             tracing::warn!(
                 listen = %config.server.listen,
                 admin_token = !config.auth.admin_token.is_empty(),
-                jwt_secret = !config.auth.jwt_secret.is_empty(),
+                tokens = config.auth.checks_tokens(),
                 "serving off loopback without full auth (auth.allow_anonymous = true): anyone who can reach this address can act as any client"
             );
         }
@@ -326,6 +335,7 @@ impl Gateway {
             publisher,
             sse: Default::default(),
             listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)),
+            token_keys,
         };
         Ok(Self { listener, tls, app, backend: opened, writer_thread })
     }
@@ -492,6 +502,22 @@ fn spawn_background(app: &AppState, backend: &Backend) {
     if let Some(ms) = watch_every {
         let watching = crate::core::partition_watch::watch_partition_counts(app.dispatcher.clone(), Duration::from_millis(ms), cancel.clone());
         app.dispatcher.tasks.spawn(watching);
+    }
+
+    if app.token_keys.uses_jwks() {
+        // Keys rotate at the identity provider: the set is fetched again on a period (and by
+        // `TokenKeys::prepare` when a token names a key it lacks).
+        let (keys, stop, mut tick) = (app.token_keys.clone(), cancel.clone(), every(config.auth.jwks_refresh_secs.saturating_mul(1000)));
+        tick.reset(); // the first tick is now, and the start fetched already
+        app.dispatcher.tasks.spawn(async move {
+            loop {
+                tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
+                match keys.fetch().await {
+                    Ok(count) => tracing::debug!(keys = count, "JWKS fetched again"),
+                    Err(e) => tracing::warn!(error = %e, "fetching the JWKS again failed; the keys fetched before stay in use"),
+                }
+            }
+        });
     }
 
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.checkpoint_interval_ms));

@@ -1,12 +1,19 @@
 //! Authentication at the HTTP edge: the admin bearer token (`auth.admin_token`) for `/admin/*`,
-//! publishing and topic changes, and HS256 JWTs (`auth.jwt_secret`) for `/ws` and, through their
-//! `publish` claim, for publishing. The only import of jsonwebtoken.
+//! publishing and topic changes, and JWTs for `/ws` and `/sse` and, through their `publish` claim,
+//! for publishing: HS256 with `auth.jwt_secret`, and an identity provider's keys (`auth.jwks_url`:
+//! RS256/384/512, PS256, ES256/384, EdDSA, chosen by the token's `kid`). The only import of
+//! jsonwebtoken.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet};
+use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 use super::error::ApiError;
@@ -66,10 +73,133 @@ impl Claims {
     }
 }
 
-/// Decodes and checks a token against `auth`: signature (HS256 only), `exp` and `nbf`, and when
-/// configured `aud`, `iss` and the longest lifetime. The error says what is wrong.
-fn decode_token(auth: &AuthConfig, token: &str, now_secs: u64) -> Result<Claims, String> {
-    let mut validation = Validation::new(Algorithm::HS256);
+/// A token with a `kid` the key set lacks is fetched for again at most this often: anyone can
+/// send tokens naming made-up kids.
+const UNKNOWN_KID_REFETCH: Duration = Duration::from_secs(60);
+
+/// The keys tokens are checked with: the HS256 secret, and an identity provider's public keys by
+/// `kid`, replaced whole at each fetch of `auth.jwks_url` (a rotated-out key stops being accepted
+/// once the provider drops it from its set).
+pub struct TokenKeys {
+    secret: Option<DecodingKey>,
+    by_kid: RwLock<HashMap<String, (DecodingKey, Algorithm)>>,
+    jwks_url: String,
+    jwks_ca_file: String,
+    /// When a token's unknown kid last made a fetch.
+    unknown_kid_fetch: Mutex<Option<Instant>>,
+}
+
+impl TokenKeys {
+    pub fn new(auth: &AuthConfig) -> Self {
+        Self {
+            secret: (!auth.jwt_secret.is_empty()).then(|| DecodingKey::from_secret(auth.jwt_secret.as_bytes())),
+            by_kid: RwLock::new(HashMap::new()),
+            jwks_url: auth.jwks_url.clone(),
+            jwks_ca_file: auth.jwks_ca_file.clone(),
+            unknown_kid_fetch: Mutex::new(None),
+        }
+    }
+
+    pub fn uses_jwks(&self) -> bool {
+        !self.jwks_url.is_empty()
+    }
+
+    /// Fetches the key set and replaces the keys; how many it holds now.
+    pub async fn fetch(&self) -> Result<usize, String> {
+        let body = super::jwks::fetch(&self.jwks_url, &self.jwks_ca_file).await?;
+        self.load(&body).map_err(|e| format!("{}: {e}", self.jwks_url))
+    }
+
+    /// Replaces the keys with those of a JWKS document. Keys without a `kid`, of another use
+    /// than signing, or of an algorithm it cannot check are left out; a document with none left
+    /// is refused (the keys in use stay).
+    fn load(&self, body: &[u8]) -> Result<usize, String> {
+        let set: JwkSet = serde_json::from_slice(body).map_err(|e| format!("not a JWKS document: {e}"))?;
+        let keys: HashMap<String, (DecodingKey, Algorithm)> = set.keys.iter().filter_map(|jwk| Some((jwk.common.key_id.clone()?, signing_key(jwk)?))).collect();
+        if keys.is_empty() && !set.keys.is_empty() {
+            return Err(format!("none of its {} keys has a kid and an algorithm ackgate checks", set.keys.len()));
+        }
+        let count = keys.len();
+        *self.by_kid.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        Ok(count)
+    }
+
+    /// When `token` names a `kid` the set lacks, fetches the set again, at most once a
+    /// minute (a key rotated in since the last fetch); then the token is checked as usual.
+    pub async fn prepare(&self, token: Option<&str>) {
+        let Some(kid) = token.filter(|_| self.uses_jwks()).and_then(|t| decode_header(t).ok()).and_then(|h| h.kid) else { return };
+        if self.by_kid.read().unwrap_or_else(|e| e.into_inner()).contains_key(&kid) || !self.may_fetch_for_unknown_kid() {
+            return;
+        }
+        match self.fetch().await {
+            Ok(keys) => tracing::info!(%kid, keys, "a token named an unknown kid: the JWKS was fetched again"),
+            Err(e) => tracing::warn!(%kid, error = %e, "a token named an unknown kid; fetching the JWKS again failed"),
+        }
+    }
+
+    fn may_fetch_for_unknown_kid(&self) -> bool {
+        let mut last = self.unknown_kid_fetch.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|at| at.elapsed() < UNKNOWN_KID_REFETCH) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
+    /// The key and algorithm a token of this header is checked with.
+    fn key_for(&self, header: &jsonwebtoken::Header) -> Result<(DecodingKey, Algorithm), String> {
+        if header.alg == Algorithm::HS256 {
+            return self
+                .secret
+                .clone()
+                .map(|key| (key, Algorithm::HS256))
+                .ok_or_else(|| "HS256 tokens are not accepted here (auth.jwt_secret is not set)".to_string());
+        }
+        if !self.uses_jwks() {
+            return Err(format!("{:?} tokens are not accepted here: only HS256 (auth.jwks_url is not set)", header.alg));
+        }
+        let kid = header.kid.as_deref().ok_or("a token not signed HS256 must name its key (kid)")?;
+        let keys = self.by_kid.read().unwrap_or_else(|e| e.into_inner());
+        let (key, alg) = keys.get(kid).ok_or_else(|| format!("no key {kid:?} in the key set of auth.jwks_url"))?;
+        // The key decides the algorithm, never the token (algorithm confusion).
+        if *alg != header.alg {
+            return Err(format!("key {kid:?} is for {alg:?}, the token says {:?}", header.alg));
+        }
+        Ok((key.clone(), *alg))
+    }
+}
+
+/// A JWK's verifying key and the one algorithm it is used with: its `alg`, or what its key type
+/// implies (RSA: RS256, P-256: ES256, P-384: ES384, Ed25519: EdDSA). `None` for keys ackgate
+/// does not check tokens with (encryption keys, symmetric keys, other curves).
+fn signing_key(jwk: &Jwk) -> Option<(DecodingKey, Algorithm)> {
+    if jwk.common.public_key_use.as_ref().is_some_and(|u| *u != jsonwebtoken::jwk::PublicKeyUse::Signature) {
+        return None;
+    }
+    let named = jwk.common.key_algorithm.and_then(|a| format!("{a:?}").parse::<Algorithm>().ok());
+    let implied = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => Algorithm::ES256,
+        AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P384 => Algorithm::ES384,
+        AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => Algorithm::EdDSA,
+        _ => return None,
+    };
+    let alg = named.unwrap_or(implied);
+    let family_matches = match alg {
+        Algorithm::RS256 | Algorithm::RS384 | Algorithm::RS512 | Algorithm::PS256 | Algorithm::PS384 | Algorithm::PS512 => implied == Algorithm::RS256,
+        other => other == implied,
+    };
+    family_matches.then_some(())?;
+    Some((DecodingKey::from_jwk(jwk).ok()?, alg))
+}
+
+/// Decodes and checks a token: its signature (HS256 with the secret, or the key its `kid` names),
+/// `exp` and `nbf`, and when configured `aud`, `iss` and the longest lifetime. The error says
+/// what is wrong.
+fn decode_token(auth: &AuthConfig, keys: &TokenKeys, token: &str, now_secs: u64) -> Result<Claims, String> {
+    let header = decode_header(token).map_err(|e| format!("invalid token: {e}"))?;
+    let (key, alg) = keys.key_for(&header).map_err(|e| format!("invalid token: {e}"))?;
+    let mut validation = Validation::new(alg);
     validation.required_spec_claims.clear();
     validation.required_spec_claims.insert("sub".into());
     validation.leeway = 0;
@@ -88,7 +218,7 @@ fn decode_token(auth: &AuthConfig, token: &str, now_secs: u64) -> Result<Claims,
     if auth.jwt_max_lifetime_secs > 0 {
         validation.required_spec_claims.insert("exp".into());
     }
-    let claims = decode::<Claims>(token, &DecodingKey::from_secret(auth.jwt_secret.as_bytes()), &validation).map_err(|e| format!("invalid token: {e}"))?.claims;
+    let claims = decode::<Claims>(token, &key, &validation).map_err(|e| format!("invalid token: {e}"))?.claims;
     if auth.jwt_max_lifetime_secs > 0 {
         let exp = claims.exp.unwrap_or(u64::MAX);
         if exp.saturating_sub(now_secs) > auth.jwt_max_lifetime_secs {
@@ -102,21 +232,26 @@ fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Checks a session handshake's token when `auth.jwt_secret` is set: from the `token` query
-/// parameter or `Authorization: Bearer`. 401 when missing or invalid (bad signature, expired,
-/// not HS256, wrong audience or issuer, too long a lifetime), 403 when its `sub` is not the
+/// The token of a session handshake: the `token` query parameter or `Authorization: Bearer`.
+pub fn session_token<'a>(query_token: Option<&'a str>, headers: &'a HeaderMap) -> Option<&'a str> {
+    query_token.or_else(|| bearer(headers))
+}
+
+/// Checks a session handshake's token when tokens are checked (`auth.jwt_secret`,
+/// `auth.jwks_url`; `TokenKeys::prepare` first, for a rotated key): from the `token` query
+/// parameter or `Authorization: Bearer`. 401 when missing or invalid (bad signature, expired, an
+/// unknown key, wrong audience or issuer, too long a lifetime), 403 when its `sub` is not the
 /// `client_id` asked for.
-pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &HeaderMap, client_id: &ClientId) -> Result<Access, ApiError> {
-    if auth.jwt_secret.is_empty() {
+pub fn session_access(auth: &AuthConfig, keys: &TokenKeys, query_token: Option<&str>, headers: &HeaderMap, client_id: &ClientId) -> Result<Access, ApiError> {
+    if !auth.checks_tokens() {
         // Publishing over a session needs a credential: with the admin token set and no JWTs,
         // only REST with the admin token publishes.
         let publish = (!auth.admin_token.is_empty()).then(Vec::new);
         return Ok(Access { publish, ..Access::default() });
     }
     let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message);
-    let token =
-        query_token.or_else(|| bearer(headers)).ok_or_else(|| unauthorized("a token is required: ?token=<JWT> or Authorization: Bearer <JWT>".into()))?;
-    let claims = decode_token(auth, token, now_secs()).map_err(unauthorized)?;
+    let token = session_token(query_token, headers).ok_or_else(|| unauthorized("a token is required: ?token=<JWT> or Authorization: Bearer <JWT>".into()))?;
+    let claims = decode_token(auth, keys, token, now_secs()).map_err(unauthorized)?;
     if claims.sub != client_id.as_str() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -127,12 +262,17 @@ pub fn session_access(auth: &AuthConfig, query_token: Option<&str>, headers: &He
     Ok(claims.into_access())
 }
 
-/// Checks the token of a session's `refresh` frame as the handshake checks its first one.
-pub struct JwtCheck(pub AuthConfig);
+/// Checks the token of a session's `refresh` frame as the handshake checks its first one. A token
+/// naming a key the set lacks starts a fetch of the set (at most once a minute) and is refused
+/// this time: the session's task does not wait on the network.
+pub struct JwtCheck(pub AuthConfig, pub std::sync::Arc<TokenKeys>);
 
 impl crate::core::access::TokenCheck for JwtCheck {
     fn check(&self, token: &str, client_id: &ClientId) -> Result<Access, String> {
-        let claims = decode_token(&self.0, token, now_secs())?;
+        let claims = decode_token(&self.0, &self.1, token, now_secs()).inspect_err(|_| {
+            let (keys, token) = (self.1.clone(), token.to_string());
+            tokio::spawn(async move { keys.prepare(Some(&token)).await });
+        })?;
         if claims.sub != client_id.as_str() {
             return Err(format!("the token is for client {:?}, not {:?}", claims.sub, client_id.as_str()));
         }
@@ -159,10 +299,11 @@ pub async fn require_publish_right(State(app): State<AppState>, request: Request
         return next.run(request).await;
     }
     let topic = request.uri().path().strip_prefix("/topics/").and_then(|rest| rest.strip_suffix("/events")).unwrap_or("");
-    if auth.jwt_secret.is_empty() || token.matches('.').count() != 2 {
+    if !auth.checks_tokens() || token.matches('.').count() != 2 {
         return ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, "wrong admin token").into_response();
     }
-    let claims = match decode_token(auth, token, now_secs()) {
+    app.token_keys.prepare(Some(token)).await;
+    let claims = match decode_token(auth, &app.token_keys, token, now_secs()) {
         Ok(claims) => claims,
         Err(message) => return ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message).into_response(),
     };
@@ -190,6 +331,10 @@ mod tests {
 
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
+    fn decode_token_hs(auth: &AuthConfig, token: &str, now: u64) -> Result<Claims, String> {
+        decode_token(auth, &TokenKeys::new(auth), token, now)
+    }
+
     fn auth(audience: &str, issuer: &str, max_lifetime: u64) -> AuthConfig {
         AuthConfig {
             jwt_secret: SECRET.into(),
@@ -208,23 +353,45 @@ mod tests {
     fn audience_and_issuer_are_checked_when_set() {
         let now = now_secs();
         let plain = token(json!({"sub": "a"}));
-        assert!(decode_token(&auth("", "", 0), &plain, now).is_ok());
-        assert!(decode_token(&auth("", "", 0), &token(json!({"sub": "a", "aud": "other"})), now).is_ok(), "aud is not checked unless configured");
-        assert!(decode_token(&auth("ackgate", "", 0), &plain, now).is_err(), "aud required when configured");
-        assert!(decode_token(&auth("ackgate", "", 0), &token(json!({"sub": "a", "aud": "other"})), now).is_err());
-        assert!(decode_token(&auth("ackgate", "", 0), &token(json!({"sub": "a", "aud": ["x", "ackgate"]})), now).is_ok());
-        assert!(decode_token(&auth("", "https://idp", 0), &plain, now).is_err(), "iss required when configured");
-        assert!(decode_token(&auth("", "https://idp", 0), &token(json!({"sub": "a", "iss": "https://evil"})), now).is_err());
-        assert!(decode_token(&auth("", "https://idp", 0), &token(json!({"sub": "a", "iss": "https://idp"})), now).is_ok());
+        assert!(decode_token_hs(&auth("", "", 0), &plain, now).is_ok());
+        assert!(decode_token_hs(&auth("", "", 0), &token(json!({"sub": "a", "aud": "other"})), now).is_ok(), "aud is not checked unless configured");
+        assert!(decode_token_hs(&auth("ackgate", "", 0), &plain, now).is_err(), "aud required when configured");
+        assert!(decode_token_hs(&auth("ackgate", "", 0), &token(json!({"sub": "a", "aud": "other"})), now).is_err());
+        assert!(decode_token_hs(&auth("ackgate", "", 0), &token(json!({"sub": "a", "aud": ["x", "ackgate"]})), now).is_ok());
+        assert!(decode_token_hs(&auth("", "https://idp", 0), &plain, now).is_err(), "iss required when configured");
+        assert!(decode_token_hs(&auth("", "https://idp", 0), &token(json!({"sub": "a", "iss": "https://evil"})), now).is_err());
+        assert!(decode_token_hs(&auth("", "https://idp", 0), &token(json!({"sub": "a", "iss": "https://idp"})), now).is_ok());
     }
 
     #[test]
     fn a_maximum_lifetime_requires_a_near_exp() {
         let now = now_secs();
         let a = auth("", "", 3600);
-        assert!(decode_token(&a, &token(json!({"sub": "a"})), now).is_err(), "exp required");
-        assert!(decode_token(&a, &token(json!({"sub": "a", "exp": now + 60})), now).is_ok());
-        assert!(decode_token(&a, &token(json!({"sub": "a", "exp": now + 7200})), now).is_err(), "too far ahead");
-        assert!(decode_token(&a, &token(json!({"sub": "a", "exp": u64::MAX})), now).is_err(), "2^64-1 is too far ahead, no overflow");
+        assert!(decode_token_hs(&a, &token(json!({"sub": "a"})), now).is_err(), "exp required");
+        assert!(decode_token_hs(&a, &token(json!({"sub": "a", "exp": now + 60})), now).is_ok());
+        assert!(decode_token_hs(&a, &token(json!({"sub": "a", "exp": now + 7200})), now).is_err(), "too far ahead");
+        assert!(decode_token_hs(&a, &token(json!({"sub": "a", "exp": u64::MAX})), now).is_err(), "2^64-1 is too far ahead, no overflow");
+    }
+
+    #[test]
+    fn a_key_set_keeps_only_signing_keys_whose_algorithm_fits_them() {
+        let keys = TokenKeys::new(&AuthConfig { jwks_url: "http://idp.example/jwks".into(), ..Default::default() });
+        let ed = |kid: &str, extra: serde_json::Value| {
+            let mut jwk = json!({"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "kid": kid});
+            jwk.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            jwk
+        };
+        let set = json!({"keys": [
+            ed("sig", json!({})),
+            ed("enc", json!({"use": "enc"})),
+            ed("claims-rs256", json!({"alg": "RS256"})),
+            {"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},
+        ]});
+        assert_eq!(keys.load(set.to_string().as_bytes()), Ok(1), "only the signing key with a kid and a fitting algorithm");
+        assert!(keys.by_kid.read().unwrap().get("sig").is_some_and(|(_, alg)| *alg == Algorithm::EdDSA));
+        let none = json!({"keys": [ed("enc", json!({"use": "enc"}))]});
+        assert!(keys.load(none.to_string().as_bytes()).is_err(), "a set with no usable key is refused");
+        assert!(keys.by_kid.read().unwrap().contains_key("sig"), "and the keys in use stay");
+        assert!(keys.load(b"<html>").is_err());
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod forwarded;
 pub(crate) mod gaps;
 pub(crate) mod groups;
 pub(crate) mod health;
+pub(crate) mod jwks;
 pub(crate) mod lingering;
 pub(crate) mod metrics;
 pub(crate) mod offsets;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub sse: Arc<sse::SseSessions>,
     /// The bounds `GET /topics` lists, at most a second old (anyone may ask for them).
     pub listed_bounds: Arc<crate::core::bounds_cache::BoundsCache>,
+    /// The keys JWTs are checked with (`auth.jwt_secret`, `auth.jwks_url`).
+    pub token_keys: Arc<auth::TokenKeys>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::session_access;
+use super::auth::{session_access, session_token};
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
@@ -92,13 +92,13 @@ impl Drop for Listed {
         ("order" = Option<String>, Query, description = "with group: none (default) or key"),
         ("from" = Option<String>, Query, description = "committed (default), earliest or latest: where a partition without a stored offset or token starts; only for topics the resume token does not name"),
         ("resume" = Option<String>, Query, description = "a resume token (an event's id); the Last-Event-ID header wins"),
-        ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)"),
+        ("token" = Option<String>, Query, description = "JWT when auth.jwt_secret or auth.jwks_url is set (or Authorization: Bearer)"),
         ("Last-Event-ID" = Option<String>, Header, description = "the resume token EventSource sends when it reconnects"),
     ),
     responses(
         (status = 200, description = "text/event-stream: welcome (with ack_url), subscribed per topic, then event, gap, reconnect, error and close messages; event messages carry the resume token as id", content_type = "text/event-stream"),
         (status = 400, description = "invalid_name, bad_request (a resume token or from that does not decode)", body = crate::http::schemas::ErrorBody),
-        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret is set)", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret or auth.jwks_url is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
         (status = 429, description = "limit_exceeded: limits.max_sessions", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: the instance is draining (Retry-After) or the client's offsets are being changed", body = crate::http::schemas::ErrorBody),
@@ -110,6 +110,9 @@ pub async fn open(
     headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Response {
+    // A token whose key rotated in since the last fetch of the key set: fetched before the check.
+    let token = query.as_ref().ok().and_then(|Query(q)| q.get("token").cloned());
+    app.token_keys.prepare(session_token(token.as_deref(), &headers)).await;
     match start(app, remote, &headers, query) {
         Ok(response) => response,
         Err(refused) => *refused,
@@ -124,7 +127,8 @@ fn start(
 ) -> Result<Response, Box<Response>> {
     let Query(query) = query.map_err(|e| Box::new(ApiError::bad_request(e.body_text()).into_response()))?;
     let client_id = super::required_client_id(&query).map_err(|e| Box::new(e.into_response()))?;
-    let access = session_access(&app.config.auth, query.get("token").map(String::as_str), headers, &client_id).map_err(|e| Box::new(e.into_response()))?;
+    let access = session_access(&app.config.auth, &app.token_keys, query.get("token").map(String::as_str), headers, &client_id)
+        .map_err(|e| Box::new(e.into_response()))?;
     let subscribes = initial_subscribes(&query, headers).map_err(|e| Box::new(e.into_response()))?;
     // With `group=`, the stream's topics are that shared subscription's, and its events' ids are
     // the group's floor (what a member resumes the group with).
@@ -470,7 +474,7 @@ fn frame_type(json: &str) -> &str {
     operation_id = "post_sse_frames",
     tag = "websocket",
     summary = "Client frames of a Server-Sent Events session; answers the frames the session sent for them",
-    params(("session_id" = String, Path, description = "the session's id (its welcome's ack_url)"), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
+    params(("session_id" = String, Path, description = "the session's id (its welcome's ack_url)"), ("token" = Option<String>, Query, description = "JWT when auth.jwt_secret or auth.jwks_url is set (or Authorization: Bearer)")),
     request_body(content = Vec<Object>, description = "a JSON array of client frames (ack, nack, extend, term, subscribe, unsubscribe, ping)"),
     responses(
         (status = 200, description = "a JSON array of the server frames answering them, in order (ack_ok once durable, error, subscribed, ...)", body = Vec<Object>),
@@ -494,7 +498,9 @@ pub async fn frames(
     // The session and the credentials first: a body is read only for a session that is there
     // and the caller's own.
     let session = app.sse.get(&session_id).ok_or_else(gone)?;
-    session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &session.client_id)?;
+    let token = query.get("token").map(String::as_str);
+    app.token_keys.prepare(session_token(token, &headers)).await;
+    session_access(&app.config.auth, &app.token_keys, token, &headers, &session.client_id)?;
     let limits = &app.config.limits;
     let too_large = |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, message);
     let mut body_bytes = Vec::new();

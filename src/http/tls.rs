@@ -7,6 +7,9 @@
 //! up the accept loop. `Tls::reload` (SIGHUP) reads the files again; new connections
 //! get the new certificate, live ones (sessions included) keep theirs, and a file that does not
 //! load leaves the old certificate in place.
+//!
+//! Also the client side of the one outbound https:// request ackgate makes: fetching an
+//! identity provider's key set (`http::jwks`), verified against given authorities.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -88,6 +91,28 @@ impl HasActivity for TlsStream<LingeringStream> {
     fn activity(&self) -> Arc<Activity> {
         self.get_ref().0.activity()
     }
+}
+
+/// A TLS connection to `host` over `tcp`, its certificate verified against the authorities in
+/// `ca_file` (PEM; empty: the system's, /etc/ssl/certs/ca-certificates.crt).
+pub async fn connect_verified(tcp: tokio::net::TcpStream, host: &str, ca_file: &str) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let file = if ca_file.is_empty() { "/etc/ssl/certs/ca-certificates.crt" } else { ca_file };
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(file).map_err(|e| format!("reading {file}: {e}"))? {
+        // One authority the TLS library cannot use leaves the others.
+        let _ = roots.add(certificate.map_err(|e| format!("reading {file}: {e}"))?);
+    }
+    if roots.is_empty() {
+        return Err(format!("{file} holds no certificate authority"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string()).map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use axum::Extension;
 use futures_util::{SinkExt, StreamExt};
 
 use super::activity::Activity;
-use super::auth::session_access;
+use super::auth::{session_access, session_token};
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
@@ -29,11 +29,11 @@ use crate::core::session_registry::{Registration, Transport};
     operation_id = "open_websocket",
     tag = "websocket",
     summary = "Open a WebSocket session (frames: ClientFrame in, ServerFrame out)",
-    params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("token" = Option<String>, Query, description = "HS256 JWT when auth.jwt_secret is set (or Authorization: Bearer)")),
+    params(("client_id" = String, Query, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("token" = Option<String>, Query, description = "JWT when auth.jwt_secret or auth.jwks_url is set (or Authorization: Bearer)")),
     responses(
         (status = 101, description = "Switching protocols. Then text frames: the client sends ClientFrame objects, the gateway sends ServerFrame objects (see components)."),
         (status = 400, description = "invalid_name: client_id missing or invalid", body = crate::http::schemas::ErrorBody),
-        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret is set)", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret or auth.jwks_url is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
     )
 )]
@@ -53,7 +53,9 @@ pub async fn upgrade(
         Ok(client_id) => client_id,
         Err(e) => return e.into_response(),
     };
-    let access = match session_access(&app.config.auth, query.get("token").map(String::as_str), &headers, &client_id) {
+    let token = query.get("token").map(String::as_str);
+    app.token_keys.prepare(session_token(token, &headers)).await;
+    let access = match session_access(&app.config.auth, &app.token_keys, token, &headers, &client_id) {
         Ok(access) => access,
         Err(e) => return e.into_response(),
     };

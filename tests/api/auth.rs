@@ -367,3 +367,152 @@ async fn a_publish_frame_needs_the_publish_claim() {
     assert_eq!(anonymous.recv().await["code"], "forbidden");
     gw.stop().await;
 }
+
+/// An identity provider's key set, served over HTTP by the test: its body can be replaced (a
+/// rotation) and its fetches are counted.
+struct KeySetServer {
+    url: String,
+    body: std::sync::Arc<std::sync::Mutex<String>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl KeySetServer {
+    async fn start(keys: Vec<Value>) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/.well-known/jwks.json", listener.local_addr().unwrap());
+        let body = std::sync::Arc::new(std::sync::Mutex::new(json!({"keys": keys}).to_string()));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (served, counted) = (body.clone(), fetches.clone());
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let (served, counted) = (served.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut request = [0u8; 2048];
+                    let _ = tcp.read(&mut request).await;
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = served.lock().unwrap().clone();
+                    let answer = format!("HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    let _ = tcp.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Self { url, body, fetches }
+    }
+
+    fn serve(&self, keys: Vec<Value>) {
+        *self.body.lock().unwrap() = json!({"keys": keys}).to_string();
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn b64url(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A signing key of the identity provider: its private half and its public JWK.
+struct ProviderKey {
+    encoding: EncodingKey,
+    algorithm: jsonwebtoken::Algorithm,
+    kid: &'static str,
+    jwk: Value,
+}
+
+impl ProviderKey {
+    fn es256(kid: &'static str) -> Self {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let raw = pair.public_key_raw(); // 0x04, X, Y
+        let jwk = json!({"kty": "EC", "crv": "P-256", "x": b64url(&raw[1..33]), "y": b64url(&raw[33..65]), "kid": kid, "alg": "ES256", "use": "sig"});
+        Self { encoding: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(), algorithm: jsonwebtoken::Algorithm::ES256, kid, jwk }
+    }
+
+    fn eddsa(kid: &'static str) -> Self {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let jwk = json!({"kty": "OKP", "crv": "Ed25519", "x": b64url(pair.public_key_raw()), "kid": kid});
+        Self { encoding: EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()).unwrap(), algorithm: jsonwebtoken::Algorithm::EdDSA, kid, jwk }
+    }
+
+    /// RSA from Debian's openssl (ring makes no RSA keys).
+    fn rs256(kid: &'static str, dir: &std::path::Path) -> Self {
+        let pem = dir.join(format!("{kid}.pem"));
+        let made = std::process::Command::new("openssl").args(["genrsa", "-out"]).arg(&pem).arg("2048").output().expect("openssl runs");
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let modulus = std::process::Command::new("openssl").args(["rsa", "-noout", "-modulus", "-in"]).arg(&pem).output().unwrap();
+        let hex = String::from_utf8(modulus.stdout).unwrap().trim().trim_start_matches("Modulus=").to_string();
+        let n: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let jwk = json!({"kty": "RSA", "n": b64url(&n), "e": "AQAB", "kid": kid, "alg": "RS256", "use": "sig"});
+        Self { encoding: EncodingKey::from_rsa_pem(&std::fs::read(&pem).unwrap()).unwrap(), algorithm: jsonwebtoken::Algorithm::RS256, kid, jwk }
+    }
+
+    fn token(&self, claims: Value) -> String {
+        let mut header = Header::new(self.algorithm);
+        header.kid = Some(self.kid.to_string());
+        encode(&header, &claims, &self.encoding).unwrap()
+    }
+}
+
+/// Issue 45, item 4: tokens of an identity provider, checked with the public keys of its JWKS
+/// (`auth.jwks_url`), RS256, ES256 and EdDSA, beside HS256. A key rotated mid-run: the session
+/// opened with the old key goes on until its exp; a token with the new key is accepted (its
+/// unknown kid fetched the set again); a kid the set does not have is refused after one fetch,
+/// and more such tokens within a minute fetch nothing. The key decides the algorithm, never the
+/// token. Failed before: every token not signed HS256 with auth.jwt_secret was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_an_identity_provider_are_checked_with_its_rotating_key_set() {
+    let (dir, data) = temp_dir();
+    let (old, new, rsa) = (ProviderKey::es256("old"), ProviderKey::eddsa("new"), ProviderKey::rs256("rsa", dir.path()));
+    let provider = KeySetServer::start(vec![old.jwk.clone(), rsa.jwk.clone()]).await;
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.jwks_url = provider.url.clone();
+    let gw = InProcess::start(config).await;
+    assert_eq!(provider.fetches(), 1, "fetched at start");
+    publish_numbered(&gw.base, "idp", 1, 0, 1).await;
+    let exp = now_secs() + 3600;
+
+    // Each kind of key, and HS256 beside them.
+    let mut alice = connect_with(gw.addr(), "alice", &old.token(json!({"sub": "alice", "exp": exp}))).await;
+    alice.subscribe("idp", json!({})).await;
+    assert_eq!(alice.recv_type("event").await["offset"], 0);
+    connect_with(gw.addr(), "rita", &rsa.token(json!({"sub": "rita", "exp": exp}))).await.close().await;
+    connect_with(gw.addr(), "hugo", &token(json!({"sub": "hugo", "exp": exp}))).await.close().await;
+    let ws = |client: &str, token: &str| format!("{}/ws?client_id={client}&token={token}", gw.base);
+    let wrong_sub = old.token(json!({"sub": "mallory", "exp": exp}));
+    assert_eq!(refused(ws("alice", &wrong_sub), None).await, (403, "forbidden".into()));
+    let expired = old.token(json!({"sub": "alice", "exp": now_secs() - 10}));
+    assert_eq!(refused(ws("alice", &expired), None).await, (401, "unauthorized".into()));
+    // A token that names the RSA key's kid but says ES256: the key's algorithm decides.
+    let confused = {
+        let mut header = Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("rsa".into());
+        encode(&header, &json!({"sub": "alice", "exp": exp}), &old.encoding).unwrap()
+    };
+    assert_eq!(refused(ws("alice", &confused), None).await, (401, "unauthorized".into()));
+    let fetched = provider.fetches();
+
+    // The provider rotates: the old key is gone from its set, the new one is in.
+    provider.serve(vec![new.jwk.clone(), rsa.jwk.clone()]);
+    // An unknown kid: one fetch, still unknown, refused.
+    let stranger = ProviderKey::es256("stranger").token(json!({"sub": "alice", "exp": exp}));
+    assert_eq!(refused(ws("alice", &stranger), None).await, (401, "unauthorized".into()));
+    assert_eq!(provider.fetches(), fetched + 1, "the unknown kid fetched the set once");
+    // That fetch brought the new key: its tokens are accepted without another.
+    let mut bob = connect_with(gw.addr(), "bob", &new.token(json!({"sub": "bob", "exp": exp}))).await;
+    bob.subscribe("idp", json!({"from": "earliest"})).await;
+    assert_eq!(bob.recv_type("event").await["offset"], 0);
+    // More unknown kids within the minute fetch nothing (anyone can make them up).
+    assert_eq!(refused(ws("alice", &stranger), None).await, (401, "unauthorized".into()));
+    assert_eq!(provider.fetches(), fetched + 1, "at most one fetch a minute for unknown kids");
+    // A new token with the dropped key is refused; the session opened with it goes on.
+    let dropped = old.token(json!({"sub": "carol", "exp": exp}));
+    assert_eq!(refused(ws("carol", &dropped), None).await, (401, "unauthorized".into()));
+    publish(&gw.base, "idp", json!({"partition": 0, "payload": {"n": 1}})).await;
+    assert_eq!(alice.recv_type("event").await["offset"], 1, "the session of the rotated-out key lives until its exp");
+    alice.close().await;
+    bob.close().await;
+    gw.stop().await;
+}

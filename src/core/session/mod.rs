@@ -514,7 +514,10 @@ impl Session {
     /// away a topic the session reads: unsubscribe it first.
     fn refresh(&mut self, token: &str, req: Option<serde_json::Value>) -> Result<(), FrameError> {
         let Some(check) = self.d.token_check.get() else {
-            return Err(FrameError::new(ErrorCode::BadFrame, "this gateway checks no tokens (auth.jwt_secret is not set): there is nothing to refresh"));
+            return Err(FrameError::new(
+                ErrorCode::BadFrame,
+                "this gateway checks no tokens (neither auth.jwt_secret nor auth.jwks_url is set): there is nothing to refresh",
+            ));
         };
         let access = check.check(token, &self.info.client_id).map_err(|why| FrameError::new(ErrorCode::Unauthorized, why))?;
         if let Some(topic) = self.subscriptions.keys().find(|t| !access.allows(t.as_str())) {

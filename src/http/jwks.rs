@@ -1,0 +1,65 @@
+//! Fetching an identity provider's key set (`auth.jwks_url`): one GET over http:// or https://
+//! (verified against `auth.jwks_ca_file` or the system's authorities), bounded in time and size.
+//! The keys themselves are read in `auth` (the only import of jsonwebtoken).
+//!
+//! HTTP/1.0 on purpose: a server must not answer it with a chunked body, so the body is
+//! everything after the head, up to the close.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A key set bigger than this is refused (a JWKS holds a few keys: a few KiB).
+const MAX_BYTES: u64 = 1024 * 1024;
+/// The whole fetch, connect to last byte.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The body of `GET url` when it answers 200.
+pub async fn fetch(url: &str, ca_file: &str) -> Result<Vec<u8>, String> {
+    tokio::time::timeout(FETCH_TIMEOUT, fetch_unbounded(url, ca_file)).await.map_err(|_| format!("GET {url}: no answer within {FETCH_TIMEOUT:?}"))?
+}
+
+async fn fetch_unbounded(url: &str, ca_file: &str) -> Result<Vec<u8>, String> {
+    let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        _ => return Err(format!("{url:?} is not an http:// or https:// URL")),
+    };
+    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let host = authority.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map_or(authority, |(host, _)| host);
+    let address =
+        if authority.contains(':') && !authority.ends_with(']') { authority.to_string() } else { format!("{authority}:{}", if tls { 443 } else { 80 }) };
+    let tcp = TcpStream::connect(&address).await.map_err(|e| format!("GET {url}: connecting to {address}: {e}"))?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\nUser-Agent: ackgate\r\n\r\n");
+    let response = if tls {
+        let stream = super::tls::connect_verified(tcp, host, ca_file).await.map_err(|e| format!("GET {url}: {e}"))?;
+        exchange(stream, &request).await
+    } else {
+        exchange(tcp, &request).await
+    }
+    .map_err(|e| format!("GET {url}: {e}"))?;
+    let at = response.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| format!("GET {url}: no whole answer"))?;
+    let head = String::from_utf8_lossy(&response[..at]);
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    if status != "200" {
+        return Err(format!("GET {url}: HTTP {status}"));
+    }
+    Ok(response[at + 4..].to_vec())
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, request: &str) -> std::io::Result<Vec<u8>> {
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    let read = (&mut stream).take(MAX_BYTES + 1).read_to_end(&mut response).await;
+    // A TLS server may close without close_notify: what arrived is the answer.
+    if let Err(e) = read {
+        if e.kind() != std::io::ErrorKind::UnexpectedEof || response.is_empty() {
+            return Err(e);
+        }
+    }
+    if response.len() as u64 > MAX_BYTES {
+        return Err(std::io::Error::other(format!("the answer is over {MAX_BYTES} bytes")));
+    }
+    Ok(response)
+}
