@@ -400,6 +400,43 @@ impl KeySetServer {
         Self { url, body, fetches }
     }
 
+    /// The same over https://localhost, with a certificate made here (`dir`/cert.pem).
+    async fn start_tls(keys: Vec<Value>, dir: &std::path::Path) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        crate::tls::write_certificate(dir);
+        let certs: Vec<_> = rustls::pki_types::pem::PemObject::pem_file_iter(dir.join("cert.pem")).unwrap().map(Result::unwrap).collect();
+        let key = rustls::pki_types::pem::PemObject::from_pem_file(dir.join("key.pem")).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://localhost:{}/jwks", listener.local_addr().unwrap().port());
+        let body = std::sync::Arc::new(std::sync::Mutex::new(json!({"keys": keys}).to_string()));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (served, counted) = (body.clone(), fetches.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (served, counted, acceptor) = (served.clone(), counted.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                    let mut request = [0u8; 2048];
+                    let _ = tls.read(&mut request).await;
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = served.lock().unwrap().clone();
+                    let answer = format!("HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        Self { url, body, fetches }
+    }
+
     fn serve(&self, keys: Vec<Value>) {
         *self.body.lock().unwrap() = json!({"keys": keys}).to_string();
     }
@@ -514,5 +551,33 @@ async fn tokens_of_an_identity_provider_are_checked_with_its_rotating_key_set() 
     assert_eq!(alice.recv_type("event").await["offset"], 1, "the session of the rotated-out key lives until its exp");
     alice.close().await;
     bob.close().await;
+    gw.stop().await;
+}
+
+/// The key set over https://: verified against `auth.jwks_ca_file`; without it (the system's
+/// authorities, which do not know the test's certificate) the fetch fails and the provider's
+/// tokens are refused, HS256 still accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_set_over_https_is_verified_against_the_given_authorities() {
+    let (dir, data) = temp_dir();
+    let key = ProviderKey::eddsa("tls");
+    let provider = KeySetServer::start_tls(vec![key.jwk.clone()], dir.path()).await;
+    let exp = now_secs() + 3600;
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    config.auth.jwks_url = provider.url.clone();
+    config.auth.jwks_ca_file = dir.path().join("cert.pem").display().to_string();
+    let gw = InProcess::start(config.clone()).await;
+    connect_with(gw.addr(), "alice", &key.token(json!({"sub": "alice", "exp": exp}))).await.close().await;
+    assert!(provider.fetches() >= 1);
+    gw.stop().await;
+
+    let (_dir2, data2) = temp_dir();
+    config.storage.data_dir = data2.clone();
+    config.auth.jwks_ca_file = String::new();
+    let gw = InProcess::start(config).await;
+    let url = format!("{}/ws?client_id=alice&token={}", gw.base, key.token(json!({"sub": "alice", "exp": exp})));
+    assert_eq!(refused(url, None).await, (401, "unauthorized".into()), "an unverified key set gives no keys");
+    connect_with(gw.addr(), "hugo", &token(json!({"sub": "hugo", "exp": exp}))).await.close().await;
     gw.stop().await;
 }
