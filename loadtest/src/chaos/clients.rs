@@ -64,6 +64,10 @@ pub(super) struct Counters {
     pub(super) voluntary_reconnects: AtomicU64,
     pub(super) nacks: AtomicU64,
     pub(super) error_frames: AtomicU64,
+    /// Tokens replaced in band (`refresh_needed`, then `refresh`, answered `refreshed`).
+    pub(super) refreshed: AtomicU64,
+    /// Sessions closed because their token expired (4004, or an SSE `close` with it).
+    pub(super) expired: AtomicU64,
     /// Deliveries that may come again: what was in flight when each session ended and at each
     /// clock jump, plus the nacks.
     pub(super) duplicate_bound: AtomicU64,
@@ -193,8 +197,15 @@ impl ClientPlan {
         }
     }
 
+    /// A fresh HS256 token for this client, good for `TOKEN_LIFETIME_SECS` by this machine's clock.
+    pub(super) fn token(&self) -> String {
+        let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) + TOKEN_LIFETIME_SECS;
+        let claims = json!({"sub": self.id, "exp": exp});
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes())).expect("HS256 signs")
+    }
+
     pub(super) async fn websocket_session(&mut self, base: &str, style: AckStyle) -> anyhow::Result<Ended> {
-        let url = format!("{}/ws?client_id={}", base.replacen("http", "ws", 1), self.id);
+        let url = format!("{}/ws?client_id={}&token={}", base.replacen("http", "ws", 1), self.id, self.token());
         let (mut ws, _) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")??;
         let subscribe = {
             let progress = self.progress.lock().unwrap();
@@ -235,7 +246,13 @@ impl ClientPlan {
                     continue;
                 }
                 Ok(Some(Ok(Message::Text(text)))) => text,
-                Ok(Some(Ok(Message::Close(_)))) | Ok(None) => return Ok(Ended::Again),
+                Ok(Some(Ok(Message::Close(close)))) => {
+                    if close.is_some_and(|c| u16::from(c.code) == 4004) {
+                        self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(Ended::Again);
+                }
+                Ok(None) => return Ok(Ended::Again),
                 Ok(Some(Ok(_))) => {
                     silent_since = Instant::now();
                     continue;
@@ -276,6 +293,11 @@ impl ClientPlan {
                 }
                 Some("ack_ok") => self.confirmed(&frame),
                 Some("gap") => self.gap(&frame),
+                // The token expires soon: a new one replaces it in the same session.
+                Some("refresh_needed") => ws.send(Message::Text(json!({"op": "refresh", "token": self.token(), "req": "refresh"}).to_string().into())).await?,
+                Some("refreshed") => {
+                    self.counters.refreshed.fetch_add(1, Ordering::Relaxed);
+                }
                 Some("error") => {
                     self.counters.error_frames.fetch_add(1, Ordering::Relaxed);
                     if frame["req"] == "sub" {
@@ -308,7 +330,9 @@ impl ClientPlan {
 
     pub(super) async fn sse_session(&mut self, base: &str, last_event_id: &mut Option<String>) -> anyhow::Result<Ended> {
         let http = reqwest::Client::new();
-        let mut request = http.get(format!("{base}/sse?client_id={}&topics={TOPIC}", self.id));
+        // SSE sessions do not refresh: at the token's expiry the stream closes (4004) and the
+        // client comes back with a new one, resuming by its Last-Event-ID.
+        let mut request = http.get(format!("{base}/sse?client_id={}&topics={TOPIC}&token={}", self.id, self.token()));
         if let Some(id) = last_event_id.as_ref() {
             request = request.header("Last-Event-ID", id.clone());
         }
@@ -366,7 +390,12 @@ impl ClientPlan {
                         }
                     }
                     "gap" => self.gap(&frame),
-                    "close" => return Ok(Ended::Again),
+                    "close" => {
+                        if frame["code"] == 4004 {
+                            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(Ended::Again);
+                    }
                     _ => {}
                 }
             }
@@ -376,7 +405,9 @@ impl ClientPlan {
             let Some(url) = frames_url.as_ref() else { bail!("an event before the welcome") };
             req += 1;
             let body = json!([{"op": "ack", "delivery_ids": acks, "req": req}]);
-            let answered = tokio::time::timeout(Duration::from_secs(5), http.post(url).json(&body).send()).await.context("POST of acks timed out")??;
+            let answered = tokio::time::timeout(Duration::from_secs(5), http.post(url).bearer_auth(self.token()).json(&body).send())
+                .await
+                .context("POST of acks timed out")??;
             if !answered.status().is_success() {
                 return Ok(Ended::Again);
             }

@@ -47,6 +47,14 @@ const PONG_TIMEOUT_MS: u64 = 3000;
 /// What a client waits for any frame (a keepalive included) before it calls the connection dead.
 const CLIENT_SILENCE: Duration = Duration::from_secs(6);
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// Every session holds a JWT (`auth.jwt_secret`): it expires, is refreshed in band (WebSocket) or
+/// replaced by a reconnect (SSE), also while a clock jump moves the gateway's idea of `exp`.
+const JWT_SECRET: &str = "the-chaos-suite-jwt-secret-of-32-bytes-at-least";
+/// A token's life: above the largest clock jump (45 s ahead) plus the refresh notice, so a token
+/// made here is never born expired on a gateway whose clock runs ahead.
+const TOKEN_LIFETIME_SECS: u64 = 90;
+/// `auth.refresh_before_secs`: sessions refresh their token every minute or so.
+const REFRESH_BEFORE_SECS: u64 = 30;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -240,6 +248,8 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
             ("ACKGATE_SERVER__SSE_KEEPALIVE_MS", "1000".to_string()),
             ("ACKGATE_SERVER__DRAIN_MS", "1000".to_string()),
             ("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "10000".to_string()),
+            ("ACKGATE_AUTH__JWT_SECRET", JWT_SECRET.to_string()),
+            ("ACKGATE_AUTH__REFRESH_BEFORE_SECS", REFRESH_BEFORE_SECS.to_string()),
             // Starts and alignments at info: what a start that hangs was doing.
             ("RUST_LOG", "warn,ackgate=info,ackgate::http::request_log=warn".to_string()),
         ]
@@ -398,9 +408,11 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
         ));
     }
     eprintln!(
-        "chaos: {} reconnects ({} voluntary), {} nacks, {} error frames, {} publish errors, duplicate bound {bound}",
+        "chaos: {} reconnects ({} voluntary, {} at a token's expiry), {} tokens refreshed in band, {} nacks, {} error frames, {} publish errors, duplicate bound {bound}",
         counters.reconnects.load(Ordering::Relaxed),
         counters.voluntary_reconnects.load(Ordering::Relaxed),
+        counters.expired.load(Ordering::Relaxed),
+        counters.refreshed.load(Ordering::Relaxed),
         counters.nacks.load(Ordering::Relaxed),
         counters.error_frames.load(Ordering::Relaxed),
         counters.publish_errors.load(Ordering::Relaxed)
