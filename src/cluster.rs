@@ -1,14 +1,11 @@
 //! The other instances of a cluster (`cluster.peers`) and which of them are healthy, for
 //! `GET /session/recommend`. Each peer's `/readyz` is probed every `cluster.probe_interval_ms`
-//! with a plain HTTP/1.1 GET (no client library: one request, `Connection: close`); its answer
-//! also names the peer's instance id. Readiness, not liveness: a peer whose offset store or backend
+//! with one GET (`http::fetch`: http://, or https:// verified against `cluster.ca_file`); its
+//! answer also names the peer's instance id. Readiness, not liveness: a peer whose offset store or backend
 //! fails, or that is shutting down, still answers `/healthz` but must get no clients.
 
 use std::sync::Mutex;
 use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::core::rendezvous;
 
@@ -39,20 +36,19 @@ struct Peer {
 pub struct Cluster {
     this: Instance,
     peers: Mutex<Vec<Peer>>,
+    /// `cluster.ca_file`: the authorities https:// peers are verified against.
+    ca_file: String,
 }
 
 impl Cluster {
-    pub fn new(this: Instance, peer_urls: &[String]) -> Self {
+    pub fn new(this: Instance, peer_urls: &[String], ca_file: &str) -> Self {
         let peers = peer_urls
             .iter()
             .map(|u| u.trim_end_matches('/').to_string())
             .filter(|u| *u != this.http_url.trim_end_matches('/'))
             .map(|url| Peer { url, healthy_as: None })
             .collect::<Vec<_>>();
-        for peer in peers.iter().filter(|p| !p.url.starts_with("http://")) {
-            tracing::warn!(peer = %peer.url, "cluster.peers: only http:// peers can be probed; this one will never be recommended");
-        }
-        Self { this, peers: Mutex::new(peers) }
+        Self { this, peers: Mutex::new(peers), ca_file: ca_file.to_string() }
     }
 
     pub fn has_peers(&self) -> bool {
@@ -80,7 +76,7 @@ impl Cluster {
     pub async fn probe_peers(&self, timeout: Duration) {
         let urls: Vec<String> = self.peers.lock().unwrap().iter().map(|p| p.url.clone()).collect();
         for url in urls {
-            let answer = probe(&url, timeout).await;
+            let answer = probe(&url, &self.ca_file, timeout).await;
             let mut peers = self.peers.lock().unwrap();
             if let Some(peer) = peers.iter_mut().find(|p| p.url == url) {
                 if peer.healthy_as.is_some() != answer.is_some() {
@@ -110,23 +106,9 @@ impl crate::core::group::GroupHome for ClusterGroupHome {
 }
 
 /// `GET <url>/readyz`; the peer's instance id when it answers 200 (ready) with one.
-async fn probe(url: &str, timeout: Duration) -> Option<String> {
-    // Only plain HTTP: peers reach each other inside the cluster network.
-    let authority = url.strip_prefix("http://")?.split('/').next()?;
-    let exchange = async {
-        let mut stream = TcpStream::connect(authority).await.ok()?;
-        let request = format!("GET /readyz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = Vec::new();
-        stream.take(64 * 1024).read_to_end(&mut response).await.ok()?;
-        Some(response)
-    };
-    let response = tokio::time::timeout(timeout, exchange).await.ok()??;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    let readiness: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+async fn probe(url: &str, ca_file: &str, timeout: Duration) -> Option<String> {
+    let body =
+        crate::http::fetch::get(&format!("{url}/readyz"), ca_file, timeout).await.map_err(|e| tracing::debug!(peer = %url, error = %e, "probe failed")).ok()?;
+    let readiness: serde_json::Value = serde_json::from_slice(&body).ok()?;
     readiness["instance"].as_str().map(str::to_string)
 }

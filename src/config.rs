@@ -627,11 +627,14 @@ pub struct ClusterConfig {
     /// How often each peer's /readyz is probed (also the probe's timeout); a peer that is not
     /// ready (store or backend failing, shutting down) gets no clients.
     pub probe_interval_ms: u64,
+    /// PEM file of the certificate authorities https:// peers are verified against when probed;
+    /// empty = the system's (/etc/ssl/certs/ca-certificates.crt).
+    pub ca_file: String,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { peers: Vec::new(), probe_interval_ms: 2000 }
+        Self { peers: Vec::new(), probe_interval_ms: 2000, ca_file: String::new() }
     }
 }
 

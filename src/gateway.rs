@@ -286,7 +286,7 @@ impl Gateway {
             url => url.trim_end_matches('/').to_string(),
         };
         let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
-        let cluster = Arc::new(Cluster::new(this, &config.cluster.peers));
+        let cluster = Arc::new(Cluster::new(this, &config.cluster.peers, &config.cluster.ca_file));
         if cluster.has_peers() {
             let draining = dispatcher.draining.clone();
             let home = crate::cluster::ClusterGroupHome { cluster: cluster.clone(), available: Box::new(move || !draining.is_cancelled()) };

@@ -73,6 +73,9 @@ impl Claims {
     }
 }
 
+/// One fetch of the key set, connect to last byte.
+const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A token with a `kid` the key set lacks is fetched for again at most this often: anyone can
 /// send tokens naming made-up kids.
 const UNKNOWN_KID_REFETCH: Duration = Duration::from_secs(60);
@@ -106,7 +109,7 @@ impl TokenKeys {
 
     /// Fetches the key set and replaces the keys; how many it holds now.
     pub async fn fetch(&self) -> Result<usize, String> {
-        let body = super::jwks::fetch(&self.jwks_url, &self.jwks_ca_file).await?;
+        let body = super::fetch::get(&self.jwks_url, &self.jwks_ca_file, JWKS_FETCH_TIMEOUT).await?;
         self.load(&body).map_err(|e| format!("{}: {e}", self.jwks_url))
     }
 

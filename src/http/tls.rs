@@ -9,7 +9,8 @@
 //! load leaves the old certificate in place.
 //!
 //! Also the client side of the one outbound https:// request ackgate makes: fetching an
-//! identity provider's key set (`http::jwks`), verified against given authorities.
+//! identity provider's key set and the peers' `/readyz` over https:// (`http::fetch`), verified
+//! against given authorities.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

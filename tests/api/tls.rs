@@ -177,3 +177,56 @@ async fn a_missing_or_half_configured_certificate_stops_the_start_with_a_clear_e
     assert!(!ok);
     assert!(stderr.contains("server.tls_cert and server.tls_key"), "{stderr}");
 }
+
+/// Two instances that speak only TLS find each other healthy: the peer probes go over https://,
+/// verified against `cluster.ca_file`, so `/session/recommend` spreads clients over both. Before,
+/// probes spoke plain HTTP only and an https:// peer was never recommended. Without the file
+/// (the system's authorities, which do not know the test's certificate) the peer stays unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_serving_tls_probe_each_other_over_https() {
+    let (dir, data_a) = temp_dir();
+    let (_dir_b, data_b) = temp_dir();
+    let certificate = write_certificate(dir.path());
+    let trusted = trusting(&certificate);
+    let (cert, key, authorities) = (dir.path().join("cert.pem"), dir.path().join("key.pem"), dir.path().join("cert.pem"));
+    let ports = [free_port(), free_port()];
+    let urls = ports.map(|p| format!("https://localhost:{p}"));
+    let start = |i: usize, data: &std::path::Path, ca_file: &str| {
+        let peers = serde_json::to_string(&[&urls[1 - i]]).unwrap();
+        let env = [
+            ("ACKGATE_SERVER__TLS_CERT", cert.display().to_string()),
+            ("ACKGATE_SERVER__TLS_KEY", key.display().to_string()),
+            ("ACKGATE_SERVER__PUBLIC_URL", urls[i].clone()),
+            ("ACKGATE_CLUSTER__PEERS", peers),
+            ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200".to_string()),
+            ("ACKGATE_CLUSTER__CA_FILE", ca_file.to_string()),
+        ];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Process::start_at(data, &format!("127.0.0.1:{}", ports[i]), &env)
+    };
+    let a = start(0, &data_a, &authorities.display().to_string());
+    let b = start(1, &data_b, &authorities.display().to_string());
+    a.wait_for_log("peer healthy").await;
+    let mut named = std::collections::BTreeSet::new();
+    for n in 0..32 {
+        let (status, body) = https(a.addr, &trusted, "GET", &format!("/session/recommend?client_id=c{n}"), None).await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        named.insert(serde_json::from_str::<Value>(&body).unwrap()["http_url"].as_str().unwrap().to_string());
+    }
+    assert_eq!(named, urls.iter().cloned().collect(), "clients are spread over both instances");
+    drop(b);
+    drop(a);
+
+    // The system's authorities do not know the test's certificate: B is never healthy for A.
+    let (_dir_c, data_c) = temp_dir();
+    let lone = start(0, &data_c, "");
+    let b = start(1, &data_b, &authorities.display().to_string());
+    b.wait_for_log("peer healthy").await; // B trusts A; A must not trust B
+    for n in 0..32 {
+        let (_, body) = https(lone.addr, &trusted, "GET", &format!("/session/recommend?client_id=c{n}"), None).await.unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["http_url"], urls[0], "an unverified peer gets no clients");
+    }
+    assert!(!lone.logs.lock().unwrap().iter().any(|l| l.contains("peer healthy")));
+    drop(b);
+    drop(lone);
+}

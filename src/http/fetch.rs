@@ -1,6 +1,6 @@
-//! Fetching an identity provider's key set (`auth.jwks_url`): one GET over http:// or https://
-//! (verified against `auth.jwks_ca_file` or the system's authorities), bounded in time and size.
-//! The keys themselves are read in `auth` (the only import of jsonwebtoken).
+//! The GETs ackgate itself makes: an identity provider's key set (`auth.jwks_url`, read in
+//! `auth`) and the peers' `/readyz` (`cluster`). One request over http:// or https:// (verified
+//! against a given PEM file of authorities, or the system's), bounded in time and size.
 //!
 //! HTTP/1.0 on purpose: a server must not answer it with a chunked body, so the body is
 //! everything after the head, up to the close.
@@ -12,12 +12,10 @@ use tokio::net::TcpStream;
 
 /// A key set bigger than this is refused (a JWKS holds a few keys: a few KiB).
 const MAX_BYTES: u64 = 1024 * 1024;
-/// The whole fetch, connect to last byte.
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The body of `GET url` when it answers 200.
-pub async fn fetch(url: &str, ca_file: &str) -> Result<Vec<u8>, String> {
-    tokio::time::timeout(FETCH_TIMEOUT, fetch_unbounded(url, ca_file)).await.map_err(|_| format!("GET {url}: no answer within {FETCH_TIMEOUT:?}"))?
+/// The body of `GET url` when it answers 200 within `timeout` (connect to last byte).
+pub async fn get(url: &str, ca_file: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+    tokio::time::timeout(timeout, fetch_unbounded(url, ca_file)).await.map_err(|_| format!("GET {url}: no answer within {timeout:?}"))?
 }
 
 async fn fetch_unbounded(url: &str, ca_file: &str) -> Result<Vec<u8>, String> {
