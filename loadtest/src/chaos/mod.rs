@@ -50,11 +50,14 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// Every session holds a JWT (`auth.jwt_secret`): it expires, is refreshed in band (WebSocket) or
 /// replaced by a reconnect (SSE), also while a clock jump moves the gateway's idea of `exp`.
 const JWT_SECRET: &str = "the-chaos-suite-jwt-secret-of-32-bytes-at-least";
-/// A token's life: above the largest clock jump (45 s ahead) plus the refresh notice, so a token
-/// made here is never born expired on a gateway whose clock runs ahead.
-const TOKEN_LIFETIME_SECS: u64 = 90;
-/// `auth.refresh_before_secs`: sessions refresh their token every minute or so.
-const REFRESH_BEFORE_SECS: u64 = 30;
+/// How far a gateway's clock may be from the true one (the clock fault's bound).
+const MAX_CLOCK_SKEW_SECS: i64 = 30;
+/// A token's life: above the largest skew plus the refresh notice, so a token made here (by the
+/// true clock) is never born expired, nor inside its refresh notice, on a gateway whose clock runs
+/// ahead; a jump ahead can still take a live session's token past its `exp` (4004).
+const TOKEN_LIFETIME_SECS: u64 = 50;
+/// `auth.refresh_before_secs`: a session lasting half a minute refreshes its token.
+const REFRESH_BEFORE_SECS: u64 = 10;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]

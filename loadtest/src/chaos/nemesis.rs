@@ -333,9 +333,11 @@ pub(super) fn nemesis(cluster: &mut Cluster, faults: &[Fault], mean_every: Durat
                 }
             }
             Fault::Clock => {
-                // An NTP step: the wall clock jumps 30 s back to 45 s ahead of where it is.
+                // An NTP step: the wall clock jumps 30 s back to 45 s ahead of where it is, but
+                // stays within half a minute of the true time (a stepped clock is being corrected, and
+                // the identity provider's clock that sets the tokens' `exp` is the true one).
                 let (file, offset) = &mut cluster.clocks[i];
-                *offset += rng.below(76) as i64 - 30;
+                *offset = (*offset + rng.below(76) as i64 - 30).clamp(-MAX_CLOCK_SKEW_SECS, MAX_CLOCK_SKEW_SECS);
                 std::fs::write(&*file, format!("{offset:+}s"))?;
             }
             Fault::BrokerKill => {
