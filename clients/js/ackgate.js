@@ -33,6 +33,11 @@
 // confirmed it durable, or where the subscription started. The new instance starts at the larger
 // of that and its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped.
 // After an operator's disconnect (4002) no token is sent: the operator may have reset the offsets.
+// Back online (or the page shown again), a reconnect waiting out its backoff goes at once. The
+// deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
+// earlier session are not sent (the gateway delivers them again, and an id is unique on one
+// instance only). A close 1009 (a frame too large) rejects the largest publish in flight with
+// `limit_exceeded` instead of sending it again after every reconnect.
 //
 // Transports (`transport`): "websocket" (the default), "sse" or "auto". Over Server-Sent Events
 // the session's frames come down `GET /sse` (an EventSource) and the client's go up as JSON
@@ -136,6 +141,63 @@ function decodeToken(text) {
   }
 }
 
+/**
+ * Calls an app's listener. One that throws does not stop the client: its error is reported as an
+ * uncaught one (reportError, in a page), or on the console where there is no reportError
+ * (Node.js, where an error thrown again would be an uncaught exception that ends the process).
+ */
+function invoke(listener, value) {
+  try {
+    listener?.(value);
+  } catch (error) {
+    if (globalThis.reportError) globalThis.reportError(error);
+    else console.error("ackgate-client: a listener threw:", error);
+  }
+}
+
+/**
+ * Moves `tokens` ({committed, epochs}) to a durable committed offset the gateway named for a
+ * partition, in offset epoch `epoch`: within the epoch a token only moves up; a newer epoch (the
+ * offset was lowered: an operator's reset, a lost log tail) replaces it. A `subscribed`
+ * (`planned`) names the partition's epoch as it stands now: any other epoch than the one known
+ * replaces the token. True when it moved.
+ */
+function learn(tokens, topic, partition, offset, epoch, planned = false) {
+  const committed = (tokens.committed[topic] ||= {});
+  const epochs = (tokens.epochs[topic] ||= {});
+  const known = epochs[partition] ?? 0;
+  if (epoch < known && !planned) return false;
+  if (epoch !== known || committed[partition] === undefined || offset > committed[partition]) {
+    committed[partition] = epoch !== known ? offset : Math.max(committed[partition] ?? 0, offset);
+    if (epoch > 0) epochs[partition] = epoch;
+    else delete epochs[partition];
+    return true;
+  }
+  return false;
+}
+
+/** Another tab's tokens merged into `tokens` partition by partition, as `learn` moves them (never
+ * taken whole: a tab's newer token would go back). True when one moved. */
+function merge(tokens, other) {
+  let moved = false;
+  for (const [topic, partitions] of Object.entries(other.committed || {})) {
+    for (const [partition, offset] of Object.entries(partitions)) {
+      if (learn(tokens, topic, partition, offset, other.epochs?.[topic]?.[partition] ?? 0)) moved = true;
+    }
+  }
+  return moved;
+}
+
+/** Keeps the tokens in `options.storage`, for the next page load. */
+function store(options, tokens) {
+  try {
+    options.storage?.setItem(`ackgate:${options.clientId}:resume`, JSON.stringify(tokens.committed));
+    options.storage?.setItem(`ackgate:${options.clientId}:epochs`, JSON.stringify(tokens.epochs));
+  } catch {
+    // A full or forbidden storage only costs the token's survival across a reload.
+  }
+}
+
 /** The JSON kept under `key` in `storage`, or {}. */
 function load(storage, key) {
   try {
@@ -191,7 +253,8 @@ function webSocketTransport(url, query, hooks, WebSocketClass) {
     });
     return transport;
   }
-  socket.onmessage = (message) => hooks.frame(JSON.parse(message.data));
+  // An abandoned socket may still bring frames: they belong to a session given up for dead.
+  socket.onmessage = (message) => !abandoned && hooks.frame(JSON.parse(message.data));
   socket.onerror = () => hooks.error();
   socket.onclose = (close) => {
     if (abandoned) return; // reported already
@@ -335,10 +398,20 @@ class Session {
   #nextReq = 1;
   #pending = new Map(); // req (or "sub:<topic>" for a stream's own subscribe) -> {resolve, reject}
   #initial = new Map(); // SSE: topic -> its subscribe by the stream's URL, answered without req
-  #inFlight = new Map(); // delivery_id -> event
+  // This session's deliveries not settled yet, by id: {key, topic, partition, redrive} (not whole
+  // frames: payloads are the app's); and by event ("topic\0partition\0offset" -> the newest id):
+  // a redelivery replaces the id before it, so superseded ids do not pile up.
+  #inFlight = new Map();
+  #newest = new Map();
   #subscriptions = new Map(); // topic -> the options it was subscribed with
+  #asked = new Map(); // topic -> the newest subscribe() of it (an object of its own); unsubscribe() deletes it
   #known; // the http base URLs of every instance heard of, asked for /session/recommend
   #closedHere = false;
+  // Aborted (and replaced) by close(): what a run started before it still waits for (a
+  // reconnect's backoff and recommend requests, a connect's tokenProvider) stops there, and no
+  // session opens after close().
+  #stop = new AbortController();
+  #wake = null; // ends the reconnect's backoff sleep early (back online, close())
   #reconnecting = false;
   #lastClose;
   #reconnectAfterMs; // a draining instance's `reconnect` frame: when to come back
@@ -383,7 +456,7 @@ class Session {
     this.#closedHere = false;
     this.#setState("connecting");
     try {
-      return await this.#open(this.#url);
+      return await this.#open(this.#url, false, this.#stop.signal);
     } catch (error) {
       this.#setState("closed");
       throw error;
@@ -403,24 +476,26 @@ class Session {
   /**
    * Opens a session on `url` over the transport in use; "auto" falls back to SSE when the
    * WebSocket fails before its welcome. `resubscribing`: an SSE stream subscribes to the topics
-   * (with their tokens) as it starts.
+   * (with their tokens) as it starts. `stop`: the run's signal (aborted by close()).
    */
-  async #open(url, resubscribing = false) {
+  async #open(url, resubscribing, stop) {
     const token = this.#options.tokenProvider ? await this.#options.tokenProvider() : this.#options.token;
+    // close() may have come while the token was fetched: no session opens after it.
+    if (stop.aborted) throw new AckgateError("closed", "closed before it connected");
     const kind = this.#sseChosen ? "sse" : (this.#options.transport ?? "websocket");
-    if (kind !== "auto") return this.#openWith(kind, url, token, resubscribing);
+    if (kind !== "auto") return this.#openWith(kind, url, token, resubscribing, stop);
     try {
-      return await this.#openWith("websocket", url, token, resubscribing);
+      return await this.#openWith("websocket", url, token, resubscribing, stop);
     } catch (error) {
       await this.#transport?.ended; // the failed socket's close is handled first
-      if (this.#closedHere || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
-      const welcome = await this.#openWith("sse", url, token, resubscribing);
+      if (stop.aborted || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
+      const welcome = await this.#openWith("sse", url, token, resubscribing, stop);
       this.#sseChosen = true;
       return welcome;
     }
   }
 
-  #openWith(kind, url, token, resubscribing) {
+  #openWith(kind, url, token, resubscribing, stop) {
     const query = new URLSearchParams({ client_id: this.#options.clientId });
     if (token) query.set("token", token);
     this.#initial = new Map();
@@ -442,6 +517,13 @@ class Session {
       const hooks = {
         frame: (frame) => {
           if (!current()) return;
+          if (stop.aborted) {
+            // close() came first (while the connection opened, or before its close arrived):
+            // this session must not come back, nor hand out more events.
+            if (!welcomed) reject(new AckgateError("closed", "closed before it connected"));
+            transport.close(1000, "bye");
+            return;
+          }
           if (frame.type === "welcome") {
             welcomed = true;
             clearTimeout(timer);
@@ -466,10 +548,12 @@ class Session {
           clearTimeout(timer);
           clearInterval(this.#heartbeat);
           this.#lastClose = close.code;
+          if (close.code === 1009) this.#refuseTooLarge();
           this.#failPending(`socket closed (${close.code})`);
           // Deliveries of the old session are gone with it; their offsets stay unacknowledged in
           // the resume token until they come again and are acknowledged.
           this.#inFlight.clear();
+          this.#newest.clear();
           this.#unconfirmed.clear();
           if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
           const final = this.#closedHere || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
@@ -544,73 +628,121 @@ class Session {
     }
   }
 
-  /** Reconnects until it succeeds or a final close: recommend, connect, resubscribe with tokens. */
+  /**
+   * Reconnects until it succeeds, a final close or close(): recommend, connect, resubscribe with
+   * tokens. After each wait the run's `stop` is checked: close() ends the run wherever it is.
+   */
   async #reconnect() {
     if (this.#reconnecting) return;
     this.#reconnecting = true;
+    const stop = this.#stop.signal;
     const base = this.#options.backoffMs ?? 250;
     const max = this.#options.maxBackoffMs ?? 10000;
-    for (let attempt = 1; !this.#closedHere; attempt++) {
-      // A draining instance says when to come back (a `reconnect` frame, then close 1012).
-      const told = attempt === 1 ? this.#reconnectAfterMs : undefined;
-      this.#reconnectAfterMs = undefined;
-      const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
-      await new Promise((r) => setTimeout(r, delayMs));
-      if (this.#closedHere) break;
-      let url = this.#url;
-      try {
-        const sentTo = this.#reconnectUrl;
-        this.#reconnectUrl = undefined;
-        const { named, answered } = sentTo ? { named: sentTo, answered: sentTo } : await this.#recommended();
-        url = named;
-        this.#emit("reconnect", { attempt, delayMs, url });
-        let welcome;
+    try {
+      for (let attempt = 1; !stop.aborted; attempt++) {
+        // A draining instance says when to come back (a `reconnect` frame, then close 1012).
+        const told = attempt === 1 ? this.#reconnectAfterMs : undefined;
+        this.#reconnectAfterMs = undefined;
+        const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
+        // Woken early (back online, the page shown again): the backoff starts over.
+        if (await this.#sleep(delayMs)) attempt = 1;
+        if (stop.aborted) return;
+        let url = this.#url;
         try {
-          welcome = await this.#open(named, true);
+          const sentTo = this.#reconnectUrl;
+          this.#reconnectUrl = undefined;
+          const { named, answered } = sentTo ? { named: sentTo, answered: sentTo } : await this.#recommended(stop);
+          if (stop.aborted) return;
+          url = named;
+          this.#emit("reconnect", { attempt, delayMs, url });
+          let welcome;
+          try {
+            welcome = await this.#open(named, true, stop);
+          } catch (error) {
+            // The instance named is unreachable (the one that answered may not have noticed it
+            // died yet): the instance that answered is alive, so use it. Not after a final close.
+            if (answered === named || FINAL_CLOSES.has(this.#lastClose) || stop.aborted) throw error;
+            url = answered;
+            welcome = await this.#open(answered, true, stop);
+          }
+          await this.#resubscribe();
+          if (stop.aborted) return;
+          this.#emit("reconnect", { attempt, url, welcome });
+          return;
         } catch (error) {
-          // The instance named is unreachable (the one that answered may not have noticed it
-          // died yet): the instance that answered is alive, so use it. Not after a final close.
-          if (answered === named || FINAL_CLOSES.has(this.#lastClose)) throw error;
-          url = answered;
-          welcome = await this.#open(answered, true);
+          if (stop.aborted) return;
+          this.#emit("reconnect", { attempt, delayMs, url, error: error.message });
+          if (FINAL_CLOSES.has(this.#lastClose)) return;
+          // A session that opened but could not resubscribe is dropped before the next attempt.
+          if (this.#transport?.isOpen()) this.#transport.close(1000, "resubscribe failed");
         }
-        await this.#resubscribe();
-        this.#emit("reconnect", { attempt, url, welcome });
-        this.#reconnecting = false;
-        return;
-      } catch (error) {
-        this.#emit("reconnect", { attempt, delayMs, url, error: error.message });
-        if (FINAL_CLOSES.has(this.#lastClose)) break;
-        // A session that opened but could not resubscribe is dropped before the next attempt.
-        if (this.#transport?.isOpen()) this.#transport.close(1000, "resubscribe failed");
       }
+    } finally {
+      // (After close() a later connect() may have started a run of its own: its flag stays.)
+      if (!stop.aborted) this.#reconnecting = false;
     }
-    this.#reconnecting = false;
+  }
+
+  /** Waits `ms`; true when woken before (nudge(), close()). */
+  #sleep(ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#wake = null;
+        resolve(false);
+      }, ms);
+      this.#wake = () => {
+        clearTimeout(timer);
+        this.#wake = null;
+        resolve(true);
+      };
+    });
+  }
+
+  /** Back online, or the page shown again: a reconnect waiting out its backoff goes at once;
+   * an open connection is checked with a ping. */
+  nudge() {
+    if (this.#wake) this.#wake();
+    else this.checkAlive();
   }
 
   /** Subscribes again to every topic; one refused for good is dropped and reported. */
   async #resubscribe() {
     for (const [topic, options] of [...this.#subscriptions]) {
+      if (!this.#subscriptions.has(topic)) continue; // unsubscribed meanwhile
       try {
         const byStream = this.#initial.get(topic);
-        if (byStream) this.#subscribed(topic, options.from, await byStream);
-        else await this.subscribe(topic, { ...options, resume: { ...this.#tokens.committed[topic] } });
+        if (byStream) {
+          const answer = await byStream;
+          if (this.#subscriptions.has(topic)) this.#subscribed(topic, options.from, answer, options);
+        } else {
+          // The client's own token, with its epochs (an app's token without them counts as the oldest).
+          const { committed, epochs } = this.#tokens;
+          await this.subscribe(topic, { ...options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } });
+        }
       } catch (error) {
         if (!FINAL_SUBSCRIBE_ERRORS.has(error.code)) throw error;
         this.#subscriptions.delete(topic);
         this.#emit("dropped", { topic, code: error.code, message: error.message });
       }
     }
+    // SSE: a topic the stream's URL subscribed again and unsubscribe() dropped before the welcome
+    // (when its unsubscribe found no connection to go out on) is unsubscribed now.
+    for (const topic of this.#initial.keys()) {
+      if (!this.#subscriptions.has(topic)) this.#request({ op: "unsubscribe", topic }).catch(() => {});
+    }
   }
 
   /** The /ws URL the first instance that answers `/session/recommend` names, and its own. */
-  async #recommended() {
+  async #recommended(stop) {
     // A member of a shared subscription goes where its group lives.
     const group = [...this.#subscriptions.values()].find((o) => o.group)?.group;
     const query = new URLSearchParams(group ? { group } : { client_id: this.#options.clientId });
     for (const base of [...this.#known]) {
+      if (stop.aborted) break;
       try {
-        const response = await fetch(`${base}/session/recommend?${query}`, { signal: AbortSignal.timeout(2000) });
+        // Each request gives up after 2 s, or at close().
+        const signal = AbortSignal.any ? AbortSignal.any([stop, AbortSignal.timeout(2000)]) : AbortSignal.timeout(2000);
+        const response = await fetch(`${base}/session/recommend?${query}`, { signal });
         if (!response.ok) continue;
         const answer = await response.json();
         if (answer.http_url) this.#known.add(answer.http_url.replace(/\/+$/, ""));
@@ -632,14 +764,22 @@ class Session {
     // A shared subscription: its token (from `ack_ok`s) is the group's floor, kept per topic.
     if (group) frame.group = group;
     if (order) frame.order = order;
-    const token = resume ?? (this.#options.storage ? this.#tokens.committed[topic] : undefined);
+    const own = resume === undefined;
+    const token = own ? (this.#options.storage ? this.#tokens.committed[topic] : undefined) : resume;
     if (token && Object.keys(token).length > 0) {
       frame.resume = token;
-      const known = epochs ?? this.#tokens.epochs[topic] ?? {};
+      // The client's epochs label its own token only: an app's token without `epochs` may be from
+      // before a reset, and counts as the oldest (the gateway fences it).
+      const known = (own ? this.#tokens.epochs[topic] : epochs) ?? {};
       frame.epochs = Object.fromEntries(Object.keys(token).filter((p) => known[p]).map((p) => [p, known[p]]));
     }
+    const asked = {};
+    this.#asked.set(topic, asked);
     const subscribed = await this.#request(frame);
-    this.#subscribed(topic, from, subscribed, { group, order });
+    // Unsubscribed (or subscribed again) while the answer was on its way: that request decides;
+    // added back, the topic would be subscribed again at every reconnect. (The unsubscribe went
+    // out on the same connection after this subscribe, so the gateway ends unsubscribed.)
+    if (this.#asked.get(topic) === asked) this.#subscribed(topic, from, subscribed, { group, order });
     return subscribed;
   }
 
@@ -648,33 +788,38 @@ class Session {
     const options = from ? { from } : {};
     if (group) Object.assign(options, order ? { group, order } : { group });
     this.#subscriptions.set(topic, options);
-    for (const { partition, from: start, epoch } of subscribed.partitions || []) this.#learn(topic, partition, start, epoch ?? 0, true);
+    for (const { partition, from: start, epoch } of subscribed.partitions || []) learn(this.#tokens, topic, partition, start, epoch ?? 0, true);
     this.#saveToken();
-  }
-
-  /**
-   * A durable committed offset the gateway named, in offset epoch `epoch`: within the epoch the
-   * token only moves up; a newer epoch (the offset was lowered) replaces it. A `subscribed`
-   * (`planned`) names the partition's epoch as it stands now: any other epoch than the one
-   * known replaces the token. True when it moved.
-   */
-  #learn(topic, partition, offset, epoch, planned = false) {
-    const committed = (this.#tokens.committed[topic] ||= {});
-    const epochs = (this.#tokens.epochs[topic] ||= {});
-    const known = epochs[partition] ?? 0;
-    if (epoch < known && !planned) return false;
-    if (epoch !== known || committed[partition] === undefined || offset > committed[partition]) {
-      committed[partition] = epoch !== known ? offset : Math.max(committed[partition] ?? 0, offset);
-      if (epoch > 0) epochs[partition] = epoch;
-      else delete epochs[partition];
-      return true;
-    }
-    return false;
   }
 
   unsubscribe(topic) {
     this.#subscriptions.delete(topic);
+    this.#asked.delete(topic);
     return this.#request({ op: "unsubscribe", topic });
+  }
+
+  /** Whether a tab's `session` (the session_id its events came in) is not this session: ids are
+   * unique per instance only, so here they may name other deliveries. */
+  #elsewhere(session) {
+    return session !== undefined && session !== this.#welcome?.session_id;
+  }
+
+  /** Tracks a delivery of this session; a redelivery of the same event replaces the one before. */
+  #track({ delivery_id: id, topic, partition, offset, redrive }) {
+    const key = `${topic}\0${partition}\0${offset}${redrive ? "\0redrive" : ""}`;
+    const before = this.#newest.get(key);
+    if (before !== undefined) this.#inFlight.delete(before);
+    this.#newest.set(key, id);
+    this.#inFlight.set(id, { key, topic, partition, redrive });
+  }
+
+  /** The delivery `id` is settled here (acked, nacked, termed); what it was, if it is tracked. */
+  #settle(id) {
+    const delivery = this.#inFlight.get(id);
+    if (!delivery) return undefined;
+    this.#inFlight.delete(id);
+    if (this.#newest.get(delivery.key) === id) this.#newest.delete(delivery.key);
+    return delivery;
   }
 
   /**
@@ -682,15 +827,18 @@ class Session {
    * (`ack_ok`); otherwise the ack is plain, except that a partition not confirmed for
    * `confirmEveryMs` gets a confirmed one (its `ack_ok` refreshes the resume token).
    */
-  ack(ids, { confirm = false } = {}) {
+  ack(ids, { confirm = false, session } = {}) {
+    if (this.#elsewhere(session)) {
+      // Delivered by an earlier session: released at its end, they come again.
+      return confirm ? Promise.reject(new AckgateError("closed", "the session that delivered them ended: they come again")) : Promise.resolve();
+    }
     const list = Array.isArray(ids) ? ids : [ids];
     const every = this.#options.confirmEveryMs ?? 1000;
     const now = Date.now();
     // After a `reconnect` frame every ack is confirmed: the close comes once the token covers them.
     let due = confirm || this.#draining;
     for (const id of list) {
-      const event = this.#inFlight.get(id);
-      this.#inFlight.delete(id);
+      const event = this.#settle(id);
       if (!event || event.redrive) continue; // a redriven event moves no offset
       const key = `${event.topic}\0${event.partition}`;
       if (now - (this.#lastConfirmed.get(key) ?? 0) >= every) due = true;
@@ -698,7 +846,7 @@ class Session {
     }
     const frame = list.length === 1 ? { op: "ack", delivery_id: list[0] } : { op: "ack", delivery_ids: list };
     if (!due) {
-      if (this.#transport?.isOpen()) this.#send(frame);
+      this.#send(frame);
       this.#armTrailing(every);
       return Promise.resolve();
     }
@@ -722,7 +870,7 @@ class Session {
 
   /** Confirms, `every` ms from now, the partitions acked since their last confirmation. */
   #armTrailing(every) {
-    if (this.#trailing) return;
+    if (this.#trailing || this.#closedHere) return;
     this.#trailing = setTimeout(() => this.#confirmNow(), every);
   }
 
@@ -749,17 +897,20 @@ class Session {
     this.#request(ids.length === 1 ? { op: "ack", delivery_id: ids[0] } : { op: "ack", delivery_ids: ids }).catch(() => {});
   }
 
-  nack(id, delayMs) {
-    this.#inFlight.delete(id);
+  // nack, extend and term: `session` as for ack.
+  nack(id, delayMs, session) {
+    if (this.#elsewhere(session)) return;
+    this.#settle(id);
     this.#send(delayMs === undefined ? { op: "nack", delivery_id: id } : { op: "nack", delivery_id: id, delay_ms: delayMs });
   }
 
-  extend(id) {
-    this.#send({ op: "extend", delivery_id: id });
+  extend(id, session) {
+    if (!this.#elsewhere(session)) this.#send({ op: "extend", delivery_id: id });
   }
 
-  term(id, reason) {
-    this.#inFlight.delete(id);
+  term(id, reason, session) {
+    if (this.#elsewhere(session)) return;
+    this.#settle(id);
     this.#send(reason ? { op: "term", delivery_id: id, reason } : { op: "term", delivery_id: id });
   }
 
@@ -801,13 +952,13 @@ class Session {
     this.#heartbeat.unref?.(); // never keeps node alive by itself
   }
 
-  /** Pings now; no answer within `heartbeatTimeoutMs` abandons `transport`. */
+  /** Pings now; no answer within `heartbeatTimeoutMs` (0: no limit) abandons `transport`. */
   checkAlive(transport = this.#transport) {
     if (!transport?.isOpen() || transport !== this.#transport || this.#checking) return;
     this.#checking = true;
     const limit = this.#options.heartbeatTimeoutMs ?? 10000;
-    const dead = () => transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`);
-    const timer = setTimeout(dead, limit);
+    const dead = () => limit > 0 && transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`);
+    const timer = limit > 0 && setTimeout(dead, limit);
     this.#request({ op: "ping" })
       // (A shorter requestTimeoutMs than heartbeatTimeoutMs gives up on the pong first.)
       .catch((error) => error.code === "timeout" && dead())
@@ -832,24 +983,54 @@ class Session {
       },
       (error) => {
         entry.sent = false;
-        if (error.code === "closed" && !this.#closedHere && this.#outbox.includes(entry)) return; // sent again after the reconnect
+        // Taken out of the outbox already (by close(), a final close, a 1009): settled there.
+        if (!this.#outbox.includes(entry)) return;
+        if (error.code === "closed" && !this.#closedHere) return; // cut by a lost connection: sent again after the reconnect
         done();
         entry.reject(error);
       },
     );
   }
 
-  /** Closes for good: no reconnect follows. */
+  /**
+   * After a close 1009 (a frame over the gateway's `limits.max_frame_bytes`, which the welcome
+   * does not name): the largest publish in flight is taken for that frame (the client's other
+   * frames are small) and rejected, instead of being sent again after every welcome and closed
+   * again, for ever. The other publishes in flight go again under their keys.
+   */
+  #refuseTooLarge() {
+    const sent = this.#outbox.filter((entry) => entry.sent).map((entry) => [entry, new TextEncoder().encode(JSON.stringify(entry.events)).length]);
+    const largest = Math.max(...sent.map(([, bytes]) => bytes));
+    for (const [entry, bytes] of sent) {
+      if (bytes < largest) continue;
+      this.#outbox.splice(this.#outbox.indexOf(entry), 1);
+      const why = `the gateway closed the session with 1009 (a frame over its limits.max_frame_bytes): this publish (${bytes} bytes of events) was the largest frame in flight; it is not sent again`;
+      entry.reject(new AckgateError("limit_exceeded", why));
+    }
+  }
+
+  /** Closes for good: no reconnect follows, and nothing waits any more. */
   close() {
     this.#closedHere = true;
+    // A reconnect in progress (or a connect waiting for its token) stops at its next step.
+    this.#stop.abort();
+    this.#stop = new AbortController();
+    this.#wake?.();
+    this.#reconnecting = false;
     clearTimeout(this.#trailing);
     this.#trailing = null;
+    clearInterval(this.#heartbeat);
+    // While reconnecting no socket's close settles these: they end here.
+    this.#failPending("the client is closed");
+    for (const entry of this.#outbox.splice(0)) entry.reject(new AckgateError("closed", "the client is closed"));
     this.#transport?.close(1000, "bye");
     this.#setState("closed");
   }
 
+  /** Sends `frame` if the connection is open (a socket still connecting would throw); else it is
+   * lost, as it would be with the connection: the gateway redelivers what was not acked. */
   #send(frame) {
-    this.#transport?.send(frame);
+    if (this.#transport?.isOpen()) this.#transport.send(frame);
   }
 
   /**
@@ -886,13 +1067,7 @@ class Session {
   }
 
   #saveToken() {
-    const storage = this.#options.storage;
-    try {
-      storage?.setItem(`ackgate:${this.#options.clientId}:resume`, JSON.stringify(this.#tokens.committed));
-      storage?.setItem(`ackgate:${this.#options.clientId}:epochs`, JSON.stringify(this.#tokens.epochs));
-    } catch {
-      // A full or forbidden storage only costs the token's survival across a reload.
-    }
+    store(this.#options, this.#tokens);
     this.#emit("tokens", this.#tokens);
   }
 
@@ -905,7 +1080,7 @@ class Session {
     for (const [topic, partitions] of Object.entries(offsets)) {
       for (const [partition, value] of Object.entries(partitions)) {
         const [offset, epoch] = Array.isArray(value) ? value : [value, this.#tokens.epochs[topic]?.[partition] ?? 0];
-        if (this.#learn(topic, partition, offset, epoch)) moved = true;
+        if (learn(this.#tokens, topic, partition, offset, epoch)) moved = true;
       }
     }
     // Every SSE event carries a token: the storage is written only when one moved.
@@ -934,7 +1109,7 @@ class Session {
   }
 
   #dispatch(frame) {
-    if (frame.type === "event") this.#inFlight.set(frame.delivery_id, frame);
+    if (frame.type === "event") this.#track(frame);
     this.#emit("frame", frame);
     if (frame.type === "event") return;
     if (frame.type === "refresh_needed") {
@@ -979,10 +1154,14 @@ class Session {
 // asks for it, is granted it when that tab is gone, and then unsubscribes from the topics only
 // that tab wanted (their events would fill the window with deliveries nobody acks).
 //
-// Messages, `{t, from, to?, ...}`: "hello" (a tab and its topics: when it joins, and to each new
-// leader), "leader" (the leader's state, welcome and tokens: when it starts leading, and in
-// answer to a hello), "up" (one report of the leader's session), "call" and "reply" (a follower's
-// request and its answer), "bye" (a tab leaves).
+// Messages, `{t, from, to?, ...}`: "hello" (a tab, its topics and tokens: when it joins, and to
+// each new leader), "leader" (the leader's state, welcome and tokens: when it starts leading, and
+// in answer to a hello), "up" (one report of the leader's session), "call" and "reply" (a
+// follower's request and its answer), "bye" (a tab leaves). Tokens are merged partition by
+// partition both ways (never taken whole), so none moves back within its epoch.
+//
+// Where Web Locks refuse (an opaque origin, a sandboxed frame: SecurityError) the client runs a
+// session of its own instead.
 
 /** How long a leader that leaves keeps its lock after its bye (or a final close): the tabs hear
  * it before one of them can win the lock and connect again. */
@@ -1018,6 +1197,10 @@ class TabGroup {
   #watched = new Set(); // while leading: the tabs whose lock it waits for
   #calls = new Map(); // call id -> {method, args, resolve, reject, timer}: waiting for the leader
   #nextCall = 1;
+  #unwanted = new Set(); // while leading: topics unsubscribed because no tab wants them
+  #retry = null; // while leading: the timer of the next #sync after a subscribe refused for now
+  #failures = 0; // ... and how many came in a row (its backoff)
+  #locksRefused = false;
 
   constructor(options, local) {
     this.#options = options;
@@ -1028,6 +1211,11 @@ class TabGroup {
   /** The session, while this tab leads. */
   get session() {
     return this.#session;
+  }
+
+  /** Web Locks refused this page (join() failed for it): the client runs a session of its own. */
+  get locksRefused() {
+    return this.#locksRefused;
   }
 
   /** Joins the tabs of this client id; resolves with the welcome of the session they share. */
@@ -1044,10 +1232,23 @@ class TabGroup {
         this.#channel = new BroadcastChannel(this.#name);
         this.#channel.onmessage = ({ data }) => this.#message(data);
         locks.request(this.#name, { signal: this.#quit.signal }, () => this.#lead()).catch(() => {}); // aborted: left first
-        this.#post({ t: "hello", topics: Object.fromEntries(this.#local.topics) });
+        this.#hello();
       };
-      locks.request(`${this.#name}:tab:${this.#id}`, () => new Promise(held)).catch((error) => this.#failJoin(error));
+      const refused = (error) => {
+        this.#locksRefused = true;
+        this.#failJoin(new AckgateError("unavailable", `tabs cannot share a session here (${error?.name ?? "Error"}: ${error?.message ?? error})`));
+      };
+      try {
+        locks.request(`${this.#name}:tab:${this.#id}`, () => new Promise(held)).catch(refused);
+      } catch (error) {
+        refused(error);
+      }
     });
+  }
+
+  /** Tells the tabs (the leader) this tab's topics and resume tokens. */
+  #hello() {
+    this.#post({ t: "hello", topics: Object.fromEntries(this.#local.topics), tokens: this.#local.tokens });
   }
 
   #joined(welcome) {
@@ -1078,6 +1279,7 @@ class TabGroup {
       reject(new AckgateError("closed", "the client is closed"));
     }
     this.#calls.clear();
+    clearTimeout(this.#retry);
     const session = this.#session;
     this.#session = null; // its reports are no longer passed on
     session?.close();
@@ -1125,7 +1327,14 @@ class TabGroup {
   #up(session, kind, data) {
     if (session !== this.#session) return;
     if (kind === "frame" && data.type === "subscribed" && this.#wanted.has(data.topic)) this.#wanted.get(data.topic).frame = data;
+    if (kind === "frame" && data.type === "event" && !this.#wanted.has(data.topic) && !this.#unwanted.has(data.topic)) {
+      // Events of a topic no tab wants (its subscribe answered after its timeout, say): every tab
+      // drops them, nobody acks, they would fill the window and stall every topic. Not nacked
+      // (they would only come again): unsubscribed.
+      this.#unsubscribe(data.topic).catch(() => {});
+    }
     if (kind === "dropped") this.#wanted.delete(data.topic);
+    if (kind === "state" && data === "connected") this.#unwanted.clear(); // a new session: none of them
     // A failed first connect is no news to the others: the next leader tries its own.
     if (kind !== "state" || data !== "closed") this.#post({ t: "up", kind, data });
     this.#local.receive(kind, data);
@@ -1139,11 +1348,29 @@ class TabGroup {
     const { committed, epochs } = this.#local.tokens;
     for (const [topic, entry] of this.#wanted) {
       if (session.has(topic) || entry.pending) continue;
-      this.#subscribe(topic, entry, { ...entry.options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } }).catch((error) => {
-        // Refused for good: dropped for every tab; else tried again at the next welcome.
-        if (FINAL_SUBSCRIBE_ERRORS.has(error.code)) this.#up(session, "dropped", { topic, code: error.code, message: error.message });
-      });
+      this.#subscribe(topic, entry, { ...entry.options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } }).then(
+        () => (this.#failures = 0),
+        (error) => {
+          // Refused for good: dropped for every tab. Refused for now (unavailable, a timeout):
+          // tried again after a backoff, as a reconnect is; the tab that wants it would get
+          // nothing until the next welcome.
+          if (FINAL_SUBSCRIBE_ERRORS.has(error.code)) this.#up(session, "dropped", { topic, code: error.code, message: error.message });
+          else if (!this.#retry && session === this.#session) {
+            const delay = Math.min(this.#options.maxBackoffMs ?? 10000, (this.#options.backoffMs ?? 250) * 2 ** this.#failures++);
+            this.#retry = setTimeout(() => {
+              this.#retry = null;
+              this.#sync();
+            }, delay);
+          }
+        },
+      );
     }
+  }
+
+  /** Unsubscribes the session from a topic no tab wants. */
+  #unsubscribe(topic) {
+    this.#unwanted.add(topic);
+    return this.#session.unsubscribe(topic);
   }
 
   #subscribe(topic, entry, options) {
@@ -1156,6 +1383,7 @@ class TabGroup {
 
   #want(tab, topic, { resume, epochs, ...options }) {
     let entry = this.#wanted.get(topic);
+    this.#unwanted.delete(topic);
     // (Kept without a token: a later subscribe, by a new leader, sends the tokens of that time.)
     if (!entry) this.#wanted.set(topic, (entry = { options, tabs: new Set(), frame: null, pending: null }));
     entry.tabs.add(tab);
@@ -1175,7 +1403,7 @@ class TabGroup {
   #tabGone(tab) {
     this.#watched.delete(tab);
     for (const [topic, entry] of [...this.#wanted]) {
-      if (this.#session && entry.tabs.has(tab) && this.#unwant(tab, topic)) this.#session.unsubscribe(topic).catch(() => {});
+      if (this.#session && entry.tabs.has(tab) && this.#unwant(tab, topic)) this.#unsubscribe(topic).catch(() => {});
     }
   }
 
@@ -1196,7 +1424,7 @@ class TabGroup {
     }
     if (method === "unsubscribe") {
       const [topic] = args;
-      return this.#unwant(tab, topic) ? session.unsubscribe(topic) : { type: "unsubscribed", topic };
+      return this.#unwant(tab, topic) ? this.#unsubscribe(topic) : { type: "unsubscribed", topic };
     }
     if (!CALLS.includes(method)) throw new AckgateError("bad_frame", `no request ${method}`);
     return session[method](...args);
@@ -1210,6 +1438,10 @@ class TabGroup {
       return undefined;
     }
     if (!this.#leader && method !== "publish") return Promise.reject(new AckgateError("closed", "no leader tab"));
+    const most = this.#options.maxQueuedPublishes ?? 100;
+    if (method === "publish" && [...this.#calls.values()].filter((call) => call.method === "publish").length >= most) {
+      return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
+    }
     return new Promise((resolve, reject) => {
       const id = this.#nextCall++;
       // A publish waits for a leader, as for a connection; the rest are bounded like requests.
@@ -1252,6 +1484,9 @@ class TabGroup {
     if (this.#left || (m.to !== undefined && m.to !== this.#id)) return;
     const leading = this.#session !== null;
     if (m.t === "hello" && leading) {
+      // The tab's tokens may be newer than this one's (kept in its storage, heard from a leader
+      // before): the session must resume from them too.
+      if (m.tokens) this.#local.receive("tokens", m.tokens);
       for (const [topic, options] of Object.entries(m.topics)) this.#want(m.from, topic, options);
       if (!this.#watched.has(m.from)) {
         this.#watched.add(m.from);
@@ -1263,7 +1498,7 @@ class TabGroup {
       if (m.from !== this.#leader) {
         this.#leader = m.from;
         this.#recall();
-        if (m.to === undefined) this.#post({ t: "hello", topics: Object.fromEntries(this.#local.topics) });
+        if (m.to === undefined) this.#hello();
       }
       this.#local.receive("tokens", m.tokens);
       if (m.welcome) this.#local.receive("welcome", m.welcome);
@@ -1276,11 +1511,15 @@ class TabGroup {
     } else if (m.t === "call" && leading) {
       const answer = this.#handle(m.from, m.method, m.args);
       if (m.id === undefined) return void answer.catch(() => {});
+      // None after leave(): the tab sends its call again to the next leader, and this session's
+      // answer then (a publish rejected by its close, though maybe written) must not settle it.
+      const reply = (fields) => !this.#left && this.#post({ t: "reply", to: m.from, id: m.id, ...fields });
       answer.then(
-        (value) => this.#post({ t: "reply", to: m.from, id: m.id, value }),
-        (error) => this.#post({ t: "reply", to: m.from, id: m.id, error: { code: error.code ?? "internal", message: error.message } }),
+        (value) => reply({ value }),
+        (error) => reply({ error: { code: error.code ?? "internal", message: error.message } }),
       );
-    } else if (m.t === "reply") {
+    } else if (m.t === "reply" && m.from === this.#leader) {
+      // (A reply of a leader that is gone: the call went again to the next one, which answers it.)
       const call = this.#calls.get(m.id);
       if (!call) return;
       this.#calls.delete(m.id);
@@ -1351,22 +1590,31 @@ class Feed {
   }
 
   iterator(gaps, onReturn) {
+    const owner = {}; // marks this iterator's waiting reads
+    let returned = false;
+    const done = { value: undefined, done: true };
     const next = () => {
+      if (returned) return Promise.resolve(done);
       while (this.#items.length > 0) {
         const item = this.#items.shift();
         if (gaps || item.type === "event") return Promise.resolve({ value: item, done: false });
       }
-      if (this.#ended) return Promise.resolve({ value: undefined, done: true });
-      return new Promise((resolve) => this.#readers.push({ resolve, gaps }));
+      if (this.#ended) return Promise.resolve(done);
+      return new Promise((resolve) => this.#readers.push({ resolve, gaps, owner }));
     };
     return {
       [Symbol.asyncIterator]() {
         return this;
       },
       next,
-      return() {
+      return: () => {
+        returned = true;
+        // Its reads still waiting end now (those of the feed's other iterators go on).
+        const mine = this.#readers.filter((reader) => reader.owner === owner);
+        this.#readers = this.#readers.filter((reader) => reader.owner !== owner);
+        for (const reader of mine) reader.resolve(done);
         onReturn?.();
-        return Promise.resolve({ value: undefined, done: true });
+        return Promise.resolve(done);
       },
     };
   }
@@ -1386,9 +1634,14 @@ export class AckgateClient {
   #main = new Feed(null); // the items of events()
   #feeds = new Set(); // the feeds of the open topic() iterators
   #buffering = false; // from the first subscribe() or events() on, events wait for a reader
-  #held = new Set(); // delivery ids handed out and not acked, nacked or termed here
-  // In a page: back online, or shown again after a sleep, the connection is checked at once.
-  #online = () => this.#live()?.checkAlive();
+  // Delivery ids handed out and not acked, nacked or termed here -> the session_id they came in.
+  // (Kept across reconnects, oldest dropped past twice the window: see #current.)
+  #held = new Map();
+  #joined = false; // shared: the tabs joined (before that, a publish waits in #early)
+  #early = []; // shared: publishes made before the tabs joined: {args, resolve, reject}
+  // In a page: back online, or shown again after a sleep, a reconnect waiting out its backoff
+  // goes at once, and an open connection is checked.
+  #online = () => this.#live()?.nudge();
   #visible = () => globalThis.document.visibilityState === "visible" && this.#online();
 
   /**
@@ -1457,6 +1710,7 @@ export class AckgateClient {
     globalThis.document?.addEventListener?.("visibilitychange", this.#visible);
     if (!this.#shared) return this.#session.connect();
     this.#tabs?.leave();
+    this.#joined = false;
     const client = this;
     const tabs = new TabGroup(this.#options, {
       topics: this.#topics,
@@ -1470,14 +1724,30 @@ export class AckgateClient {
     this.#tabs = tabs;
     this.#receive("state", "connecting");
     try {
-      return await tabs.join();
-    } catch (error) {
+      const welcome = await tabs.join();
       if (this.#tabs === tabs) {
-        this.#tabs = null;
-        this.#receive("state", "closed");
+        this.#joined = true;
+        this.#flush();
       }
+      return welcome;
+    } catch (error) {
+      if (this.#tabs !== tabs) throw error;
+      this.#tabs = null;
+      if (tabs.locksRefused) {
+        // Web Locks refused (an opaque origin, a sandboxed frame): a session of its own.
+        this.#shared = false;
+        this.#session = this.#newSession((kind, data) => this.#receive(kind, data));
+        this.#flush();
+        return this.#session.connect();
+      }
+      this.#receive("state", "closed");
       throw error;
     }
+  }
+
+  /** Sends on the publishes made before the tabs joined. */
+  #flush() {
+    for (const { args, resolve, reject } of this.#early.splice(0)) this.#call("publish", args).then(resolve, reject);
   }
 
   #newSession(emit) {
@@ -1492,6 +1762,14 @@ export class AckgateClient {
   /** A request: to its own session, or through the tabs' leader. */
   #call(method, args) {
     if (!this.#shared) return this.#session[method](...args);
+    if (method === "publish" && !this.#joined) {
+      // Until the tabs joined (before connect(), say), a publish waits, as it waits for the
+      // connection on a session of its own; not after close() (the events() feed ended then).
+      if (this.#main.ended) return Promise.reject(new AckgateError("closed", "the client is closed for good"));
+      const most = this.#options.maxQueuedPublishes ?? 100;
+      if (this.#early.length >= most) return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
+      return new Promise((resolve, reject) => this.#early.push({ args, resolve, reject }));
+    }
     if (this.#tabs) return this.#tabs.call(method, args);
     return silent(method, args) ? undefined : Promise.reject(new AckgateError("closed", "not connected"));
   }
@@ -1527,22 +1805,40 @@ export class AckgateClient {
    * `confirmEveryMs` gets a confirmed one (its `ack_ok` refreshes the resume token).
    */
   ack(ids, options = {}) {
-    for (const id of Array.isArray(ids) ? ids : [ids]) this.#held.delete(id);
-    return this.#call("ack", [ids, options]) ?? Promise.resolve();
+    const list = this.#current(Array.isArray(ids) ? ids : [ids], true);
+    if (list.length === 0) {
+      return options.confirm ? Promise.reject(new AckgateError("closed", "the session that delivered them ended: they come again")) : Promise.resolve();
+    }
+    const session = this.#welcome?.session_id;
+    return this.#call("ack", [Array.isArray(ids) ? list : list[0], { ...options, session }]) ?? Promise.resolve();
   }
 
   nack(id, delayMs) {
-    this.#held.delete(id);
-    this.#call("nack", delayMs === undefined ? [id] : [id, delayMs]);
+    if (this.#current([id], true).length) this.#call("nack", [id, delayMs, this.#welcome?.session_id]);
   }
 
   extend(id) {
-    this.#call("extend", [id]);
+    if (this.#current([id], false).length) this.#call("extend", [id, this.#welcome?.session_id]);
   }
 
   term(id, reason) {
-    this.#held.delete(id);
-    this.#call("term", reason === undefined ? [id] : [id, reason]);
+    if (this.#current([id], true).length) this.#call("term", [id, reason, this.#welcome?.session_id]);
+  }
+
+  /**
+   * The ids of `ids` that may be sent on the current session: not those of events that came in
+   * an earlier one. The gateway released them when that session ended and delivers them again;
+   * and a delivery id is unique on its instance only, so on another one it may name another
+   * event (acked, it would be lost). Ids this client never handed out go as they are. `settle`:
+   * they are no longer held. The session (leader tab) checks the session named with them too.
+   */
+  #current(ids, settle) {
+    const session = this.#welcome?.session_id;
+    return ids.filter((id) => {
+      const from = this.#held.get(id);
+      if (settle) this.#held.delete(id);
+      return from === undefined || from === session;
+    });
   }
 
   ping() {
@@ -1587,8 +1883,6 @@ export class AckgateClient {
 
   /** Closes for good: no reconnect follows. */
   close() {
-    globalThis.removeEventListener?.("online", this.#online);
-    globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
     if (this.#shared) {
       const connected = this.#tabs !== null;
       this.#tabs?.leave();
@@ -1617,30 +1911,18 @@ export class AckgateClient {
     return { ...this.#tokens.epochs[topic] };
   }
 
-  /** Calls the `onX` option and the `on()` listeners of `name`. A listener that throws does not
-   * stop the client: its error is reported as an uncaught one (reportError), or thrown again on
-   * its own where there is no reportError (Node.js). */
+  /** Calls the `onX` option and the `on()` listeners of `name` (see `invoke`: one that throws
+   * does not stop the client). */
   #emit(name, value) {
-    const option = this.#options[LISTENED[name]];
-    for (const listener of [option, ...(this.#listeners.get(name) || [])]) {
-      try {
-        listener?.(value);
-      } catch (error) {
-        if (globalThis.reportError) globalThis.reportError(error);
-        else
-          queueMicrotask(() => {
-            throw error;
-          });
-      }
-    }
+    for (const listener of [this.#options[LISTENED[name]], ...(this.#listeners.get(name) || [])]) invoke(listener, value);
   }
 
   /** A report of the session (its own, or the one tabs share): see Session. */
   #receive(kind, data) {
     if (kind === "frame") return this.#frame(data);
     if (kind === "tokens") {
-      this.#tokens.committed = data.committed;
-      this.#tokens.epochs = data.epochs;
+      // Another tab's tokens (the leader's; a follower's hello, at the leader): merged.
+      if (data !== this.#tokens && merge(this.#tokens, data)) store(this.#options, this.#tokens);
     } else if (kind === "welcome") {
       this.#welcome = data;
     } else if (kind === "state") {
@@ -1650,9 +1932,8 @@ export class AckgateClient {
     } else if (kind === "dropped") {
       if (!this.#topics.has(data.topic)) return; // another tab's topic
       this.#drop(data.topic);
-      this.#options.onSubscriptionDropped?.(data);
+      invoke(this.#options.onSubscriptionDropped, data);
     } else {
-      if (kind === "close") this.#held.clear(); // the session's deliveries went with it
       this.#emit(kind, data);
       if (kind === "close" && data.final) this.#finish();
     }
@@ -1664,7 +1945,10 @@ export class AckgateClient {
     if (this.#shared && frame.topic !== undefined && !this.#topics.has(frame.topic)) return;
     this.#emit("frame", frame);
     if (frame.type === "event") {
-      this.#held.add(frame.delivery_id);
+      this.#held.set(frame.delivery_id, this.#welcome?.session_id);
+      // Ids never settled here (events the app dropped, superseded by a redelivery) go, oldest
+      // first, past twice the window.
+      if (this.#held.size > 2 * this.#window()) this.#held.delete(this.#held.keys().next().value);
       this.#emit("event", frame);
       this.#deliver(frame);
     } else if (frame.type === "gap") {
@@ -1682,9 +1966,14 @@ export class AckgateClient {
     this.#deliver(gap);
   }
 
+  /** The session's window: at most this many deliveries unacknowledged. */
+  #window() {
+    return this.#welcome?.max_in_flight ?? 1000;
+  }
+
   /** To the topic's iterators, or else (once asked for) to events(). */
   #deliver(item) {
-    const bound = this.#welcome?.max_in_flight ?? 1000;
+    const bound = this.#window();
     // Past the window, events no longer held (acked, nacked or termed through `on("event")` by
     // an app that never iterates) are dropped from the queues.
     const keep = (queued) => queued.type !== "event" || this.#held.has(queued.delivery_id);
@@ -1709,8 +1998,13 @@ export class AckgateClient {
     }
   }
 
-  /** Closed for good: the iterators end once they gave what they hold; the tabs are left. */
+  /** Closed for good: the iterators end once they gave what they hold; the tabs are left; the
+   * page's listeners go; publishes waiting for the tabs are rejected. */
   #finish() {
+    globalThis.removeEventListener?.("online", this.#online);
+    globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
+    this.#joined = false;
+    for (const { reject } of this.#early.splice(0)) reject(new AckgateError("closed", "the client is closed"));
     this.#receive("state", "closed");
     this.#main.end(false);
     for (const feed of this.#feeds) feed.end(false);

@@ -116,7 +116,8 @@ export interface NewEvent<T = unknown> {
 
 export interface ErrorFrame {
   type: "error";
-  code: ErrorCode;
+  /** A protocol error code; in `onError` also `closed` or `timeout` (a failed token refresh's request). */
+  code: ErrorCode | "closed" | "timeout";
   message: string;
   req?: string | number;
 }
@@ -211,8 +212,8 @@ export interface AckgateClientOptions<T = unknown> {
   transport?: Transport | undefined;
   /**
    * `shared` (the default): in a page with Web Locks and BroadcastChannel, the tabs of one origin
-   * with this `clientId` share one session, led by one tab; elsewhere (Node.js) each client has
-   * its own. `own`: a session of its own (a second tab with the same id takes it over: 4001).
+   * with this `clientId` share one session, led by one tab; elsewhere (Node.js), or where Web Locks
+   * refuse (an opaque origin, a sandboxed frame), each client has its own. `own`: a session of its own (a second tab with the same id takes it over: 4001).
    */
   tabs?: "shared" | "own" | undefined;
   /** The EventSource constructor for `sse` and `auto` (default `globalThis.EventSource`; Node has none). */
@@ -235,15 +236,15 @@ export interface AckgateClientOptions<T = unknown> {
   requestTimeoutMs?: number | undefined;
   /** A ping every this many ms (default 20000; 0: none) finds a dead connection. */
   heartbeatMs?: number | undefined;
-  /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. */
+  /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. 0: no limit. */
   heartbeatTimeoutMs?: number | undefined;
-  /** Publishes that may wait for a connection (default 100); more reject with `limit_exceeded`. */
+  /** Publishes that may wait for a connection (default 100; a follower tab's wait for the leader, too); more reject with `limit_exceeded`. A publish the gateway closes the session for (1009, over its `limits.max_frame_bytes`) rejects with `limit_exceeded`. */
   maxQueuedPublishes?: number | undefined;
   /** Reconnect after a close that is not final (default true). */
   reconnect?: boolean | undefined;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
   peers?: string[] | undefined;
-  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. */
+  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. Back online (or the page shown again) ends the pause and starts the backoff over. */
   backoffMs?: number | undefined;
   maxBackoffMs?: number | undefined;
   onEvent?: ((event: EventFrame<T>) => void) | undefined;
@@ -270,10 +271,24 @@ export interface SubscribeOptions {
   order?: "none" | "key" | undefined;
 }
 
+/**
+ * A set nobody can change: what the client's read-only sets have (not a `ReadonlySet`: they have
+ * no set algebra methods such as `union`).
+ */
+export interface FrozenSet<T> extends Iterable<T> {
+  readonly size: number;
+  has(value: T): boolean;
+  forEach(callback: (value: T, key: T, set: FrozenSet<T>) => void, thisArg?: unknown): void;
+  keys(): IterableIterator<T>;
+  values(): IterableIterator<T>;
+  entries(): IterableIterator<[T, T]>;
+  [Symbol.iterator](): IterableIterator<T>;
+}
+
 /** Closes after which the client does not reconnect by itself (1008, 4001). Read-only. */
-export declare const FINAL_CLOSES: ReadonlySet<number>;
+export declare const FINAL_CLOSES: FrozenSet<number>;
 /** Errors after which a resubscribe drops its topic. Read-only. */
-export declare const FINAL_SUBSCRIBE_ERRORS: ReadonlySet<ErrorCode>;
+export declare const FINAL_SUBSCRIBE_ERRORS: FrozenSet<ErrorCode>;
 
 export declare class AckgateError extends Error {
   constructor(code: string, message: string);
@@ -298,7 +313,11 @@ export declare class AckgateClient<T = unknown> {
   connect(): Promise<WelcomeFrame>;
   subscribe(topic: string, options?: SubscribeOptions): Promise<SubscribedFrame>;
   unsubscribe(topic: string): Promise<UnsubscribedFrame>;
-  /** Resolves with `ack_ok` once the offsets are durable. */
+  /**
+   * Resolves with `ack_ok` once the offsets are durable. (acks, nacks, terms and extends of
+   * events that came in an earlier session are not sent: the gateway delivers them again; a
+   * confirmed ack of only such ids rejects with `closed`.)
+   */
   ack(ids: string | string[], options: { confirm: true }): Promise<AckOkFrame>;
   /** Plain: resolves at once. */
   ack(ids: string | string[], options?: { confirm?: false | undefined }): Promise<void>;

@@ -2,9 +2,10 @@
 // headless Chromium: two pages of one browser context, each subscribed to a topic of its own.
 // The gateway sees one session; each tab gets only its own topic's events; the follower's acks
 // go through the leader and land. Then the leader tab is closed: the other tab takes the Web
-// Lock, connects and subscribes again with its resume token, and the events published meanwhile
-// and after reach it: none lost, none acked before the handover delivered again (those in flight
-// then may come twice: at least once).
+// Lock, connects and subscribes again with its resume token (checked on the frame its socket
+// sends: the gateway's stored offset alone would hide a missing token), and the events published
+// meanwhile and after reach it: none lost, none acked before the handover delivered again (those
+// in flight then may come twice: at least once).
 //
 //   node tests/browser/tabs.mjs http://127.0.0.1:PORT
 //
@@ -25,6 +26,9 @@ const { browser, problems, newPage } = await openBrowser(base);
 const one = await newPage();
 const two = await newPage();
 const logs = [one, two].map((page, i) => keepLog(page, `tab ${i + 1}`));
+// The frames tab 2's own sockets send (it has one only once it leads).
+const sentByTwo = [];
+two.on("websocket", (socket) => socket.on("framesent", ({ payload }) => sentByTwo.push(JSON.parse(String(payload)))));
 
 /** Connects the tab's client, subscribes to `topic` and acks every event it gets. */
 async function start(page, topic) {
@@ -34,6 +38,7 @@ async function start(page, topic) {
       const { AckgateClient } = await import("/static/ackgate.js");
       const state = (window.tabTest = { received: [], states: [] });
       const client = new AckgateClient(`ws://${location.host}/ws`, { clientId, confirmEveryMs: 200, backoffMs: 100, onState: (s) => state.states.push(s) });
+      window.tabClient = client;
       const welcome = await client.connect();
       await client.subscribe(topic);
       void (async () => {
@@ -69,6 +74,8 @@ try {
   await until("the acks of both tabs", async () => (await committed(base, topicA, clientId)) === 5 && (await committed(base, topicB, clientId)) === 5);
   console.log(`shared: one session ${first} for two tabs, each got its own 5 events, both tabs' acks landed`);
 
+  // Tab 2's token covers its 5 acks (a trailing confirmation, confirmEveryMs after them).
+  await until("tab 2's resume token", async () => (await two.evaluate((topic) => window.tabClient.resumeToken(topic)[0], topicB)) === 5);
   // The leader tab goes; events published during the handover and after must reach the other.
   await one.close();
   await publish(base, topicB, numbered(5, 3));
@@ -76,6 +83,8 @@ try {
     const [session] = await sessions();
     return session && session.session_id !== first && session;
   });
+  const resubscribe = await until("tab 2's subscribe on its own socket", () => sentByTwo.find((f) => f.op === "subscribe" && f.topic === topicB));
+  if (resubscribe.resume?.["0"] !== 5) throw new Error(`tab 2 subscribed again without its token: ${JSON.stringify(resubscribe)}`);
   await publish(base, topicB, numbered(8, 2));
   await until("tab 2's events after the handover", async () => (await received(two)).length >= 10);
   // Events in flight at the handover may come twice (at least once); none may be missing, and
@@ -90,7 +99,7 @@ try {
   const states = await two.evaluate(() => window.tabTest.states);
   if (problems.length) throw new Error(problems.join("\n"));
   const twice = offsets.length - 10;
-  console.log(`handover: tab 2 leads session ${next.session_id}, received ${topicB} 0..9, none lost, none acked before it again (${twice} in flight then came twice), states ${states.join(" > ")}`);
+  console.log(`handover: tab 2 leads session ${next.session_id}, resubscribed with its token ${JSON.stringify(resubscribe.resume)}, received ${topicB} 0..9, none lost, none acked before it again (${twice} in flight then came twice), states ${states.join(" > ")}`);
 } catch (e) {
   console.error(`browser tabs test failed: ${e.message}`);
   console.error([...problems, ...logs.flat()].join("\n"));

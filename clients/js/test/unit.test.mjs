@@ -515,7 +515,9 @@ test("tabs of one client id share one session: each gets its own topics' events,
     const [oneEvents, twoEvents] = [one.events(), two.events()];
     socket.send_(event("a", 0));
     socket.send_(event("b", 0));
+    socket.send_(event("a", 1));
     assert.equal((await oneEvents.next()).value.delivery_id, "a.0");
+    assert.equal((await oneEvents.next()).value.delivery_id, "a.1", "tab one did not get tab two's b.0");
     assert.equal((await twoEvents.next()).value.delivery_id, "b.0", "each tab gets its own topics' events");
 
     const acked = two.ack("b.0", { confirm: true });
@@ -549,4 +551,430 @@ test("tabs of one client id share one session: each gets its own topics' events,
     delete globalThis.document;
     delete globalThis.navigator;
   }
+});
+
+// ---- Review findings (issue 42 follow-up): each test below failed on the client before its fix.
+
+/** A page's APIs for tabs (document, Web Locks; Node has BroadcastChannel); returns the undo. */
+function inPage(locks = memoryLocks()) {
+  globalThis.document = {};
+  Object.defineProperty(globalThis, "navigator", { value: { locks }, configurable: true });
+  return () => {
+    delete globalThis.document;
+    delete globalThis.navigator;
+  };
+}
+
+/** A `storage` as a page has it (sessionStorage), in memory. */
+function memoryStorage(items = {}) {
+  const map = new Map(Object.entries(items));
+  return { getItem: (k) => map.get(k) ?? null, setItem: (k, v) => map.set(k, String(v)) };
+}
+
+/** Settles within `ms`: the value or the error's code, else "pending". */
+const settled = (promise, ms = 30) =>
+  Promise.race([
+    promise.then(
+      (value) => ({ value }),
+      (error) => ({ code: error.code ?? error.message }),
+    ),
+    tick(ms).then(() => "pending"),
+  ]);
+
+/** Answers the last subscribe of `topic` on `socket`. */
+const answerSubscribe = (socket, topic, frame = { type: "subscribed", topic, partitions: [{ partition: 0, from: 0, epoch: 0 }] }) =>
+  socket.send_({ ...frame, req: socket.sent.findLast((f) => f.op === "subscribe" && f.topic === topic).req });
+
+test("close() during a reconnect's recommend request stops it: no session comes back", async () => {
+  const real = globalThis.fetch;
+  let answer;
+  globalThis.fetch = () => new Promise((resolve) => (answer = resolve));
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1 });
+    socket.cut(1006);
+    await until("the recommend request", () => answer);
+    client.close();
+    answer(new Response(JSON.stringify({ instance: "fake", ws_url: "ws://fake/ws", http_url: "http://fake" })));
+    await tick(20);
+    assert.equal(gateway.sockets.length, 1, "no socket opened after close()");
+    assert.equal(client.state, "closed");
+  } finally {
+    globalThis.fetch = real;
+  }
+});
+
+test("close() while the first connect() waits for tokenProvider: connect() rejects with closed and no socket opens", async () => {
+  const gateway = fakeGateway();
+  let give;
+  const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, connectTimeoutMs: 200, tokenProvider: () => new Promise((r) => (give = r)) });
+  const connecting = client.connect();
+  connecting.catch(() => {});
+  await tick();
+  client.close();
+  give("jwt");
+  await tick(5);
+  assert.equal(gateway.sockets.length, 0, "no socket opened after close()");
+  await assert.rejects(connecting, (e) => e.code === "closed");
+});
+
+test("close() while reconnecting rejects the publishes waiting for the connection", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, socket } = await connected({ backoffMs: 20_000, maxBackoffMs: 20_000 });
+    socket.cut(1006);
+    assert.equal(client.state, "reconnecting");
+    const waiting = client.publish("t", { payload: 1 });
+    client.close();
+    assert.deepEqual(await settled(waiting), { code: "closed" });
+  } finally {
+    restore();
+  }
+});
+
+test("tabs: a follower's publish in flight when the leader leaves is not rejected by the old leader: the next leader sends it under the same key", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs3", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    const published = two.publish("t", { payload: "from two" });
+    published.catch(() => {});
+    const first = gateway.sockets[0];
+    await until("the follower's publish on the leader's socket", () => first.last("publish"));
+    one.close();
+    await until("the new leader's socket", () => gateway.sockets.length === 2);
+    gateway.socket().welcome();
+    await until("the publish sent again", () => gateway.socket().last("publish"));
+    assert.equal(gateway.socket().last("publish").idempotency_key, first.last("publish").idempotency_key);
+    gateway.socket().answer("publish", { type: "published", offsets: [{ partition: 0, offset: 0 }] });
+    assert.deepEqual(await settled(published), { value: { type: "published", offsets: [{ partition: 0, offset: 0 }], req: gateway.socket().last("publish").req } });
+    two.close();
+  } finally {
+    restore();
+    leave();
+  }
+});
+
+test("unsubscribe() while its subscribe's answer is pending: the topic is not subscribed again at the reconnect", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1 }, ["a"]);
+    const subscribing = client.subscribe("t");
+    const unsubscribing = client.unsubscribe("t");
+    answerSubscribe(socket, "t");
+    socket.answer("unsubscribe", { type: "unsubscribed", topic: "t" });
+    await subscribing;
+    await unsubscribing;
+    socket.cut(1006);
+    await until("the next socket", () => gateway.sockets.length === 2);
+    gateway.socket().welcome();
+    await until("the resubscribe", () => gateway.socket().last("subscribe"));
+    answerSubscribe(gateway.socket(), "a");
+    await tick(5);
+    assert.deepEqual(gateway.socket().sent.filter((f) => f.op === "subscribe").map((f) => f.topic), ["a"]);
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("tabs: the leader unsubscribes a topic whose events come though no tab wants it (nobody would ack them)", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const one = new AckgateClient("ws://fake/ws", { clientId: "tabs4", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    // (A subscribe answered after its requestTimeoutMs, say: the gateway sends its events.)
+    gateway.socket().send_(event("zz", 0));
+    gateway.socket().send_(event("zz", 1));
+    await until("the unsubscribe", () => gateway.socket().last("unsubscribe"));
+    assert.equal(gateway.socket().sent.filter((f) => f.op === "unsubscribe" && f.topic === "zz").length, 1);
+    one.close();
+  } finally {
+    leave();
+  }
+});
+
+test("a publish frame too large for the gateway (close 1009) rejects with limit_exceeded and is not sent again; a smaller one in flight is", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1 });
+    const big = client.publish("t", { payload: "x".repeat(5000) });
+    const small = client.publish("t", { payload: 1 });
+    await tick();
+    const smallKey = socket.last("publish").idempotency_key;
+    socket.cut(1009, "frame too large");
+    const outcome = await settled(big);
+    assert.equal(outcome.code, "limit_exceeded");
+    await until("the next socket", () => gateway.sockets.length === 2);
+    gateway.socket().welcome();
+    await tick();
+    assert.deepEqual(gateway.socket().sent.filter((f) => f.op === "publish").map((f) => f.idempotency_key), [smallKey]);
+    gateway.socket().answer("publish", { type: "published", offsets: [{ partition: 0, offset: 0 }] });
+    assert.ok((await small).offsets);
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("back online during a reconnect's backoff: the client reconnects at once", async () => {
+  const restore = recommendFake();
+  const target = new EventTarget();
+  globalThis.addEventListener = target.addEventListener.bind(target);
+  globalThis.removeEventListener = target.removeEventListener.bind(target);
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 20_000, maxBackoffMs: 20_000 });
+    socket.cut(1006);
+    await tick(10);
+    assert.equal(gateway.sockets.length, 1, "waiting its backoff");
+    target.dispatchEvent(new Event("online"));
+    await until("a reconnect right away", () => gateway.sockets.length === 2);
+    client.close();
+  } finally {
+    delete globalThis.addEventListener;
+    delete globalThis.removeEventListener;
+    restore();
+  }
+});
+
+test("tabs: resume tokens never move back: a follower keeps its newer token, and the leader learns it from the follower's hello", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs7", WebSocket: gateway.WebSocket, heartbeatMs: 0 };
+    const one = new AckgateClient("ws://fake/ws", { ...options, storage: memoryStorage() });
+    const two = new AckgateClient("ws://fake/ws", { ...options, storage: memoryStorage({ "ackgate:tabs7:resume": '{"b":{"0":7}}' }) });
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    await tick(5);
+    assert.deepEqual(two.resumeToken("b"), { 0: 7 }, "the follower kept its token");
+    await until("the leader's token", () => one.resumeToken("b")[0] === 7);
+    one.close();
+    two.close();
+  } finally {
+    leave();
+  }
+});
+
+test("nack, extend and term while the reconnect's socket is still connecting do not throw", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1 }, ["t"]);
+    socket.cut(1006);
+    await until("the next socket", () => gateway.sockets.length === 2);
+    assert.equal(gateway.socket().readyState, 0, "connecting");
+    assert.doesNotThrow(() => client.nack("x.1"));
+    assert.doesNotThrow(() => client.extend("x.1"));
+    assert.doesNotThrow(() => client.term("x.1", "bad"));
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("an onSubscriptionDropped that throws does not end the session: the other topics are subscribed again", async () => {
+  const restore = recommendFake();
+  const thrown = [];
+  globalThis.reportError = (error) => thrown.push(error.message);
+  try {
+    const onSubscriptionDropped = () => {
+      throw new Error("app bug");
+    };
+    const { client, gateway, socket } = await connected({ backoffMs: 1, onSubscriptionDropped }, ["a", "b"]);
+    socket.cut(1006);
+    await until("the next socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the resubscribe of a", () => next.last("subscribe"));
+    answerSubscribe(next, "a", { type: "error", code: "unknown_topic", message: "gone" });
+    for (let i = 0; i < 20 && next.last("subscribe").topic !== "b"; i++) await tick(2);
+    assert.equal(next.last("subscribe").topic, "b", "b is subscribed on the same socket");
+    assert.equal(next.closedWith, undefined);
+    assert.deepEqual(thrown, ["app bug"]);
+    client.close();
+  } finally {
+    delete globalThis.reportError;
+    restore();
+  }
+});
+
+test("tabs: publish() before connect() waits for the session, as on a session of one's own", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const one = new AckgateClient("ws://fake/ws", { clientId: "tabs15", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+    const published = one.publish("t", { payload: 1 });
+    published.catch(() => {});
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await until("the publish", () => gateway.socket().last("publish"));
+    gateway.socket().answer("publish", { type: "published", offsets: [{ partition: 0, offset: 0 }] });
+    assert.deepEqual((await published).offsets, [{ partition: 0, offset: 0 }]);
+    one.close();
+  } finally {
+    leave();
+  }
+});
+
+test("an app's resume token without epochs is sent without the epochs the client knows (it counts as the oldest)", async () => {
+  const { client, socket } = await connected();
+  const first = client.subscribe("t");
+  answerSubscribe(socket, "t", { type: "subscribed", topic: "t", partitions: [{ partition: 0, from: 3, epoch: 2 }] });
+  await first;
+  const again = client.subscribe("t", { resume: { 0: 5 } });
+  assert.deepEqual(socket.last("subscribe").resume, { 0: 5 });
+  assert.equal(socket.last("subscribe").epochs?.[0], undefined);
+  answerSubscribe(socket, "t");
+  await again;
+  client.close();
+});
+
+test("acks, nacks and terms of events delivered in an earlier session are not sent on the new one (an id names a delivery of one instance only)", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1 }, ["t"]);
+    for (const offset of [0, 1, 2, 3]) socket.send_(event("t", offset));
+    socket.cut(1006);
+    await until("the next socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the resubscribe", () => next.last("subscribe"));
+    answerSubscribe(next, "t");
+    client.ack("t.0");
+    client.nack("t.1");
+    client.term("t.2");
+    client.extend("t.3");
+    await client.ack("other.9"); // an id this client never held is sent as it is
+    assert.deepEqual(next.sent.filter((f) => f.op !== "subscribe").map((f) => `${f.op} ${f.delivery_id}`), ["ack other.9"]);
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("where there is no reportError (Node.js), a listener that throws is reported on the console, not thrown again", async () => {
+  const { client, socket } = await connected({}, ["t"]);
+  const saved = console.error;
+  const logged = [];
+  console.error = (...args) => logged.push(args.map(String).join(" "));
+  try {
+    assert.equal(globalThis.reportError, undefined);
+    client.on("event", () => {
+      throw new Error("app bug");
+    });
+    socket.send_(event("t", 0));
+    await tick(5);
+    assert.ok(logged.some((line) => line.includes("app bug")), logged.join("\n"));
+  } finally {
+    console.error = saved;
+    client.close();
+  }
+});
+
+test("tabs: a topic another tab wants, refused by a passing error at a new leader, is subscribed again after a backoff", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs14", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, maxBackoffMs: 5 };
+    const [one, two, three] = [0, 1, 2].map(() => new AckgateClient("ws://fake/ws", options));
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const first = gateway.socket();
+    first.welcome();
+    await connecting;
+    await two.connect();
+    await three.connect();
+    for (const [client, topic] of [[two, "a"], [three, "c"]]) {
+      const subscribed = client.subscribe(topic);
+      await until(`the subscribe to ${topic}`, () => first.last("subscribe")?.topic === topic);
+      answerSubscribe(first, topic);
+      await subscribed;
+    }
+    one.close();
+    await until("the new leader's socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the subscribe to c", () => next.sent.some((f) => f.op === "subscribe" && f.topic === "c"));
+    answerSubscribe(next, "c", { type: "error", code: "unavailable", message: "backend down" });
+    await until("c subscribed again", () => next.sent.filter((f) => f.op === "subscribe" && f.topic === "c").length === 2);
+    two.close();
+    three.close();
+  } finally {
+    restore();
+    leave();
+  }
+});
+
+test("tabs: a follower's publishes waiting for a leader are bounded by maxQueuedPublishes", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs16", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, maxQueuedPublishes: 1 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    one.close();
+    await until("the leader's bye", () => two.state === "reconnecting");
+    const first = two.publish("t", { payload: 1 });
+    first.catch(() => {});
+    assert.deepEqual(await settled(two.publish("t", { payload: 2 })), { code: "limit_exceeded" });
+    two.close();
+  } finally {
+    restore();
+    leave();
+  }
+});
+
+test("tabs: where Web Locks refuse (an opaque origin, a sandboxed frame), the client falls back to a session of its own", async () => {
+  const leave = inPage({ request: () => Promise.reject(new DOMException("denied", "SecurityError")) });
+  try {
+    const gateway = fakeGateway();
+    const client = new AckgateClient("ws://fake/ws", { clientId: "tabs17", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+    const connecting = client.connect();
+    connecting.catch(() => {});
+    await until("a socket of its own", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    assert.equal((await connecting).session_id, "s1");
+    client.close();
+  } finally {
+    leave();
+  }
+});
+
+test("heartbeatTimeoutMs: 0 means no limit: an unanswered heartbeat does not abandon the connection", async () => {
+  const { client, socket } = await connected({ heartbeatMs: 10, heartbeatTimeoutMs: 0 });
+  await until("a heartbeat ping", () => socket.last("ping"));
+  await tick(30);
+  assert.equal(socket.closedWith, undefined);
+  assert.equal(client.state, "connected");
+  client.close();
+});
+
+test("return() on an events() iterator ends its pending next()", async () => {
+  const { client } = await connected({}, ["t"]);
+  const stream = client.events();
+  const waiting = stream.next();
+  await stream.return();
+  assert.deepEqual(await settled(waiting), { value: { value: undefined, done: true } });
+  client.close();
 });
