@@ -72,12 +72,13 @@ impl Cluster {
         rendezvous::pick(client_id, &healthy, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
     }
 
-    /// Probes every peer once and records the answers.
+    /// Probes every peer once, all at once (one that answers nothing must not delay the others'
+    /// health), and records the answers.
     pub async fn probe_peers(&self, timeout: Duration) {
         let urls: Vec<String> = self.peers.lock().unwrap().iter().map(|p| p.url.clone()).collect();
-        for url in urls {
-            let answer = probe(&url, &self.ca_file, timeout).await;
-            let mut peers = self.peers.lock().unwrap();
+        let answers = futures_util::future::join_all(urls.iter().map(|url| probe(url, &self.ca_file, timeout))).await;
+        let mut peers = self.peers.lock().unwrap();
+        for (url, answer) in urls.into_iter().zip(answers) {
             if let Some(peer) = peers.iter_mut().find(|p| p.url == url) {
                 if peer.healthy_as.is_some() != answer.is_some() {
                     match &answer {

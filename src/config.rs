@@ -858,8 +858,11 @@ impl Config {
             }
         }
         for range in &self.server.trusted_proxies {
-            if address_range::AddressRange::parse(range).is_none() {
-                problems.push(format!("server.trusted_proxies: {range:?} is not an address or address/prefix (e.g. \"10.0.0.0/8\")"));
+            match address_range::AddressRange::parse(range) {
+                None => problems.push(format!("server.trusted_proxies: {range:?} is not an address or address/prefix (e.g. \"10.0.0.0/8\")")),
+                // Every address a proxy: anyone could name any client address.
+                Some(r) if r.prefix() == 0 => problems.push(format!("server.trusted_proxies: {range:?} trusts every address; name the proxies")),
+                Some(_) => {}
             }
         }
         match self.storage.backend {

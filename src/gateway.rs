@@ -269,6 +269,11 @@ impl Gateway {
             let _ = dispatcher.ack_floor.set(floor);
         }
         let token_keys = Arc::new(crate::http::auth::TokenKeys::new(&config.auth));
+        let plain_jwks_host =
+            config.auth.jwks_url.strip_prefix("http://").and_then(|rest| rest.split('/').next()).and_then(crate::config::origin::split_host_port);
+        if plain_jwks_host.is_some_and(|(host, _)| !is_loopback_name(&host)) {
+            tracing::warn!(url = %config.auth.jwks_url, "auth.jwks_url is plain http off this machine: anyone on the way can replace the keys and forge tokens; use https");
+        }
         if token_keys.uses_jwks() {
             // Tokens of the identity provider are refused until its keys are here; the start
             // does not wait longer than one fetch, and the refresh task tries again.

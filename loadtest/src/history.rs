@@ -80,6 +80,8 @@ pub struct Report {
     pub skips: u64,
     pub committed_went_back: u64,
     pub divergence: u64,
+    /// Fresh tokens the gateways refused (set by `loadtest chaos`, not by the checker).
+    pub tokens_refused: u64,
     pub examples: Vec<String>,
 }
 
@@ -88,7 +90,15 @@ const EXAMPLES: usize = 20;
 impl Report {
     /// The classes that break the promise (duplicates do not: at least once).
     pub fn anomalies(&self) -> u64 {
-        self.lost_prefix + self.lost_middle + self.lost_suffix + self.unexpected + self.non_monotonic + self.skips + self.committed_went_back + self.divergence
+        self.lost_prefix
+            + self.lost_middle
+            + self.lost_suffix
+            + self.unexpected
+            + self.non_monotonic
+            + self.skips
+            + self.committed_went_back
+            + self.divergence
+            + self.tokens_refused
     }
 
     fn example(&mut self, text: String) {
@@ -113,6 +123,7 @@ impl Report {
             ("skips", self.skips),
             ("committed went back", self.committed_went_back),
             ("divergence", self.divergence),
+            ("tokens refused", self.tokens_refused),
         ]
     }
 }

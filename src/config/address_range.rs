@@ -29,6 +29,11 @@ impl AddressRange {
         Some(Self { base, prefix })
     }
 
+    /// The prefix length (0: every address).
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
     /// Whether `ip` is in the range; an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, as a dual-stack
     /// listener reports IPv4 peers) counts as its IPv4 address.
     pub fn contains(&self, ip: IpAddr) -> bool {

@@ -12,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk};
 use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
@@ -80,12 +80,17 @@ const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// send tokens naming made-up kids.
 const UNKNOWN_KID_REFETCH: Duration = Duration::from_secs(60);
 
+/// An identity provider's verifying keys by `kid`, each with the one algorithm it checks.
+type KeysByKid = HashMap<String, (DecodingKey, Algorithm)>;
+
 /// The keys tokens are checked with: the HS256 secret, and an identity provider's public keys by
 /// `kid`, replaced whole at each fetch of `auth.jwks_url` (a rotated-out key stops being accepted
 /// once the provider drops it from its set).
 pub struct TokenKeys {
     secret: Option<DecodingKey>,
-    by_kid: RwLock<HashMap<String, (DecodingKey, Algorithm)>>,
+    /// The keys and the fetch they came from.
+    by_kid: RwLock<(u64, KeysByKid)>,
+    fetches_started: std::sync::atomic::AtomicU64,
     jwks_url: String,
     jwks_ca_file: String,
     /// When a token's unknown kid last made a fetch.
@@ -96,7 +101,8 @@ impl TokenKeys {
     pub fn new(auth: &AuthConfig) -> Self {
         Self {
             secret: (!auth.jwt_secret.is_empty()).then(|| DecodingKey::from_secret(auth.jwt_secret.as_bytes())),
-            by_kid: RwLock::new(HashMap::new()),
+            by_kid: RwLock::new((0, HashMap::new())),
+            fetches_started: std::sync::atomic::AtomicU64::new(0),
             jwks_url: auth.jwks_url.clone(),
             jwks_ca_file: auth.jwks_ca_file.clone(),
             unknown_kid_fetch: Mutex::new(None),
@@ -107,23 +113,38 @@ impl TokenKeys {
         !self.jwks_url.is_empty()
     }
 
-    /// Fetches the key set and replaces the keys; how many it holds now.
+    /// Fetches the key set and replaces the keys; how many it holds now. Fetches may overlap (the
+    /// period, an unknown kid): one that ends after a later-started one keeps its answer out.
     pub async fn fetch(&self) -> Result<usize, String> {
+        let started = self.fetches_started.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let body = super::fetch::get(&self.jwks_url, &self.jwks_ca_file, JWKS_FETCH_TIMEOUT).await?;
-        self.load(&body).map_err(|e| format!("{}: {e}", self.jwks_url))
+        self.load(&body, started).map_err(|e| format!("{}: {e}", self.jwks_url))
     }
 
-    /// Replaces the keys with those of a JWKS document. Keys without a `kid`, of another use
-    /// than signing, or of an algorithm it cannot check are left out; a document with none left
-    /// is refused (the keys in use stay).
-    fn load(&self, body: &[u8]) -> Result<usize, String> {
-        let set: JwkSet = serde_json::from_slice(body).map_err(|e| format!("not a JWKS document: {e}"))?;
-        let keys: HashMap<String, (DecodingKey, Algorithm)> = set.keys.iter().filter_map(|jwk| Some((jwk.common.key_id.clone()?, signing_key(jwk)?))).collect();
-        if keys.is_empty() && !set.keys.is_empty() {
-            return Err(format!("none of its {} keys has a kid and an algorithm ackgate checks", set.keys.len()));
+    /// Replaces the keys with those of a JWKS document, fetch `started` (newer ones win). Keys
+    /// that do not parse, without a `kid`, of another use than signing, or of an algorithm it
+    /// cannot check are left out, each alone; a document with none left is refused (the keys in
+    /// use stay: a provider's passing glitch must not refuse every token).
+    fn load(&self, body: &[u8], started: u64) -> Result<usize, String> {
+        #[derive(serde::Deserialize)]
+        struct Document {
+            keys: Vec<serde_json::Value>,
+        }
+        let document: Document = serde_json::from_slice(body).map_err(|e| format!("not a JWKS document: {e}"))?;
+        let keys: KeysByKid = document
+            .keys
+            .into_iter()
+            .filter_map(|key| serde_json::from_value::<Jwk>(key).ok())
+            .filter_map(|jwk| Some((jwk.common.key_id.clone()?, signing_key(&jwk)?)))
+            .collect();
+        if keys.is_empty() {
+            return Err("no key in it has a kid and an algorithm ackgate checks tokens with".into());
         }
         let count = keys.len();
-        *self.by_kid.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        let mut current = self.by_kid.write().unwrap_or_else(|e| e.into_inner());
+        if started >= current.0 {
+            *current = (started, keys);
+        }
         Ok(count)
     }
 
@@ -131,7 +152,7 @@ impl TokenKeys {
     /// minute (a key rotated in since the last fetch); then the token is checked as usual.
     pub async fn prepare(&self, token: Option<&str>) {
         let Some(kid) = token.filter(|_| self.uses_jwks()).and_then(|t| decode_header(t).ok()).and_then(|h| h.kid) else { return };
-        if self.by_kid.read().unwrap_or_else(|e| e.into_inner()).contains_key(&kid) || !self.may_fetch_for_unknown_kid() {
+        if self.by_kid.read().unwrap_or_else(|e| e.into_inner()).1.contains_key(&kid) || !self.may_fetch_for_unknown_kid() {
             return;
         }
         match self.fetch().await {
@@ -163,7 +184,7 @@ impl TokenKeys {
         }
         let kid = header.kid.as_deref().ok_or("a token not signed HS256 must name its key (kid)")?;
         let keys = self.by_kid.read().unwrap_or_else(|e| e.into_inner());
-        let (key, alg) = keys.get(kid).ok_or_else(|| format!("no key {kid:?} in the key set of auth.jwks_url"))?;
+        let (key, alg) = keys.1.get(kid).ok_or_else(|| format!("no key {kid:?} in the key set of auth.jwks_url"))?;
         // The key decides the algorithm, never the token (algorithm confusion).
         if *alg != header.alg {
             return Err(format!("key {kid:?} is for {alg:?}, the token says {:?}", header.alg));
@@ -179,7 +200,11 @@ fn signing_key(jwk: &Jwk) -> Option<(DecodingKey, Algorithm)> {
     if jwk.common.public_key_use.as_ref().is_some_and(|u| *u != jsonwebtoken::jwk::PublicKeyUse::Signature) {
         return None;
     }
-    let named = jwk.common.key_algorithm.and_then(|a| format!("{a:?}").parse::<Algorithm>().ok());
+    // A named `alg` must be a signing one (not RSA-OAEP, RSA1_5: an encryption key).
+    let named = match jwk.common.key_algorithm {
+        Some(a) => Some(format!("{a:?}").parse::<Algorithm>().ok()?),
+        None => None,
+    };
     let implied = match &jwk.algorithm {
         AlgorithmParameters::RSA(_) => Algorithm::RS256,
         AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => Algorithm::ES256,
@@ -390,11 +415,18 @@ mod tests {
             ed("claims-rs256", json!({"alg": "RS256"})),
             {"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},
         ]});
-        assert_eq!(keys.load(set.to_string().as_bytes()), Ok(1), "only the signing key with a kid and a fitting algorithm");
-        assert!(keys.by_kid.read().unwrap().get("sig").is_some_and(|(_, alg)| *alg == Algorithm::EdDSA));
-        let none = json!({"keys": [ed("enc", json!({"use": "enc"}))]});
-        assert!(keys.load(none.to_string().as_bytes()).is_err(), "a set with no usable key is refused");
-        assert!(keys.by_kid.read().unwrap().contains_key("sig"), "and the keys in use stay");
-        assert!(keys.load(b"<html>").is_err());
+        assert_eq!(keys.load(set.to_string().as_bytes(), 1), Ok(1), "only the signing key with a kid and a fitting algorithm");
+        assert!(keys.by_kid.read().unwrap().1.get("sig").is_some_and(|(_, alg)| *alg == Algorithm::EdDSA));
+        let none = json!({"keys": [ed("enc", json!({"use": "enc"})), ed("oaep", json!({"alg": "RSA-OAEP"}))]});
+        assert!(keys.load(none.to_string().as_bytes(), 2).is_err(), "a set with no usable key is refused");
+        assert!(keys.load(br#"{"keys": []}"#, 2).is_err(), "an empty set too");
+        assert!(keys.by_kid.read().unwrap().1.contains_key("sig"), "and the keys in use stay");
+        assert!(keys.load(b"<html>", 2).is_err());
+        // One key jsonwebtoken cannot parse (an unknown curve) leaves the others.
+        let mixed = json!({"keys": [{"kty": "EC", "crv": "P-521", "x": "AA", "y": "AA", "kid": "odd"}, ed("next", json!({}))]});
+        assert_eq!(keys.load(mixed.to_string().as_bytes(), 3), Ok(1));
+        // An older fetch that ends last does not replace a newer one's keys.
+        assert_eq!(keys.load(set.to_string().as_bytes(), 2), Ok(1));
+        assert!(keys.by_kid.read().unwrap().1.contains_key("next"), "fetch 3's keys stay");
     }
 }

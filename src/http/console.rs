@@ -42,14 +42,19 @@ fn prepared() -> &'static [Prepared] {
     })
 }
 
-/// Whether the client takes gzip (`Accept-Encoding`; `q=0` refuses it).
+/// Whether the client takes gzip (`Accept-Encoding`; `q=0` refuses it; an entry naming gzip
+/// decides over `*`).
 fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|coding| {
+    let weight = |coding: &str| {
         let mut parts = coding.split(';').map(str::trim);
-        let named = parts.next().is_some_and(|c| c.eq_ignore_ascii_case("gzip") || c == "*");
-        let weight = parts.find_map(|p| p.strip_prefix("q=")).map_or(Some(1.0), |q| q.trim().parse::<f32>().ok());
-        named && weight.is_some_and(|q| q > 0.0)
-    })
+        let name = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts.find_map(|p| p.strip_prefix("q=")).map_or(Some(1.0), |q| q.trim().parse::<f32>().ok()).unwrap_or(0.0);
+        (name, q)
+    };
+    let codings: Vec<(String, f32)> =
+        headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(weight).collect();
+    let named = codings.iter().find(|(name, _)| name == "gzip").or_else(|| codings.iter().find(|(name, _)| name == "*"));
+    named.is_some_and(|(_, q)| *q > 0.0)
 }
 
 /// The file, gzipped when the client takes it, 304 when its `If-None-Match` names the ETag.
@@ -59,13 +64,18 @@ fn serve(name: &str, request: &HeaderMap) -> Response {
     };
     let (_, content_type, content) = FILES[at];
     let Prepared { gzipped, etag } = &prepared()[at];
+    let gzip = accepts_gzip(request) && !gzipped.is_empty();
+    // The gzip form is another representation: another tag (a shared cache must not answer a
+    // client that takes no gzip with it).
+    let etag = if gzip { format!("{}-gz\"", etag.trim_end_matches('"')) } else { etag.clone() };
     let headers = [
         (header::CONTENT_TYPE, content_type),
         // Cached, but asked again each time (the ETag makes that a 304): a new gateway's files are
         // taken at once.
         (header::CACHE_CONTROL, "no-cache"),
         (header::ETAG, etag.as_str()),
-        (header::VARY, "accept-encoding"),
+        // The client's answer names the requesting origin (CORS): caches must key on it too.
+        (header::VARY, if name == "ackgate.js" { "accept-encoding, origin" } else { "accept-encoding" }),
         // Only its own files, never framed by another site (clickjacking the ack and term
         // buttons), and no content sniffing. Connections may go to other instances: the
         // page follows a takeover to wherever /session/recommend names.
@@ -79,7 +89,7 @@ fn serve(name: &str, request: &HeaderMap) -> Response {
     if matches {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
-    if accepts_gzip(request) && !gzipped.is_empty() {
+    if gzip {
         return (headers, [(header::CONTENT_ENCODING, "gzip")], gzipped.clone()).into_response();
     }
     (headers, content).into_response()
@@ -132,6 +142,7 @@ mod tests {
         assert!(!accepts_gzip(&headers(&[("accept-encoding", "gzip; q=0.000")])));
         assert!(accepts_gzip(&headers(&[("accept-encoding", "gzip;q=0.5")])));
         assert!(!accepts_gzip(&headers(&[("accept-encoding", "identity")])));
+        assert!(!accepts_gzip(&headers(&[("accept-encoding", "*, gzip;q=0")])), "gzip named decides over *");
         assert!(!accepts_gzip(&HeaderMap::new()));
     }
 
@@ -143,8 +154,11 @@ mod tests {
         let etag = plain.headers()[header::ETAG].to_str().unwrap().to_string();
         let gzipped = serve("ackgate.js", &headers(&[("accept-encoding", "gzip")]));
         assert_eq!(gzipped.headers()[header::CONTENT_ENCODING], "gzip");
-        assert_eq!(gzipped.headers()[header::ETAG].to_str().unwrap(), etag);
+        let gz_etag = gzipped.headers()[header::ETAG].to_str().unwrap().to_string();
+        assert_ne!(gz_etag, etag, "the gzip form is another representation");
         let again = serve("ackgate.js", &headers(&[("if-none-match", &etag)]));
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        let again = serve("ackgate.js", &headers(&[("if-none-match", &gz_etag), ("accept-encoding", "gzip")]));
         assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
         assert_eq!(serve("ackgate.js", &headers(&[("if-none-match", "\"0000000000000000\"")])).status(), StatusCode::OK);
         assert_ne!(prepared()[0].etag, prepared()[2].etag, "files differ, so do their tags");

@@ -72,21 +72,22 @@ impl Exposure {
 
     /// The Host check: `Err` with the reason when the request is addressed to a host that is
     /// not allowed. A request without any host (HTTP/1.0) cannot come from a browser and passes.
-    /// Behind a trusted proxy the host is the one the client sent the proxy (`X-Forwarded-Host`).
+    /// Behind a trusted proxy the host the client sent the proxy (`X-Forwarded-Host`) must pass
+    /// too, besides the request's own `Host`: a browser cannot forge `Host`, but a DNS-rebinding
+    /// page on a trusted address (the proxy's host) can send `X-Forwarded-Host` same-origin.
     fn check_host(&self, headers: &HeaderMap, uri: &Uri, forwarded: Option<&Forwarded>) -> Result<(), String> {
         let Some(rules) = &self.hosts else { return Ok(()) };
-        let given = forwarded
-            .and_then(|f| f.host.clone())
-            .or_else(|| headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}").to_string()))
-            .or_else(|| uri.authority().map(|a| a.to_string()));
-        let Some(given) = given else { return Ok(()) };
-        let Some((host, port)) = split_host_port(&given) else {
-            return Err(format!("the Host header {given:?} is malformed"));
-        };
-        if rules.iter().any(|r| r.host == host && (r.port.is_none() || r.port == port)) {
-            return Ok(());
+        let own = headers.get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}").to_string()).or_else(|| uri.authority().map(|a| a.to_string()));
+        let proxied = forwarded.and_then(|f| f.host.clone());
+        for given in [own, proxied].into_iter().flatten() {
+            let Some((host, port)) = split_host_port(&given) else {
+                return Err(format!("the Host header {given:?} is malformed"));
+            };
+            if !rules.iter().any(|r| r.host == host && (r.port.is_none() || r.port == port)) {
+                return Err(format!("requests addressed to host {host:?} are not served here; add it to server.allowed_hosts"));
+            }
         }
-        Err(format!("requests addressed to host {host:?} are not served here; add it to server.allowed_hosts"))
+        Ok(())
     }
 
     /// The Origin check, for requests that can act (see the module documentation). The request's
@@ -267,6 +268,8 @@ mod tests {
         let rebound = Forwarded { host: Some("evil.example".into()), ..proxied.clone() };
         assert!(e.check_host(&headers(&[("host", "127.0.0.1:8080")]), &uri, Some(&rebound)).is_err(), "the proxy's Host is checked");
         assert!(e.check_host(&headers(&[("host", "127.0.0.1:8080")]), &uri, Some(&proxied)).is_ok());
+        // A rebinding page on the proxy's host sends its own Host, and whatever X-Forwarded-Host.
+        assert!(e.check_host(&headers(&[("host", "evil.example:8080")]), &uri, Some(&proxied)).is_err(), "the real Host is checked too");
     }
 
     #[test]

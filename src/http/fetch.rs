@@ -39,11 +39,26 @@ async fn fetch_unbounded(url: &str, ca_file: &str) -> Result<Vec<u8>, String> {
     .map_err(|e| format!("GET {url}: {e}"))?;
     let at = response.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| format!("GET {url}: no whole answer"))?;
     let head = String::from_utf8_lossy(&response[..at]);
-    let status = head.split_whitespace().nth(1).unwrap_or("?");
-    if status != "200" {
-        return Err(format!("GET {url}: HTTP {status}"));
+    let mut status_line = head.split_whitespace();
+    let (version, status) = (status_line.next().unwrap_or(""), status_line.next().unwrap_or("?"));
+    if !version.starts_with("HTTP/") {
+        return Err(format!("GET {url}: not an HTTP answer"));
     }
-    Ok(response[at + 4..].to_vec())
+    if status != "200" {
+        // Redirects are not followed: name the URL they point to.
+        let location =
+            head.lines().find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("location")).map(|(_, v)| v.trim().to_string()));
+        return Err(format!("GET {url}: HTTP {status}{}", location.map(|l| format!(" (to {l}; set that URL)")).unwrap_or_default()));
+    }
+    let body = response[at + 4..].to_vec();
+    // A body cut short (a connection lost, a TLS close without close_notify) is not an answer.
+    let length = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length")).and_then(|(_, v)| v.trim().parse::<usize>().ok()));
+    if length.is_some_and(|n| n != body.len()) {
+        return Err(format!("GET {url}: the body is cut short ({} of {} bytes)", body.len(), length.unwrap_or(0)));
+    }
+    Ok(body)
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, request: &str) -> std::io::Result<Vec<u8>> {

@@ -73,13 +73,20 @@ impl TrustedProxies {
                 None => break,
             }
         }
-        let first = |key: &str| rfc7239.iter().find_map(|pairs| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()));
-        let scheme = values("x-forwarded-proto").into_iter().next().or_else(|| first("proto")).and_then(|s| match s.to_ascii_lowercase().as_str() {
+        // Scheme and host: what the nearest trusted proxy wrote, the last value (one that appends
+        // leaves a client's own before it), from the header family the client came from.
+        let (proto, host) = if !x_forwarded_for.is_empty() {
+            (values("x-forwarded-proto").pop(), values("x-forwarded-host").pop())
+        } else {
+            let last = |key: &str| rfc7239.last().and_then(|pairs| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()));
+            (last("proto"), last("host"))
+        };
+        let scheme = proto.and_then(|s| match s.to_ascii_lowercase().as_str() {
             "https" | "wss" => Some("https"),
             "http" | "ws" => Some("http"),
             _ => None,
         });
-        let host = values("x-forwarded-host").into_iter().next().or_else(|| first("host")).filter(|h| !h.is_empty());
+        let host = host.filter(|h| !h.is_empty());
         Some(Forwarded { client: client.to_canonical(), scheme, host })
     }
 }
@@ -146,11 +153,22 @@ mod tests {
 
     #[test]
     fn rfc_7239_forwarded_is_read_when_x_forwarded_for_is_absent() {
-        let h = headers(&[("forwarded", r#"for="[2001:db8::7]:4711";proto=https;host=gw.example.com, for=10.0.0.5"#)]);
+        let h = headers(&[("forwarded", r#"for="[2001:db8::7]:4711", for=10.0.0.5;proto=https;host=gw.example.com"#)]);
         let f = proxies().forwarded(ip("127.0.0.1"), &h).unwrap();
         assert_eq!(f, Forwarded { client: ip("2001:db8::7"), scheme: Some("https"), host: Some("gw.example.com".into()) });
         let h = headers(&[("forwarded", "for=192.0.2.60:8000;proto=http")]);
         assert_eq!(proxies().forwarded(ip("127.0.0.1"), &h).unwrap().client, ip("192.0.2.60"));
+    }
+
+    #[test]
+    fn the_nearest_proxys_scheme_and_host_win_over_a_clients_own() {
+        // A client sent its own X-Forwarded-Proto/Host; a proxy that appends put its own after.
+        let h = headers(&[("x-forwarded-for", "203.0.113.9"), ("x-forwarded-proto", "http, https"), ("x-forwarded-host", "evil.example, gw.example.com")]);
+        let f = proxies().forwarded(ip("127.0.0.1"), &h).unwrap();
+        assert_eq!((f.scheme, f.host.as_deref()), (Some("https"), Some("gw.example.com")));
+        // No falling back to the other family: X-Forwarded-For without a host names none.
+        let h = headers(&[("x-forwarded-for", "203.0.113.9"), ("forwarded", "for=1.2.3.4;host=evil.example")]);
+        assert_eq!(proxies().forwarded(ip("127.0.0.1"), &h).unwrap().host, None);
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::counter!(BROKER_ACKS, "result" => "skipped").absolute(writes.broker_acks_skipped.load(Ordering::Relaxed));
     record_pull_lag(&app).await;
     record_committed_lag(&app).await;
-    record_dead_letter_backlog(&app);
+    record_dead_letter_backlog(&app).await;
     metrics::gauge!(READY).set(if super::health::is_ready(&app).await { 1.0 } else { 0.0 });
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     record_process();
@@ -207,23 +207,33 @@ const DEAD_LETTERS_COUNTED: usize = 100_000;
 /// `ackgate_dead_letter_backlog{topic}`: the dead letters stored per topic, waiting for an
 /// operator (redrive or delete). A topic whose last one went is set to 0, not dropped, so an
 /// alert on it resolves at once.
-fn record_dead_letter_backlog(app: &AppState) {
+async fn record_dead_letter_backlog(app: &AppState) {
     static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut query = crate::core::dead_letters::DeadLetterQuery { topic: None, client_id: None, partition: None, after: None, limit: 1000 };
-    let mut counted = 0;
-    let complete = loop {
-        let Ok(page) = app.dispatcher.store.dead_letters(&query) else { return };
-        counted += page.dead_letters.len();
-        for dead in &page.dead_letters {
-            *counts.entry(dead.topic.to_string()).or_default() += 1;
+    let store = app.dispatcher.store.clone();
+    // Up to 100 pages of RocksDB reads: off the async workers.
+    let counted = tokio::task::spawn_blocking(move || {
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut query = crate::core::dead_letters::DeadLetterQuery { topic: None, client_id: None, partition: None, after: None, limit: 1000 };
+        let mut read = 0;
+        loop {
+            let page = store.dead_letters(&query).ok()?;
+            read += page.dead_letters.len();
+            for dead in &page.dead_letters {
+                *counts.entry(dead.topic.to_string()).or_default() += 1;
+            }
+            match page.next {
+                Some(next) if read < DEAD_LETTERS_COUNTED => query.after = Some(next),
+                Some(next) => {
+                    // Pages go by topic: the topic at the cut has more than was counted.
+                    counts.remove(next.key.topic.as_str());
+                    return Some((counts, false));
+                }
+                None => return Some((counts, true)),
+            }
         }
-        match page.next {
-            Some(next) if counted < DEAD_LETTERS_COUNTED => query.after = Some(next),
-            Some(_) => break false,
-            None => break true,
-        }
-    };
+    })
+    .await;
+    let Ok(Some((counts, complete))) = counted else { return };
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if complete {
         for gone in seen.iter().filter(|topic| !counts.contains_key(*topic)) {

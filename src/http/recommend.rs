@@ -52,6 +52,7 @@ pub async fn recommend(
     }
     // Readable from any origin: a browser page served by one instance asks the others when its
     // own is gone (the answer is the same public information to everyone).
-    let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")];
+    // Built from the request (its Host, a proxy's headers): never reused from a cache.
+    let anyone = [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"), (header::CACHE_CONTROL, "no-store")];
     Ok((anyone, Json(json!({"instance": chosen.instance, "ws_url": chosen.ws_url(), "http_url": chosen.http_url}))))
 }

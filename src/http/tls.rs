@@ -95,8 +95,20 @@ impl HasActivity for TlsStream<LingeringStream> {
 }
 
 /// A TLS connection to `host` over `tcp`, its certificate verified against the authorities in
-/// `ca_file` (PEM; empty: the system's, /etc/ssl/certs/ca-certificates.crt).
+/// `ca_file` (PEM; empty: the system's, /etc/ssl/certs/ca-certificates.crt), read once per file.
 pub async fn connect_verified(tcp: tokio::net::TcpStream, host: &str, ca_file: &str) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let config = client_config(ca_file)?;
+    let name = rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string()).map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))
+}
+
+/// The client configuration of `ca_file`, built at its first use (a probe every two seconds
+/// must not parse the system's bundle each time).
+fn client_config(ca_file: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    static BUILT: std::sync::Mutex<Vec<(String, Arc<rustls::ClientConfig>)>> = std::sync::Mutex::new(Vec::new());
+    if let Some((_, config)) = BUILT.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(file, _)| file == ca_file) {
+        return Ok(config.clone());
+    }
     let file = if ca_file.is_empty() { "/etc/ssl/certs/ca-certificates.crt" } else { ca_file };
     let mut roots = rustls::RootCertStore::empty();
     for certificate in CertificateDer::pem_file_iter(file).map_err(|e| format!("reading {file}: {e}"))? {
@@ -112,8 +124,9 @@ pub async fn connect_verified(tcp: tokio::net::TcpStream, host: &str, ca_file: &
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string()).map_err(|e| e.to_string())?;
-    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))
+    let config = Arc::new(config);
+    BUILT.lock().unwrap_or_else(|e| e.into_inner()).push((ca_file.to_string(), config.clone()));
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -174,11 +174,16 @@ impl StoppedWrites {
     pub fn check_read(&self, e: rocksdb::Error) -> rocksdb::Error {
         if e.kind() == rocksdb::ErrorKind::Corruption && self.reason.get().is_none() {
             let said = e.to_string();
-            let file = damaged_file(&said);
+            // RocksDB names the file as it was opened (relative with a relative data_dir): the
+            // marker keeps its name, always in this directory.
+            let file = damaged_file(&said).map(|name| self.dir.join(name));
             if let Some(file) = &file {
-                let _ = std::fs::write(self.dir.join(DAMAGED_MARKER), file);
+                if let Err(e) = write_durably(&self.dir.join(DAMAGED_MARKER), file.display().to_string().as_bytes()) {
+                    tracing::error!(error = %e, "writing the DAMAGED marker failed");
+                }
             }
-            let _ = self.reason.set(damage_message(file.as_deref().unwrap_or("a table file"), &said, &self.dir));
+            let shown = file.as_ref().map_or_else(|| "a table file".to_string(), |f| f.display().to_string());
+            let _ = self.reason.set(damage_message(&shown, &said, &self.dir));
         }
         e
     }
@@ -189,13 +194,26 @@ impl StoppedWrites {
     }
 }
 
-/// The path of the file a RocksDB corruption error names (`... in /data/log/000009.sst offset
-/// 154650 size 3362`), if it names one.
+/// The name of the file a RocksDB corruption error names (`... in /data/log/000009.sst offset
+/// 154650 size 3362`, or `data/log/...` with a relative data_dir), if it names one.
 fn damaged_file(said: &str) -> Option<String> {
     said.split_whitespace()
         .map(|w| w.trim_end_matches([',', ':', ';']))
-        .find(|w| w.starts_with('/') && (w.ends_with(".sst") || w.ends_with(".log") || w.contains("MANIFEST-")))
-        .map(str::to_string)
+        .find(|w| w.ends_with(".sst") || w.ends_with(".log") || w.contains("MANIFEST-"))
+        .and_then(|w| Path::new(w).file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+}
+
+/// Writes `bytes` to `path` and fsyncs it and its directory: a marker that must survive a crash.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn damage_message(file: &str, said: &str, dir: &Path) -> String {
@@ -206,9 +224,12 @@ fn damage_message(file: &str, said: &str, dir: &Path) -> String {
 /// there; a marker whose file is gone (the directory was restored) is removed.
 pub fn refuse_if_marked_damaged(dir: &Path) -> Result<(), String> {
     let marker = dir.join(DAMAGED_MARKER);
-    let Ok(file) = std::fs::read_to_string(&marker) else { return Ok(()) };
-    if Path::new(file.trim()).exists() {
-        return Err(damage_message(file.trim(), &format!("found while serving; {} names it", marker.display()), dir));
+    let Ok(named) = std::fs::read_to_string(&marker) else { return Ok(()) };
+    // The file of that name in this directory (the data dir may have moved since).
+    let file = Path::new(named.trim()).file_name().map(|name| dir.join(name));
+    if let Some(file) = file.filter(|f| f.exists()) {
+        let found = format!("found while serving; {} names it, remove that marker once the file is a good copy again", marker.display());
+        return Err(damage_message(&file.display().to_string(), &found, dir));
     }
     let _ = std::fs::remove_file(&marker);
     Ok(())
@@ -1161,8 +1182,9 @@ mod damage_tests {
     #[test]
     fn the_damaged_file_is_read_from_rocksdbs_message() {
         let said = "Corruption: block checksum mismatch: stored(context removed) = 1, computed = 2, type = 4  in /data/log/000009.sst offset 154650 size 3362, block_type = Data";
-        assert_eq!(damaged_file(said).as_deref(), Some("/data/log/000009.sst"));
-        assert_eq!(damaged_file("Corruption: bad record length in /d/offsets/000004.log: x").as_deref(), Some("/d/offsets/000004.log"));
+        assert_eq!(damaged_file(said).as_deref(), Some("000009.sst"));
+        assert_eq!(damaged_file("Corruption: bad record length in /d/offsets/000004.log: x").as_deref(), Some("000004.log"));
+        assert_eq!(damaged_file("Corruption: block checksum mismatch in data/log/000012.sst offset 0").as_deref(), Some("000012.sst"), "a relative data_dir");
         assert_eq!(damaged_file("Corruption: something"), None);
     }
 

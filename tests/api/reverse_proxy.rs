@@ -285,7 +285,7 @@ async fn recommend_names_the_proxys_url_and_cross_origin_pages_get_cors() {
     assert_eq!(status, 200);
     assert!(head.contains("access-control-allow-origin: https://app.example") && head.contains("content-encoding: gzip"), "{head}");
     let etag = head.lines().find_map(|l| l.strip_prefix("etag: ")).expect("an ETag").to_string();
-    let (status, _, body) = raw(addr, &format!("GET /static/ackgate.js HTTP/1.1\r\nHost: {addr}\r\nIf-None-Match: {etag}")).await;
+    let (status, _, body) = raw(addr, &format!("GET /static/ackgate.js HTTP/1.1\r\nHost: {addr}\r\nAccept-Encoding: gzip\r\nIf-None-Match: {etag}")).await;
     assert_eq!((status, body.as_str()), (304, ""));
     gw.stop().await;
 }

@@ -68,6 +68,9 @@ pub(super) struct Counters {
     pub(super) refreshed: AtomicU64,
     /// Sessions closed because their token expired (4004, or an SSE `close` with it).
     pub(super) expired: AtomicU64,
+    /// Tokens refused (a handshake or POST answered 401/403, a `refresh` answered `error`): the
+    /// workload's tokens are fresh and within the clocks' bound, so each is an anomaly.
+    pub(super) auth_refusals: AtomicU64,
     /// Deliveries that may come again: what was in flight when each session ended and at each
     /// clock jump, plus the nacks.
     pub(super) duplicate_bound: AtomicU64,
@@ -206,7 +209,13 @@ impl ClientPlan {
 
     pub(super) async fn websocket_session(&mut self, base: &str, style: AckStyle) -> anyhow::Result<Ended> {
         let url = format!("{}/ws?client_id={}&token={}", base.replacen("http", "ws", 1), self.id, self.token());
-        let (mut ws, _) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")??;
+        let connected = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")?;
+        if let Err(tokio_tungstenite::tungstenite::Error::Http(response)) = &connected {
+            if matches!(response.status().as_u16(), 401 | 403) {
+                self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let (mut ws, _) = connected?;
         let subscribe = {
             let progress = self.progress.lock().unwrap();
             let resume: serde_json::Map<String, Value> = progress.floor.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
@@ -300,6 +309,9 @@ impl ClientPlan {
                 }
                 Some("error") => {
                     self.counters.error_frames.fetch_add(1, Ordering::Relaxed);
+                    if frame["req"] == "refresh" {
+                        self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed);
+                    }
                     if frame["req"] == "sub" {
                         // Not subscribed (the backend unavailable): try again shortly.
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -338,6 +350,9 @@ impl ClientPlan {
         }
         let mut stream = tokio::time::timeout(Duration::from_secs(5), request.send()).await.context("connect timed out")??;
         if !stream.status().is_success() {
+            if matches!(stream.status().as_u16(), 401 | 403) {
+                self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed);
+            }
             bail!("GET /sse answered {}", stream.status());
         }
         let wander = self.wander_deadline();
@@ -409,6 +424,9 @@ impl ClientPlan {
                 .await
                 .context("POST of acks timed out")??;
             if !answered.status().is_success() {
+                if matches!(answered.status().as_u16(), 401 | 403) {
+                    self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(Ended::Again);
             }
             let answers: Vec<Value> = answered.json().await?;

@@ -410,6 +410,8 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
             report.duplicates
         ));
     }
+    // Every token the workload presents is fresh and within the clocks' bound: a refusal is a bug.
+    report.tokens_refused = counters.auth_refusals.load(Ordering::Relaxed);
     eprintln!(
         "chaos: {} reconnects ({} voluntary, {} at a token's expiry), {} tokens refreshed in band, {} nacks, {} error frames, {} publish errors, duplicate bound {bound}",
         counters.reconnects.load(Ordering::Relaxed),
