@@ -212,6 +212,7 @@ fn print(cli: &ChaosCli, report: &Report, faults: &FaultLog) {
         println!("| {fault} | {n} |");
     }
     println!("| (instances that exited by themselves, started again) | {} |", faults.exited);
+    println!("| (starts after a fault that failed, left to the supervisor) | {} |", faults.failed_starts);
     println!("| (instances not taking writes 60 s after a fault: anomalies) | {} |", faults.not_writable_after_fault);
     println!("\n| class | count |\n| --- | --- |");
     for (class, n) in report.rows() {
