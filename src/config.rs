@@ -86,7 +86,8 @@ pub struct ServerConfig {
     pub listen: String,
     /// Name in `welcome` frames and /session/recommend; empty = host name + port.
     pub instance_id: String,
-    /// How other instances and clients reach this one; empty = http://<listen>.
+    /// How other instances and clients reach this one; empty = http(s)://<listen> for the peers, and
+    /// /session/recommend names the URL each request came in by.
     pub public_url: String,
     /// How long shutdown waits for sessions to close and offset writes to drain.
     pub shutdown_grace_ms: u64,
@@ -549,13 +550,14 @@ pub struct AuthConfig {
     /// Bearer token for /admin/*, publishing, and creating or deleting topics; empty = no auth.
     /// At least 32 bytes.
     pub admin_token: String,
-    /// HS256 secret for /ws tokens; empty = no auth. When set, /ws needs a JWT (?token= or
-    /// Authorization: Bearer) whose sub is the client_id; exp ends the session (1008); a "topics"
+    /// HS256 secret for /ws and /sse tokens; empty (and jwks_url empty) = no token check. When set,
+    /// sessions need a JWT (?token= or Authorization: Bearer) whose sub is the client_id; exp ends
+    /// the session (4004, unless a refresh frame replaced the token); a "topics"
     /// claim (["orders", "audit.*"]) limits subscriptions, a "publish" claim (same patterns) lets
     /// the holder publish to those topics without the admin token. At least 32 bytes.
     pub jwt_secret: String,
-    /// A listen address that is not loopback refuses to start while admin_token or jwt_secret is
-    /// empty (anyone who reaches it could act as any client); true starts anyway, with a warning,
+    /// A listen address that is not loopback refuses to start while admin_token is empty or no
+    /// tokens are checked (jwt_secret and jwks_url empty) (anyone who reaches it could act as any client); true starts anyway, with a warning,
     /// when server.allowed_hosts is set (["*"] to accept any Host: a page can then reach it by DNS
     /// rebinding).
     pub allow_anonymous: bool,
@@ -571,7 +573,7 @@ pub struct AuthConfig {
     /// closed at exp with 4004 (not final: get a token and reconnect).
     pub refresh_before_secs: u64,
     /// Public keys of an identity provider, as a JWKS document (http:// or https://): tokens
-    /// signed RS256, RS384, RS512, PS256, ES256, ES384 or EdDSA with a "kid" of that set are
+    /// signed RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or EdDSA with a "kid" of that set are
     /// accepted, with the claims HS256 tokens have (HS256 with jwt_secret goes on working). The
     /// set is fetched at start, every jwks_refresh_secs, and again when a token names a kid it
     /// lacks (at most once a minute): keys rotate without a restart. Empty = none.

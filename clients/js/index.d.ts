@@ -222,7 +222,7 @@ export interface AckgateClientOptions<T = unknown> {
   WebSocket?: (new (url: string) => WebSocketLike) | undefined;
   /** SSE: at most this many client frames per POST (default 10000, the gateway's `limits.max_batch_events`). */
   maxBatchFrames?: number | undefined;
-  /** A JWT, when the gateway has `auth.jwt_secret` (in the URL; SSE POSTs send it as `Authorization: Bearer`). */
+  /** A JWT, when the gateway checks tokens (`auth.jwt_secret` or `auth.jwks_url`; in the URL; SSE POSTs send it as `Authorization: Bearer`). */
   token?: string | undefined;
   /** Called before each connect (and reconnect), and when the gateway asks for a refresh, for a fresh JWT; wins over `token`. */
   tokenProvider?: (() => string | Promise<string>) | undefined;

@@ -309,7 +309,7 @@ impl crate::core::access::TokenCheck for JwtCheck {
 }
 
 /// `POST /topics/{topic}/events` with `auth.admin_token` set: the admin token, or a JWT (when
-/// `auth.jwt_secret` is set) whose `publish` claim allows the topic.
+/// tokens are checked) whose `publish` claim allows the topic.
 pub async fn require_publish_right(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let auth = &app.config.auth;
     if auth.admin_token.is_empty() {

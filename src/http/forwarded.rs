@@ -5,11 +5,12 @@
 //!
 //! A request whose peer is in `server.trusted_proxies` and that carries `X-Forwarded-For` or
 //! `Forwarded` (RFC 7239) is believed: its client is the nearest address in the chain that is not
-//! a trusted proxy (walking from the peer back), its scheme the first `X-Forwarded-Proto` (or the
-//! `proto=` of `Forwarded`), its host the first `X-Forwarded-Host` (or `host=`). Anyone else's
-//! forwarding headers are ignored: a client could otherwise name any address it likes. A page
-//! cannot make a browser send these headers to the gateway directly without a CORS preflight,
-//! which only the SSE routes answer, and never with these headers allowed.
+//! a trusted proxy (walking from the peer back), its scheme the last `X-Forwarded-Proto` (or the
+//! `proto=` of the last `Forwarded` element), its host the last `X-Forwarded-Host` (or `host=`):
+//! what the nearest proxy wrote. Anyone else's forwarding headers are ignored: a client could
+//! otherwise name any address it likes. A cross-origin page cannot make a browser send these
+//! headers (no preflight ackgate answers allows them); a DNS-rebinding page on a trusted address
+//! can, same-origin, and is refused by the Host check on its own `Host` (`http::exposure`).
 
 use std::net::IpAddr;
 
