@@ -144,7 +144,10 @@ impl Broker {
     pub(super) fn signal(&self, signal: libc::c_int) {
         let pid = match self {
             Self::Tansu { child, .. } => child.as_ref().map(|c| c.id() as libc::pid_t),
-            Self::RocketMq { dir, .. } => std::fs::read_to_string(dir.path().join("broker-1.pid")).ok().and_then(|p| p.trim().parse().ok()),
+            // One master writes broker.pid (`rocketmq-test-broker start`), several broker-N.pid.
+            Self::RocketMq { dir, .. } => {
+                ["broker.pid", "broker-1.pid"].iter().find_map(|file| std::fs::read_to_string(dir.path().join(file)).ok()).and_then(|p| p.trim().parse().ok())
+            }
         };
         if let Some(pid) = pid {
             // SAFETY: a signal to a process this run started.
