@@ -99,7 +99,7 @@ pub struct LogState {
     /// The fsync that durable publishes share.
     group_commit: GroupCommit,
     /// Set once a write failed with an I/O error: the database takes no more writes.
-    stopped: crate::store::rocks::StoppedWrites,
+    stopped: crate::store::damage::StoppedWrites,
 }
 
 fn io_err(e: impl std::fmt::Display) -> BackendError {
@@ -125,11 +125,11 @@ impl EmbeddedLog {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        crate::store::rocks::refuse_corruption(&mut opts);
+        crate::store::damage::refuse_corruption(&mut opts);
         let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let dir = data_dir.join("log");
-        crate::store::rocks::refuse_if_marked_damaged(&dir).map_err(io_err)?;
-        let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| io_err(crate::store::rocks::open_error(&dir, e)))?;
+        crate::store::damage::refuse_if_marked_damaged(&dir).map_err(io_err)?;
+        let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| io_err(crate::store::damage::open_error(&dir, e)))?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = LogState {
             db,
@@ -141,7 +141,7 @@ impl EmbeddedLog {
             clock,
             last_timestamp: AtomicU64::new(0),
             group_commit: GroupCommit::new(settings.group_commit_max_wait),
-            stopped: crate::store::rocks::StoppedWrites::for_dir(&dir),
+            stopped: crate::store::damage::StoppedWrites::for_dir(&dir),
         };
         log.recover_topics()?;
         Ok(Self { state: Arc::new(log) })
