@@ -98,7 +98,7 @@ static CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
 /// Opens the TCP connection. To a loopback gateway, connections are spread over the source
 /// addresses 127.0.0.1, 127.0.0.2, ... (20,000 each), so tens of thousands of sockets do not run
 /// out of ephemeral ports.
-async fn tcp(ws_url: &str) -> anyhow::Result<TcpStream> {
+pub(crate) async fn tcp(ws_url: &str) -> anyhow::Result<TcpStream> {
     let authority = ws_url.split("://").nth(1).and_then(|rest| rest.split('/').next()).context("ws url without host")?;
     let server: SocketAddr = match authority.parse() {
         Ok(addr) => addr,

@@ -17,6 +17,7 @@ mod client;
 mod find_rate;
 mod gateway;
 mod history;
+mod nats;
 mod powerloss;
 mod report;
 mod shapes;
@@ -188,6 +189,10 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("chaos") {
         return chaos::main(args.into_iter().skip(1).collect());
+    }
+    // `loadtest nats ...`: the same throughput shapes against NATS JetStream (the peer column).
+    if args.get(1).map(String::as_str) == Some("nats") {
+        return nats::main(args.into_iter().skip(1).collect());
     }
     let mut cli = Cli::parse();
     if let Some(clients) = cli.broadcast {

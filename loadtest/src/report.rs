@@ -41,6 +41,16 @@ impl Summary {
         );
     }
 
+    /// The figures of a timed delivery run, in the order every throughput shape prints them.
+    pub fn add_deliveries(&mut self, elapsed: Duration, deliveries: u64, acks: u64, redeliveries: u64) {
+        let seconds = elapsed.as_secs_f64();
+        self.add("elapsed_s", (seconds * 1000.0).round() / 1000.0);
+        self.add("deliveries", deliveries);
+        self.add("delivered_per_s", (deliveries as f64 / seconds).round());
+        self.add("acked_per_s", (acks as f64 / seconds).round());
+        self.add("redeliveries", redeliveries);
+    }
+
     pub fn problem(&mut self, problem: String) {
         self.complete = false;
         self.problems.push(problem);

@@ -363,12 +363,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let elapsed = started.elapsed();
     drop(progress);
     resources(&mut summary, &gateway, cpu_before, elapsed);
-    let seconds = elapsed.as_secs_f64();
-    summary.add("elapsed_s", (seconds * 1000.0).round() / 1000.0);
-    summary.add("deliveries", deliveries);
-    summary.add("delivered_per_s", (deliveries as f64 / seconds).round());
-    summary.add("acked_per_s", (acks as f64 / seconds).round());
-    summary.add("redeliveries", redeliveries);
+    summary.add_deliveries(elapsed, deliveries, acks, redeliveries);
     let latency_name = if paced { "publish_to_delivery" } else { "ack_round_trip" };
     summary.add_latency(latency_name, &latency);
 

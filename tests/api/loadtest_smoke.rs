@@ -41,6 +41,21 @@ fn loadtest_smoke_two_clients_five_thousand_events_nothing_lost() {
     assert_eq!(confirmed["ack_round_trip"]["count"], 200, "{confirmed}");
 }
 
+/// The peer side of `scripts/bench-peers`: the same shapes against Debian's nats-server
+/// (JetStream over WebSocket), complete by its own check (every sequence received, every
+/// consumer's ack floor at the stream's end).
+#[test]
+fn loadtest_nats_runs_the_same_shapes_against_nats_jetstream() {
+    let split = run(&["nats", "--clients", "2", "--events", "3001"]);
+    assert_eq!(split["complete"], true, "{split}");
+    assert_eq!(split["deliveries"], 3001, "{split}");
+    assert!(split["nats_rss_mib"].as_f64().unwrap_or(0.0) > 1.0, "the server's memory is read: {split}");
+    let fanout = run(&["nats", "--clients", "3", "--fanout", "--events", "1000"]);
+    assert_eq!(fanout["deliveries"], 3000, "each fan-out client gets every message: {fanout}");
+    let confirmed = run(&["nats", "--clients", "1", "--events", "200", "--ack", "confirmed"]);
+    assert_eq!(confirmed["ack_round_trip"]["count"], 200, "each ack's answer timed: {confirmed}");
+}
+
 #[test]
 fn loadtest_fails_a_run_whose_offsets_do_not_reach_the_log_end() {
     // Every event arrives, but the first three are never acknowledged: committed offsets stay
