@@ -101,8 +101,11 @@ pub struct ServerConfig {
     /// (when the client ever sends confirmed acks), or after this long. So a client's resume token
     /// covers its acks and the next instance sends none of them again. 0 = close at once.
     pub drain_settle_ms: u64,
-    /// Log lines: "text" or "json". The level comes from RUST_LOG (default info).
+    /// Log lines: "text" or "json".
     pub log_format: LogFormat,
+    /// Which log lines are written, as RUST_LOG says it ("info", "warn,ackgate::core=debug").
+    /// RUST_LOG, when set and not empty, wins. A reload (SIGHUP, POST /admin/reload) applies it.
+    pub log_level: String,
     /// TLS without a proxy: PEM paths of the certificate chain and its private key, both or neither.
     /// When set the listener speaks only TLS (https://, wss://) and public_url defaults to https://.
     /// SIGHUP reads both files again (open sessions keep their connection). Empty = plain HTTP.
@@ -166,6 +169,7 @@ impl Default for ServerConfig {
             drain_ms: 10_000,
             drain_settle_ms: 2000,
             log_format: LogFormat::Text,
+            log_level: "info".into(),
             tls_cert: String::new(),
             tls_key: String::new(),
             tls_handshake_timeout_ms: 10_000,

@@ -20,18 +20,18 @@ use crate::core::alignment::align_pull_offsets_to_ack;
 use crate::core::backend::LogBackend;
 use crate::core::bounds_cache::BoundsCache;
 use crate::core::clock::{Clock, SystemClock};
-use crate::core::delivery_settings::DeliverySettings;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::idempotency::IdempotentPublisher;
 use crate::core::offset_retention::{live_touch_period_ms, sweep_expired_offsets, touch_client_offsets};
 use crate::core::offset_writer::OffsetWriter;
 use crate::core::offsets::OffsetStore;
-use crate::core::redelivery::{RedeliveryPolicies, RedeliveryPolicy};
 use crate::http::connections::{connection_capacity, raise_descriptor_limit, serve, ConnectionLimits};
 use crate::http::exposure::Exposure;
 use crate::http::lingering::Linger;
+use crate::http::reload::{reload_and_log, ConfigReload};
 use crate::http::tls::Tls;
 use crate::http::{router, AppState};
+use crate::reload::{delivery_settings, ConfigFile, Reloader};
 use crate::store::memory::MemoryOffsetStore;
 use crate::store::rocks::RocksOffsetStore;
 
@@ -50,6 +50,7 @@ pub struct Gateway {
     app: AppState,
     backend: Backend,
     writer_thread: std::thread::JoinHandle<()>,
+    reloader: Arc<Reloader>,
 }
 
 /// What outside code (tests, signal handlers) may do with a running gateway.
@@ -133,48 +134,6 @@ fn sweep_publishes(d: &Dispatcher) -> anyhow::Result<usize> {
         tracing::info!(forgotten, "expired idempotency keys");
     }
     Ok(forgotten)
-}
-
-fn delivery_settings(config: &Config) -> DeliverySettings {
-    let d = &config.delivery;
-    let millis = |list: &[u64]| list.iter().map(|ms| Duration::from_millis(*ms)).collect::<Vec<_>>();
-    let default =
-        RedeliveryPolicy { ack_timeout: Duration::from_millis(d.ack_timeout_ms), max_attempts: d.max_attempts, backoff: millis(&d.redelivery_backoff_ms) };
-    let by_pattern = d
-        .topics
-        .iter()
-        .map(|(pattern, rules)| {
-            let policy = RedeliveryPolicy {
-                ack_timeout: rules.ack_timeout_ms.map_or(default.ack_timeout, Duration::from_millis),
-                max_attempts: rules.max_attempts.unwrap_or(default.max_attempts),
-                backoff: rules.redelivery_backoff_ms.as_deref().map_or_else(|| default.backoff.clone(), millis),
-            };
-            (pattern.clone(), policy)
-        })
-        .collect();
-    DeliverySettings {
-        redelivery: RedeliveryPolicies::new(default, by_pattern),
-        max_in_flight: d.max_in_flight,
-        max_in_flight_bytes: d.max_in_flight_bytes,
-        group_max_in_flight: d.group_max_in_flight,
-        reset_policy: d.reset_policy,
-        slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
-        max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
-        max_subscribes_per_sec: config.limits.max_subscribes_per_sec,
-        max_rewind_events: config.limits.max_rewind_events,
-        max_batch_events: config.limits.max_batch_events,
-        publish_creates_topics: (!crate::http::topics::must_exist_before_publish(config, false), !crate::http::topics::must_exist_before_publish(config, true)),
-        max_sessions: config.limits.max_sessions,
-        max_clients_per_topic: config.limits.max_clients_per_topic,
-        max_offline_clients: config.limits.max_offline_clients,
-        reader_buffer_events: d.reader_buffer_events,
-        reader_buffer_bytes: d.reader_buffer_bytes,
-        fetch_batch: d.fetch_batch,
-        ping_interval: Duration::from_millis(config.server.ws_ping_interval_ms),
-        pong_timeout: Duration::from_millis(config.server.ws_pong_timeout_ms),
-        drain_settle: Duration::from_millis(config.server.drain_settle_ms),
-        refresh_before: Duration::from_secs(config.auth.refresh_before_secs),
-    }
 }
 
 /// How long a connection's sent data may stay unacknowledged before the kernel drops it: the
@@ -322,7 +281,7 @@ impl Gateway {
             // instances disagree on where each client belongs.
             tracing::warn!(default = %format!("http://{local_addr}"), "cluster.peers is set but server.public_url is not: set it to the URL the peers list for this instance");
         }
-        let exposure = Arc::new(Exposure::from_config(&config));
+        let exposure = Arc::new(crate::core::live::Live::new(Exposure::from_config(&config)));
         let publisher = Arc::new(IdempotentPublisher::new(
             dispatcher.store.clone(),
             dispatcher.clock.clone(),
@@ -331,6 +290,7 @@ impl Gateway {
             config.publish.idempotency_max_keys_per_publisher,
         ));
         let _ = dispatcher.publisher.set(publisher.clone());
+        let reloader = Arc::new(Reloader::new(config.clone(), &dispatcher, exposure.clone()));
         let app = AppState {
             dispatcher,
             config: Arc::new(config),
@@ -341,8 +301,16 @@ impl Gateway {
             sse: Default::default(),
             listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)),
             token_keys,
+            reload: reloader.clone(),
         };
-        Ok(Self { listener, tls, app, backend: opened, writer_thread })
+        Ok(Self { listener, tls, app, backend: opened, writer_thread, reloader })
+    }
+
+    /// SIGHUP and `POST /admin/reload` read the configuration again from `file` (without it they
+    /// refuse: a gateway built in process has no file).
+    pub fn reload_from(self, file: ConfigFile) -> Self {
+        self.reloader.read_from(file);
+        self
     }
 
     pub fn handle(&self) -> GatewayHandle {
@@ -357,7 +325,7 @@ impl Gateway {
     /// Serves until `shutdown` resolves (or `GatewayHandle::shutdown`), then closes sessions
     /// with 1001, drains offset writes, checkpoints the pull cursors and closes the stores.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Gateway { listener, tls, app, backend, writer_thread } = self;
+        let Gateway { listener, tls, app, backend, writer_thread, reloader: _ } = self;
         let cancel = app.dispatcher.shutdown.clone();
         let config = app.config.clone();
         let local_addr = listener.local_addr()?;
@@ -382,7 +350,7 @@ impl Gateway {
             max_connections_per_ip = limits.max_per_ip,
             "connection capacity"
         );
-        reload_tls_on_sighup(tls.clone(), cancel.clone())?;
+        reload_on_sighup(tls.clone(), app.reload.clone(), cancel.clone())?;
         let server = tokio::spawn(serve(listener, tls.clone(), router(app.clone()), limits, app.connections.clone(), cancel.clone()));
         tracing::info!(%local_addr, instance = %app.dispatcher.instance, tls = tls.is_some(), "ackgate listening");
         let drain = Duration::from_millis(config.server.drain_ms);
@@ -465,10 +433,12 @@ async fn writes_stopped(dispatcher: &Dispatcher) -> String {
 
 /// Pull checkpoint, metrics upkeep, peer probes, offset retention sweep and log retention, each
 /// until shutdown.
-/// SIGHUP reads the certificate and key again (rotation without a restart); sessions and other
-/// open connections keep the certificate they were opened with. Without TLS it is logged and
-/// ignored: a stray `kill -HUP` (log rotation scripts send it) must never stop a gateway.
-fn reload_tls_on_sighup(tls: Option<Arc<Tls>>, cancel: CancellationToken) -> anyhow::Result<()> {
+/// SIGHUP reads the configuration again (`crate::reload`: what may change live is applied, the
+/// rest refused and logged) and the TLS certificate and key (rotation without a restart; sessions
+/// and other open connections keep the certificate they were opened with). A failure of either
+/// is logged and changes nothing: a stray `kill -HUP` (log rotation scripts send it) must never
+/// stop a gateway.
+fn reload_on_sighup(tls: Option<Arc<Tls>>, reload: Arc<dyn ConfigReload>, cancel: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tokio::spawn(async move {
@@ -477,8 +447,10 @@ fn reload_tls_on_sighup(tls: Option<Arc<Tls>>, cancel: CancellationToken) -> any
                 _ = hangup.recv() => {}
                 _ = cancel.cancelled() => return,
             }
+            let reload = reload.clone();
+            let _ = tokio::task::spawn_blocking(move || reload_and_log(reload.as_ref(), "SIGHUP")).await;
             match tls.as_ref().map(|tls| tls.reload()) {
-                None => tracing::info!("SIGHUP ignored: no TLS certificate to reload"),
+                None => {}
                 Some(Ok(())) => tracing::info!("SIGHUP: TLS certificate and key reloaded; new connections use them"),
                 Some(Err(e)) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS reload failed; the previous certificate stays in use"),
             }

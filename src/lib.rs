@@ -55,6 +55,7 @@ pub mod core;
 pub(crate) mod data_format;
 pub mod gateway;
 pub mod http;
+pub mod reload;
 pub mod store;
 
 pub use gateway::Gateway;

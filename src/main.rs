@@ -37,15 +37,39 @@ enum Command {
     },
 }
 
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+/// Sets up the log lines: the filter is RUST_LOG when it is set and not empty, else
+/// `server.log_level`; in the second case a reload may replace it (the setter returned).
+fn init_logs(format: LogFormat, log_level: &str) -> Result<Option<ackgate::reload::SetLogFilter>, String> {
+    use tracing_subscriber::EnvFilter;
+    let from_env = std::env::var("RUST_LOG").ok().filter(|v| !v.trim().is_empty());
+    let filter = match &from_env {
+        Some(text) => EnvFilter::try_new(text).map_err(|e| format!("RUST_LOG: {e}"))?,
+        None => EnvFilter::try_new(log_level).map_err(|e| format!("server.log_level: {e}"))?,
+    };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    if format == LogFormat::Json {
-        builder.json().init();
-    } else {
-        builder.init();
+    let builder = tracing_subscriber::fmt().with_ansi(ansi).with_writer(std::io::stderr);
+    // The two formats are two subscriber types, so two handles: each becomes the same setter.
+    macro_rules! setter {
+        ($handle:expr) => {{
+            let handle = $handle;
+            Box::new(move |text: &str| {
+                let filter = EnvFilter::try_new(text).map_err(|e| e.to_string())?;
+                handle.reload(filter).map_err(|e| e.to_string())
+            }) as ackgate::reload::SetLogFilter
+        }};
     }
+    let set = if format == LogFormat::Json {
+        let builder = builder.json().with_env_filter(filter).with_filter_reloading();
+        let set = setter!(builder.reload_handle());
+        builder.init();
+        set
+    } else {
+        let builder = builder.with_env_filter(filter).with_filter_reloading();
+        let set = setter!(builder.reload_handle());
+        builder.init();
+        set
+    };
+    Ok(from_env.is_none().then_some(set))
 }
 
 /// Installs the SIGINT and SIGTERM handlers at once and returns the future that resolves on
@@ -87,7 +111,14 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    init_logs(config.server.log_format);
+    let set_log_filter = match init_logs(config.server.log_format, &config.server.log_level) {
+        Ok(set) => set,
+        Err(e) => {
+            eprintln!("ackgate: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let config_file = ackgate::reload::ConfigFile { path: cli.config.clone(), required, set_log_filter };
     let mut stop = Box::pin(stop_signal());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %cli.config.display(), backend = ?config.storage.backend, "ackgate starting");
     // A start can take long (a broker that does not answer, a large store to align): a signal
@@ -101,7 +132,7 @@ async fn main() -> std::process::ExitCode {
         built = ackgate::Gateway::build(config) => built,
     };
     let gateway = match built {
-        Ok(gateway) => gateway,
+        Ok(gateway) => gateway.reload_from(config_file),
         Err(e) => {
             tracing::error!("cannot start: {e:#}");
             return std::process::ExitCode::FAILURE;

@@ -60,7 +60,8 @@ impl Drop for ClientChange<'_> {
 }
 
 pub struct Dispatcher {
-    pub settings: DeliverySettings,
+    /// Replaced by a reload (`replace_settings`); read through `settings()`.
+    settings: super::live::Live<DeliverySettings>,
     pub instance: String,
     pub backend: Arc<dyn LogBackend>,
     pub store: Arc<dyn OffsetStore>,
@@ -95,6 +96,16 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// The delivery settings now: a session takes them where it uses them, a reload changes
+    /// what the next one takes (new sessions' windows, new subscriptions' redelivery policy).
+    pub fn settings(&self) -> Arc<DeliverySettings> {
+        self.settings.get()
+    }
+
+    pub fn replace_settings(&self, settings: DeliverySettings) {
+        self.settings.replace(settings);
+    }
+
     pub fn new(
         settings: DeliverySettings,
         instance: String,
@@ -117,7 +128,7 @@ impl Dispatcher {
             metrics.pull_events.clone(),
         );
         Self {
-            settings,
+            settings: super::live::Live::new(settings),
             instance,
             backend,
             store,
@@ -169,10 +180,10 @@ impl Dispatcher {
         // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
         let running_here = registry.running.get(&client_id).copied().unwrap_or(0);
         // A group's hub is bounded by its members, which are counted.
-        if !hub && registry.running_total >= self.settings.max_sessions && !(replaces.is_some() && running_here <= 1) {
+        if !hub && registry.running_total >= self.settings().max_sessions && !(replaces.is_some() && running_here <= 1) {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
-                format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings.max_sessions),
+                format!("this instance serves its maximum of {} sessions (limits.max_sessions)", self.settings().max_sessions),
             ));
         }
         if let Some(old) = replaces.and_then(|id| registry.sessions.remove(&id)) {
@@ -194,8 +205,8 @@ impl Dispatcher {
             subscriptions: Mutex::new(Vec::new()),
             groups: Mutex::new(Vec::new()),
             window: Arc::new(match transport {
-                Transport::Group => Window::new(self.settings.group_max_in_flight, self.settings.max_in_flight_bytes),
-                _ => Window::new(self.settings.max_in_flight, self.settings.max_in_flight_bytes),
+                Transport::Group => Window::new(self.settings().group_max_in_flight, self.settings().max_in_flight_bytes),
+                _ => Window::new(self.settings().max_in_flight, self.settings().max_in_flight_bytes),
             }),
         });
         let control = Arc::new(ControlInbox::new());
@@ -239,7 +250,7 @@ impl Dispatcher {
                 registry.next_offline += 1;
                 registry.offline.insert(since, info.client_id.clone());
                 registry.offline_since.insert(info.client_id.clone(), since);
-                registry.keep_offline_within(self.settings.max_offline_clients);
+                registry.keep_offline_within(self.settings().max_offline_clients);
             }
         }
     }
@@ -285,7 +296,7 @@ impl Dispatcher {
 
     /// Counts a new subscriber of `topic`, within `limits.max_clients_per_topic`.
     pub fn add_subscriber(&self, topic: &TopicName) -> Result<(), FrameError> {
-        let limit = self.settings.max_clients_per_topic;
+        let limit = self.settings().max_clients_per_topic;
         let mut registry = self.registry();
         if registry.deleting.contains(topic) {
             return Err(FrameError::new(ErrorCode::UnknownTopic, format!("topic {topic} is being deleted")));

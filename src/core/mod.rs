@@ -19,6 +19,7 @@ pub(crate) mod frame_errors;
 pub(crate) mod group;
 pub mod idempotency;
 pub(crate) mod in_flight;
+pub(crate) mod live;
 pub(crate) mod log_end;
 pub(crate) mod log_throttle;
 pub mod metrics;

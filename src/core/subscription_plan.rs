@@ -54,7 +54,7 @@ impl Dispatcher {
         epoch: Epoch,
         first: u32,
     ) -> Result<Vec<StartPoint>, FrameError> {
-        let most = self.settings.max_rewind_events;
+        let most = self.settings().max_rewind_events;
         if let StartFrom::Last(n) = from {
             if n > most {
                 return Err(FrameError::new(
@@ -180,7 +180,7 @@ impl Dispatcher {
                 stored = Some((lowered.committed, lowered.last_acked));
                 offset_epoch = lowered.epoch;
             }
-            let policy = match (from, self.settings.reset_policy) {
+            let policy = match (from, self.settings().reset_policy) {
                 (StartFrom::Latest, _) => bounds.log_end,
                 (StartFrom::Last(n), _) => bounds.log_end.saturating_sub(n).max(bounds.log_start),
                 (StartFrom::Time(_), _) => by_time[index(partition)].clamp(bounds.log_start, bounds.log_end),

@@ -171,7 +171,7 @@ async fn cors(exposure: &Exposure, request: Request, next: Next) -> Response {
 
 /// Middleware: refuses with 403 `forbidden` what the checks refuse, before auth and routing.
 pub async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let exposure = &app.exposure;
+    let exposure = &*app.exposure.get();
     let forwarded = request.extensions().get::<Forwarded>();
     let mut verdict = exposure.check_host(request.headers(), request.uri(), forwarded);
     if verdict.is_ok() && can_act(request.method(), request.uri().path()) {

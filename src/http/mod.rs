@@ -22,6 +22,7 @@ pub(crate) mod metrics;
 pub(crate) mod offsets;
 pub mod openapi;
 pub(crate) mod recommend;
+pub mod reload;
 pub(crate) mod request_log;
 pub(crate) mod schemas;
 pub(crate) mod sessions;
@@ -51,8 +52,8 @@ pub struct AppState {
     pub cluster: Arc<Cluster>,
     /// Open connections, counted by the accept loop (`connections`).
     pub connections: Arc<connections::ConnectionCounts>,
-    /// The Origin and Host checks, prepared from the configuration.
-    pub exposure: Arc<exposure::Exposure>,
+    /// The Origin and Host checks, prepared from the configuration (a reload replaces them).
+    pub exposure: Arc<crate::core::live::Live<exposure::Exposure>>,
     /// Publishes with an `Idempotency-Key`.
     pub publisher: Arc<crate::core::idempotency::IdempotentPublisher>,
     /// Server-Sent Events sessions, where their POSTed frames go.
@@ -61,6 +62,8 @@ pub struct AppState {
     pub listed_bounds: Arc<crate::core::bounds_cache::BoundsCache>,
     /// The keys JWTs are checked with (`auth.jwt_secret`, `auth.jwks_url`).
     pub token_keys: Arc<auth::TokenKeys>,
+    /// Reads the config file again (`POST /admin/reload`, SIGHUP).
+    pub reload: Arc<dyn reload::ConfigReload>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -79,6 +82,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/groups/{topic}/{group}", get(groups::view).delete(groups::delete))
         .route("/admin/groups/{topic}/{group}/{partition}", put(groups::reset))
         .route("/admin/drain", post(drain::drain))
+        .route("/admin/reload", post(reload::reload))
         .route_layer(admin.clone());
     Router::new()
         .route("/ws", get(ws::upgrade))

@@ -392,6 +392,12 @@ pub struct GapList {
 }
 
 #[derive(serde::Serialize, ToSchema)]
+pub struct Reloaded {
+    /// The keys whose values changed, as dotted paths (`delivery.ack_timeout_ms`).
+    pub changed: Vec<String>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
 pub struct Draining {
     pub draining: bool,
     /// True when a drain was already running (this call changed nothing).

@@ -33,6 +33,7 @@ mod packaging;
 mod power_loss;
 mod process;
 mod prometheus;
+mod reload;
 mod restart;
 mod reverse_proxy;
 mod rocketmq;

@@ -161,9 +161,18 @@ impl Rng {
 /// for `clock`. tansu 0.6, the Kafka stand-in, is not killed by default: after a SIGKILL under
 /// load its SQLite storage panics at every metadata request ("more or less than one row",
 /// tansu-storage's lite.rs) and it never serves again, which is tansu's fault, not ackgate's.
+/// Nor is the clock stepped on Kafka by default: libfaketime moves the wall clock of one process
+/// only, and librdkafka's timed waits hand the kernel absolute deadlines in that clock
+/// (`FUTEX_CLOCK_REALTIME`), which the kernel compares with the real one. A clock set back
+/// turns every wait into an immediate timeout: each librdkafka thread spins (seen on 2026-12-05:
+/// 19 threads, both cores in system time, `futex ... = -1 ETIMEDOUT` in a loop), the other
+/// instances and the broker starve and their starts time out. A clock set ahead makes each wait
+/// last that much longer. A real NTP step moves the kernel's clock for every process, so neither
+/// happens; the steps are run on the embedded log and RocketMQ, whose clients wait on monotonic
+/// time (`--faults clock` still runs them on Kafka).
 fn default_faults(broker: Option<&Broker>) -> Vec<Fault> {
     let mut faults = vec![Fault::Kill, Fault::Pause, Fault::Restart, Fault::Power, Fault::DiskFull];
-    if Path::new(LIBFAKETIME).exists() {
+    if Path::new(LIBFAKETIME).exists() && !matches!(broker, Some(Broker::Tansu { .. })) {
         faults.push(Fault::Clock);
     }
     match broker {

@@ -247,7 +247,7 @@ impl Session {
     pub(super) fn redelivery_of(&self, topic: &TopicName) -> Arc<RedeliveryPolicy> {
         match self.subscriptions.get(topic) {
             Some(subscription) => subscription.redelivery.clone(),
-            None => self.d.settings.redelivery.for_topic(topic.as_str()),
+            None => self.d.settings().redelivery.for_topic(topic.as_str()),
         }
     }
 

@@ -79,7 +79,7 @@ impl HubStarter for SessionHubs<'_> {
             Ok::<_, ()>(tx)
         });
         d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Box::pin(frames_in), Box::pin(frames_out), None));
-        Ok(HubEnds { inbound, outbound, window, cap: d.settings.group_max_in_flight })
+        Ok(HubEnds { inbound, outbound, window, cap: d.settings().group_max_in_flight })
     }
 }
 
@@ -112,7 +112,7 @@ impl Session {
             return Ok(());
         }
         let joined = self.groups.as_ref().is_some_and(|g| g.joined.contains_key(&topic));
-        let limit = self.d.settings.max_subscriptions_per_session;
+        let limit = self.d.settings().max_subscriptions_per_session;
         if !joined && !self.subscriptions.contains_key(&topic) && self.subscriptions.len() + self.group_count() >= limit {
             return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
         }
@@ -123,7 +123,7 @@ impl Session {
             session_id: self.info.session_id.clone(),
             client_id: self.info.client_id.clone(),
             control: self.control.clone(),
-            capacity: self.d.settings.max_in_flight,
+            capacity: self.d.settings().max_in_flight,
         };
         // A named start (`latest`, a time, the last n) is where a group with no floor begins; a
         // group that has one goes on from it, whichever member comes first.
@@ -154,7 +154,7 @@ impl Session {
 
     /// The group deliveries it holds fill its window (`delivery.max_in_flight`).
     pub(super) fn group_window_full(&self) -> bool {
-        self.groups.as_ref().is_some_and(|g| g.held.len() >= self.d.settings.max_in_flight)
+        self.groups.as_ref().is_some_and(|g| g.held.len() >= self.d.settings().max_in_flight)
     }
 
     /// True when the store holds a floor of `group` on `topic`.

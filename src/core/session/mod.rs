@@ -192,8 +192,8 @@ pub async fn run_session<I, O>(
         session_id: info.session_id.clone(),
         client_id: info.client_id.to_string(),
         instance: d.instance.clone(),
-        ack_timeout_ms: d.settings.redelivery.default_policy().ack_timeout.as_millis() as u64,
-        max_in_flight: d.settings.max_in_flight,
+        ack_timeout_ms: d.settings().redelivery.default_policy().ack_timeout.as_millis() as u64,
+        max_in_flight: d.settings().max_in_flight,
     });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
     // Credentials that expire end the session then (4004), whatever it is doing, unless a
@@ -204,7 +204,7 @@ pub async fn run_session<I, O>(
     tokio::pin!(credentials_timer);
     let mut reason = "client left";
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
-    let write_limit = Some(d.settings.slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
+    let write_limit = Some(d.settings().slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
     // Futures that live across iterations: re-creating a timer and a cancellation waiter on
     // every pass of a busy loop costs more than the frames it handles.
     let shutting_down = d.shutdown.cancelled();
@@ -225,7 +225,7 @@ pub async fn run_session<I, O>(
                     if std::mem::take(&mut s.heard) {
                         s.last_heard = Instant::now();
                     }
-                    let dead_peer = progress.as_deref().filter(|_| !d.settings.ping_interval.is_zero()).map(|p| (p, d.settings.pong_timeout, s.last_heard));
+                    let dead_peer = progress.as_deref().filter(|_| !d.settings().ping_interval.is_zero()).map(|p| (p, d.settings().pong_timeout, s.last_heard));
                     flush_blocked(flushing, write_limit, dead_peer).await
                 }
             }
@@ -450,7 +450,7 @@ impl Session {
             SessionControl::Disconnect => Step::Close(close_code::OPERATOR, "disconnected by an operator"),
             SessionControl::Drain { after_ms } => {
                 self.send(ServerFrame::Reconnect { after_ms, instance: None, ws_url: None });
-                self.settling = Some(Instant::now() + self.d.settings.drain_settle);
+                self.settling = Some(Instant::now() + self.d.settings().drain_settle);
                 self.settle_check()
             }
             SessionControl::Describe(reply) => {
@@ -486,7 +486,7 @@ impl Session {
 
     /// When to warn the client that its token expires (`refresh_before` ahead), if it does.
     fn notice_for_current_token(&self) -> Option<Instant> {
-        self.expiry.map(|at| at.checked_sub(self.d.settings.refresh_before).unwrap_or(at).max(Instant::now()))
+        self.expiry.map(|at| at.checked_sub(self.d.settings().refresh_before).unwrap_or(at).max(Instant::now()))
     }
 
     /// The credentials timer's next instant: the notice, else the expiry; `None`: never.
@@ -594,7 +594,7 @@ impl Session {
     /// flow) and its session ends at once, releasing its deliveries, with no close frame since
     /// nobody would read it.
     fn check_peer(&mut self) -> Step {
-        let settings = &self.d.settings;
+        let settings = self.d.settings();
         // A group's hub has no peer to lose: its distributor ends it.
         if settings.ping_interval.is_zero() || self.is_hub() {
             return Step::Continue;
@@ -628,7 +628,7 @@ impl Session {
             return Step::Continue;
         }
         let since = *self.stalled_since.get_or_insert_with(Instant::now);
-        let limit = self.d.settings.slow_client_timeout;
+        let limit = self.d.settings().slow_client_timeout;
         if !limit.is_zero() && since.elapsed() > limit {
             return Step::Close(close_code::SLOW_CLIENT, "slow client: no ack while the in-flight window was full");
         }

@@ -20,7 +20,7 @@ impl Session {
                 format!("this session may not publish to {topic}: its token's publish claim does not allow it (with auth.admin_token set and no JWTs, publish over REST)"),
             ));
         }
-        let settings = &self.d.settings;
+        let settings = self.d.settings();
         let events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
         let by_jwt = self.d.token_check.get().is_some();
         let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };

@@ -28,7 +28,7 @@ impl Session {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
         }
         self.count_subscribe()?;
-        let limit = self.d.settings.max_subscriptions_per_session;
+        let limit = self.d.settings().max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
             return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
         }
@@ -85,7 +85,7 @@ impl Session {
         self.info.subscriptions.lock().unwrap().push(topic.clone());
         let partitions = starts.len() as u32;
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
-        let redelivery = self.d.settings.redelivery.for_topic(topic.as_str());
+        let redelivery = self.d.settings().redelivery.for_topic(topic.as_str());
         self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted });
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
@@ -105,7 +105,7 @@ impl Session {
         if now.duration_since(*second) >= std::time::Duration::from_secs(1) {
             (*second, *made) = (now, 0);
         }
-        let per_sec = self.d.settings.max_subscribes_per_sec;
+        let per_sec = self.d.settings().max_subscribes_per_sec;
         if *made >= per_sec {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
@@ -125,7 +125,7 @@ impl Session {
                 reader,
                 partition: start.partition,
                 from: start.from,
-                batch: self.d.settings.fetch_batch,
+                batch: self.d.settings().fetch_batch,
                 subscription: id,
                 topic: topic.clone(),
                 truncations,
