@@ -51,6 +51,16 @@ impl Cluster {
         Self { this, peers: Mutex::new(peers), ca_file: ca_file.to_string() }
     }
 
+    /// Each peer's URL, with its instance id when a probe has read one.
+    pub fn peers(&self) -> Vec<(String, Option<String>)> {
+        self.peers.lock().unwrap().iter().map(|p| (p.url.clone(), p.healthy_as.clone())).collect()
+    }
+
+    /// `cluster.ca_file`: what a request to an https:// peer is verified against.
+    pub fn ca_file(&self) -> &str {
+        &self.ca_file
+    }
+
     pub fn has_peers(&self) -> bool {
         !self.peers.lock().unwrap().is_empty()
     }

@@ -24,6 +24,7 @@ pub const MAX_PAGE: usize = 1000;
     tag = "dead letters",
     summary = "Dead letters (max_attempts or term), one page at a time",
     params(
+        ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
         ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("limit" = Option<u32>, Query, description = "dead letters per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),

@@ -27,6 +27,7 @@ fn parse_names(topic: &str, group: &str) -> Result<(TopicName, GroupName), ApiEr
     tag = "groups",
     summary = "The shared subscriptions live on this instance, with their members",
     params(
+        ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
         ("topic" = Option<String>, Query, description = "exact topic", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("group" = Option<String>, Query, description = "exact group", pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249),
     ),

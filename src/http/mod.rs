@@ -5,6 +5,7 @@
 
 pub(crate) mod activity;
 pub(crate) mod auth;
+pub(crate) mod cluster_scope;
 pub(crate) mod connection_counts;
 pub(crate) mod connections;
 pub(crate) mod console;
@@ -69,16 +70,18 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let admin = middleware::from_fn_with_state(state.clone(), auth::require_admin_token);
     let publish = middleware::from_fn_with_state(state.clone(), auth::require_publish_right);
+    // The list routes answer for the whole cluster with `?scope=cluster`.
+    let scoped = middleware::from_fn_with_state(state.clone(), cluster_scope::scope);
     let guarded = Router::new()
-        .route("/admin/offsets", get(offsets::list))
+        .route("/admin/offsets", get(offsets::list).layer(scoped.clone()))
         .route("/admin/offsets/{topic}/{client_id}", get(offsets::client_view).delete(offsets::delete))
         .route("/admin/offsets/{topic}/{client_id}/{partition}", put(offsets::reset))
-        .route("/admin/sessions", get(sessions::list))
+        .route("/admin/sessions", get(sessions::list).layer(scoped.clone()))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
-        .route("/admin/dead-letters", get(dead_letters::list))
+        .route("/admin/dead-letters", get(dead_letters::list).layer(scoped.clone()))
         .route("/admin/dead-letters/redrive", post(dead_letters::redrive))
-        .route("/admin/gaps", get(gaps::list))
-        .route("/admin/groups", get(groups::list))
+        .route("/admin/gaps", get(gaps::list).layer(scoped.clone()))
+        .route("/admin/groups", get(groups::list).layer(scoped))
         .route("/admin/groups/{topic}/{group}", get(groups::view).delete(groups::delete))
         .route("/admin/groups/{topic}/{group}/{partition}", put(groups::reset))
         .route("/admin/drain", post(drain::drain))

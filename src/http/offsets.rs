@@ -44,6 +44,7 @@ pub const MAX_PAGE: usize = 10_000;
     tag = "offsets",
     summary = "Stored ack offsets, filtered by key-prefix scans, one page at a time",
     params(
+        ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
         ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0),

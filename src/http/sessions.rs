@@ -41,12 +41,14 @@ fn session_json(info: &SessionInfo) -> Value {
     operation_id = "list_sessions",
     tag = "sessions",
     summary = "Live sessions and their counters",
+    params(("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$")),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::SessionList, links(
             ("GetSession" = (operation_id = "get_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
             ("DisconnectSession" = (operation_id = "disconnect_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
         )),
+        (status = 400, description = "bad_request: scope is neither local nor cluster", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
     )

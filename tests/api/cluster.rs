@@ -18,6 +18,22 @@ fn peer_config(data: &std::path::Path, i: usize, port: u16, urls: &[String]) -> 
     config
 }
 
+/// Two instances of a cluster of three URLs (the third never runs), each configured by `adjust`.
+async fn two_of_three(adjust: impl Fn(&mut ackgate::config::Config)) -> (Vec<String>, Vec<InProcess>, Vec<tempfile::TempDir>) {
+    let ports = [free_port(), free_port(), free_port()];
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for (i, port) in ports[..2].iter().enumerate() {
+        let (dir, data) = temp_dir();
+        let mut config = peer_config(&data, i, *port, &urls);
+        adjust(&mut config);
+        gateways.push(InProcess::start(config).await);
+        dirs.push(dir);
+    }
+    (urls, gateways, dirs)
+}
+
 async fn recommendations(base: &str, clients: usize) -> BTreeMap<String, String> {
     let mut chosen = BTreeMap::new();
     for c in 0..clients {
@@ -33,15 +49,7 @@ async fn recommendations(base: &str, clients: usize) -> BTreeMap<String, String>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_agree_spread_clients_and_skip_a_dead_peer() {
-    let ports = [free_port(), free_port(), free_port()]; // the third never runs
-    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let mut gateways = Vec::new();
-    let mut dirs = Vec::new();
-    for (i, port) in ports[..2].iter().enumerate() {
-        let (dir, data) = temp_dir();
-        gateways.push(InProcess::start(peer_config(&data, i, *port, &urls)).await);
-        dirs.push(dir);
-    }
+    let (_urls, mut gateways, _dirs) = two_of_three(|_| {}).await;
     let mut agreed = None;
     for _ in 0..100 {
         let a = recommendations(&gateways[0].base, 40).await;
@@ -124,4 +132,67 @@ async fn a_peer_that_is_not_ready_gets_no_clients() {
     for gateway in gateways {
         gateway.stop().await;
     }
+}
+
+/// `?scope=cluster` on the admin list routes (issue 45, item 5): one question answers for every
+/// instance, rows named by instance, the peers asked with the admin token; a peer that is gone is
+/// named in `unreachable`, and a bad scope is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_lists_answer_for_the_whole_cluster_with_scope_cluster() {
+    const TOKEN: &str = "admin-secret";
+    let (urls, mut gateways, _dirs) = two_of_three(|config| config.auth.admin_token = TOKEN.into()).await;
+    let admin_get = |url: String| async move {
+        let response = http().get(url).bearer_auth(TOKEN).send().await.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    // A client on each instance, each with an offset stored there.
+    let mut clients = Vec::new();
+    for (i, gw) in gateways.iter().enumerate() {
+        let publish = http()
+            .post(format!("{}/topics/t/events", gw.base))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({"partition": 0, "payload": i}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(publish.status(), 200);
+        let mut client = TestClient::connect(gw.addr(), &format!("c{i}")).await;
+        client.subscribe("t", serde_json::json!({})).await;
+        let event = client.recv_type("event").await;
+        client.ack_confirmed(&[id(&event)], "a").await;
+        clients.push(client);
+    }
+    let (status, local) = admin_get(format!("{}/admin/sessions", gateways[0].base)).await;
+    assert_eq!((status, local["sessions"].as_array().map(Vec::len)), (200, Some(1)), "without scope: this instance only: {local}");
+    let (status, all) = admin_get(format!("{}/admin/sessions?scope=cluster", gateways[0].base)).await;
+    assert_eq!(status, 200, "{all}");
+    let mut seen: Vec<(String, String)> = all["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["client_id"].as_str().unwrap().to_string(), s["instance"].as_str().unwrap().to_string()))
+        .collect();
+    seen.sort();
+    assert_eq!(seen, [("c0".to_string(), "gw-0".to_string()), ("c1".to_string(), "gw-1".to_string())], "{all}");
+    assert_eq!(all["unreachable"], serde_json::json!([urls[2]]), "the peer that never ran: {all}");
+    // Filters and pages go to every instance: each instance's page, its `next` by instance.
+    let (status, offsets) = admin_get(format!("{}/admin/offsets?topic=t&scope=cluster&limit=1", gateways[1].base)).await;
+    assert_eq!(status, 200, "{offsets}");
+    let rows = offsets["offsets"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "one row of each instance: {offsets}");
+    assert!(rows.iter().any(|r| r["client_id"] == "c0" && r["instance"] == "gw-0" && r["committed"] == 1), "{offsets}");
+    assert!(offsets.get("next").is_none(), "{offsets}");
+    // A bad scope, and the admin token still required.
+    let (status, body) = admin_get(format!("{}/admin/gaps?scope=everywhere", gateways[0].base)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
+    let anonymous = http().get(format!("{}/admin/sessions?scope=cluster", gateways[0].base)).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    // A peer that stops: named in `unreachable`, its rows gone.
+    let stopped = gateways.pop().unwrap();
+    drop(clients);
+    stopped.stop().await;
+    let (status, all) = admin_get(format!("{}/admin/sessions?scope=cluster", gateways[0].base)).await;
+    assert_eq!(status, 200, "{all}");
+    let unreachable: Vec<&str> = all["unreachable"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(unreachable.contains(&urls[1].as_str()) && unreachable.contains(&urls[2].as_str()), "{all}");
 }
