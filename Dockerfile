@@ -29,8 +29,7 @@ COPY --from=build /usr/local/bin/ackgate /usr/local/bin/ackgate
 # set (ACKGATE_AUTH__ADMIN_TOKEN, ACKGATE_AUTH__JWT_SECRET), or the start is refused
 # (README, "Before you expose it").
 ENV ACKGATE_SERVER__LISTEN=0.0.0.0:8080 \
-    ACKGATE_STORAGE__DATA_DIR=/var/lib/ackgate \
-    RUST_LOG=info
+    ACKGATE_STORAGE__DATA_DIR=/var/lib/ackgate
 USER ackgate
 WORKDIR /var/lib/ackgate
 VOLUME ["/var/lib/ackgate"]

@@ -4,9 +4,12 @@
 //! answer also names the peer's instance id. Readiness, not liveness: a peer whose offset store or backend
 //! fails, or that is shutting down, still answers `/healthz` but must get no clients.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::core::names::{ClientId, TopicName};
+use crate::core::peer_offsets::{newest, PeerOffsets, PeerRecords};
+use crate::core::protocol::ResumeOffset;
 use crate::core::rendezvous;
 
 /// One instance a client may be sent to.
@@ -122,4 +125,57 @@ async fn probe(url: &str, ca_file: &str, timeout: Duration) -> Option<String> {
         crate::http::fetch::get(&format!("{url}/readyz"), ca_file, timeout).await.map_err(|e| tracing::debug!(peer = %url, error = %e, "probe failed")).ok()?;
     let readiness: serde_json::Value = serde_json::from_slice(&body).ok()?;
     readiness["instance"].as_str().map(str::to_string)
+}
+
+/// How long a subscribe waits for a peer's records of its client.
+const PEER_RECORDS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client's records at the peers (`core::peer_offsets`), read from each peer's
+/// `GET /admin/offsets?topic=&client_id=` with the admin token (the peers share it).
+pub struct ClusterPeerOffsets {
+    pub cluster: Arc<Cluster>,
+    pub admin_token: String,
+}
+
+#[async_trait::async_trait]
+impl PeerOffsets for ClusterPeerOffsets {
+    async fn client_records(&self, topic: &TopicName, client_id: &ClientId) -> PeerRecords {
+        let peers = self.cluster.peers();
+        let asked = peers.iter().map(|(url, _)| {
+            // Names are URL-safe as they are (`[A-Za-z0-9._:@-]`).
+            let url = format!("{url}/admin/offsets?topic={topic}&client_id={client_id}");
+            let (ca_file, token) = (self.cluster.ca_file(), self.admin_token.as_str());
+            async move { crate::http::fetch::get_admin(&url, ca_file, PEER_RECORDS_TIMEOUT, token).await.and_then(|body| records_of(&url, &body)) }
+        });
+        let answers = futures_util::future::join_all(asked).await;
+        let mut found = Vec::new();
+        let mut unanswered = Vec::new();
+        for ((url, _), answer) in peers.iter().zip(answers) {
+            match answer {
+                Ok(records) => found.extend(records),
+                Err(e) => {
+                    tracing::warn!(peer = %url, %topic, %client_id, error = %e, "a peer did not answer for a client's records; what it holds is not used");
+                    unanswered.push(url.clone());
+                }
+            }
+        }
+        PeerRecords { offsets: newest(found), unanswered }
+    }
+}
+
+/// The rows of an offsets list as (partition, committed offset and its epoch); a row of a peer
+/// that names no epoch is of epoch 0 (the oldest: a record of any lowering since fences it).
+fn records_of(url: &str, body: &[u8]) -> Result<Vec<(u32, ResumeOffset)>, String> {
+    let answer: serde_json::Value = serde_json::from_slice(body).map_err(|e| format!("GET {url}: {e}"))?;
+    let rows = answer["offsets"].as_array().ok_or_else(|| format!("GET {url}: no offsets list"))?;
+    rows.iter()
+        .map(|row| {
+            let partition = row["partition"].as_u64().and_then(|p| u32::try_from(p).ok());
+            let committed = row["committed"].as_u64();
+            match (partition, committed) {
+                (Some(partition), Some(offset)) => Ok((partition, ResumeOffset { offset, epoch: row["epoch"].as_u64().unwrap_or(0) })),
+                _ => Err(format!("GET {url}: a row without partition or committed: {row}")),
+            }
+        })
+        .collect()
 }

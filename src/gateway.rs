@@ -147,6 +147,14 @@ fn unacknowledged_timeout(config: &Config) -> Option<Duration> {
     }
 }
 
+/// An `http://` URL whose host is not a loopback name or address.
+fn is_plain_remote(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = authority.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map_or(authority, |(host, _)| host);
+    !is_loopback_name(host.trim_start_matches('[').trim_end_matches(']'))
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -255,6 +263,8 @@ impl Gateway {
             let draining = dispatcher.draining.clone();
             let home = crate::cluster::ClusterGroupHome { cluster: cluster.clone(), available: Box::new(move || !draining.is_cancelled()) };
             let _ = dispatcher.group_home.set(Arc::new(home));
+            let records = crate::cluster::ClusterPeerOffsets { cluster: cluster.clone(), admin_token: config.auth.admin_token.clone() };
+            let _ = dispatcher.peer_offsets.set(Arc::new(records));
         }
         if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || !config.auth.checks_tokens()) {
             // Only reachable with auth.allow_anonymous = true (validate refuses it otherwise).
@@ -280,6 +290,12 @@ impl Gateway {
             // (`http://<listen>`, e.g. 0.0.0.0) differs from how peers name this instance, so the
             // instances disagree on where each client belongs.
             tracing::warn!(default = %format!("http://{local_addr}"), "cluster.peers is set but server.public_url is not: set it to the URL the peers list for this instance");
+        }
+        let plain_peers: Vec<&String> = config.cluster.peers.iter().filter(|p| is_plain_remote(p)).collect();
+        if !config.auth.admin_token.is_empty() && !plain_peers.is_empty() {
+            // The admin lists with scope=cluster and a subscribe without a token ask the peers
+            // with the admin token.
+            tracing::warn!(peers = ?plain_peers, "cluster.peers names http:// peers off loopback: the admin token goes to them in the clear (cluster-scoped admin lists, a client's records); use https:// peers (cluster.ca_file) or a private network");
         }
         let exposure = Arc::new(crate::core::live::Live::new(Exposure::from_config(&config)));
         let publisher = Arc::new(IdempotentPublisher::new(

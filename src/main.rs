@@ -120,6 +120,9 @@ async fn main() -> std::process::ExitCode {
     };
     let config_file = ackgate::reload::ConfigFile { path: cli.config.clone(), required, set_log_filter };
     let mut stop = Box::pin(stop_signal());
+    // SIGHUP reloads once the gateway serves; until then (a start can take long) it must not
+    // end the process, as its default action would: a handler installed now keeps it from that.
+    let _hangup_before_serving = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %cli.config.display(), backend = ?config.storage.backend, "ackgate starting");
     // A start can take long (a broker that does not answer, a large store to align): a signal
     // meanwhile stops it at once instead of after it.

@@ -95,7 +95,12 @@ impl ConfigReload for Reloader {
         if changed.iter().any(|key| key == "server.log_level") {
             match &file.set_log_filter {
                 Some(set) => set(&new.server.log_level).map_err(|e| ReloadRefused::Unreadable(format!("server.log_level: {e}")))?,
-                None => tracing::warn!("server.log_level changed but RUST_LOG is set, and wins: the log filter stays"),
+                None => {
+                    return Err(ReloadRefused::Unreadable(
+                        "server.log_level changed, but RUST_LOG is set and wins over it: unset RUST_LOG to set the level from the file; nothing was applied"
+                            .into(),
+                    ))
+                }
             }
         }
         dispatcher.replace_settings(delivery_settings(&new));

@@ -99,7 +99,11 @@ struct NatsServer {
 impl NatsServer {
     fn start(binary: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let (port, ws_port) = (free_port()?, free_port()?);
+        let port = free_port()?;
+        let mut ws_port = free_port()?;
+        while ws_port == port {
+            ws_port = free_port()?;
+        }
         let config = format!(
             "listen: 127.0.0.1:{port}\nwebsocket {{ listen: \"127.0.0.1:{ws_port}\", no_tls: true }}\njetstream {{ store_dir: \"{}\" }}\n",
             dir.path().join("js").display()
@@ -194,7 +198,11 @@ impl ProtocolReader {
                     [subject, sid, reply, h, t] => (subject, sid, Some(reply.to_string()), h, t),
                     _ => bail!("bad HMSG line {line:?}"),
                 };
-                let Some((payload, used)) = body(header_len.parse()?, total.parse()?) else { return Ok(None) };
+                let (header_len, total): (usize, usize) = (header_len.parse()?, total.parse()?);
+                if header_len > total {
+                    bail!("bad HMSG line {line:?}: headers longer than the message");
+                }
+                let Some((payload, used)) = body(header_len, total) else { return Ok(None) };
                 (Incoming::Msg { subject: subject.to_string(), sid: sid.parse()?, reply, payload }, used)
             }
             "INFO" => (Incoming::Info, eol + 2),
@@ -289,6 +297,25 @@ impl Conn {
     /// True when a message is already buffered (no read needed).
     fn has_buffered(&self) -> bool {
         self.parser.at < self.parser.buf.len()
+    }
+
+    /// JetStream API requests sent together; each answer checked (an `error` is an error here).
+    async fn requests(&mut self, requests: &[(String, Value)]) -> anyhow::Result<()> {
+        let mut waiting = std::collections::HashSet::new();
+        for (subject, body) in requests {
+            let reply = self.new_reply_subject();
+            self.publish(subject, Some(&reply), body.to_string().as_bytes());
+            waiting.insert(reply);
+        }
+        self.flush().await?;
+        while !waiting.is_empty() {
+            if let Incoming::Msg { subject, payload, .. } = self.next().await? {
+                if waiting.remove(&subject) && payload.windows(7).any(|w| w == b"\"error\"") {
+                    bail!("a JetStream request failed: {}", String::from_utf8_lossy(&payload));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A JetStream API request and its JSON answer (an `error` in it is an error here).
@@ -459,38 +486,42 @@ async fn throughput(cli: &NatsCli) -> anyhow::Result<Summary> {
     summary.add("publish_events_per_s", (cli.events as f64 / started.elapsed().as_secs_f64()).round());
 
     // Connect everyone first, so the timed part is delivery and acks.
-    let mut conns = Vec::with_capacity(clients);
+    // Connected and subscribed before the clock starts (a SUB delivers nothing until its
+    // consumer exists); the subscription is in place before the consumer is created (the PONG
+    // says the server processed the SUB): a push consumer created first may send its first
+    // window to a subject without interest, where it is lost until `ack_wait` redelivers it.
+    let mut conns: Vec<Option<Conn>> = Vec::with_capacity(clients);
     for i in 0..clients {
-        conns.push(Conn::connect(&server.ws_url, &format!("c{i}")).await?);
+        let mut conn = Conn::connect(&server.ws_url, &format!("c{i}")).await?;
+        let stream = &streams.iter().find(|(_, readers, _)| readers.contains(&i)).expect("every client reads a stream").0;
+        conn.queue(format!("SUB d.{stream}.c{i} {DELIVERIES_SID}\r\nPING\r\n").as_bytes());
+        conn.flush().await?;
+        while !matches!(conn.next().await?, Incoming::Pong) {}
+        conns.push(Some(conn));
     }
     let acked = Arc::new(AtomicU64::new(0));
     let deliveries_expected: u64 = streams.iter().map(|(_, readers, count)| readers.len() as u64 * count).sum();
     let cpu_before = process_cpu_seconds(pid);
     let started = Instant::now();
     let mut tasks = Vec::new();
-    let mut conns: Vec<Option<Conn>> = conns.into_iter().map(Some).collect();
+    let mut creates = Vec::new();
     for (stream, readers, count) in &streams {
         for &i in readers {
-            let mut conn = conns[i].take().expect("one consumer per connection");
-            let deliver_subject = format!("d.{stream}.c{i}");
-            // The subscription is in place before the consumer exists (the PONG says the server
-            // processed the SUB): a push consumer created first may send its first window to a
-            // subject without interest, where it is lost until `ack_wait` redelivers it.
-            conn.queue(format!("SUB {deliver_subject} {DELIVERIES_SID}\r\nPING\r\n").as_bytes());
-            conn.flush().await?;
-            while !matches!(conn.next().await?, Incoming::Pong) {}
+            let conn = conns[i].take().expect("one consumer per connection");
+            tasks.push(tokio::spawn(consume(conn, *count, cli.ack, acked.clone())));
             let config = json!({
                 "durable_name": format!("c{i}"),
-                "deliver_subject": deliver_subject,
+                "deliver_subject": format!("d.{stream}.c{i}"),
                 "deliver_policy": "all",
                 "ack_policy": "explicit",
                 "ack_wait": 30_000_000_000u64,
                 "max_ack_pending": WINDOW,
             });
-            admin.request(&format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.c{i}"), &json!({"stream_name": stream, "config": config})).await?;
-            tasks.push(tokio::spawn(consume(conn, *count, cli.ack, acked.clone())));
+            creates.push((format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.c{i}"), json!({"stream_name": stream, "config": config})));
         }
     }
+    // Every consumer asked for at once, as ackgate's clients subscribe at once.
+    admin.requests(&creates).await?;
     let progress = Progress::start("acked", acked.clone(), deliveries_expected);
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let (mut deliveries, mut redeliveries, mut acks) = (0, 0, 0);
@@ -515,7 +546,11 @@ async fn throughput(cli: &NatsCli) -> anyhow::Result<Summary> {
     summary.add_latency("ack_round_trip", &latency);
 
     // Complete: every client got every sequence of its stream, and every consumer's ack floor
-    // reached the stream's end (acks without an answer are applied a moment later).
+    // reached the stream's end (acks without an answer are applied a moment later). Asked on a
+    // connection of its own: the first one read nothing during the run (a long run's unanswered
+    // PINGs would have closed it).
+    drop(admin);
+    let mut admin = Conn::connect(&server.ws_url, "check").await?;
     let mut consumed = consumed.into_iter();
     for (stream, readers, count) in &streams {
         for &i in readers {

@@ -90,6 +90,9 @@ pub struct Dispatcher {
     pub groups: Arc<super::group::Groups>,
     /// Where a group lives in the cluster (set when the gateway has peers).
     pub group_home: std::sync::OnceLock<Arc<dyn super::group::GroupHome>>,
+    /// A client's records at the other instances (set when the gateway has peers): what a
+    /// subscribe without a resume token starts from when this instance has none.
+    pub peer_offsets: std::sync::OnceLock<Arc<dyn super::peer_offsets::PeerOffsets>>,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -144,6 +147,7 @@ impl Dispatcher {
             publisher: Default::default(),
             groups: Arc::new(super::group::Groups::new(tasks.clone())),
             group_home: Default::default(),
+            peer_offsets: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

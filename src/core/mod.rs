@@ -28,6 +28,7 @@ pub(crate) mod offset_retention;
 pub(crate) mod offset_writer;
 pub mod offsets;
 pub(crate) mod partition_watch;
+pub(crate) mod peer_offsets;
 pub mod protocol;
 pub(crate) mod published_event;
 pub mod reader;

@@ -218,7 +218,12 @@ impl Window {
         }
     }
 
-    /// True when nothing more can be pushed: every slot taken, or a feeder waits for room.
+    /// The bound on events in flight: what the session was opened with (`delivery.max_in_flight`
+    /// then; a reload changes the next session's, not this one's), or a hub's `set_max_events`.
+    pub fn max_events(&self) -> usize {
+        self.budget.max_slots.load(Ordering::Relaxed)
+    }
+
     /// A new bound on events (a shared subscription's hub: its members' windows together). Events
     /// in the window above a lower bound stay; nothing more is taken until they are below it.
     pub fn set_max_events(&self, max_events: usize) {
@@ -228,6 +233,7 @@ impl Window {
         }
     }
 
+    /// True when nothing more can be pushed: every slot taken, or a feeder waits for room.
     pub fn is_full(&self) -> bool {
         self.free_slots() == 0 || self.budget.waiting.load(Ordering::Relaxed) > 0
     }

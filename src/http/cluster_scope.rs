@@ -6,7 +6,9 @@
 //! with its `instance`, plus `unreachable`: the peers that did not answer, with why.
 //!
 //! A page (`limit`, `after`) is a page of each instance: the merged answer has no `next` but
-//! `next_by_instance`, each instance's `after` for its next page. `scope=local` answers for this
+//! `next_by_instance`, each instance's `after` for its next page (ask that instance with
+//! `scope=local` and that `after`: sent with `scope=cluster` it would apply to every instance).
+//! `scope=local` answers for this
 //! instance only, its rows named, and is what a peer is asked, so a question never goes round;
 //! without `scope` the answer is as it always was.
 
@@ -21,17 +23,21 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::core::protocol::ErrorCode;
 
 /// How long a peer may take to answer; a slower one is named in `unreachable`.
 const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The most of this instance's own answer read back to merge (a page is at most 1,000 rows).
-const MAX_LOCAL_BYTES: usize = 32 * 1024 * 1024;
+/// The most of this instance's own answer read back to merge (a page of offsets is at most
+/// 10,000 rows; the session list is not paged: 100,000 sessions are ~35 MB).
+const MAX_LOCAL_BYTES: usize = 128 * 1024 * 1024;
 
 /// Middleware of the admin list routes: takes `scope` out of the query and, for `cluster`, merges
 /// the peers' answers into this instance's.
 pub async fn scope(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
-    let (scope, rest) = split_scope(request.uri());
+    let Ok((scope, rest)) = split_scope(request.uri()) else {
+        return ApiError::bad_request("scope given more than once").into_response();
+    };
     let cluster = match scope.as_deref() {
         None => return next.run(request).await,
         Some("local") => false,
@@ -51,10 +57,11 @@ pub async fn scope(State(app): State<AppState>, mut request: Request, next: Next
         return local;
     }
     let Ok(body) = to_bytes(local.into_body(), MAX_LOCAL_BYTES).await else {
-        return ApiError::bad_request("this instance's answer could not be read back to merge").into_response();
+        let message = format!("this instance's answer is over {MAX_LOCAL_BYTES} bytes, too large to merge: ask with filters, or each instance alone");
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message).into_response();
     };
     let Ok(Value::Object(local)) = serde_json::from_slice::<Value>(&body) else {
-        return ApiError::bad_request("this instance's answer is not a JSON object").into_response();
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer is not a JSON object").into_response();
     };
     let mut merged = Merged::new(local, &app.dispatcher.instance);
     if !cluster {
@@ -96,21 +103,26 @@ fn json_response(body: Value) -> Response {
     response
 }
 
-/// `scope`'s value, and the query without it.
-fn split_scope(uri: &Uri) -> (Option<String>, Option<String>) {
-    let Some(query) = uri.query() else { return (None, None) };
+/// `scope`'s value, and the query without it; `Err` when `scope` is given twice.
+#[allow(clippy::type_complexity)]
+fn split_scope(uri: &Uri) -> Result<(Option<String>, Option<String>), ()> {
+    let Some(query) = uri.query() else { return Ok((None, None)) };
     let mut scope = None;
+    let mut twice = false;
     let rest: Vec<&str> = query
         .split('&')
         .filter(|pair| match pair.split_once('=').map_or((*pair, ""), |(k, v)| (k, v)) {
             ("scope", value) => {
-                scope = Some(value.to_string());
+                twice |= scope.replace(value.to_string()).is_some();
                 false
             }
             _ => !pair.is_empty(),
         })
         .collect();
-    (scope, (!rest.is_empty()).then(|| rest.join("&")))
+    if twice {
+        return Err(());
+    }
+    Ok((scope, (!rest.is_empty()).then(|| rest.join("&"))))
 }
 
 /// Rows of several instances' answers of one list route.
@@ -132,10 +144,15 @@ impl Merged {
 
     fn add(&mut self, mut answer: Map<String, Value>, instance: &str) {
         let Some(field) = &self.field else { return };
+        let rows = match answer.remove(field) {
+            Some(Value::Array(rows)) => rows,
+            _ => Vec::new(),
+        };
         if let Some(next) = answer.remove("next") {
-            self.next_by_instance.insert(instance.to_string(), next);
+            // Named as the instance names its own rows (a peer asked with scope=local does).
+            let named = rows.first().and_then(|r| r["instance"].as_str()).unwrap_or(instance);
+            self.next_by_instance.insert(named.to_string(), next);
         }
-        let Some(Value::Array(rows)) = answer.remove(field) else { return };
         for mut row in rows {
             if let Value::Object(fields) = &mut row {
                 // A row that names its instance already (a group's hub) keeps it.
@@ -179,10 +196,11 @@ mod tests {
     #[test]
     fn scope_is_taken_out_of_the_query_and_the_rest_kept() {
         let uri: Uri = "/admin/offsets?topic=t&scope=cluster&limit=5".parse().unwrap();
-        assert_eq!(split_scope(&uri), (Some("cluster".into()), Some("topic=t&limit=5".into())));
+        assert_eq!(split_scope(&uri), Ok((Some("cluster".into()), Some("topic=t&limit=5".into()))));
         let uri: Uri = "/admin/sessions?scope=local".parse().unwrap();
-        assert_eq!(split_scope(&uri), (Some("local".into()), None));
-        assert_eq!(split_scope(&"/admin/sessions".parse().unwrap()), (None, None));
+        assert_eq!(split_scope(&uri), Ok((Some("local".into()), None)));
+        assert_eq!(split_scope(&"/admin/sessions".parse().unwrap()), Ok((None, None)));
+        assert_eq!(split_scope(&"/admin/sessions?scope=local&scope=cluster".parse().unwrap()), Err(()));
     }
 
     #[test]

@@ -13,8 +13,9 @@ use tokio::net::TcpStream;
 /// A key set bigger than this is refused (a JWKS holds a few keys: a few KiB).
 const MAX_BYTES: u64 = 1024 * 1024;
 
-/// A peer's admin list page bigger than this is refused (a page is at most 1,000 rows).
-const MAX_ADMIN_BYTES: u64 = 32 * 1024 * 1024;
+/// A peer's admin list bigger than this is refused (an offsets page is at most 10,000 rows; the
+/// session list is not paged: 100,000 sessions are ~35 MB).
+const MAX_ADMIN_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The body of `GET url` when it answers 200 within `timeout` (connect to last byte).
 pub async fn get(url: &str, ca_file: &str, timeout: Duration) -> Result<Vec<u8>, String> {

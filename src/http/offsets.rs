@@ -28,6 +28,7 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
         "committed": record.committed,
         "last_acked": record.last_acked,
         "updated_at": record.updated_at,
+        "epoch": record.epoch,
     })
 }
 

@@ -164,6 +164,9 @@ pub struct OffsetRow {
     pub last_acked: Option<u64>,
     /// Epoch ms of the last write.
     pub updated_at: u64,
+    /// The record's offset epoch (docs/semantics.md, "Offset epochs"): a peer of the cluster
+    /// starts a client without a resume token from it as from a token's.
+    pub epoch: u64,
 }
 
 #[derive(serde::Serialize, ToSchema)]

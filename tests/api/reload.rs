@@ -4,7 +4,6 @@
 //! settings in force.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -14,17 +13,6 @@ use crate::support::*;
 fn write_config(path: &Path, data_dir: &Path, server: &str, extra: &str) {
     let text = format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = \"127.0.0.1:0\"\n{server}\n{extra}\n", data_dir.display().to_string());
     std::fs::write(path, text).unwrap();
-}
-
-fn wait_for_log(gw: &Process, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(line) = gw.logs.lock().unwrap().iter().find(|l| l.contains(needle)) {
-            return line.clone();
-        }
-        assert!(Instant::now() < deadline, "no log line with {needle:?}:\n{}", gw.logs.lock().unwrap().join("\n"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 async fn publish_from(base: &str, origin: &str) -> u16 {
@@ -53,7 +41,7 @@ async fn sighup_and_admin_reload_apply_live_settings_and_refuse_the_rest() {
     let live_rest = "[delivery]\nack_timeout_ms = 1234\nmax_in_flight = 7\n[limits]\nmax_subscriptions_per_session = 1";
     write_config(&config, &data, live_server, live_rest);
     gw.signal("HUP");
-    let line = wait_for_log(&gw, "config reloaded");
+    let line = gw.wait_for_log("config reloaded").await;
     for key in ["delivery.ack_timeout_ms", "delivery.max_in_flight", "limits.max_subscriptions_per_session", "server.allowed_origins", "server.log_level"] {
         assert!(line.contains(key), "{key} named in {line}");
     }
@@ -65,7 +53,7 @@ async fn sighup_and_admin_reload_apply_live_settings_and_refuse_the_rest() {
     let refused = after.recv_type("error").await;
     assert_eq!(refused["code"], "limit_exceeded", "{refused}");
     assert_eq!(get_json(&format!("{}/healthz", gw.base)).await.0, 200);
-    wait_for_log(&gw, "path=\"/healthz\"");
+    gw.wait_for_log("path=\"/healthz\"").await;
 
     // A key that changes only with a restart: 400 naming it, and nothing applied, not even the
     // live key beside it.
@@ -74,7 +62,7 @@ async fn sighup_and_admin_reload_apply_live_settings_and_refuse_the_rest() {
     assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")), "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("server.drain_ms") && !message.contains("ack_timeout_ms"), "{message}");
-    wait_for_log(&gw, "config reload refused");
+    gw.wait_for_log("config reload refused").await;
     let still = TestClient::connect(gw.addr, "still").await;
     assert_eq!(still.welcome["ack_timeout_ms"].as_u64(), Some(1234), "the settings in force stay: {}", still.welcome);
 

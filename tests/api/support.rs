@@ -618,12 +618,18 @@ impl KafkaCluster {
 
     /// Starts instance `i` (again: on its own port and data dir).
     pub fn start(&self, i: usize) -> Process {
-        let env = [
+        self.start_with(i, &[])
+    }
+
+    /// `start` with more settings in the environment.
+    pub fn start_with(&self, i: usize, extra: &[(&str, &str)]) -> Process {
+        let mut env = vec![
             ("ACKGATE_STORAGE__BACKEND", "kafka"),
             ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", self.bootstrap.as_str()),
             ("ACKGATE_CLUSTER__PEERS", self.peers.as_str()),
             ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
         ];
+        env.extend_from_slice(extra);
         Process::start_at(&self.dirs[i].1, &format!("127.0.0.1:{}", self.ports[i]), &env)
     }
 }

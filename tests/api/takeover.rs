@@ -355,3 +355,52 @@ async fn the_console_follows_a_takeover_in_a_real_browser() {
     let row = stored_offset(&b.base, "web", "browser-takeover", 0).await.expect("the console's client has an offset on B");
     assert_eq!(row["committed"], 1);
 }
+
+/// A client that comes without a resume token to an instance that has no record of it (rendezvous
+/// hashing moved it after instances were added or removed) starts from its records at the peers
+/// (issue 45, item 5): not from the log start (`earliest`: everything again), not from the end
+/// (`latest`: a silent skip). A peer that does not answer leaves the start to the reset policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_token_starts_on_a_new_instance_from_its_records_at_the_peers() {
+    let broker = TestBroker::start();
+    let cluster = KafkaCluster::new(broker.bootstrap(), 2);
+    let first = cluster.start(0);
+    // The instance it moves to skips to the end for a client it knows nothing of.
+    let second = cluster.start_with(1, &[("ACKGATE_DELIVERY__RESET_POLICY", "latest")]);
+    let created = http().post(format!("{}/topics", first.base)).json(&json!({"name": "moved", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish = |base: String, n: u64| async move {
+        let events: Vec<Value> = (0..n).map(|i| json!({"payload": {"n": i}})).collect();
+        let sent = http().post(format!("{base}/topics/moved/events")).json(&json!({ "events": events })).send().await.unwrap();
+        assert_eq!(sent.status(), 200);
+    };
+    publish(first.base.clone(), 5).await;
+    // Two clients read and ack everything on the first instance, then leave.
+    for client_id in ["c", "e"] {
+        let mut client = TestClient::connect(first.addr, client_id).await;
+        client.subscribe("moved", json!({})).await;
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(client.recv_type("event").await);
+        }
+        let acked = client.ack_confirmed(&ids.iter().map(id).collect::<Vec<_>>(), "all").await;
+        assert_eq!(acked["committed"], json!({"moved": {"0": 5}}), "{acked}");
+    }
+    publish(first.base.clone(), 3).await;
+
+    // `c` comes to the second instance without its token: it starts where it acked.
+    let mut moved = TestClient::connect(second.addr, "c").await;
+    let subscribed = moved.subscribe("moved", json!({})).await;
+    assert_eq!(subscribed["partitions"][0]["from"], 5, "from its records at the peer, not the end (8) nor the start: {subscribed}");
+    assert_eq!(moved.recv_type("event").await["offset"], 5);
+    second.wait_for_log("starting from the client's records at the peers").await;
+    // A client no instance knows starts at the policy.
+    let mut new = TestClient::connect(second.addr, "d").await;
+    assert_eq!(new.subscribe("moved", json!({})).await["partitions"][0]["from"], 8);
+
+    // The peer that holds `e`'s records is gone: the start is the policy's, and the log says why.
+    first.kill9();
+    let mut orphan = TestClient::connect(second.addr, "e").await;
+    assert_eq!(orphan.subscribe("moved", json!({})).await["partitions"][0]["from"], 8, "no peer answered: reset_policy");
+    second.wait_for_log("a peer did not answer for a client's records").await;
+}

@@ -123,7 +123,7 @@ impl Session {
             session_id: self.info.session_id.clone(),
             client_id: self.info.client_id.clone(),
             control: self.control.clone(),
-            capacity: self.d.settings().max_in_flight,
+            capacity: self.window.max_events(),
         };
         // A named start (`latest`, a time, the last n) is where a group with no floor begins; a
         // group that has one goes on from it, whichever member comes first.
@@ -154,7 +154,7 @@ impl Session {
 
     /// The group deliveries it holds fill its window (`delivery.max_in_flight`).
     pub(super) fn group_window_full(&self) -> bool {
-        self.groups.as_ref().is_some_and(|g| g.held.len() >= self.d.settings().max_in_flight)
+        self.groups.as_ref().is_some_and(|g| g.held.len() >= self.window.max_events())
     }
 
     /// True when the store holds a floor of `group` on `topic`.

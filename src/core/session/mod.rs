@@ -5,6 +5,7 @@
 //! HTTP types; `http::ws` adapts a real WebSocket to it. Frames of a session are handled one at a
 //! time in the order sent; everything a step wants to send is queued and written in one flush.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,7 +24,7 @@ use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_retention::{lower_to_log_end, touch_client_offsets};
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{OffsetEpoch, StoreError};
-use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ServerFrame};
+use crate::core::protocol::{close_code, parse_client_frame, plain_ack_id, ClientFrame, ErrorCode, FrameError, ResumeOffset, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
 use crate::core::session_control::SessionControl;
 use crate::core::session_registry::{Registration, SessionInfo};
@@ -130,6 +131,9 @@ struct Session {
     expiry: Option<Instant>,
     /// The shared subscriptions it is a member of (`groups`); `None` until the first.
     groups: Option<Box<groups::Memberships>>,
+    /// Per topic, the client's records the peers held when it first subscribed without a token
+    /// and this instance had none (`core::peer_offsets`); `None` until then.
+    peer_records: Option<Box<FastMap<TopicName, BTreeMap<u32, ResumeOffset>>>>,
 }
 
 /// How long since the connection under a session last took bytes from it (`http::connections`
@@ -184,6 +188,7 @@ pub async fn run_session<I, O>(
         refresh_notice_at: None,
         expiry: None,
         groups: None,
+        peer_records: None,
     };
     s.expiry = s.expiry_of_token();
     s.refresh_notice_at = s.notice_for_current_token();
@@ -193,7 +198,7 @@ pub async fn run_session<I, O>(
         client_id: info.client_id.to_string(),
         instance: d.instance.clone(),
         ack_timeout_ms: d.settings().redelivery.default_policy().ack_timeout.as_millis() as u64,
-        max_in_flight: d.settings().max_in_flight,
+        max_in_flight: info.window.max_events(),
     });
     let mut slow_check = tokio::time::interval(SLOW_CHECK);
     // Credentials that expire end the session then (4004), whatever it is doing, unless a

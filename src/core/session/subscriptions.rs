@@ -17,7 +17,7 @@ use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
-use crate::core::offsets::LogEpoch;
+use crate::core::offsets::{LogEpoch, OffsetFilter};
 use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::subscription_plan::StartPoint;
 
@@ -47,6 +47,12 @@ impl Session {
         // Read before the plan reads the log's bounds: a truncation found after this is one the
         // plan may not have seen, so the feeders must hear of it.
         let truncations = self.d.readers.truncations();
+        // No token, and no record here: the client's records at the peers stand in for its token.
+        let from_peers = match (resume.is_empty(), from) {
+            (true, StartFrom::Committed) => self.records_at_peers(&topic).await,
+            _ => None,
+        };
+        let resume = from_peers.as_ref().unwrap_or(resume);
         let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume, epoch, 0).await {
             Ok(starts) => starts,
             Err(e) => {
@@ -319,5 +325,40 @@ impl Session {
             return;
         }
         self.out.push(Outbound::Text(frame));
+    }
+}
+
+impl Session {
+    /// The client's records on `topic` at the other instances, when the cluster has peers and
+    /// this instance has no record of it there (`core::peer_offsets`); asked once per topic and
+    /// session. A peer that does not answer in time is left out (its records are not used, and
+    /// the plan falls back on what the others hold, else on `delivery.reset_policy`).
+    async fn records_at_peers(&mut self, topic: &TopicName) -> Option<BTreeMap<u32, ResumeOffset>> {
+        // A group's hub lives on the group's home instance, which holds its floor.
+        if self.is_hub() {
+            return None;
+        }
+        let peers = self.d.peer_offsets.get()?.clone();
+        if let Some(known) = self.peer_records.as_ref().and_then(|r| r.get(topic)) {
+            return Some(known.clone());
+        }
+        let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(self.info.client_id.clone()), partition: None };
+        let store = self.d.store.clone();
+        let has_record = tokio::task::spawn_blocking(move || store.scan_page(&filter, None, 1).map(|rows| !rows.is_empty())).await;
+        if !matches!(has_record, Ok(Ok(false))) {
+            return None;
+        }
+        let records = peers.client_records(topic, &self.info.client_id).await;
+        if !records.offsets.is_empty() || !records.unanswered.is_empty() {
+            tracing::info!(
+                client_id = %self.info.client_id,
+                %topic,
+                partitions = records.offsets.len(),
+                unanswered = records.unanswered.len(),
+                "subscribe without a resume token or a record here: starting from the client's records at the peers"
+            );
+        }
+        self.peer_records.get_or_insert_with(Default::default).insert(topic.clone(), records.offsets.clone());
+        Some(records.offsets)
     }
 }
