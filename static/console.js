@@ -253,24 +253,32 @@ async function refreshTopics() {
   }
 }
 
+/** An admin list's path, asked of the whole cluster when the box says so. */
+function scoped(path) {
+  return $("cluster-scope").checked ? `${path}?scope=cluster` : path;
+}
+$("cluster-scope").addEventListener("change", () => refreshAdmin());
+
 async function refreshAdmin() {
   refreshTopics();
   try {
-    const [sessions, offsets, deadLetters, gaps, groups] = await Promise.all(
+    const answers = await Promise.all(
       ["/admin/sessions", "/admin/offsets", "/admin/dead-letters", "/admin/gaps", "/admin/groups"].map(async (path) => {
+        path = scoped(path);
         const response = await fetch(path, { headers: adminHeaders() });
         const body = await response.json();
         if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error.code}`);
         return body;
       }),
     );
+    const [sessions, offsets, deadLetters, gaps, groups] = answers;
     fillTable("sessions", sessions.sessions, [
       (s) => s.session_id, (s) => s.client_id, (s) => s.transport,
       (s) => [...s.subscriptions, ...(s.groups || []).map((g) => `${g.topic} (group ${g.group})`)].join(", "), (s) => s.in_flight,
-      (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full,
+      (s) => s.delivered, (s) => s.acked, (s) => s.redelivered, (s) => s.window_full, (s) => s.instance ?? "",
     ]);
     fillTable("offsets", offsets.offsets, [
-      (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => when(o.updated_at),
+      (o) => o.key, (o) => o.committed, (o) => o.last_acked ?? "", (o) => when(o.updated_at), (o) => o.instance ?? "",
     ]);
     fillDeadLetters(deadLetters.dead_letters);
     fillTable("groups", groups.groups, [
@@ -279,7 +287,9 @@ async function refreshAdmin() {
       (g) => g.in_flight, (g) => g.waiting,
     ]);
     fillTable("gaps", gaps.gaps, [(g) => g.topic, (g) => g.client_id, (g) => g.partition, (g) => g.from, (g) => g.to, (g) => when(g.at)]);
-    $("admin-error").textContent = "";
+    // With the whole cluster: the peers that did not answer (their rows are missing).
+    const unreachable = [...new Set(answers.flatMap((a) => a.unreachable ?? []))];
+    $("admin-error").textContent = unreachable.length ? `not answering: ${unreachable.join(", ")}` : "";
   } catch (err) {
     $("admin-error").textContent = `${err.message} (set the admin token above)`;
   }

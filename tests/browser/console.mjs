@@ -43,6 +43,15 @@ try {
     { timeout: 10000 },
   );
 
+  // The whole cluster (a gateway without peers: itself): the row again, named by its instance.
+  await page.check("#cluster-scope");
+  await page.waitForFunction(
+    () => [...document.querySelectorAll("#offsets tbody tr")].some((tr) => tr.cells[0].textContent.startsWith("web#browser-1#") && tr.cells[4].textContent !== ""),
+    null,
+    { timeout: 10000 },
+  );
+  await page.uncheck("#cluster-scope");
+
   // A second event, termed: it shows in the dead-letter list, whose redrive button delivers it
   // again (marked "redrive"); acking that removes the dead letter.
   await page.fill("#publish-payload", '{"hello": "again"}');
