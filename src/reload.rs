@@ -90,7 +90,7 @@ impl ConfigReload for Reloader {
         if !refused.is_empty() {
             return Err(ReloadRefused::NotLive(refused));
         }
-        let dispatcher = self.dispatcher.upgrade().ok_or_else(|| ReloadRefused::Unreadable("the gateway is shutting down".into()))?;
+        let dispatcher = self.dispatcher.upgrade().ok_or_else(|| ReloadRefused::Unavailable("the gateway is shutting down".into()))?;
         // The log filter first: the one step that can still fail, before anything is replaced.
         if changed.iter().any(|key| key == "server.log_level") {
             match &file.set_log_filter {

@@ -103,6 +103,81 @@ fn json_response(body: Value) -> Response {
     response
 }
 
+/// The most of a change's body forwarded to the peers (a reset body is a few bytes).
+const MAX_CHANGE_BODY: usize = 64 * 1024;
+
+/// Middleware of an admin change of a client's records (`PUT /admin/offsets/{topic}/{client_id}/
+/// {partition}`, `DELETE /admin/offsets/{topic}/{client_id}`): with `?scope=cluster` it is made
+/// here and then at every peer (with `scope=local` and the admin token), so the records every
+/// instance holds agree, and a client that lands anywhere (with or without its token: a reset
+/// steps the record's epoch and fences tokens made before) starts where the operator set it.
+/// The answer is this instance's, plus `peers`: each peer's URL, status and answer, and
+/// `unreachable`. A peer that answers 409 (the client is live there) is named with it; the change
+/// is not undone here.
+pub async fn scope_change(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Ok((scope, rest)) = split_scope(request.uri()) else {
+        return ApiError::bad_request("scope given more than once").into_response();
+    };
+    match scope.as_deref() {
+        None => return next.run(request).await,
+        Some("local" | "cluster") => {}
+        Some(other) => return ApiError::bad_request(format!("scope must be local or cluster, got {other:?}")).into_response(),
+    }
+    let cluster = scope.as_deref() == Some("cluster");
+    let path_and_query = match &rest {
+        Some(query) => format!("{}?{query}", request.uri().path()),
+        None => request.uri().path().to_string(),
+    };
+    let (mut parts, body) = request.into_parts();
+    let Ok(body) = to_bytes(body, MAX_CHANGE_BODY).await else {
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::LimitExceeded, format!("a change's body is at most {MAX_CHANGE_BODY} bytes"))
+            .into_response();
+    };
+    match path_and_query.parse::<Uri>() {
+        Ok(uri) => parts.uri = uri,
+        Err(e) => return ApiError::bad_request(format!("bad query: {e}")).into_response(),
+    }
+    let method: &'static str = if parts.method == axum::http::Method::DELETE { "DELETE" } else { "PUT" };
+    let local = next.run(Request::from_parts(parts, Body::from(body.clone()))).await;
+    if !cluster || local.status() != StatusCode::OK {
+        return local;
+    }
+    let Ok(local_body) = to_bytes(local.into_body(), MAX_LOCAL_BYTES).await else {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer could not be read back").into_response();
+    };
+    let Ok(Value::Object(mut answer)) = serde_json::from_slice::<Value>(&local_body) else {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer is not a JSON object").into_response();
+    };
+    let asked_as = format!("{path_and_query}{}scope=local", if rest.is_some() { "&" } else { "?" });
+    let peers = app.cluster.peers();
+    let sent = peers.iter().map(|(url, _)| {
+        let url = format!("{url}{asked_as}");
+        let (ca_file, token, body) = (app.cluster.ca_file(), app.config.auth.admin_token.as_str(), &body);
+        async move { super::fetch::send_admin(method, &url, ca_file, PEER_TIMEOUT, token, body).await }
+    });
+    let outcomes = futures_util::future::join_all(sent).await;
+    let mut answered = Vec::new();
+    let mut unreachable = Vec::new();
+    for ((url, _), outcome) in peers.iter().zip(outcomes) {
+        match outcome {
+            Ok((status, body)) => {
+                let peer_answer = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+                if status != 200 {
+                    tracing::warn!(peer = %url, status, answer = %peer_answer, "a peer refused a cluster-scoped change of a client's records");
+                }
+                answered.push(serde_json::json!({"url": url, "status": status, "answer": peer_answer}));
+            }
+            Err(why) => {
+                tracing::warn!(peer = %url, error = %why, "a peer did not answer a cluster-scoped change of a client's records");
+                unreachable.push(Value::String(url.clone()));
+            }
+        }
+    }
+    answer.insert("peers".into(), Value::Array(answered));
+    answer.insert("unreachable".into(), Value::Array(unreachable));
+    json_response(Value::Object(answer))
+}
+
 /// `scope`'s value, and the query without it; `Err` when `scope` is given twice.
 #[allow(clippy::type_complexity)]
 fn split_scope(uri: &Uri) -> Result<(Option<String>, Option<String>), ()> {

@@ -72,10 +72,12 @@ pub fn router(state: AppState) -> Router {
     let publish = middleware::from_fn_with_state(state.clone(), auth::require_publish_right);
     // The list routes answer for the whole cluster with `?scope=cluster`.
     let scoped = middleware::from_fn_with_state(state.clone(), cluster_scope::scope);
+    // A client's records changed on every instance with `?scope=cluster`.
+    let changed = middleware::from_fn_with_state(state.clone(), cluster_scope::scope_change);
     let guarded = Router::new()
         .route("/admin/offsets", get(offsets::list).layer(scoped.clone()))
-        .route("/admin/offsets/{topic}/{client_id}", get(offsets::client_view).delete(offsets::delete))
-        .route("/admin/offsets/{topic}/{client_id}/{partition}", put(offsets::reset))
+        .route("/admin/offsets/{topic}/{client_id}", get(offsets::client_view).merge(axum::routing::delete(offsets::delete).layer(changed.clone())))
+        .route("/admin/offsets/{topic}/{client_id}/{partition}", put(offsets::reset).layer(changed))
         .route("/admin/sessions", get(sessions::list).layer(scoped.clone()))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list).layer(scoped.clone()))

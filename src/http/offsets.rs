@@ -170,7 +170,7 @@ pub struct ResetBody {
     operation_id = "reset_offset",
     tag = "offsets",
     summary = "Reset an offline client's offset (backwards allowed, at most the log end)",
-    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
+    params(("scope" = Option<String>, Query, description = "cluster: made at every cluster.peers instance too (their answers in peers, the silent ones in unreachable); local or absent: here only", pattern = r"^(local|cluster)$"), ("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128), ("partition" = u64, Path, description = "partition", minimum = 0, maximum = 4294967295.0)),
     request_body = crate::http::schemas::ResetOffset,
     security(("admin_token" = [])),
     responses(
@@ -243,7 +243,7 @@ fn live(client_id: &ClientId) -> ApiError {
     operation_id = "delete_client_offsets",
     tag = "offsets",
     summary = "Forget an offline client's offsets on a topic",
-    params(("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
+    params(("scope" = Option<String>, Query, description = "cluster: made at every cluster.peers instance too (their answers in peers, the silent ones in unreachable); local or absent: here only", pattern = r"^(local|cluster)$"), ("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499), ("client_id" = String, Path, description = "client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::Deleted),

@@ -3,11 +3,13 @@
 //! naming the keys, and the settings in force stay.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::core::protocol::ErrorCode;
 
 /// Why a reload changed nothing.
 #[derive(Debug)]
@@ -16,12 +18,14 @@ pub enum ReloadRefused {
     Unreadable(String),
     /// These keys changed, and only a restart applies them.
     NotLive(Vec<String>),
+    /// The gateway cannot reload now (it is shutting down).
+    Unavailable(String),
 }
 
 impl std::fmt::Display for ReloadRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Unreadable(why) => write!(f, "{why}"),
+            Self::Unreadable(why) | Self::Unavailable(why) => write!(f, "{why}"),
             Self::NotLive(keys) => write!(f, "these keys change only with a restart: {}; nothing was applied", keys.join(", ")),
         }
     }
@@ -55,16 +59,19 @@ pub fn reload_and_log(reload: &dyn ConfigReload, by: &'static str) -> Result<Vec
         (status = 400, description = "bad_request: the file is unreadable or invalid, or names keys that change only with a restart; nothing was applied", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the gateway is shutting down", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn reload(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
     let reloader = app.reload.clone();
     // Reading and parsing a file: off the async workers.
+    let unavailable = |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, why);
     let outcome = tokio::task::spawn_blocking(move || reload_and_log(reloader.as_ref(), "POST /admin/reload"))
         .await
-        .map_err(|e| ApiError::bad_request(format!("the reload stopped: {e}")))?;
+        .map_err(|e| unavailable(format!("the reload stopped: {e}")))?;
     match outcome {
         Ok(changed) => Ok(Json(json!({"changed": changed}))),
+        Err(ReloadRefused::Unavailable(why)) => Err(unavailable(why)),
         Err(e) => Err(ApiError::bad_request(e.to_string())),
     }
 }

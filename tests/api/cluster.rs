@@ -182,6 +182,29 @@ async fn admin_lists_answer_for_the_whole_cluster_with_scope_cluster() {
     assert_eq!(rows.len(), 2, "one row of each instance: {offsets}");
     assert!(rows.iter().any(|r| r["client_id"] == "c0" && r["instance"] == "gw-0" && r["committed"] == 1), "{offsets}");
     assert!(offsets.get("next").is_none(), "{offsets}");
+    // A client's records changed on every instance: a reset of a client no instance serves
+    // lands on both; one live on the peer is refused there (409), named in `peers`.
+    let admin_send = |method: reqwest::Method, url: String, body: Value| async move {
+        let response = http().request(method, url).bearer_auth(TOKEN).json(&body).send().await.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    let reset = format!("{}/admin/offsets/t/ghost/0?scope=cluster", gateways[0].base);
+    let (status, answer) = admin_send(reqwest::Method::PUT, reset, serde_json::json!({"offset": 1})).await;
+    assert_eq!((status, &answer["committed"], &answer["peers"][0]["status"]), (200, &serde_json::json!(1), &serde_json::json!(200)), "{answer}");
+    assert_eq!(answer["unreachable"], serde_json::json!([urls[2]]), "{answer}");
+    let (_, ghosts) = admin_get(format!("{}/admin/offsets?client_id=ghost&scope=cluster", gateways[1].base)).await;
+    let mut holders: Vec<&str> = ghosts["offsets"].as_array().unwrap().iter().filter_map(|r| r["instance"].as_str()).collect();
+    holders.sort();
+    assert_eq!(holders, ["gw-0", "gw-1"], "{ghosts}");
+    let live_there = format!("{}/admin/offsets/t/c1/0?scope=cluster", gateways[0].base);
+    let (status, answer) = admin_send(reqwest::Method::PUT, live_there, serde_json::json!({"offset": 0})).await;
+    assert_eq!((status, &answer["peers"][0]["status"]), (200, &serde_json::json!(409)), "c1 is live on gw-1: {answer}");
+    let forget = format!("{}/admin/offsets/t/ghost?scope=cluster", gateways[1].base);
+    let (status, answer) = admin_send(reqwest::Method::DELETE, forget, Value::Null).await;
+    assert_eq!((status, &answer["peers"][0]["status"]), (200, &serde_json::json!(200)), "{answer}");
+    let (_, ghosts) = admin_get(format!("{}/admin/offsets?client_id=ghost&scope=cluster", gateways[0].base)).await;
+    assert_eq!(ghosts["offsets"], serde_json::json!([]), "{ghosts}");
+
     // A bad scope, and the admin token still required.
     let (status, body) = admin_get(format!("{}/admin/gaps?scope=everywhere", gateways[0].base)).await;
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
