@@ -32,21 +32,54 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 /// 10,000 rows; the session list is not paged: 100,000 sessions are ~35 MB).
 const MAX_LOCAL_BYTES: usize = 128 * 1024 * 1024;
 
+/// What `scope` asks of a request: for `cluster` the peers too. `path_and_query` is the request
+/// without `scope`, answered here; `asked_as` the same with `scope=local`, what a peer is asked.
+struct Scoped {
+    cluster: bool,
+    path_and_query: String,
+    asked_as: String,
+}
+
+/// `None` without `scope` (the request goes on as it is); `Err` is the answer to a bad one.
+#[allow(clippy::result_large_err)]
+fn scoped(uri: &Uri) -> Result<Option<Scoped>, Response> {
+    let Ok((scope, rest)) = split_scope(uri) else {
+        return Err(ApiError::bad_request("scope given more than once").into_response());
+    };
+    let cluster = match scope.as_deref() {
+        None => return Ok(None),
+        Some("local") => false,
+        Some("cluster") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("scope must be local or cluster, got {other:?}")).into_response()),
+    };
+    let path_and_query = match &rest {
+        Some(query) => format!("{}?{query}", uri.path()),
+        None => uri.path().to_string(),
+    };
+    let asked_as = format!("{path_and_query}{}scope=local", if rest.is_some() { "&" } else { "?" });
+    Ok(Some(Scoped { cluster, path_and_query, asked_as }))
+}
+
+/// This instance's answer, read back as a JSON object to add the peers' to.
+#[allow(clippy::result_large_err)]
+async fn local_object(local: Response) -> Result<Map<String, Value>, Response> {
+    let Ok(body) = to_bytes(local.into_body(), MAX_LOCAL_BYTES).await else {
+        let message = format!("this instance's answer is over {MAX_LOCAL_BYTES} bytes, too large to merge: ask with filters, or each instance alone");
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message).into_response());
+    };
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(answer)) => Ok(answer),
+        _ => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer is not a JSON object").into_response()),
+    }
+}
+
 /// Middleware of the admin list routes: takes `scope` out of the query and, for `cluster`, merges
 /// the peers' answers into this instance's.
 pub async fn scope(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
-    let Ok((scope, rest)) = split_scope(request.uri()) else {
-        return ApiError::bad_request("scope given more than once").into_response();
-    };
-    let cluster = match scope.as_deref() {
-        None => return next.run(request).await,
-        Some("local") => false,
-        Some("cluster") => true,
-        Some(other) => return ApiError::bad_request(format!("scope must be local or cluster, got {other:?}")).into_response(),
-    };
-    let path_and_query = match &rest {
-        Some(query) => format!("{}?{query}", request.uri().path()),
-        None => request.uri().path().to_string(),
+    let Scoped { cluster, path_and_query, asked_as } = match scoped(request.uri()) {
+        Ok(Some(scoped)) => scoped,
+        Ok(None) => return next.run(request).await,
+        Err(refused) => return refused,
     };
     match path_and_query.parse::<Uri>() {
         Ok(uri) => *request.uri_mut() = uri,
@@ -56,12 +89,9 @@ pub async fn scope(State(app): State<AppState>, mut request: Request, next: Next
     if local.status() != StatusCode::OK {
         return local;
     }
-    let Ok(body) = to_bytes(local.into_body(), MAX_LOCAL_BYTES).await else {
-        let message = format!("this instance's answer is over {MAX_LOCAL_BYTES} bytes, too large to merge: ask with filters, or each instance alone");
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message).into_response();
-    };
-    let Ok(Value::Object(local)) = serde_json::from_slice::<Value>(&body) else {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer is not a JSON object").into_response();
+    let local = match local_object(local).await {
+        Ok(local) => local,
+        Err(refused) => return refused,
     };
     let mut merged = Merged::new(local, &app.dispatcher.instance);
     if !cluster {
@@ -69,7 +99,6 @@ pub async fn scope(State(app): State<AppState>, mut request: Request, next: Next
         return json_response(merged.finish_local());
     }
     // Each peer answers for itself, its rows named by its own instance id.
-    let asked_as = format!("{path_and_query}{}scope=local", if rest.is_some() { "&" } else { "?" });
     let peers = app.cluster.peers();
     let asked = peers.iter().map(|(url, _)| {
         let url = format!("{url}{asked_as}");
@@ -115,18 +144,10 @@ const MAX_CHANGE_BODY: usize = 64 * 1024;
 /// `unreachable`. A peer that answers 409 (the client is live there) is named with it; the change
 /// is not undone here.
 pub async fn scope_change(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let Ok((scope, rest)) = split_scope(request.uri()) else {
-        return ApiError::bad_request("scope given more than once").into_response();
-    };
-    match scope.as_deref() {
-        None => return next.run(request).await,
-        Some("local" | "cluster") => {}
-        Some(other) => return ApiError::bad_request(format!("scope must be local or cluster, got {other:?}")).into_response(),
-    }
-    let cluster = scope.as_deref() == Some("cluster");
-    let path_and_query = match &rest {
-        Some(query) => format!("{}?{query}", request.uri().path()),
-        None => request.uri().path().to_string(),
+    let Scoped { cluster, path_and_query, asked_as } = match scoped(request.uri()) {
+        Ok(Some(scoped)) => scoped,
+        Ok(None) => return next.run(request).await,
+        Err(refused) => return refused,
     };
     let (mut parts, body) = request.into_parts();
     let Ok(body) = to_bytes(body, MAX_CHANGE_BODY).await else {
@@ -142,13 +163,10 @@ pub async fn scope_change(State(app): State<AppState>, request: Request, next: N
     if !cluster || local.status() != StatusCode::OK {
         return local;
     }
-    let Ok(local_body) = to_bytes(local.into_body(), MAX_LOCAL_BYTES).await else {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer could not be read back").into_response();
+    let mut answer = match local_object(local).await {
+        Ok(answer) => answer,
+        Err(refused) => return refused,
     };
-    let Ok(Value::Object(mut answer)) = serde_json::from_slice::<Value>(&local_body) else {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "this instance's answer is not a JSON object").into_response();
-    };
-    let asked_as = format!("{path_and_query}{}scope=local", if rest.is_some() { "&" } else { "?" });
     let peers = app.cluster.peers();
     let sent = peers.iter().map(|(url, _)| {
         let url = format!("{url}{asked_as}");
