@@ -76,6 +76,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
     pub cluster: ClusterConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -644,6 +645,26 @@ impl Default for ClusterConfig {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP (protobuf) URL spans are exported to, e.g. "http://127.0.0.1:4318/v1/traces" (a URL
+    /// with no path gets /v1/traces); empty = no traces. A publish starts or continues a W3C trace
+    /// (its request's traceparent header, else its first event's), writes it into each event's
+    /// traceparent header, and the append, each delivery and its ack are spans of it
+    /// (docs/operations.md, "Traces").
+    pub otlp_endpoint: String,
+    /// Share of the traces that start at this gateway (a publish without a sampled traceparent)
+    /// that are recorded, 0.0 to 1.0. A caller's sampled traceparent is always followed.
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self { otlp_endpoint: String::new(), sample_ratio: 0.01 }
+    }
+}
+
 /// Periods are added to clock readings; far beyond any sane value they would overflow.
 pub const MAX_PERIOD_MS: u64 = 31 * 86_400_000;
 /// Retentions are multiplied into milliseconds and added to clock readings.
@@ -807,6 +828,13 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         let mut problems = Vec::new();
+        if !(0.0..=1.0).contains(&self.telemetry.sample_ratio) {
+            problems.push(format!("telemetry.sample_ratio is a share from 0.0 to 1.0, got {}", self.telemetry.sample_ratio));
+        }
+        let endpoint = &self.telemetry.otlp_endpoint;
+        if !endpoint.is_empty() && !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
+            problems.push(format!("telemetry.otlp_endpoint {endpoint:?} is not an http:// or https:// URL"));
+        }
         if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
             problems.push(format!("server.listen {:?} is not an ip:port address", self.server.listen));
         }

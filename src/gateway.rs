@@ -51,6 +51,8 @@ pub struct Gateway {
     backend: Backend,
     writer_thread: std::thread::JoinHandle<()>,
     reloader: Arc<Reloader>,
+    /// Set when `telemetry.otlp_endpoint` is: flushed at shutdown.
+    tracer: Option<Arc<crate::telemetry::OtlpTracer>>,
 }
 
 /// What outside code (tests, signal handlers) may do with a running gateway.
@@ -266,6 +268,10 @@ impl Gateway {
             let records = crate::cluster::ClusterPeerOffsets { cluster: cluster.clone(), admin_token: config.auth.admin_token.clone() };
             let _ = dispatcher.peer_offsets.set(Arc::new(records));
         }
+        let tracer = crate::telemetry::OtlpTracer::start(&config.telemetry, &dispatcher.instance)?;
+        if let Some(tracer) = &tracer {
+            let _ = dispatcher.tracer.set(tracer.clone());
+        }
         if !config.server.listens_on_loopback() && (config.auth.admin_token.is_empty() || !config.auth.checks_tokens()) {
             // Only reachable with auth.allow_anonymous = true (validate refuses it otherwise).
             tracing::warn!(
@@ -319,7 +325,7 @@ impl Gateway {
             token_keys,
             reload: reloader.clone(),
         };
-        Ok(Self { listener, tls, app, backend: opened, writer_thread, reloader })
+        Ok(Self { listener, tls, app, backend: opened, writer_thread, reloader, tracer })
     }
 
     /// SIGHUP and `POST /admin/reload` read the configuration again from `file` (without it they
@@ -341,7 +347,7 @@ impl Gateway {
     /// Serves until `shutdown` resolves (or `GatewayHandle::shutdown`), then closes sessions
     /// with 1001, drains offset writes, checkpoints the pull cursors and closes the stores.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Gateway { listener, tls, app, backend, writer_thread, reloader: _ } = self;
+        let Gateway { listener, tls, app, backend, writer_thread, reloader: _, tracer } = self;
         let cancel = app.dispatcher.shutdown.clone();
         let config = app.config.clone();
         let local_addr = listener.local_addr()?;
@@ -426,6 +432,13 @@ impl Gateway {
         drop(backend);
         if last {
             let _ = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+        }
+        if let Some(tracer) = tracer {
+            // The spans of the last acks, exported within the grace period or dropped.
+            let flushed = tokio::task::spawn_blocking(move || tracer.shutdown());
+            if tokio::time::timeout(grace, flushed).await.is_err() {
+                tracing::warn!("the last spans were not exported within the shutdown grace period");
+            }
         }
         tracing::info!("ackgate stopped");
         match stopped_writes {

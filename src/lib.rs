@@ -57,5 +57,6 @@ pub mod gateway;
 pub mod http;
 pub mod reload;
 pub mod store;
+pub(crate) mod telemetry;
 
 pub use gateway::Gateway;

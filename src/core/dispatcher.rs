@@ -93,6 +93,8 @@ pub struct Dispatcher {
     /// A client's records at the other instances (set when the gateway has peers): what a
     /// subscribe without a resume token starts from when this instance has none.
     pub peer_offsets: std::sync::OnceLock<Arc<dyn super::peer_offsets::PeerOffsets>>,
+    /// Where the spans of traced events go (set when `telemetry.otlp_endpoint` is).
+    pub tracer: std::sync::OnceLock<Arc<dyn super::trace::Tracer>>,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -148,6 +150,7 @@ impl Dispatcher {
             groups: Arc::new(super::group::Groups::new(tasks.clone())),
             group_home: Default::default(),
             peer_offsets: Default::default(),
+            tracer: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

@@ -42,6 +42,7 @@ pub(crate) mod session_id;
 pub(crate) mod session_registry;
 pub(crate) mod subscription_plan;
 pub(crate) mod topic_removal;
+pub mod trace;
 pub(crate) mod transport;
 pub(crate) mod waiting;
 pub(crate) mod whole_number;

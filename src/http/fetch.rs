@@ -1,5 +1,6 @@
-//! The GETs ackgate itself makes: an identity provider's key set (`auth.jwks_url`, read in
-//! `auth`), the peers' `/readyz` (`cluster`) and their admin lists (`cluster_scope`). One request over http:// or https:// (verified
+//! The requests ackgate itself makes: an identity provider's key set (`auth.jwks_url`, read in
+//! `auth`), the peers' `/readyz` (`cluster`) and their admin lists (`cluster_scope`), and the
+//! OTLP exports of spans (`telemetry`). One request over http:// or https:// (verified
 //! against a given PEM file of authorities, or the system's), bounded in time and size.
 //!
 //! HTTP/1.0 on purpose: a server must not answer it with a chunked body, so the body is
@@ -19,14 +20,14 @@ const MAX_ADMIN_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The body of `GET url` when it answers 200 within `timeout` (connect to last byte).
 pub async fn get(url: &str, ca_file: &str, timeout: Duration) -> Result<Vec<u8>, String> {
-    let request = Request { method: "GET", url, ca_file, bearer: None, body: None, max_bytes: MAX_BYTES };
+    let request = Request { method: "GET", url, ca_file, bearer: None, body: None, content_type: JSON, max_bytes: MAX_BYTES };
     ok_body(request.send_within(timeout).await?, url)
 }
 
 /// `get` of a peer's admin route, with `Authorization: Bearer <admin_token>` when one is set.
 pub async fn get_admin(url: &str, ca_file: &str, timeout: Duration, admin_token: &str) -> Result<Vec<u8>, String> {
     let bearer = Some(admin_token).filter(|t| !t.is_empty());
-    let request = Request { method: "GET", url, ca_file, bearer, body: None, max_bytes: MAX_ADMIN_BYTES };
+    let request = Request { method: "GET", url, ca_file, bearer, body: None, content_type: JSON, max_bytes: MAX_ADMIN_BYTES };
     ok_body(request.send_within(timeout).await?, url)
 }
 
@@ -34,9 +35,17 @@ pub async fn get_admin(url: &str, ca_file: &str, timeout: Duration, admin_token:
 /// its status and body, whatever the status.
 pub async fn send_admin(method: &'static str, url: &str, ca_file: &str, timeout: Duration, admin_token: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let bearer = Some(admin_token).filter(|t| !t.is_empty());
-    let request = Request { method, url, ca_file, bearer, body: Some(body), max_bytes: MAX_BYTES };
+    let request = Request { method, url, ca_file, bearer, body: Some(body), content_type: JSON, max_bytes: MAX_BYTES };
     request.send_within(timeout).await
 }
+
+/// `POST url` of `body` as `content_type` (an OTLP export): its status and body.
+pub async fn post(url: &str, ca_file: &str, timeout: Duration, content_type: &'static str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let request = Request { method: "POST", url, ca_file, bearer: None, body: Some(body), content_type, max_bytes: MAX_BYTES };
+    request.send_within(timeout).await
+}
+
+const JSON: &str = "application/json";
 
 fn ok_body((status, body): (u16, Vec<u8>), url: &str) -> Result<Vec<u8>, String> {
     match status {
@@ -52,6 +61,7 @@ struct Request<'a> {
     ca_file: &'a str,
     bearer: Option<&'a str>,
     body: Option<&'a [u8]>,
+    content_type: &'static str,
     max_bytes: u64,
 }
 
@@ -74,7 +84,7 @@ impl Request<'_> {
             if authority.contains(':') && !authority.ends_with(']') { authority.to_string() } else { format!("{authority}:{}", if tls { 443 } else { 80 }) };
         let tcp = TcpStream::connect(&address).await.map_err(|e| format!("{method} {url}: connecting to {address}: {e}"))?;
         let authorization = self.bearer.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        let content = self.body.map(|b| format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len())).unwrap_or_default();
+        let content = self.body.map(|b| format!("Content-Type: {}\r\nContent-Length: {}\r\n", self.content_type, b.len())).unwrap_or_default();
         let mut request =
             format!("{method} {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\nUser-Agent: ackgate\r\n{authorization}{content}\r\n")
                 .into_bytes();

@@ -53,7 +53,8 @@ pub async fn log_request(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
-    let span = tracing::info_span!("http", request_id = %id);
+    // `trace_id` is recorded by a handler that traces the request (a publish).
+    let span = tracing::info_span!("http", request_id = %id, trace_id = tracing::field::Empty);
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();

@@ -21,6 +21,7 @@ use crate::core::offsets::{StoreError, TopicRemoval};
 use crate::core::protocol::ErrorCode;
 use crate::core::published_event::{to_new_event, PublishedEvent};
 use crate::core::topic_removal;
+use crate::core::trace::{PublishTrace, TraceParent, TRACEPARENT};
 
 /// Lite topics per page of `GET /topics?parent=` unless `limit` says otherwise, and the most.
 const LITE_PAGE: usize = 100;
@@ -42,6 +43,7 @@ fn too_large(message: String) -> ApiError {
     summary = "Publish one event or a batch",
     params(
         ("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: with telemetry.otlp_endpoint set, a sampled one is continued by the publish's spans and written into each event that carries none (a malformed one is ignored)", min_length = 55, max_length = 55),
         ("Idempotency-Key" = Option<String>, Header, description = "makes a retry within publish.idempotency_window_secs answer the first request's offsets without writing again", pattern = r"^[!-~]{1,128}$", min_length = 1, max_length = 128),
     ),
     request_body = crate::http::schemas::PublishRequest,
@@ -74,36 +76,23 @@ pub async fn publish(
     let bytes = to_bytes(body, limits.max_body_bytes)
         .await
         .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
-    let events = parse_publish_body(&bytes, limits.max_batch_events)?;
-    let backend = app.dispatcher.backend.as_ref();
-    let may_create = !must_exist_before_publish(&app.config, publisher.is_some());
-    if !may_create && backend.partitions(&topic).await?.is_none() {
-        let message = format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)");
-        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, message));
+    let mut events = parse_publish_body(&bytes, limits.max_batch_events)?;
+    // The request's `traceparent` (or its first event's) is the trace this publish continues.
+    let mut trace = app.dispatcher.tracer.get().and_then(|t| {
+        let parent = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse);
+        PublishTrace::start(t, parent.or_else(|| events.first().and_then(|e| TraceParent::of_headers(&e.headers))))
+    });
+    if let Some(trace) = trace.as_mut() {
+        // The idempotency digest is of the request's bytes: marking the events changes nothing.
+        trace.mark(&mut events);
+        trace.appending();
+        tracing::Span::current().record("trace_id", tracing::field::display(trace.traceparent().trace_id_hex()));
     }
-    let (offsets, replayed) = match key {
-        None if may_create => (backend.publish(&topic, events).await?, false),
-        // Checked again by the log itself: a DELETE between the check above and the write must
-        // not let this publisher create the topic anew.
-        None => (backend.publish_existing(&topic, events).await?, false),
-        Some(key) => {
-            match app
-                .publisher
-                .publish(app.dispatcher.backend.clone(), &topic, publisher.as_ref().map(|p| p.0 .0.as_str()), key, &bytes, events, may_create)
-                .await
-            {
-                Ok(PublishOutcome::Written(offsets)) => (offsets, false),
-                Ok(PublishOutcome::Replayed(offsets)) => {
-                    app.dispatcher.metrics.publish_replays.increment(1);
-                    (offsets, true)
-                }
-                Err(IdempotentPublishError::Conflict(m)) => return Err(ApiError::conflict(m)),
-                Err(IdempotentPublishError::TooManyKeys(m)) => return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m)),
-                Err(IdempotentPublishError::Backend(e)) => return Err(e.into()),
-                Err(IdempotentPublishError::Store(e)) => return Err(e.into()),
-            }
-        }
-    };
+    let written = write_events(&app, &topic, key, &bytes, events, publisher.as_ref().map(|p| p.0 .0.as_str())).await;
+    if let Some(trace) = trace {
+        trace.finish(topic.as_str(), written.as_ref().ok().map(|(offsets, replayed)| (offsets.as_slice(), *replayed)));
+    }
+    let (offsets, replayed) = written?;
     let offsets: Vec<Value> = offsets.into_iter().map(|(partition, offset)| json!({"partition": partition, "offset": offset})).collect();
     let mut response = Json(json!({ "offsets": offsets })).into_response();
     if replayed {
@@ -112,6 +101,40 @@ pub async fn publish(
         response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// The events written, or for an idempotency key's retry the first write's offsets (`true`).
+async fn write_events(
+    app: &AppState,
+    topic: &TopicName,
+    key: Option<IdempotencyKey>,
+    bytes: &[u8],
+    events: Vec<NewEvent>,
+    publisher: Option<&str>,
+) -> Result<(Vec<(u32, u64)>, bool), ApiError> {
+    let backend = app.dispatcher.backend.as_ref();
+    let may_create = !must_exist_before_publish(&app.config, publisher.is_some());
+    if !may_create && backend.partitions(topic).await?.is_none() {
+        let message = format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)");
+        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, message));
+    }
+    Ok(match key {
+        None if may_create => (backend.publish(topic, events).await?, false),
+        // Checked again by the log itself: a DELETE between the check above and the write must
+        // not let this publisher create the topic anew.
+        None => (backend.publish_existing(topic, events).await?, false),
+        Some(key) => match app.publisher.publish(app.dispatcher.backend.clone(), topic, publisher, key, bytes, events, may_create).await {
+            Ok(PublishOutcome::Written(offsets)) => (offsets, false),
+            Ok(PublishOutcome::Replayed(offsets)) => {
+                app.dispatcher.metrics.publish_replays.increment(1);
+                (offsets, true)
+            }
+            Err(IdempotentPublishError::Conflict(m)) => return Err(ApiError::conflict(m)),
+            Err(IdempotentPublishError::TooManyKeys(m)) => return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::LimitExceeded, m)),
+            Err(IdempotentPublishError::Backend(e)) => return Err(e.into()),
+            Err(IdempotentPublishError::Store(e)) => return Err(e.into()),
+        },
+    })
 }
 
 /// Whether a publish must find its topic there already, on the embedded log, which creates a

@@ -44,4 +44,5 @@ mod sse;
 mod structure;
 mod support;
 mod takeover;
+mod telemetry;
 mod tls;

@@ -5,11 +5,13 @@
 use serde_json::Value;
 
 use super::Session;
+use crate::core::backend::NewEvent;
 use crate::core::frame_errors::{backend_frame_error, store_frame_error};
 use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOutcome};
 use crate::core::names::TopicName;
 use crate::core::protocol::{ErrorCode, FrameError, PublishedOffset, ServerFrame};
 use crate::core::published_event::parse_events;
+use crate::core::trace::{PublishTrace, TraceParent};
 
 impl Session {
     pub(super) async fn publish(&mut self, topic: &str, events: &str, idempotency_key: Option<&str>, req: Option<Value>) -> Result<(), FrameError> {
@@ -21,7 +23,9 @@ impl Session {
             ));
         }
         let settings = self.d.settings();
-        let events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
+        let mut events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
+        // A frame has no headers of its own: the trace continues the first event's, or starts here.
+        let mut trace = self.d.tracer.get().and_then(|t| PublishTrace::start(t, events.first().and_then(|e| TraceParent::of_headers(&e.headers))));
         let by_jwt = self.d.token_check.get().is_some();
         let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };
         let backend = self.d.backend.clone();
@@ -31,9 +35,36 @@ impl Session {
                 format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)"),
             ));
         }
-        let (offsets, replayed) = match idempotency_key {
-            None if may_create => (backend.publish(&topic, events).await.map_err(backend_frame_error)?, false),
-            None => (backend.publish_existing(&topic, events).await.map_err(backend_frame_error)?, false),
+        let body = idempotency_key.is_some().then(|| events_digest_body(&events));
+        if let Some(trace) = trace.as_mut() {
+            trace.mark(&mut events);
+            trace.appending();
+        }
+        let written = self.write_events(&topic, events, idempotency_key, body, may_create, by_jwt).await;
+        if let Some(trace) = trace {
+            trace.finish(topic.as_str(), written.as_ref().ok().map(|(offsets, replayed)| (offsets.as_slice(), *replayed)));
+        }
+        let (offsets, replayed) = written?;
+        let offsets = offsets.into_iter().map(|(partition, offset)| PublishedOffset { partition, offset }).collect();
+        self.send(ServerFrame::Published { req, offsets, replayed: replayed.then_some(true) });
+        Ok(())
+    }
+
+    /// The events written (or, for an idempotency key's retry, the first write's offsets: then
+    /// `true`). `body` is the key's digest body, taken before a trace marked the events.
+    async fn write_events(
+        &self,
+        topic: &TopicName,
+        events: Vec<NewEvent>,
+        idempotency_key: Option<&str>,
+        body: Option<Vec<u8>>,
+        may_create: bool,
+        by_jwt: bool,
+    ) -> Result<(Vec<(u32, u64)>, bool), FrameError> {
+        let backend = self.d.backend.clone();
+        Ok(match idempotency_key {
+            None if may_create => (backend.publish(topic, events).await.map_err(backend_frame_error)?, false),
+            None => (backend.publish_existing(topic, events).await.map_err(backend_frame_error)?, false),
             Some(raw) => {
                 let publisher = self.d.publisher.get().ok_or_else(|| FrameError::unavailable("idempotent publishing", "not set up on this instance"))?.clone();
                 // Keys are the publisher's: a JWT's `sub` (the client id), or anonymous's.
@@ -41,8 +72,8 @@ impl Session {
                 let key = IdempotencyKey::parse(raw.as_bytes())
                     .map_err(|m| FrameError::new(ErrorCode::BadFrame, format!("idempotency_key: {m}")))?
                     .scoped(sub.as_deref());
-                let body = events_digest_body(&events);
-                match publisher.publish(backend, &topic, sub.as_deref(), key, &body, events, may_create).await {
+                let body = body.unwrap_or_else(|| events_digest_body(&events));
+                match publisher.publish(backend, topic, sub.as_deref(), key, &body, events, may_create).await {
                     Ok(PublishOutcome::Written(offsets)) => (offsets, false),
                     Ok(PublishOutcome::Replayed(offsets)) => {
                         self.d.metrics.publish_replays.increment(1);
@@ -54,10 +85,7 @@ impl Session {
                     Err(IdempotentPublishError::Store(e)) => return Err(store_frame_error(e)),
                 }
             }
-        };
-        let offsets = offsets.into_iter().map(|(partition, offset)| PublishedOffset { partition, offset }).collect();
-        self.send(ServerFrame::Published { req, offsets, replayed: replayed.then_some(true) });
-        Ok(())
+        })
     }
 }
 
