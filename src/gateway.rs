@@ -435,7 +435,7 @@ impl Gateway {
         }
         if let Some(tracer) = tracer {
             // The spans of the last acks, exported within the grace period or dropped.
-            let flushed = tokio::task::spawn_blocking(move || tracer.shutdown());
+            let flushed = tokio::task::spawn_blocking(move || tracer.shutdown(grace));
             if tokio::time::timeout(grace, flushed).await.is_err() {
                 tracing::warn!("the last spans were not exported within the shutdown grace period");
             }

@@ -58,9 +58,9 @@ impl OtlpTracer {
         Ok(Some(Arc::new(OtlpTracer { provider, tracer, threshold })))
     }
 
-    /// Exports what is queued and stops the export thread (at shutdown).
-    pub fn shutdown(&self) {
-        if let Err(e) = self.provider.shutdown() {
+    /// Exports what is queued and stops the export thread (at shutdown), within `grace`.
+    pub fn shutdown(&self, grace: Duration) {
+        if let Err(e) = self.provider.shutdown_with_timeout(grace) {
             tracing::debug!(error = %e, "the span exporter did not stop cleanly");
         }
     }
@@ -82,7 +82,7 @@ impl Tracer for OtlpTracer {
                 TraceId::from(span.trace_id),
                 SpanId::from(id),
                 TraceFlags::SAMPLED,
-                true,
+                span.remote_parent,
                 TraceState::default(),
             )),
         };

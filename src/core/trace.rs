@@ -84,6 +84,8 @@ pub struct Span {
     pub span_id: u64,
     /// 0 for the root of a trace.
     pub parent_span_id: u64,
+    /// The parent is another process's span (a caller's, or the one an event carries).
+    pub remote_parent: bool,
     pub name: &'static str,
     pub kind: SpanKind,
     pub start: SystemTime,
@@ -195,6 +197,7 @@ impl PublishTrace {
                 trace_id,
                 span_id: random_id(),
                 parent_span_id: self.span_id,
+                remote_parent: false,
                 name: "ackgate append",
                 kind: SpanKind::Client,
                 start: append_started,
@@ -206,6 +209,7 @@ impl PublishTrace {
             trace_id,
             span_id: self.span_id,
             parent_span_id: self.parent_span_id,
+            remote_parent: true,
             name: "ackgate publish",
             kind: SpanKind::Server,
             start: self.started,
@@ -216,57 +220,72 @@ impl PublishTrace {
     }
 }
 
-/// What a delivery's spans say about it.
-pub struct DeliveryFacts<'a> {
-    pub client_id: &'a str,
-    pub topic: &'a str,
-    pub delivery_id: &'a str,
-    pub attempt: u32,
+/// A delivery that ended in an ack, in a sampled trace: what its spans need, taken while the
+/// client's state is locked and exported after (`export_acked`).
+pub struct AckedDelivery {
+    parent: TraceParent,
+    topic: String,
+    delivery_id: String,
+    partition: u32,
+    offset: u64,
+    attempt: u32,
+    delivered_at: Instant,
 }
 
-/// A delivery that ended in an ack: a `deliver` span from the push to the ack, and an `ack`
-/// child from the ack's arrival to its handling, both in the trace of the event's `traceparent`.
-/// Nothing when the event carries no sampled one.
-pub fn trace_acked_delivery(tracer: &dyn Tracer, event: &Event, facts: DeliveryFacts<'_>, delivered_at: Instant, ack_received: Instant, confirmed: bool) {
-    let Some(parent) = TraceParent::of_headers(&event.headers).filter(|p| p.sampled) else {
-        return;
-    };
-    let (delivered, received, now) = (wall_time_of(delivered_at), wall_time_of(ack_received), SystemTime::now());
-    let deliver_span_id = random_id();
+impl AckedDelivery {
+    /// `None` unless `event` carries a sampled `traceparent`: the cost for all other events is
+    /// one look through their headers.
+    pub fn of(event: &Event, topic: &str, delivery_id: &str, attempt: u32, delivered_at: Instant) -> Option<AckedDelivery> {
+        let parent = TraceParent::of_headers(&event.headers).filter(|p| p.sampled)?;
+        let (topic, delivery_id) = (topic.to_string(), delivery_id.to_string());
+        Some(AckedDelivery { parent, topic, delivery_id, partition: event.partition, offset: event.offset, attempt, delivered_at })
+    }
+}
+
+/// For each acked delivery: a `deliver` span from the push to the ack, and an `ack` child from
+/// the ack's arrival to now, both in the trace of the event's `traceparent`.
+pub fn export_acked(tracer: &dyn Tracer, client_id: &str, acked: Vec<AckedDelivery>, ack_received: Instant, confirmed: bool) {
+    let (received, now) = (wall_time_of(ack_received), SystemTime::now());
     let text = |s: &str| AttributeValue::Text(s.to_string());
-    tracer.export(Span {
-        trace_id: parent.trace_id,
-        span_id: deliver_span_id,
-        parent_span_id: parent.span_id,
-        name: "ackgate deliver",
-        kind: SpanKind::Producer,
-        start: delivered,
-        end: received.max(delivered),
-        attributes: vec![
-            ("messaging.system", text("ackgate")),
-            ("messaging.operation.type", text("deliver")),
-            ("messaging.destination.name", text(facts.topic)),
-            ("messaging.message.id", text(facts.delivery_id)),
-            ("ackgate.client_id", text(facts.client_id)),
-            ("ackgate.partition", AttributeValue::Number(i64::from(event.partition))),
-            ("ackgate.offset", AttributeValue::Number(event.offset as i64)),
-            ("ackgate.attempt", AttributeValue::Number(i64::from(facts.attempt))),
-        ],
-    });
-    tracer.export(Span {
-        trace_id: parent.trace_id,
-        span_id: random_id(),
-        parent_span_id: deliver_span_id,
-        name: "ackgate ack",
-        kind: SpanKind::Consumer,
-        start: received,
-        end: now.max(received),
-        attributes: vec![
-            ("messaging.operation.type", text("settle")),
-            ("ackgate.client_id", text(facts.client_id)),
-            ("ackgate.ack", text(if confirmed { "confirmed" } else { "plain" })),
-        ],
-    });
+    for delivery in acked {
+        let delivered = wall_time_of(delivery.delivered_at);
+        let deliver_span_id = random_id();
+        tracer.export(Span {
+            trace_id: delivery.parent.trace_id,
+            span_id: deliver_span_id,
+            parent_span_id: delivery.parent.span_id,
+            remote_parent: true,
+            name: "ackgate deliver",
+            kind: SpanKind::Producer,
+            start: delivered,
+            end: received.max(delivered),
+            attributes: vec![
+                ("messaging.system", text("ackgate")),
+                ("messaging.operation.type", text("deliver")),
+                ("messaging.destination.name", AttributeValue::Text(delivery.topic)),
+                ("messaging.message.id", AttributeValue::Text(delivery.delivery_id)),
+                ("ackgate.client_id", text(client_id)),
+                ("ackgate.partition", AttributeValue::Number(i64::from(delivery.partition))),
+                ("ackgate.offset", AttributeValue::Number(delivery.offset as i64)),
+                ("ackgate.attempt", AttributeValue::Number(i64::from(delivery.attempt))),
+            ],
+        });
+        tracer.export(Span {
+            trace_id: delivery.parent.trace_id,
+            span_id: random_id(),
+            parent_span_id: deliver_span_id,
+            remote_parent: false,
+            name: "ackgate ack",
+            kind: SpanKind::Consumer,
+            start: received,
+            end: now.max(received),
+            attributes: vec![
+                ("messaging.operation.type", text("settle")),
+                ("ackgate.client_id", text(client_id)),
+                ("ackgate.ack", text(if confirmed { "confirmed" } else { "plain" })),
+            ],
+        });
+    }
 }
 
 #[cfg(test)]

@@ -136,10 +136,11 @@ fn json_response(body: Value) -> Response {
 const MAX_CHANGE_BODY: usize = 64 * 1024;
 
 /// Middleware of an admin change of a client's records (`PUT /admin/offsets/{topic}/{client_id}/
-/// {partition}`, `DELETE /admin/offsets/{topic}/{client_id}`): with `?scope=cluster` it is made
-/// here and then at every peer (with `scope=local` and the admin token), so the records every
-/// instance holds agree, and a client that lands anywhere (with or without its token: a reset
-/// steps the record's epoch and fences tokens made before) starts where the operator set it.
+/// {partition}`, `DELETE /admin/offsets/{topic}/{client_id}`, `POST /admin/dead-letters/redrive`):
+/// with `?scope=cluster` it is made here and then at every peer (with `scope=local` and the admin
+/// token), so the records every instance holds agree, and a client that lands anywhere (with or
+/// without its token: a reset steps the record's epoch and fences tokens made before) starts
+/// where the operator set it. A redrive reaches the dead letters each instance recorded.
 /// The answer is this instance's, plus `peers`: each peer's URL, status and answer, and
 /// `unreachable`. A peer that answers 409 (the client is live there) is named with it; the change
 /// is not undone here.
@@ -158,7 +159,11 @@ pub async fn scope_change(State(app): State<AppState>, request: Request, next: N
         Ok(uri) => parts.uri = uri,
         Err(e) => return ApiError::bad_request(format!("bad query: {e}")).into_response(),
     }
-    let method: &'static str = if parts.method == axum::http::Method::DELETE { "DELETE" } else { "PUT" };
+    let method: &'static str = match parts.method {
+        axum::http::Method::DELETE => "DELETE",
+        axum::http::Method::POST => "POST",
+        _ => "PUT",
+    };
     let local = next.run(Request::from_parts(parts, Body::from(body.clone()))).await;
     if !cluster || local.status() != StatusCode::OK {
         return local;

@@ -110,6 +110,7 @@ pub struct RedriveBody {
     operation_id = "redrive_dead_letters",
     tag = "dead letters",
     summary = "Deliver a client's dead letters again (redrive: true, outside its committed floor); an ack removes each",
+    params(("scope" = Option<String>, Query, description = "cluster: each cluster.peers instance redrives the dead letters it recorded too (their answers in peers, the silent ones in unreachable); local or absent: here only", pattern = r"^(local|cluster)$")),
     request_body = crate::http::schemas::RedriveRequest,
     security(("admin_token" = [])),
     responses(

@@ -85,10 +85,9 @@ pub async fn publish(
     if let Some(trace) = trace.as_mut() {
         // The idempotency digest is of the request's bytes: marking the events changes nothing.
         trace.mark(&mut events);
-        trace.appending();
         tracing::Span::current().record("trace_id", tracing::field::display(trace.traceparent().trace_id_hex()));
     }
-    let written = write_events(&app, &topic, key, &bytes, events, publisher.as_ref().map(|p| p.0 .0.as_str())).await;
+    let written = write_events(&app, &topic, key, &bytes, events, publisher.as_ref().map(|p| p.0 .0.as_str()), trace.as_mut()).await;
     if let Some(trace) = trace {
         trace.finish(topic.as_str(), written.as_ref().ok().map(|(offsets, replayed)| (offsets.as_slice(), *replayed)));
     }
@@ -111,12 +110,16 @@ async fn write_events(
     bytes: &[u8],
     events: Vec<NewEvent>,
     publisher: Option<&str>,
+    trace: Option<&mut PublishTrace>,
 ) -> Result<(Vec<(u32, u64)>, bool), ApiError> {
     let backend = app.dispatcher.backend.as_ref();
     let may_create = !must_exist_before_publish(&app.config, publisher.is_some());
     if !may_create && backend.partitions(topic).await?.is_none() {
         let message = format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)");
         return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownTopic, message));
+    }
+    if let Some(trace) = trace {
+        trace.appending();
     }
     Ok(match key {
         None if may_create => (backend.publish(topic, events).await?, false),

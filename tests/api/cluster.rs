@@ -205,6 +205,30 @@ async fn admin_lists_answer_for_the_whole_cluster_with_scope_cluster() {
     let (_, ghosts) = admin_get(format!("{}/admin/offsets?client_id=ghost&scope=cluster", gateways[0].base)).await;
     assert_eq!(ghosts["offsets"], serde_json::json!([]), "{ghosts}");
 
+    // A redrive reaches the instance that recorded the dead letters: c1 gives up on an event on
+    // gw-1, and the operator asks gw-0, which holds none of them.
+    let publish = http()
+        .post(format!("{}/topics/t/events", gateways[1].base))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"partition": 0, "payload": "bad"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(publish.status(), 200);
+    let event = clients[1].recv_type("event").await;
+    clients[1].send(serde_json::json!({"op": "term", "delivery_id": id(&event), "reason": "bad"})).await;
+    wait_for("c1's dead letter on gw-1", async || {
+        let (_, letters) = admin_get(format!("{}/admin/dead-letters?client_id=c1", gateways[1].base)).await;
+        letters["dead_letters"].as_array().is_some_and(|l| l.len() == 1)
+    })
+    .await;
+    let redrive = format!("{}/admin/dead-letters/redrive?scope=cluster", gateways[0].base);
+    let (status, answer) = admin_send(reqwest::Method::POST, redrive, serde_json::json!({"topic": "t", "client_id": "c1"})).await;
+    assert_eq!((status, &answer["redriven"]), (200, &serde_json::json!(0)), "gw-0 recorded none: {answer}");
+    assert_eq!((&answer["peers"][0]["status"], &answer["peers"][0]["answer"]["redriven"]), (&serde_json::json!(200), &serde_json::json!(1)), "{answer}");
+    let again = clients[1].recv_type("event").await;
+    assert_eq!((&again["redrive"], &again["offset"]), (&serde_json::json!(true), &event["offset"]), "{again}");
+
     // A bad scope, and the admin token still required.
     let (status, body) = admin_get(format!("{}/admin/gaps?scope=everywhere", gateways[0].base)).await;
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");

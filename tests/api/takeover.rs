@@ -404,3 +404,68 @@ async fn a_client_without_a_token_starts_on_a_new_instance_from_its_records_at_t
     assert_eq!(orphan.subscribe("moved", json!({})).await["partitions"][0]["from"], 8, "no peer answered: reset_policy");
     second.wait_for_log("a peer did not answer for a client's records").await;
 }
+
+/// The instance `/session/recommend` at `base` sends `client_id` to: its `http_url`.
+async fn recommended_url(base: &str, client_id: &str) -> String {
+    let (status, body) = get_json(&format!("{base}/session/recommend?client_id={client_id}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["http_url"].as_str().unwrap().to_string()
+}
+
+/// Issue 45's shape for scaling out: three instances on Kafka, then a fourth. Every client reads
+/// and acks on the instance `/session/recommend` names, and comes back without its resume token
+/// (a reloaded page) to the instance it names now. Those rendezvous hashing sends to the fourth
+/// start where they acked: not from the log start (`earliest`, the default policy: a replay),
+/// not from the end (a skip of what they never got).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_tokens_that_scaling_out_moves_to_a_fourth_instance_start_where_they_acked() {
+    const CLIENTS: usize = 32;
+    let broker = TestBroker::start();
+    let cluster = KafkaCluster::new(broker.bootstrap(), 4);
+    let mut instances: Vec<Process> = (0..3).map(|i| cluster.start(i)).collect();
+    let created = http().post(format!("{}/topics", instances[0].base)).json(&json!({"name": "scaled", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish = |base: String, n: u64| async move {
+        let events: Vec<Value> = (0..n).map(|i| json!({"payload": {"n": i}})).collect();
+        let sent = http().post(format!("{base}/topics/scaled/events")).json(&json!({ "events": events })).send().await.unwrap();
+        assert_eq!(sent.status(), 200);
+    };
+    publish(instances[0].base.clone(), 4).await;
+    let mut homes = BTreeSet::new();
+    for c in 0..CLIENTS {
+        let client_id = format!("s-{c}");
+        let url = recommended_url(&instances[0].base, &client_id).await;
+        assert_ne!(url, cluster.urls[3], "the fourth is not running yet");
+        homes.insert(url.clone());
+        let mut client = TestClient::connect(url.trim_start_matches("http://").parse().unwrap(), &client_id).await;
+        client.subscribe("scaled", json!({})).await;
+        let events = client.recv_events(4).await;
+        let acked = client.ack_confirmed(&ids(&events), "all").await;
+        assert_eq!(acked["committed"], json!({"scaled": {"0": 4}}), "{acked}");
+        client.close().await;
+    }
+    assert_eq!(homes.len(), 3, "the clients were spread over the three: {homes:?}");
+    publish(instances[0].base.clone(), 3).await;
+
+    instances.push(cluster.start(3));
+    let mut moved = Vec::new();
+    wait_for("the three see the fourth ready and send clients to it", async || {
+        moved.clear();
+        for c in 0..CLIENTS {
+            let client_id = format!("s-{c}");
+            if recommended_url(&instances[0].base, &client_id).await == cluster.urls[3] {
+                moved.push(client_id);
+            }
+        }
+        !moved.is_empty()
+    })
+    .await;
+    for client_id in &moved {
+        let mut client = TestClient::connect(instances[3].addr, client_id).await;
+        let subscribed = client.subscribe("scaled", json!({})).await;
+        assert_eq!(subscribed["partitions"][0]["from"], 4, "{client_id} starts where it acked, not at 0 nor at 7: {subscribed}");
+        assert_eq!(client.recv_type("event").await["offset"], 4, "{client_id}");
+        client.close().await;
+    }
+    instances[3].wait_for_log("starting from the client's records at the peers").await;
+}

@@ -211,14 +211,14 @@ async fn a_traced_publish_its_append_delivery_and_ack_arrive_as_one_trace_over_o
     assert_eq!(publish.attributes["messaging.destination.name"], "traced");
     assert_eq!(publish.attributes["ackgate.offset"], offset.to_string());
     assert_eq!(publish.service, "ackgate");
-    assert_eq!(append.parent_span_id, publish.span_id);
+    assert_eq!((append.parent_span_id.as_str(), append.kind), (publish.span_id.as_str(), SpanKind::Client as i32));
     assert_eq!(deliver.parent_span_id, publish.span_id, "the delivery continues the event's traceparent");
     assert_eq!(deliver.kind, SpanKind::Producer as i32);
     assert_eq!(deliver.attributes["ackgate.client_id"], "tracer-1");
     assert_eq!(deliver.attributes["ackgate.offset"], offset.to_string());
     assert_eq!(deliver.attributes["ackgate.attempt"], "1");
     assert_eq!(deliver.attributes["messaging.message.id"], id(&event));
-    assert_eq!((ack.parent_span_id.as_str(), ack.attributes["ackgate.ack"].as_str()), (deliver.span_id.as_str(), "plain"));
+    assert_eq!((ack.parent_span_id.as_str(), ack.attributes["ackgate.ack"].as_str(), ack.kind), (deliver.span_id.as_str(), "plain", SpanKind::Consumer as i32));
     assert!(receiver.paths.lock().unwrap().iter().all(|p| p == "/v1/traces"), "posted to {:?}", receiver.paths.lock().unwrap());
     assert!(receiver.spans().iter().all(|s| s.trace_id == trace_id), "only the sampled trace was recorded: {:#?}", receiver.spans());
     // The publish's log line carries the trace id.
@@ -235,6 +235,20 @@ async fn a_traced_publish_its_append_delivery_and_ack_arrive_as_one_trace_over_o
     let spans = receiver.trace(&new_trace, 4).await;
     assert_eq!(named(&spans, "ackgate publish").parent_span_id, "", "a trace started here has a root publish span");
     assert_eq!(named(&spans, "ackgate ack").attributes["ackgate.ack"], "confirmed");
+
+    // An idempotency key's retry lands in another new trace, and still matches the first
+    // attempt: its digest is of the events as sent, not as the trace marked them.
+    let frame = |req: &str| json!({"op": "publish", "topic": "traced", "events": [{"payload": {"n": 3}}], "idempotency_key": "k-1", "req": req});
+    for (req, replayed) in [("i1", Value::Null), ("i2", json!(true))] {
+        client.send(frame(req)).await;
+        let answer = loop {
+            let frame = client.recv().await;
+            if frame["req"] == req {
+                break frame;
+            }
+        };
+        assert_eq!((&answer["type"], &answer["replayed"]), (&json!("published"), &replayed), "{answer}");
+    }
     client.close().await;
     gateway.terminate();
 }

@@ -19,7 +19,7 @@ use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{LogEpoch, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
-use crate::core::trace::{trace_acked_delivery, DeliveryFacts};
+use crate::core::trace::{export_acked, AckedDelivery};
 
 impl Session {
     /// `ids` are delivery ids: a `&[&str]` of one for the plain ack frame (no allocation on that
@@ -36,8 +36,10 @@ impl Session {
     }
 
     pub(super) async fn ack<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
-        // When the ack came, for its span: read only when traces are on.
-        let received = self.d.tracer.get().is_some().then(Instant::now);
+        // When the ack came and which deliveries it settled in sampled traces, for their spans
+        // (exported once the client's state is unlocked): only when traces are on.
+        let mut traced: Option<Vec<AckedDelivery>> = self.d.tracer.get().map(|_| Vec::new());
+        let received = traced.is_some().then(Instant::now);
         let mut unknown = Vec::new();
         let mut acked = 0u64;
         // Floor and last_acked of every touched partition before this ack, to see which moved
@@ -108,21 +110,8 @@ impl Session {
                         let event = delivery.event();
                         if let Some(settled) = self.in_flight.remove(&event) {
                             metrics.ack_latency.record(settled.delivered_at.elapsed().as_secs_f64());
-                            if let Some(tracer) = self.d.tracer.get() {
-                                let facts = DeliveryFacts {
-                                    client_id: self.info.client_id.as_str(),
-                                    topic: settled.topic.as_str(),
-                                    delivery_id: id,
-                                    attempt: settled.attempt,
-                                };
-                                trace_acked_delivery(
-                                    tracer.as_ref(),
-                                    &settled.event,
-                                    facts,
-                                    settled.delivered_at.into_std(),
-                                    received.unwrap_or_else(Instant::now).into_std(),
-                                    req.is_some(),
-                                );
+                            if let Some(traced) = traced.as_mut() {
+                                traced.extend(AckedDelivery::of(&settled.event, settled.topic.as_str(), id, settled.attempt, settled.delivered_at.into_std()));
                             }
                         }
                         if !self.waiting.is_empty() {
@@ -160,6 +149,11 @@ impl Session {
                     committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
                     reported.push((tp.clone(), tracker.floor()));
                 }
+            }
+        }
+        if let (Some(tracer), Some(settled), Some(received)) = (self.d.tracer.get(), traced, received) {
+            if !settled.is_empty() {
+                export_acked(tracer.as_ref(), self.info.client_id.as_str(), settled, received.into_std(), req.is_some());
             }
         }
         metrics.acks.increment(acked);

@@ -23,24 +23,12 @@ impl Session {
             ));
         }
         let settings = self.d.settings();
-        let mut events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
+        let events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
         // A frame has no headers of its own: the trace continues the first event's, or starts here.
         let mut trace = self.d.tracer.get().and_then(|t| PublishTrace::start(t, events.first().and_then(|e| TraceParent::of_headers(&e.headers))));
         let by_jwt = self.d.token_check.get().is_some();
         let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };
-        let backend = self.d.backend.clone();
-        if !may_create && backend.partitions(&topic).await.map_err(backend_frame_error)?.is_none() {
-            return Err(FrameError::new(
-                ErrorCode::UnknownTopic,
-                format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)"),
-            ));
-        }
-        let body = idempotency_key.is_some().then(|| events_digest_body(&events));
-        if let Some(trace) = trace.as_mut() {
-            trace.mark(&mut events);
-            trace.appending();
-        }
-        let written = self.write_events(&topic, events, idempotency_key, body, may_create, by_jwt).await;
+        let written = self.write_events(&topic, events, idempotency_key, may_create, by_jwt, trace.as_mut()).await;
         if let Some(trace) = trace {
             trace.finish(topic.as_str(), written.as_ref().ok().map(|(offsets, replayed)| (offsets.as_slice(), *replayed)));
         }
@@ -51,17 +39,29 @@ impl Session {
     }
 
     /// The events written (or, for an idempotency key's retry, the first write's offsets: then
-    /// `true`). `body` is the key's digest body, taken before a trace marked the events.
+    /// `true`), marked with `trace` when there is one.
     async fn write_events(
         &self,
         topic: &TopicName,
-        events: Vec<NewEvent>,
+        mut events: Vec<NewEvent>,
         idempotency_key: Option<&str>,
-        body: Option<Vec<u8>>,
         may_create: bool,
         by_jwt: bool,
+        trace: Option<&mut PublishTrace>,
     ) -> Result<(Vec<(u32, u64)>, bool), FrameError> {
         let backend = self.d.backend.clone();
+        if !may_create && backend.partitions(topic).await.map_err(backend_frame_error)?.is_none() {
+            return Err(FrameError::new(
+                ErrorCode::UnknownTopic,
+                format!("topic {topic} does not exist (embedded.auto_create_topics: create it with POST /topics and the admin token)"),
+            ));
+        }
+        // A key's digest is of the events as sent: a retry must match whatever trace it is in.
+        let body = idempotency_key.is_some().then(|| events_digest_body(&events));
+        if let Some(trace) = trace {
+            trace.mark(&mut events);
+            trace.appending();
+        }
         Ok(match idempotency_key {
             None if may_create => (backend.publish(topic, events).await.map_err(backend_frame_error)?, false),
             None => (backend.publish_existing(topic, events).await.map_err(backend_frame_error)?, false),
@@ -72,7 +72,7 @@ impl Session {
                 let key = IdempotencyKey::parse(raw.as_bytes())
                     .map_err(|m| FrameError::new(ErrorCode::BadFrame, format!("idempotency_key: {m}")))?
                     .scoped(sub.as_deref());
-                let body = body.unwrap_or_else(|| events_digest_body(&events));
+                let body = body.unwrap_or_default();
                 match publisher.publish(backend, topic, sub.as_deref(), key, &body, events, may_create).await {
                     Ok(PublishOutcome::Written(offsets)) => (offsets, false),
                     Ok(PublishOutcome::Replayed(offsets)) => {
