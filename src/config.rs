@@ -650,12 +650,13 @@ impl Default for ClusterConfig {
 pub struct TelemetryConfig {
     /// OTLP/HTTP (protobuf) URL spans are exported to, e.g. "http://127.0.0.1:4318/v1/traces" (a URL
     /// with no path gets /v1/traces); empty = no traces. A publish starts or continues a W3C trace
-    /// (its request's traceparent header, else its first event's), writes it into each event's
-    /// traceparent header, and the append, each delivery and its ack are spans of it
-    /// (docs/operations.md, "Traces").
+    /// (its request's traceparent header, else its first event's), writes it into each event that
+    /// has no traceparent header, and the append, each delivery that ends in an ack and that ack
+    /// are spans of it (docs/operations.md, "Traces").
     pub otlp_endpoint: String,
-    /// Share of the traces that start at this gateway (a publish without a sampled traceparent)
-    /// that are recorded, 0.0 to 1.0. A caller's sampled traceparent is always followed.
+    /// Share of the traces that start at this gateway (no valid traceparent in the request or its
+    /// first event) that are recorded, 0.0 to 1.0. A sampled traceparent is always followed, an
+    /// unsampled one never.
     pub sample_ratio: f64,
 }
 

@@ -371,6 +371,13 @@ pub struct Redriven {
     /// Present when more dead letters match: pass it as `after` to redrive the next page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// With `?scope=cluster`: each peer's `url`, `status` and `answer` (its own `redriven` and
+    /// `next`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<Value>>,
+    /// With `?scope=cluster`: the peers that did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<Vec<String>>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -43,7 +43,7 @@ fn too_large(message: String) -> ApiError {
     summary = "Publish one event or a batch",
     params(
         ("topic" = String, Path, description = "topic name (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
-        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: with telemetry.otlp_endpoint set, a sampled one is continued by the publish's spans and written into each event that carries none (a malformed one is ignored)", min_length = 55, max_length = 55),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: with telemetry.otlp_endpoint set, a sampled one is continued by the publish's spans, and each event without a traceparent header gets the publish span's; a malformed one is ignored (the first event's traceparent, else a new trace)"),
         ("Idempotency-Key" = Option<String>, Header, description = "makes a retry within publish.idempotency_window_secs answer the first request's offsets without writing again", pattern = r"^[!-~]{1,128}$", min_length = 1, max_length = 128),
     ),
     request_body = crate::http::schemas::PublishRequest,
