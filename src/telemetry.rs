@@ -5,7 +5,6 @@
 //! waited for) and exports them from a thread of its own every second. Its HTTP requests go
 //! through `http::fetch` on the gateway's runtime.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 
 use crate::config::TelemetryConfig;
+use crate::core::log_throttle::Throttled;
 use crate::core::trace::{AttributeValue, Span, SpanKind, Tracer};
 
 /// How long one export may take (connect to last byte).
@@ -126,8 +126,8 @@ struct FetchClient {
     runtime: tokio::runtime::Handle,
 }
 
-/// Exports that failed: the first and every 1,000th are logged.
-static FAILED_EXPORTS: AtomicU64 = AtomicU64::new(0);
+/// Failed exports are logged at most once a second, with how many were left out.
+static FAILED_EXPORT_LINES: Throttled = Throttled::new();
 
 #[async_trait::async_trait]
 impl HttpClient for FetchClient {
@@ -153,8 +153,8 @@ impl HttpClient for FetchClient {
 
 fn failed(why: String) -> HttpError {
     // The SDK logs nothing (its internal logs are off): this is the operator's only sign.
-    if FAILED_EXPORTS.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
-        tracing::warn!(error = %why, "exporting spans failed; they are dropped");
+    if let Some(suppressed) = FAILED_EXPORT_LINES.allow() {
+        tracing::warn!(error = %why, suppressed, "exporting spans failed; they are dropped");
     }
     why.into()
 }

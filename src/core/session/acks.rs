@@ -19,7 +19,7 @@ use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{LogEpoch, OffsetWrite, StoreError};
 use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
-use crate::core::trace::{export_acked, AckedDelivery};
+use crate::core::trace::{export_acked, AckedDelivery, Tracer};
 
 impl Session {
     /// `ids` are delivery ids: a `&[&str]` of one for the plain ack frame (no allocation on that
@@ -36,10 +36,9 @@ impl Session {
     }
 
     pub(super) async fn ack<S: AsRef<str>>(&mut self, ids: &[S], req: Option<Value>) -> Result<(), FrameError> {
-        // When the ack came and which deliveries it settled in sampled traces, for their spans
-        // (exported once the client's state is unlocked): only when traces are on.
-        let mut traced: Option<Vec<AckedDelivery>> = self.d.tracer.get().map(|_| Vec::new());
-        let received = traced.is_some().then(Instant::now);
+        // Only when traces are on: where the spans go, when the ack came, and the deliveries it
+        // settled in sampled traces (exported once the client's state is unlocked).
+        let mut traced: Option<(Arc<dyn Tracer>, Instant, Vec<AckedDelivery>)> = self.d.tracer.get().map(|t| (t.clone(), Instant::now(), Vec::new()));
         let mut unknown = Vec::new();
         let mut acked = 0u64;
         // Floor and last_acked of every touched partition before this ack, to see which moved
@@ -110,7 +109,7 @@ impl Session {
                         let event = delivery.event();
                         if let Some(settled) = self.in_flight.remove(&event) {
                             metrics.ack_latency.record(settled.delivered_at.elapsed().as_secs_f64());
-                            if let Some(traced) = traced.as_mut() {
+                            if let Some((_, _, traced)) = traced.as_mut() {
                                 traced.extend(AckedDelivery::of(&settled.event, settled.topic.as_str(), id, settled.attempt, settled.delivered_at.into_std()));
                             }
                         }
@@ -151,7 +150,7 @@ impl Session {
                 }
             }
         }
-        if let (Some(tracer), Some(settled), Some(received)) = (self.d.tracer.get(), traced, received) {
+        if let Some((tracer, received, settled)) = traced {
             if !settled.is_empty() {
                 export_acked(tracer.as_ref(), self.info.client_id.as_str(), settled, received.into_std(), req.is_some());
             }
