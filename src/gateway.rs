@@ -597,6 +597,12 @@ fn spawn_background(app: &AppState, backend: &Backend) {
                 match tokio::task::spawn_blocking(move || touch_client_offsets(store.as_ref(), &clients, now)).await {
                     Ok(Err(e)) => tracing::error!(error = %e, "refreshing live clients' offset times failed"),
                     Err(e) => tracing::error!(error = %e, "refreshing live clients' offset times panicked"),
+                    // Durable with the offset writer's next fsync (a touch makes none of its own).
+                    Ok(Ok(touched)) if touched > 0 => {
+                        if let Err(e) = d.writer.barrier().await {
+                            tracing::error!(error = %e, "refreshing live clients' offset times: not made durable");
+                        }
+                    }
                     Ok(Ok(_)) => {}
                 }
             }

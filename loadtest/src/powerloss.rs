@@ -24,7 +24,7 @@ impl PowerLossMount {
         std::fs::create_dir_all(mountpoint)?;
         // Debian's python3, which holds Debian's fusepy, whatever `python3` the PATH names first.
         let mut command = Command::new("/usr/bin/python3");
-        command.arg(script).arg(backing).arg(mountpoint);
+        command.arg(script).arg(backing).arg(mountpoint).env("POWERLOSS_FSYNC_LOG", Self::fsync_log_of(backing));
         if let Some(flag) = full_flag {
             command.arg(flag);
         }
@@ -49,6 +49,17 @@ impl PowerLossMount {
 
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Beside the backing directory: every fsync's path, one per line, kept across power cuts.
+    fn fsync_log_of(backing: &Path) -> PathBuf {
+        backing.with_extension("fsyncs")
+    }
+
+    /// How many fsyncs that wrote something went to a file whose path (from the mount's root)
+    /// contains `part`, since the first mount.
+    pub fn fsyncs(&self, part: &str) -> usize {
+        std::fs::read_to_string(Self::fsync_log_of(&self.backing)).unwrap_or_default().lines().filter(|path| path.contains(part)).count()
     }
 
     fn is_mounted(&self) -> bool {

@@ -230,20 +230,21 @@ impl Dispatcher {
         // A retention sweep may have read this client's records as expired before it
         // connected: touch them now (a sweep removes only records unchanged since its scan), and
         // write back any the sweep already took, so a subscription served from memory never
-        // leaves its client without a stored offset (issue 21). On the blocking pool: with
-        // `storage.durability = "power"` a touch fsyncs.
+        // leaves its client without a stored offset (issue 21). On the blocking pool (it takes
+        // the store's write lock); made durable below through the offset writer, which shares one
+        // fsync among every subscribe of a storm.
         let (store, now_ms) = (self.store.clone(), self.clock.now_ms());
         let keys: Vec<OffsetKey> = starts.iter().map(|s| OffsetKey::new(topic.clone(), client_id.clone(), s.partition)).collect();
         let planned: Vec<OffsetKey> = writes.iter().map(|w: &OffsetWrite| w.key.clone()).collect();
-        let missing = tokio::task::spawn_blocking(move || -> Result<Vec<OffsetKey>, StoreError> {
-            store.touch(&keys, now_ms)?;
+        let (touched, missing) = tokio::task::spawn_blocking(move || -> Result<(usize, Vec<OffsetKey>), StoreError> {
+            let touched = store.touch(&keys, now_ms)?;
             let mut missing = Vec::new();
             for key in keys {
                 if !planned.contains(&key) && store.read(&key)?.is_none() {
                     missing.push(key);
                 }
             }
-            Ok(missing)
+            Ok((touched, missing))
         })
         .await
         .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
@@ -257,8 +258,11 @@ impl Dispatcher {
         if !self.is_current(client_id, epoch.session) {
             return Err(FrameError::new(ErrorCode::Conflict, "this session was taken over by a newer one"));
         }
+        // Durable before the client hears `subscribed`: the writes, and the touch with them.
         if !writes.is_empty() {
             self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
+        } else if touched > 0 {
+            self.writer.barrier().await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         }
         // The trackers become this subscription's (`Epoch`): kept when one is where the plan
         // starts in the same offset epoch (its pending deliveries stay pending), replaced

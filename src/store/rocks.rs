@@ -728,7 +728,11 @@ impl OffsetStore for RocksOffsetStore {
                     touched += 1;
                 }
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            // Never an fsync here (`OffsetStore::touch`); nothing to refresh (a new client's
+            // subscribe) is no write at all.
+            if !batch.is_empty() {
+                self.db.write_opt(batch, &WriteOptions::default()).map_err(|e| io_err(self.stopped.check(e)))?;
+            }
         }
         Ok(touched)
     }

@@ -14,6 +14,9 @@ directories reach BACKING at once (they are not what this models).
 While the file FULL_FLAG exists, the disk is full: writes, file creation and growing a file fail
 with ENOSPC (the fault suite's full disk, `loadtest chaos`).
 
+With POWERLOSS_FSYNC_LOG set, each fsync that wrote something appends the file's path to that
+file: how many fsyncs a storm of subscribes costs (tests/api/power_loss.rs).
+
 The tests (tests/api/power_loss.rs, `loadtest chaos`) mount it, run the gateway on it, cut the
 power, and mount it again. Debian's `fuse` and `python3-fusepy` packages (scripts/prereqs) provide what it needs.
 """
@@ -31,6 +34,7 @@ class PowerLossFs(Operations):
     def __init__(self, backing, full_flag=None):
         self.backing = os.path.realpath(backing)
         self.full_flag = full_flag
+        self.fsync_log = os.environ.get("POWERLOSS_FSYNC_LOG")
         self.mutex = threading.RLock()
         # path -> bytearray: a file's whole content as this process knows it (the "page cache"),
         # kept from its first write on.
@@ -178,6 +182,9 @@ class PowerLossFs(Operations):
                 f.truncate(len(content))
                 f.flush()
                 os.fsync(f.fileno())
+            if self.fsync_log:
+                with open(self.fsync_log, "a") as log:
+                    log.write(path + "\n")
         return 0
 
     def flush(self, path, fh):

@@ -223,6 +223,7 @@ fn print(cli: &ChaosCli, report: &Report, faults: &FaultLog) {
     println!("| (instances that exited by themselves, started again) | {} |", faults.exited);
     println!("| (starts after a fault that failed, left to the supervisor) | {} |", faults.failed_starts);
     println!("| (instances not taking writes 60 s after a fault: anomalies) | {} |", faults.not_writable_after_fault);
+    println!("| (fsyncs on the power-loss disk: the offset stores', everything) | {}, {} |", faults.offset_store_fsyncs, faults.fsyncs);
     println!("\n| class | count |\n| --- | --- |");
     for (class, n) in report.rows() {
         println!("| {class} | {n} |");
@@ -381,7 +382,7 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     for publisher in publishers {
         publisher.await?;
     }
-    let fault_log = outcome?;
+    let mut fault_log = outcome?;
     eprintln!("chaos: faults stopped and healed ({:?}); waiting up to {} s for the clients to catch up", fault_log.injected, cli.settle_secs);
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_secs(cli.settle_secs) {
@@ -441,5 +442,6 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     if let Some(path) = &cli.gateway_log {
         std::fs::write(path, cluster.logs.join("\n") + "\n")?;
     }
+    (fault_log.offset_store_fsyncs, fault_log.fsyncs) = (cluster.mount.fsyncs("/data/offsets/"), cluster.mount.fsyncs("/"));
     Ok((report, fault_log))
 }

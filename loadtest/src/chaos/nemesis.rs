@@ -280,6 +280,10 @@ pub(super) struct FaultLog {
     /// Instances that did not take writes again within 60 s of a fault's end: each is an
     /// anomaly (the run fails).
     pub(super) not_writable_after_fault: u64,
+    /// fsyncs that reached the power-loss disk, of the offset stores and of everything: how
+    /// much the run's durability cost.
+    pub(super) offset_store_fsyncs: usize,
+    pub(super) fsyncs: usize,
 }
 
 /// Injects faults until `stop`, then heals everything (every instance running and ready, room on
