@@ -111,6 +111,10 @@ pub struct Cli {
     /// Open this many idle sessions (subscribed, no traffic) and report gateway memory.
     #[arg(long)]
     pub idle_sessions: Option<usize>,
+    /// With `--idle-sessions`: one event waits in each partition, and each session counts once
+    /// it has its first event, not at `subscribed` (issue 41's reconnect storm).
+    #[arg(long)]
+    pub first_event: bool,
     /// Store this many offsets, restart the gateway, and report the time until /readyz.
     #[arg(long)]
     pub restart_offsets: Option<u64>,

@@ -476,6 +476,9 @@ async fn paced_publish(
     Ok(written)
 }
 
+/// Sessions of `--idle-sessions` connecting and subscribing at once.
+const STORM_IN_FLIGHT: usize = 500;
+
 pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary> {
     let gateway = cli.gateway()?;
     let http = Http::new(&gateway.base, cli.admin_token.clone());
@@ -483,21 +486,33 @@ pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary
     // One topic for every session; with `--lite`, one lite topic per session.
     let topic_of = |i: usize| if cli.lite { own_topic(cli, format!("{run}-{i}")) } else { run.clone() };
     create_own_topic(cli, &http, &run).await?;
-    let shape = match cli.lite {
+    let mut shape = match cli.lite {
         true => format!("{sessions} idle sessions, each subscribed to its own lite topic"),
         false => format!("{sessions} idle sessions, each subscribed to a {}-partition topic", cli.partitions),
     };
+    if cli.first_event {
+        if cli.lite {
+            bail!("--first-event publishes to one shared topic; drop --lite");
+        }
+        preload(&http, &run, cli.partitions, cli.partitions as u64, cli.payload_bytes, &AtomicU64::new(0)).await?;
+        shape.push_str(", each counted at its first event");
+    }
+    let first_event = cli.first_event;
     let mut summary = Summary::new(shape);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = gateway.rss_bytes();
     let connected = Arc::new(AtomicU64::new(0));
     let progress = Progress::start("sessions", connected.clone(), sessions as u64);
-    let mut open = Vec::with_capacity(sessions);
+    // Each session its own task (both of this process's worker threads at work, not one task
+    // polling them all), at most STORM_IN_FLIGHT connecting at once: a reconnect storm, with no
+    // batch waiting for its slowest before the next starts.
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(STORM_IN_FLIGHT));
     let started = Instant::now();
-    for chunk in (0..sessions).collect::<Vec<_>>().chunks(200) {
-        let batch = chunk.iter().map(|i| {
-            let (ws_url, topic, connected) = (gateway.ws.clone(), topic_of(*i), connected.clone());
-            async move {
+    let tasks: Vec<_> = (0..sessions)
+        .map(|i| {
+            let (ws_url, topic, connected, in_flight) = (gateway.ws.clone(), topic_of(i), connected.clone(), in_flight.clone());
+            tokio::spawn(async move {
+                let _connecting = in_flight.acquire_owned().await?;
                 let mut ws = client::connect(&ws_url, &format!("idle-{i}")).await?;
                 use futures_util::{SinkExt, StreamExt};
                 ws.send(tokio_tungstenite::tungstenite::Message::Text(json!({"op": "subscribe", "topic": topic}).to_string().into())).await?;
@@ -505,13 +520,20 @@ pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary
                 if !answer.to_text().unwrap_or_default().contains("subscribed") {
                     bail!("subscribe answered {answer}");
                 }
+                if first_event {
+                    let event = ws.next().await.context("no event after subscribed")??;
+                    if !event.to_text().unwrap_or_default().contains("\"event\"") {
+                        bail!("the frame after subscribed is {event}, not an event");
+                    }
+                }
                 connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 anyhow::Ok(ws)
-            }
-        });
-        for ws in futures_util::future::join_all(batch).await {
-            open.push(ws?);
-        }
+            })
+        })
+        .collect();
+    let mut open = Vec::with_capacity(sessions);
+    for task in tasks {
+        open.push(task.await??);
     }
     summary.add("connect_s", (started.elapsed().as_secs_f64() * 100.0).round() / 100.0);
     drop(progress);

@@ -41,6 +41,15 @@ fn loadtest_smoke_two_clients_five_thousand_events_nothing_lost() {
     assert_eq!(confirmed["ack_round_trip"]["count"], 200, "{confirmed}");
 }
 
+/// The reconnect storm of issue 41 (`--idle-sessions N --first-event`): every session
+/// connected, subscribed and given the event waiting for it, all live at the end.
+#[test]
+fn loadtest_storm_gives_every_session_its_first_event() {
+    let storm = run(&["--idle-sessions", "300", "--first-event", "--partitions", "2"]);
+    assert_eq!((storm["complete"].as_bool(), storm["sessions_live"].as_u64()), (Some(true), Some(300)), "{storm}");
+    assert!(storm["shape"].as_str().unwrap().contains("first event"), "{storm}");
+}
+
 /// The peer side of `scripts/bench-peers`: the same shapes against Debian's nats-server
 /// (JetStream over WebSocket), complete by its own check (every sequence received, every
 /// consumer's ack floor at the stream's end).
