@@ -265,13 +265,6 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// subscribes to ~820 a second.
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError>;
 
-    /// `touch` when it needs no waiting (the store's write lock free, no write stall), for a
-    /// caller on a tokio worker: `None`, and nothing touched, when it would wait (then `touch` on
-    /// the blocking pool). A subscribe saves a hop to the blocking pool this way.
-    fn try_touch(&self, _keys: &[OffsetKey], _now: u64) -> Option<Result<usize, StoreError>> {
-        None
-    }
-
     /// Removes the given records; returns how many existed.
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError>;
 

@@ -16,7 +16,7 @@ use super::frame_errors::{backend_frame_error, store_frame_error};
 use super::log_end;
 use super::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use super::offset_retention::lower_to_log_end;
-use super::offsets::{LogEpoch, OffsetEpoch, OffsetWrite};
+use super::offsets::{LogEpoch, OffsetEpoch, OffsetWrite, StoreError};
 use super::protocol::{ErrorCode, FrameError, ResumeOffset, StartFrom};
 
 /// Partitions whose bounds (and times) are asked at once: on Kafka each is a broker round trip.
@@ -230,27 +230,25 @@ impl Dispatcher {
         // A retention sweep may have read this client's records as expired before it
         // connected: touch them now (a sweep removes only records unchanged since its scan), and
         // write back any the sweep already took, so a subscription served from memory never
-        // leaves its client without a stored offset (issue 21). Here when the store's write lock
-        // is free, else on the blocking pool; made durable below through the offset writer,
-        // which shares one fsync among every subscribe of a storm.
-        let now_ms = self.clock.now_ms();
+        // leaves its client without a stored offset (issue 21). On the blocking pool (it takes
+        // the store's write lock); made durable below through the offset writer, which shares one
+        // fsync among every subscribe of a storm.
+        let (store, now_ms) = (self.store.clone(), self.clock.now_ms());
         let keys: Vec<OffsetKey> = starts.iter().map(|s| OffsetKey::new(topic.clone(), client_id.clone(), s.partition)).collect();
-        let touched = match self.store.try_touch(&keys, now_ms) {
-            Some(touched) => touched,
-            None => {
-                let (store, keys) = (self.store.clone(), keys.clone());
-                tokio::task::spawn_blocking(move || store.touch(&keys, now_ms))
-                    .await
-                    .map_err(|e| FrameError::unavailable("the offset store", format!("refreshing stored offsets: {e}")))?
+        let planned: Vec<OffsetKey> = writes.iter().map(|w: &OffsetWrite| w.key.clone()).collect();
+        let (touched, missing) = tokio::task::spawn_blocking(move || -> Result<(usize, Vec<OffsetKey>), StoreError> {
+            let touched = store.touch(&keys, now_ms)?;
+            let mut missing = Vec::new();
+            for key in keys {
+                if !planned.contains(&key) && store.read(&key)?.is_none() {
+                    missing.push(key);
+                }
             }
-        }
+            Ok((touched, missing))
+        })
+        .await
+        .map_err(|e| FrameError::unavailable("the offset store", format!("reading stored offsets: {e}")))?
         .map_err(store_frame_error)?;
-        let mut missing = Vec::new();
-        for key in keys {
-            if !writes.iter().any(|w| w.key == key) && self.store.read(&key).map_err(store_frame_error)?.is_none() {
-                missing.push(key);
-            }
-        }
         for key in missing {
             if let Some((_, start, last_acked, epoch)) = trackers.iter().find(|(tp, ..)| tp.partition == key.partition) {
                 writes.push(OffsetWrite { key, committed: *start, last_acked: *last_acked, updated_at: now_ms, generation, epoch: *epoch });

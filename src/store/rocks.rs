@@ -497,48 +497,6 @@ impl RocksOffsetStore {
     }
 }
 
-impl RocksOffsetStore {
-    /// `touch` of at most `REMOVE_CHUNK` keys under the write lock; `Ok(None)`, nothing written,
-    /// when `without_waiting` and the write would wait for a stall.
-    fn touch_locked(
-        &self,
-        mut serialized: std::sync::MutexGuard<'_, Serialized>,
-        keys: &[OffsetKey],
-        now: u64,
-        without_waiting: bool,
-    ) -> Result<Option<usize>, StoreError> {
-        let cf = self.cf(CF_OFFSETS)?;
-        let mut touched = 0;
-        let mut batch = WriteBatch::default();
-        for key in keys {
-            let record = match serialized.cached(key) {
-                Some(record) => Some(*record),
-                None => self.get_record(key)?,
-            };
-            // Not remembered: a client's records are touched when it leaves (or every minute
-            // while it is live), and may never be written again.
-            serialized.forget(key);
-            if let Some(record) = record {
-                batch.put_cf(&cf, key.encode(), OffsetRecord { updated_at: now, ..record }.encode());
-                touched += 1;
-            }
-        }
-        // Never an fsync here (`OffsetStore::touch`); nothing to refresh (a new client's
-        // subscribe) is no write at all.
-        if !batch.is_empty() {
-            let mut opts = WriteOptions::default();
-            opts.set_no_slowdown(without_waiting);
-            if let Err(e) = self.db.write_opt(batch, &opts) {
-                if without_waiting && e.kind() == rocksdb::ErrorKind::Incomplete {
-                    return Ok(None);
-                }
-                return Err(io_err(self.stopped.check(e)));
-            }
-        }
-        Ok(Some(touched))
-    }
-}
-
 impl OffsetStore for RocksOffsetStore {
     fn read(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
         self.get_record(key)
@@ -751,25 +709,32 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError> {
+        let cf = self.cf(CF_OFFSETS)?;
         let mut touched = 0;
         // In chunks, like `remove`: refreshing every live client's records is one call.
         for chunk in keys.chunks(REMOVE_CHUNK) {
-            // A write allowed to wait is always made (`None` is a stall it was not allowed to wait for).
-            touched += self.touch_locked(self.lock_writes(), chunk, now, false)?.ok_or_else(|| StoreError::Io("the write was not made".into()))?;
+            let mut serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for key in chunk {
+                let record = match serialized.cached(key) {
+                    Some(record) => Some(*record),
+                    None => self.get_record(key)?,
+                };
+                // Not remembered: a client's records are touched when it leaves (or every minute
+                // while it is live), and may never be written again.
+                serialized.forget(key);
+                if let Some(record) = record {
+                    batch.put_cf(&cf, key.encode(), OffsetRecord { updated_at: now, ..record }.encode());
+                    touched += 1;
+                }
+            }
+            // Never an fsync here (`OffsetStore::touch`); nothing to refresh (a new client's
+            // subscribe) is no write at all.
+            if !batch.is_empty() {
+                self.db.write_opt(batch, &WriteOptions::default()).map_err(|e| io_err(self.stopped.check(e)))?;
+            }
         }
         Ok(touched)
-    }
-
-    fn try_touch(&self, keys: &[OffsetKey], now: u64) -> Option<Result<usize, StoreError>> {
-        if keys.len() > REMOVE_CHUNK {
-            return None;
-        }
-        let serialized = match self.write_lock.try_lock() {
-            Ok(serialized) => serialized,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        self.touch_locked(serialized, keys, now, true).transpose()
     }
 
     fn remove(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {

@@ -72,8 +72,7 @@ fn prefix_scans_by_topic_by_client_and_both() {
     let dir = tempfile::tempdir().unwrap();
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     let memory = MemoryOffsetStore::new();
-    // Whether `try_touch` touches (RocksDB with its write lock free) or leaves it to `touch`.
-    for (store, tries) in [(&rocks as &dyn OffsetStore, true), (&memory, false)] {
+    for store in [&rocks as &dyn OffsetStore, &memory] {
         let writes: Vec<OffsetWrite> =
             (0..9).map(|k| OffsetWrite { key: key(k), committed: 5, last_acked: Some(4), updated_at: 1, generation: 0, epoch: 0 }).collect();
         store.write_offsets(&writes).unwrap();
@@ -92,10 +91,6 @@ fn prefix_scans_by_topic_by_client_and_both() {
         assert_eq!(store.touch(&[key(1), missing], 99).unwrap(), 1);
         let touched = store.read(&key(1)).unwrap().unwrap();
         assert_eq!((touched.committed, touched.last_acked, touched.updated_at), (5, Some(4), 99));
-        // try_touch does the same where it can, else nothing.
-        let tried = store.try_touch(&[key(1), key(2)], 120).map(Result::unwrap);
-        assert_eq!(tried, tries.then_some(2));
-        assert_eq!(store.read(&key(2)).unwrap().unwrap().updated_at, if tries { 120 } else { 1 });
         assert_eq!(store.remove(&[key(0), key(0)]).unwrap(), 1);
         assert_eq!(scan(Some("ab"), None).len(), 2);
         store.compact().unwrap();
