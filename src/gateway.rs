@@ -599,7 +599,7 @@ fn spawn_background(app: &AppState, backend: &Backend) {
                     Err(e) => tracing::error!(error = %e, "refreshing live clients' offset times panicked"),
                     // Durable with the offset writer's next fsync (a touch makes none of its own).
                     Ok(Ok(touched)) if touched > 0 => {
-                        if let Err(e) = d.writer.barrier().await {
+                        if let Err(e) = d.writer.make_written_durable().await {
                             tracing::error!(error = %e, "refreshing live clients' offset times: not made durable");
                         }
                     }

@@ -125,6 +125,17 @@ impl OffsetWriter {
         self.submit(WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: Some(done) }).await?;
         wait.await.map_err(|_| "offset writer stopped".to_string())?
     }
+
+    /// Returns once what was written to the store so far without an fsync (`OffsetStore::touch`)
+    /// survives a power loss: a `barrier`, sharing the writer's fsync with everything queued,
+    /// when the store fsyncs (`storage.durability = "power"`, where writes are never inline);
+    /// at once otherwise, with no trip through the writer's queue.
+    pub async fn make_written_durable(&self) -> Result<(), String> {
+        if self.inline_when_idle {
+            return Ok(());
+        }
+        self.barrier().await
+    }
 }
 
 impl Applier {

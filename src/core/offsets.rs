@@ -260,9 +260,9 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Sets `updated_at` of existing records to `now` without changing their offsets (a client
     /// that leaves counts as seen then). Serialized with CAS-max writes. Returns how many existed.
     /// Never an fsync of its own: durable with the next `make_durable`, which a caller waits for
-    /// on the offset writer (`OffsetWriter::barrier`). A storm of subscribes or of sessions ending
-    /// then shares the writer's fsyncs; one each, under the store's write lock, held 15,000
-    /// subscribes to ~820 a second.
+    /// on the offset writer (`OffsetWriter::make_written_durable`). A storm of subscribes or of
+    /// sessions ending then shares the writer's fsyncs instead of making one each, one after
+    /// another under the store's write lock.
     fn touch(&self, keys: &[OffsetKey], now: u64) -> Result<usize, StoreError>;
 
     /// Removes the given records; returns how many existed.

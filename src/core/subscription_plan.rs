@@ -262,7 +262,7 @@ impl Dispatcher {
         if !writes.is_empty() {
             self.writer.write_durably(writes, Vec::new()).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         } else if touched > 0 {
-            self.writer.barrier().await.map_err(|e| FrameError::unavailable("the offset store", e))?;
+            self.writer.make_written_durable().await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         }
         // The trackers become this subscription's (`Epoch`): kept when one is where the plan
         // starts in the same offset epoch (its pending deliveries stay pending), replaced

@@ -593,7 +593,7 @@ impl Session {
         let touched = tokio::task::spawn_blocking(move || touch_client_offsets(store.as_ref(), &[client], now)).await;
         let durable = match touched.map_err(|e| StoreError::Io(e.to_string())) {
             Ok(Ok(0)) => Ok(()),
-            Ok(Ok(_)) => self.d.writer.barrier().await.map_err(StoreError::Io),
+            Ok(Ok(_)) => self.d.writer.make_written_durable().await.map_err(StoreError::Io),
             Ok(Err(e)) | Err(e) => Err(e),
         };
         if let Err(e) = durable {
