@@ -14,6 +14,45 @@ pub const FRAMES_OUT: [&str; 12] =
 /// Index of "event" in `FRAMES_OUT` (counted per batch of deliveries, not looked up per frame).
 const EVENT_FRAME: usize = 3;
 
+/// Why sessions end, counted by `ackgate_sessions_ended_total{reason}` (`SessionEnd::label`).
+pub const SESSION_ENDS: [&str; 10] =
+    ["client_left", "dead_peer", "write_failed", "slow_client", "shutdown", "draining", "taken_over", "operator", "frame_too_large", "token_expired"];
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The client closed the connection, or its stream ended.
+    ClientLeft,
+    /// Nothing heard from the peer within `server.ws_pong_timeout_ms` (no close frame sent).
+    DeadPeer,
+    /// A socket write failed.
+    WriteFailed,
+    /// Closed by the gateway with this close code (docs/protocol.md); a socket that took no
+    /// writes for `delivery.slow_client_timeout_ms` counts as 4003 (slow client).
+    Closed(u16),
+}
+
+impl SessionEnd {
+    /// One of `SESSION_ENDS`: a close code by its meaning (4003 is `slow_client`).
+    pub fn label(self) -> &'static str {
+        use crate::core::protocol::close_code;
+        match self {
+            SessionEnd::ClientLeft => "client_left",
+            SessionEnd::DeadPeer => "dead_peer",
+            SessionEnd::WriteFailed => "write_failed",
+            SessionEnd::Closed(close_code::SLOW_CLIENT) => "slow_client",
+            SessionEnd::Closed(close_code::DRAINING) => "draining",
+            SessionEnd::Closed(close_code::TAKEN_OVER) => "taken_over",
+            SessionEnd::Closed(close_code::OPERATOR) => "operator",
+            SessionEnd::Closed(close_code::TOO_BIG) => "frame_too_large",
+            SessionEnd::Closed(close_code::TOKEN_EXPIRED) => "token_expired",
+            // 1001, and any code a session loop does not send (1008 and 1013 refuse a session
+            // before it starts).
+            SessionEnd::Closed(_) => "shutdown",
+        }
+    }
+}
+
 /// Why an event was pushed again.
 #[derive(Debug, Clone, Copy)]
 pub enum RedeliveryReason {
@@ -40,6 +79,7 @@ pub struct Metrics {
     pub publish_replays: Counter,
     frames_in: [Counter; FRAMES_IN.len()],
     frames_out: [Counter; FRAMES_OUT.len()],
+    sessions_ended: [Counter; SESSION_ENDS.len()],
 }
 
 pub const SESSIONS: &str = "ackgate_sessions";
@@ -60,6 +100,9 @@ pub const DEAD_LETTER_BACKLOG: &str = "ackgate_dead_letter_backlog";
 pub const GROUP_MEMBERS: &str = "ackgate_group_members";
 pub const GROUP_WAITING: &str = "ackgate_group_waiting";
 pub const READY: &str = "ackgate_ready";
+pub const BACKEND_UP: &str = "ackgate_backend_up";
+pub const STALLED_SESSIONS: &str = "ackgate_stalled_sessions";
+pub const SESSIONS_ENDED: &str = "ackgate_sessions_ended_total";
 pub const BUILD_INFO: &str = "ackgate_build_info";
 pub const PUBLISH_TO_DELIVERY: &str = "ackgate_publish_to_delivery_seconds";
 
@@ -98,8 +141,11 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 44] = [
+pub const ALL: [&str; 47] = [
     SESSIONS,
+    SESSIONS_ENDED,
+    STALLED_SESSIONS,
+    BACKEND_UP,
     IN_FLIGHT,
     PULL_LAG,
     COMMITTED_LAG,
@@ -270,6 +316,15 @@ impl Metrics {
         describe_gauge!(GROUP_MEMBERS, "Members of the shared subscriptions live on this instance");
         describe_gauge!(GROUP_WAITING, "Events shared subscriptions handed out that wait for a member with room");
         describe_gauge!(READY, "1 when /readyz answers ready (store and backend answer, not draining), else 0");
+        describe_gauge!(BACKEND_UP, "1 when the backend answers its readiness probe (the broker, or the embedded log), else 0");
+        describe_gauge!(
+            STALLED_SESSIONS,
+            "Sessions whose in-flight window is full and that acknowledged nothing since the last check (500 ms): on their way to 4003 after delivery.slow_client_timeout_ms"
+        );
+        describe_counter!(
+            SESSIONS_ENDED,
+            "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), draining (1012), taken_over (4001), operator (4002), frame_too_large (1009), token_expired (4004)"
+        );
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
         describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");
         // A gauge: the metrics crate's counters count whole numbers, and CPU time is read in ticks.
@@ -343,6 +398,7 @@ impl Metrics {
             publish_replays: metrics::counter!(PUBLISH_REPLAYS),
             frames_in: FRAMES_IN.map(|kind| metrics::counter!(WS_FRAMES, "direction" => "in", "kind" => kind)),
             frames_out: FRAMES_OUT.map(|kind| metrics::counter!(WS_FRAMES, "direction" => "out", "kind" => kind)),
+            sessions_ended: SESSION_ENDS.map(|reason| metrics::counter!(SESSIONS_ENDED, "reason" => reason)),
         }
     }
 
@@ -354,6 +410,13 @@ impl Metrics {
 
     pub fn redelivered(&self, reason: RedeliveryReason) {
         self.redeliveries[reason as usize].increment(1);
+    }
+
+    pub fn session_ended(&self, how: SessionEnd) {
+        let label = how.label();
+        if let Some(i) = SESSION_ENDS.iter().position(|r| *r == label) {
+            self.sessions_ended[i].increment(1);
+        }
     }
 
     /// Counts a client frame of `kind` (one of `FRAMES_IN`; anything else counts as invalid).
@@ -377,5 +440,19 @@ mod tests {
     #[test]
     fn the_event_frame_index_names_the_event_kind() {
         assert_eq!(FRAMES_OUT[EVENT_FRAME], "event");
+    }
+
+    #[test]
+    fn every_close_code_a_session_sends_has_its_own_end_reason() {
+        use crate::core::protocol::close_code::*;
+        for code in [GOING_AWAY, DRAINING, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOO_BIG, TOKEN_EXPIRED] {
+            assert!(SESSION_ENDS.contains(&SessionEnd::Closed(code).label()), "{code}");
+        }
+        let labels: std::collections::BTreeSet<&str> =
+            [GOING_AWAY, DRAINING, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOO_BIG, TOKEN_EXPIRED].map(|c| SessionEnd::Closed(c).label()).into_iter().collect();
+        assert_eq!(labels.len(), 7, "two codes share a reason: {labels:?}");
+        for end in [SessionEnd::ClientLeft, SessionEnd::DeadPeer, SessionEnd::WriteFailed] {
+            assert!(SESSION_ENDS.contains(&end.label()));
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use super::client_state::ClientState;
@@ -21,6 +21,8 @@ pub struct SessionStats {
     pub redelivered: AtomicU64,
     /// Epoch ms of the last ack, 0 before the first.
     pub last_ack_at: AtomicU64,
+    /// The in-flight window was full and nothing was acknowledged since the last slow check.
+    pub stalled: AtomicBool,
 }
 
 /// How a session's client is connected: the same session over either.

@@ -25,20 +25,24 @@ pub async fn healthz(State(app): State<AppState>) -> Json<serde_json::Value> {
     Json(json!({"status": "ok", "instance": app.dispatcher.instance}))
 }
 
-/// What `/readyz` answers, and `ackgate_ready` reports: the store answers a read and takes
-/// writes, the backend is ready, and the instance is neither stopping nor draining.
-pub async fn is_ready(app: &AppState) -> bool {
-    readiness(app).await.0
+/// What `/readyz` answers, and `ackgate_ready` and `ackgate_backend_up` report.
+pub struct Readiness {
+    /// The store answers a read and takes writes, the backend is ready, and the instance is
+    /// neither stopping nor draining.
+    pub ready: bool,
+    pub store_ok: bool,
+    pub backend_ok: bool,
+    pub shutting_down: bool,
 }
 
-async fn readiness(app: &AppState) -> (bool, bool, bool, bool) {
+pub async fn readiness(app: &AppState) -> Readiness {
     let d = &app.dispatcher;
     // Reading any key proves the store answers.
     let probe = OffsetKey::new(TopicName::parse("readyz").unwrap(), ClientId::parse("readyz").unwrap(), 0);
     let store_ok = d.store.read(&probe).is_ok() && d.store.write_failure().is_none();
     let backend_ok = d.backend.is_ready().await;
     let shutting_down = d.shutdown.is_cancelled() || d.draining.is_cancelled();
-    (store_ok && backend_ok && !shutting_down, store_ok, backend_ok, shutting_down)
+    Readiness { ready: store_ok && backend_ok && !shutting_down, store_ok, backend_ok, shutting_down }
 }
 
 #[utoipa::path(
@@ -54,7 +58,7 @@ async fn readiness(app: &AppState) -> (bool, bool, bool, bool) {
 )]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     let d = &app.dispatcher;
-    let (ready, store_ok, backend_ok, shutting_down) = readiness(&app).await;
+    let Readiness { ready, store_ok, backend_ok, shutting_down } = readiness(&app).await;
     let body = json!({
         "ready": ready,
         // Peers read it when they probe (`cluster`).

@@ -16,9 +16,9 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DEAD_LETTER_BACKLOG, GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION,
-    HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START,
-    PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS,
+    ACK_LATENCY, BACKEND_UP, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DEAD_LETTER_BACKLOG, GROUP_MEMBERS, GROUP_WAITING,
+    HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START,
+    PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS, STALLED_SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -84,6 +84,8 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     }
     let in_flight: usize = sessions.iter().map(|s| s.stats.in_flight.load(Ordering::Relaxed)).sum();
     metrics::gauge!(IN_FLIGHT).set(in_flight as f64);
+    let stalled = sessions.iter().filter(|s| s.stats.stalled.load(Ordering::Relaxed)).count();
+    metrics::gauge!(STALLED_SESSIONS).set(stalled as f64);
     metrics::gauge!(CONNECTIONS).set(app.connections.open() as f64);
     let writes = &d.writer.stats;
     // The offset writer thread keeps its own counters; export them as they stand.
@@ -96,7 +98,9 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     record_pull_lag(&app).await;
     record_committed_lag(&app).await;
     record_dead_letter_backlog(&app).await;
-    metrics::gauge!(READY).set(if super::health::is_ready(&app).await { 1.0 } else { 0.0 });
+    let readiness = super::health::readiness(&app).await;
+    metrics::gauge!(READY).set(if readiness.ready { 1.0 } else { 0.0 });
+    metrics::gauge!(BACKEND_UP).set(if readiness.backend_ok { 1.0 } else { 0.0 });
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     record_process();
     let Some(handle) = install_recorder() else {

@@ -59,6 +59,13 @@ async fn metrics_move_with_a_real_exchange() {
     let m = scrape(&gw.base).await;
     assert_eq!(value(&m, "ackgate_sessions{transport=\"websocket\"}"), 1.0);
     assert_eq!(value(&m, "ackgate_in_flight"), 0.0);
+    // The first session ended: closed by its client, or taken over by the second if that came
+    // first. No other reason, and every reason is exported from the start.
+    let ended = |reason: &str| value(&m, &format!("ackgate_sessions_ended_total{{reason=\"{reason}\"}}"));
+    assert_eq!(ended("client_left") + ended("taken_over"), 1.0);
+    assert_eq!(ackgate::core::metrics::SESSION_ENDS.iter().map(|r| ended(r)).sum::<f64>(), 1.0);
+    assert_eq!(value(&m, "ackgate_stalled_sessions"), 0.0);
+    assert_eq!(value(&m, "ackgate_backend_up"), 1.0);
     // 3 first deliveries + nack + timeout + offset 3 twice.
     assert_eq!(value(&m, "ackgate_deliveries_total"), 7.0);
     assert_eq!(value(&m, r#"ackgate_redeliveries_total{reason="nack"}"#), 1.0);
@@ -194,5 +201,47 @@ async fn the_most_lagging_clients_and_the_oldest_session_age_are_exported() {
     assert!(value(&m, "ackgate_oldest_session_age_seconds") >= 0.0);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(value(&scrape(&gw.base).await, "ackgate_oldest_session_age_seconds") >= 1.0, "the oldest session is over a second old");
+    gw.kill9();
+}
+
+/// Issue 45 item 1's "sessions closed as slow" and "windows full": a client that stops acking
+/// with a full window is counted in `ackgate_stalled_sessions` while it lasts, and its 4003 in
+/// `ackgate_sessions_ended_total{reason="slow_client"}`; a client that acks is never stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_window_and_its_slow_client_close_are_exported() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__MAX_IN_FLIGHT", "2"), ("ACKGATE_DELIVERY__SLOW_CLIENT_TIMEOUT_MS", "3000")]);
+    publish_numbered(&gw.base, "stall", 1, 0, 2).await;
+    // Its window was full until it acked: not stalled from its next check on (every 500 ms).
+    let acking = consume_and_ack(gw.addr, "acking", "stall", 2).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(value(&scrape(&gw.base).await, "ackgate_stalled_sessions"), 0.0, "a client that acked is stalled");
+    let mut stalled = TestClient::connect(gw.addr, "stalled").await;
+    stalled.subscribe("stall", json!({})).await;
+    stalled.recv_events(2).await;
+    let mut seen = false;
+    for _ in 0..40 {
+        let m = scrape(&gw.base).await;
+        if value(&m, "ackgate_stalled_sessions") == 1.0 {
+            seen = true;
+            break;
+        }
+        assert_eq!(value(&m, r#"ackgate_sessions_ended_total{reason="slow_client"}"#), 0.0, "closed before it was seen stalled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen, "a full window with no ack is not counted as stalled");
+    assert_eq!(stalled.close_code().await, 4003);
+    let mut counted = false;
+    for _ in 0..100 {
+        let m = scrape(&gw.base).await;
+        if value(&m, r#"ackgate_sessions_ended_total{reason="slow_client"}"#) == 1.0 {
+            assert_eq!(value(&m, "ackgate_stalled_sessions"), 0.0, "an ended session is not stalled");
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(counted, "the 4003 close is not counted");
+    drop(acking);
     gw.kill9();
 }

@@ -20,6 +20,7 @@ use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::Dispatcher;
 use crate::core::feeder::FedBatch;
 use crate::core::in_flight::InFlightWindow;
+use crate::core::metrics::SessionEnd;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_retention::{lower_to_log_end, touch_client_offsets};
 use crate::core::offset_writer::WriteRequest;
@@ -208,6 +209,7 @@ pub async fn run_session<I, O>(
     let credentials_timer = tokio::time::sleep_until(credentials_at.unwrap_or_else(far_future));
     tokio::pin!(credentials_timer);
     let mut reason = "client left";
+    let mut ended = SessionEnd::ClientLeft;
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
     let write_limit = Some(d.settings().slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
     // Futures that live across iterations: re-creating a timer and a cancellation waiter on
@@ -239,10 +241,12 @@ pub async fn run_session<I, O>(
             Ok(true) => {}
             Ok(false) => {
                 reason = "socket write failed";
+                ended = SessionEnd::WriteFailed;
                 break;
             }
             Err(why) => {
                 reason = why;
+                ended = if why == SLOW_SOCKET { SessionEnd::Closed(close_code::SLOW_CLIENT) } else { SessionEnd::DeadPeer };
                 break;
             }
         }
@@ -320,6 +324,7 @@ pub async fn run_session<I, O>(
             Step::End => break,
             Step::Gone(why) => {
                 reason = why;
+                ended = SessionEnd::DeadPeer;
                 break;
             }
             Step::Close(code, why) => {
@@ -334,10 +339,14 @@ pub async fn run_session<I, O>(
                 // A peer that stopped reading must not keep the session (and its topics) alive.
                 let _ = tokio::time::timeout(limit, flush(&mut outbound, &mut s.out)).await;
                 reason = why;
+                ended = SessionEnd::Closed(code);
                 break;
             }
         }
     }
+    d.metrics.session_ended(ended);
+    // Registered until its writes are durable, below: no longer a stalled session meanwhile.
+    info.stats.stalled.store(false, Ordering::Relaxed);
     control.close();
     s.leave_groups();
     let released = s.in_flight.len();
@@ -379,6 +388,9 @@ pub async fn run_session<I, O>(
     );
 }
 
+/// Why a session ends whose socket took no write for `delivery.slow_client_timeout_ms`.
+const SLOW_SOCKET: &str = "socket write timed out (slow client)";
+
 /// "Never" for a timer that must exist: a year from now.
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(365 * 86_400)
@@ -396,9 +408,8 @@ async fn flush_blocked(
     write_limit: Duration,
     dead_peer: Option<(&dyn WriteProgress, Duration, Instant)>,
 ) -> Result<bool, &'static str> {
-    const SLOW: &str = "socket write timed out (slow client)";
     let Some((progress, pong_timeout, last_heard)) = dead_peer else {
-        return tokio::time::timeout(write_limit, flushing).await.map_err(|_| SLOW);
+        return tokio::time::timeout(write_limit, flushing).await.map_err(|_| SLOW_SOCKET);
     };
     let started = Instant::now();
     loop {
@@ -406,7 +417,7 @@ async fn flush_blocked(
         if silent >= pong_timeout {
             return Err("dead peer: its socket took nothing and nothing was received within server.ws_pong_timeout_ms");
         }
-        let Some(left) = write_limit.checked_sub(started.elapsed()) else { return Err(SLOW) };
+        let Some(left) = write_limit.checked_sub(started.elapsed()) else { return Err(SLOW_SOCKET) };
         if let Ok(done) = tokio::time::timeout(left.min(pong_timeout - silent), flushing.as_mut()).await {
             return Ok(done);
         }
@@ -635,7 +646,10 @@ impl Session {
         let settled = self.info.stats.acked.load(Ordering::Relaxed) + self.termed;
         let progressed = settled != self.settled_at_last_check;
         self.settled_at_last_check = settled;
-        if !full || progressed {
+        let stalled = full && !progressed;
+        // `ackgate_stalled_sessions` counts these at scrape.
+        self.info.stats.stalled.store(stalled, Ordering::Relaxed);
+        if !stalled {
             self.stalled_since = None;
             return Step::Continue;
         }
