@@ -108,8 +108,16 @@ fn receive(message: Result<Message, axum::Error>) -> Received {
     }
 }
 
-/// Feeds a real WebSocket to a session.
-async fn serve_socket(app: AppState, registration: Registration, access: Access, socket: WebSocket, progress: Option<Arc<dyn WriteProgress>>) {
+/// Feeds a real WebSocket to a session. Not an `async fn`: the session's task is then
+/// `run_session`'s future alone; an async wrapper would keep its own arguments (the whole
+/// `AppState`, the socket's moved-out place) beside it for the session's whole life.
+fn serve_socket(
+    app: AppState,
+    registration: Registration,
+    access: Access,
+    socket: WebSocket,
+    progress: Option<Arc<dyn WriteProgress>>,
+) -> impl std::future::Future<Output = ()> + Send {
     let (sink, stream) = socket.split();
     let inbound = stream.map(receive).take_while(|r| ready(!matches!(r, Received::End))).filter_map(|r| {
         ready(match r {
@@ -126,7 +134,7 @@ async fn serve_socket(app: AppState, registration: Registration, access: Access,
             Outbound::Ping | Outbound::SharedGone(..) => Message::Ping(Default::default()),
         }))
     });
-    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound), progress).await;
+    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound), progress)
 }
 
 /// tungstenite reports a frame over the limit as a capacity error ("Space limit exceeded").
