@@ -559,7 +559,9 @@ pub struct AuthConfig {
     /// sessions need a JWT (?token= or Authorization: Bearer) whose sub is the client_id; exp ends
     /// the session (4004, unless a refresh frame replaced the token); a "topics"
     /// claim (["orders", "audit.*"]) limits subscriptions, a "publish" claim (same patterns) lets
-    /// the holder publish to those topics without the admin token. At least 32 bytes.
+    /// the holder publish to those topics without the admin token. At least 32 bytes. A reload
+    /// (SIGHUP, POST /admin/reload) replaces it with another for the next handshakes and refresh
+    /// frames; setting or emptying it needs a restart.
     pub jwt_secret: String,
     /// A listen address that is not loopback refuses to start while admin_token is empty or no
     /// tokens are checked (jwt_secret and jwks_url empty) (anyone who reaches it could act as any client); true starts anyway, with a warning,

@@ -312,7 +312,7 @@ impl Gateway {
             config.publish.idempotency_max_keys_per_publisher,
         ));
         let _ = dispatcher.publisher.set(publisher.clone());
-        let reloader = Arc::new(Reloader::new(config.clone(), &dispatcher, exposure.clone()));
+        let reloader = Arc::new(Reloader::new(config.clone(), &dispatcher, exposure.clone(), token_keys.clone()));
         let app = AppState {
             dispatcher,
             config: Arc::new(config),

@@ -11,7 +11,10 @@
 //!   subscribe or delivery uses them; a live session keeps the window it opened with and a
 //!   subscription the redelivery policy it started with;
 //! - `server.allowed_origins` and `server.allowed_hosts`: the next request;
-//! - `server.log_level`: the next log line.
+//! - `server.log_level`: the next log line;
+//! - `auth.jwt_secret`, from one secret to another (not from or to empty, which turns HS256
+//!   tokens on or off): the next handshake or `refresh` frame; a live session keeps the
+//!   credentials it has until they expire.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -24,6 +27,7 @@ use crate::core::delivery_settings::DeliverySettings;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::live::Live;
 use crate::core::redelivery::{RedeliveryPolicies, RedeliveryPolicy};
+use crate::http::auth::TokenKeys;
 use crate::http::exposure::Exposure;
 use crate::http::reload::{ConfigReload, ReloadRefused};
 
@@ -45,6 +49,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "server.allowed_origins",
     "server.allowed_hosts",
     "server.log_level",
+    "auth.jwt_secret",
 ];
 
 /// Sets the log filter (`server.log_level`); `Err` says why the text is no filter.
@@ -67,11 +72,12 @@ pub struct Reloader {
     /// Weak: the shutdown closes the stores when the last strong reference goes.
     dispatcher: Weak<Dispatcher>,
     exposure: Arc<Live<Exposure>>,
+    token_keys: Arc<TokenKeys>,
 }
 
 impl Reloader {
-    pub fn new(config: Config, dispatcher: &Arc<Dispatcher>, exposure: Arc<Live<Exposure>>) -> Self {
-        Self { file: OnceLock::new(), current: Mutex::new(config), dispatcher: Arc::downgrade(dispatcher), exposure }
+    pub fn new(config: Config, dispatcher: &Arc<Dispatcher>, exposure: Arc<Live<Exposure>>, token_keys: Arc<TokenKeys>) -> Self {
+        Self { file: OnceLock::new(), current: Mutex::new(config), dispatcher: Arc::downgrade(dispatcher), exposure, token_keys }
     }
 
     /// Reloads read `file` from now on (set once: the binary's `--config`).
@@ -86,7 +92,12 @@ impl ConfigReload for Reloader {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         let new = Config::load(&file.path, file.required, std::env::vars()).map_err(|e| ReloadRefused::Unreadable(format!("{e:#}")))?;
         let changed = changed_keys(&current, &new);
-        let refused: Vec<String> = changed.iter().filter(|key| !is_live(key)).cloned().collect();
+        let mut refused: Vec<String> = changed.iter().filter(|key| !is_live(key)).cloned().collect();
+        // Whether tokens are required at all was decided at start (routes, warnings, the
+        // checks of `auth.jwks_url` beside it): only a restart turns HS256 tokens on or off.
+        if current.auth.jwt_secret.is_empty() != new.auth.jwt_secret.is_empty() {
+            refused.push("auth.jwt_secret (set or emptied: turning HS256 tokens on or off)".into());
+        }
         if !refused.is_empty() {
             return Err(ReloadRefused::NotLive(refused));
         }
@@ -104,6 +115,9 @@ impl ConfigReload for Reloader {
             }
         }
         dispatcher.replace_settings(delivery_settings(&new));
+        if current.auth.jwt_secret != new.auth.jwt_secret {
+            self.token_keys.replace_secret(&new.auth.jwt_secret);
+        }
         self.exposure.replace(Exposure::from_config(&new));
         *current = new;
         Ok(changed)

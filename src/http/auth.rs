@@ -87,7 +87,8 @@ type KeysByKid = HashMap<String, (DecodingKey, Algorithm)>;
 /// `kid`, replaced whole at each fetch of `auth.jwks_url` (a rotated-out key stops being accepted
 /// once the provider drops it from its set).
 pub struct TokenKeys {
-    secret: Option<DecodingKey>,
+    /// Replaced by a reload that changes `auth.jwt_secret` (`replace_secret`).
+    secret: RwLock<Option<DecodingKey>>,
     /// The keys and the fetch they came from.
     by_kid: RwLock<(u64, KeysByKid)>,
     fetches_started: std::sync::atomic::AtomicU64,
@@ -100,13 +101,20 @@ pub struct TokenKeys {
 impl TokenKeys {
     pub fn new(auth: &AuthConfig) -> Self {
         Self {
-            secret: (!auth.jwt_secret.is_empty()).then(|| DecodingKey::from_secret(auth.jwt_secret.as_bytes())),
+            secret: RwLock::new(hs256_key(&auth.jwt_secret)),
             by_kid: RwLock::new((0, HashMap::new())),
             fetches_started: std::sync::atomic::AtomicU64::new(0),
             jwks_url: auth.jwks_url.clone(),
             jwks_ca_file: auth.jwks_ca_file.clone(),
             unknown_kid_fetch: Mutex::new(None),
         }
+    }
+
+    /// A new `auth.jwt_secret` (a reload): HS256 tokens are checked with it from now on, and a
+    /// token signed with the old one is refused (at a handshake or a `refresh`; a session keeps
+    /// the credentials it has until they expire).
+    pub fn replace_secret(&self, secret: &str) {
+        *self.secret.write().unwrap_or_else(|e| e.into_inner()) = hs256_key(secret);
     }
 
     pub fn uses_jwks(&self) -> bool {
@@ -175,6 +183,8 @@ impl TokenKeys {
         if header.alg == Algorithm::HS256 {
             return self
                 .secret
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
                 .clone()
                 .map(|key| (key, Algorithm::HS256))
                 .ok_or_else(|| "HS256 tokens are not accepted here (auth.jwt_secret is not set)".to_string());
@@ -191,6 +201,10 @@ impl TokenKeys {
         }
         Ok((key.clone(), *alg))
     }
+}
+
+fn hs256_key(secret: &str) -> Option<DecodingKey> {
+    (!secret.is_empty()).then(|| DecodingKey::from_secret(secret.as_bytes()))
 }
 
 /// A JWK's verifying key and the one algorithm it is used with: its `alg`, or what its key type

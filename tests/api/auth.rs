@@ -29,7 +29,7 @@ async fn start() -> (tempfile::TempDir, InProcess) {
 }
 
 /// The HTTP status and error code of a refused handshake.
-async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
+pub async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
     let mut request = http()
         .get(url)
         .header("connection", "upgrade")

@@ -81,17 +81,23 @@ impl Process {
     }
 
     pub fn start_at(data_dir: &Path, listen: &str, env: &[(&str, &str)]) -> Self {
-        Self::start_limited(data_dir, listen, None, env)
+        Self::start_limited(data_dir, listen, None, "", env)
+    }
+
+    /// `start` with `file_extra` (TOML tables) at the end of its config file: settings a reload
+    /// reads again (the environment would win over the file).
+    pub fn start_with_file(data_dir: &Path, file_extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_limited(data_dir, "127.0.0.1:0", None, file_extra, env)
     }
 
     /// `start` under an open-files limit (soft and hard), as `ulimit -n` sets it.
     pub fn start_with_open_files(data_dir: &Path, open_files: u32, env: &[(&str, &str)]) -> Self {
-        Self::start_limited(data_dir, "127.0.0.1:0", Some(open_files), env)
+        Self::start_limited(data_dir, "127.0.0.1:0", Some(open_files), "", env)
     }
 
-    fn start_limited(data_dir: &Path, listen: &str, open_files: Option<u32>, env: &[(&str, &str)]) -> Self {
+    fn start_limited(data_dir: &Path, listen: &str, open_files: Option<u32>, file_extra: &str, env: &[(&str, &str)]) -> Self {
         let config = data_dir.with_extension("toml");
-        std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = {listen:?}\n", data_dir.display().to_string())).unwrap();
+        std::fs::write(&config, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = {listen:?}\n{file_extra}\n", data_dir.display().to_string())).unwrap();
         let mut command = match open_files {
             None => Command::new(env!("CARGO_BIN_EXE_ackgate")),
             Some(n) => {
