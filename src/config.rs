@@ -560,8 +560,8 @@ pub struct AuthConfig {
     /// the session (4004, unless a refresh frame replaced the token); a "topics"
     /// claim (["orders", "audit.*"]) limits subscriptions, a "publish" claim (same patterns) lets
     /// the holder publish to those topics without the admin token. At least 32 bytes. A reload
-    /// (SIGHUP, POST /admin/reload) replaces it with another for the next handshakes and refresh
-    /// frames; setting or emptying it needs a restart.
+    /// (SIGHUP, POST /admin/reload) replaces it with another for every token checked from then on
+    /// (handshakes, refresh frames, SSE frame POSTs); setting or emptying it needs a restart.
     pub jwt_secret: String,
     /// A listen address that is not loopback refuses to start while admin_token is empty or no
     /// tokens are checked (jwt_secret and jwks_url empty) (anyone who reaches it could act as any client); true starts anyway, with a warning,

@@ -13,8 +13,9 @@
 //! - `server.allowed_origins` and `server.allowed_hosts`: the next request;
 //! - `server.log_level`: the next log line;
 //! - `auth.jwt_secret`, from one secret to another (not from or to empty, which turns HS256
-//!   tokens on or off): the next handshake or `refresh` frame; a live session keeps the
-//!   credentials it has until they expire.
+//!   tokens on or off): every token checked from then on (a handshake, a `refresh` frame, an
+//!   SSE session's frame POST); a WebSocket session keeps the credentials it has until they
+//!   expire.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -16,7 +16,7 @@ const EVENT_FRAME: usize = 3;
 
 /// Why sessions end, counted by `ackgate_sessions_ended_total{reason}` (`SessionEnd::label`).
 pub const SESSION_ENDS: [&str; 10] =
-    ["client_left", "dead_peer", "write_failed", "slow_client", "shutdown", "draining", "taken_over", "operator", "frame_too_large", "token_expired"];
+    ["client_left", "dead_peer", "write_failed", "slow_client", "shutdown", "reconnect", "taken_over", "operator", "frame_too_large", "token_expired"];
 
 /// How a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +41,8 @@ impl SessionEnd {
             SessionEnd::DeadPeer => "dead_peer",
             SessionEnd::WriteFailed => "write_failed",
             SessionEnd::Closed(close_code::SLOW_CLIENT) => "slow_client",
-            SessionEnd::Closed(close_code::DRAINING) => "draining",
+            // 1012: a drain, and also a truncated log or a stopped shared subscription.
+            SessionEnd::Closed(close_code::DRAINING) => "reconnect",
             SessionEnd::Closed(close_code::TAKEN_OVER) => "taken_over",
             SessionEnd::Closed(close_code::OPERATOR) => "operator",
             SessionEnd::Closed(close_code::TOO_BIG) => "frame_too_large",
@@ -319,11 +320,11 @@ impl Metrics {
         describe_gauge!(BACKEND_UP, "1 when the backend answers its readiness probe (the broker, or the embedded log), else 0");
         describe_gauge!(
             STALLED_SESSIONS,
-            "Sessions whose in-flight window is full and that acknowledged nothing since the last check (500 ms): on their way to 4003 after delivery.slow_client_timeout_ms"
+            "Sessions whose in-flight window is full and that acknowledged nothing since the last check (500 ms): closed with 4003 after delivery.slow_client_timeout_ms (unless it is 0)"
         );
         describe_counter!(
             SESSIONS_ENDED,
-            "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), draining (1012), taken_over (4001), operator (4002), frame_too_large (1009), token_expired (4004)"
+            "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), reconnect (1012: a drain, a truncated log, a stopped shared subscription), taken_over (4001), operator (4002), frame_too_large (1009), token_expired (4004)"
         );
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
         describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");

@@ -111,8 +111,8 @@ impl TokenKeys {
     }
 
     /// A new `auth.jwt_secret` (a reload): HS256 tokens are checked with it from now on, and a
-    /// token signed with the old one is refused (at a handshake or a `refresh`; a session keeps
-    /// the credentials it has until they expire).
+    /// token signed with the old one is refused (at a handshake, a `refresh`, an SSE session's
+    /// frame POST; a WebSocket session keeps the credentials it has until they expire).
     pub fn replace_secret(&self, secret: &str) {
         *self.secret.write().unwrap_or_else(|e| e.into_inner()) = hs256_key(secret);
     }

@@ -344,7 +344,10 @@ pub async fn run_session<I, O>(
             }
         }
     }
-    d.metrics.session_ended(ended);
+    // A group's hub is no client's session (`ackgate_sessions{transport="group"}` counts it).
+    if !s.is_hub() {
+        d.metrics.session_ended(ended);
+    }
     // Registered until its writes are durable, below: no longer a stalled session meanwhile.
     info.stats.stalled.store(false, Ordering::Relaxed);
     control.close();
