@@ -397,6 +397,9 @@ pub struct DeliveryConfig {
     pub reader_buffer_bytes: usize,
     /// Events read from the log in one go.
     pub fetch_batch: usize,
+    /// At most how often a session whose floors moved without an ack_ok carrying them (acks
+    /// without req) is sent a progress frame with fresh resume tokens; 0 = never.
+    pub progress_interval_ms: u64,
     /// The pause before attempt n+1 after attempt n timed out, or was nacked without delay_ms: the
     /// n-th value, the last repeating (at most 64 values, each at most 2678400000); empty = at once.
     pub redelivery_backoff_ms: Vec<u64>,
@@ -434,6 +437,7 @@ impl Default for DeliveryConfig {
             reader_buffer_events: 10_000,
             reader_buffer_bytes: 64 << 20,
             fetch_batch: 256,
+            progress_interval_ms: 5000,
             redelivery_backoff_ms: Vec::new(),
             topics: BTreeMap::new(),
         }
@@ -639,11 +643,15 @@ pub struct ClusterConfig {
     /// PEM file of the certificate authorities https:// peers are verified against when probed;
     /// empty = the system's (/etc/ssl/certs/ca-certificates.crt).
     pub ca_file: String,
+    /// Key (at least 32 bytes) that MACs the resume tokens the gateway issues; the same on every
+    /// instance of a cluster, which verify each other's tokens. Empty = a key generated once in
+    /// storage.data_dir (resume_token.key); with peers set it must be given.
+    pub token_key: String,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { peers: Vec::new(), probe_interval_ms: 2000, ca_file: String::new() }
+        Self { peers: Vec::new(), probe_interval_ms: 2000, ca_file: String::new(), token_key: String::new() }
     }
 }
 
@@ -864,6 +872,16 @@ impl Config {
                 self.server.listen
             ));
         }
+        if !self.cluster.token_key.is_empty() && self.cluster.token_key.len() < MIN_JWT_SECRET_BYTES {
+            problems.push(format!("cluster.token_key must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.cluster.token_key.len()));
+        }
+        if !self.cluster.peers.is_empty() && self.cluster.token_key.is_empty() {
+            problems.push(
+                "cluster.peers is set and cluster.token_key is empty: every instance of a cluster verifies the resume tokens the others issued, \
+                 so they must share one key (at least 32 bytes)"
+                    .into(),
+            );
+        }
         if !self.auth.jwt_secret.is_empty() && self.auth.jwt_secret.len() < MIN_JWT_SECRET_BYTES {
             problems.push(format!("auth.jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes (it has {})", self.auth.jwt_secret.len()));
         }
@@ -1043,8 +1061,14 @@ mod tests {
         let c = load("", &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "500"), ("ACKGATE_SERVER__LISTEN", "127.0.0.1:0"), ("ACKGATE_DEV_TARGET", "x")]).unwrap();
         assert_eq!(c.delivery.ack_timeout_ms, 500);
         assert_eq!(c.server.listen, "127.0.0.1:0");
-        let c = load("", &[("ACKGATE_CLUSTER__PEERS", r#"["http://a:1"]"#)]).unwrap();
+        let key = "a-cluster-token-key-of-32-bytes-at-least";
+        let c = load("", &[("ACKGATE_CLUSTER__PEERS", r#"["http://a:1"]"#), ("ACKGATE_CLUSTER__TOKEN_KEY", key)]).unwrap();
         assert_eq!(c.cluster.peers, vec!["http://a:1".to_string()]);
+        // Instances verify each other's resume tokens: peers need the shared key, of 32 bytes.
+        let e = load("", &[("ACKGATE_CLUSTER__PEERS", r#"["http://a:1"]"#)]).unwrap_err().to_string();
+        assert!(e.contains("cluster.token_key is empty"), "{e}");
+        let e = load("", &[("ACKGATE_CLUSTER__TOKEN_KEY", "short")]).unwrap_err().to_string();
+        assert!(e.contains("cluster.token_key must be at least 32 bytes (it has 5)"), "{e}");
     }
 
     #[test]

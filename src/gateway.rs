@@ -192,6 +192,11 @@ impl Gateway {
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
         crate::data_format::check_or_write(&data_dir)?;
+        // The resume tokens' key: the cluster's, else this data dir's own (made once, kept).
+        let resume_token_key = match config.cluster.token_key.as_str() {
+            "" => crate::core::resume_token::TokenKey::load_or_create(&data_dir)?,
+            key => crate::core::resume_token::TokenKey::new(key.as_bytes()),
+        };
         let store = match store {
             Some(store) => store,
             None => open_store(&config, &data_dir)?,
@@ -231,6 +236,7 @@ impl Gateway {
             id => id.to_string(),
         };
         let dispatcher = Arc::new(Dispatcher::new(delivery, instance, backend, store, writer, clock, CancellationToken::new()));
+        let _ = dispatcher.token_key.set(resume_token_key);
         if dispatcher.backend.acknowledges_at_broker() {
             let readers: std::sync::Weak<dyn crate::core::ack_floor::LiveReaders> = Arc::downgrade(&dispatcher) as std::sync::Weak<Dispatcher>;
             let floor = Arc::new(LiveClientsAckFloor::new(readers));

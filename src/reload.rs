@@ -5,7 +5,8 @@
 //!
 //! What a reload changes, and where it takes effect:
 //! - the delivery settings (`delivery.ack_timeout_ms`, `max_attempts`, `redelivery_backoff_ms`,
-//!   `topics`, `max_in_flight`, `max_in_flight_bytes`, `group_max_in_flight`, `reset_policy`) and
+//!   `topics`, `max_in_flight`, `max_in_flight_bytes`, `group_max_in_flight`, `reset_policy`,
+//!   `progress_interval_ms`) and
 //!   the session limits (`limits.max_sessions`, `max_subscriptions_per_session`,
 //!   `max_subscribes_per_sec`, `max_rewind_events`, `max_clients_per_topic`): the next session,
 //!   subscribe or delivery uses them; a live session keeps the window it opened with and a
@@ -42,6 +43,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "delivery.max_in_flight_bytes",
     "delivery.group_max_in_flight",
     "delivery.reset_policy",
+    "delivery.progress_interval_ms",
     "limits.max_sessions",
     "limits.max_subscriptions_per_session",
     "limits.max_subscribes_per_sec",
@@ -191,6 +193,8 @@ pub fn delivery_settings(config: &Config) -> DeliverySettings {
         pong_timeout: Duration::from_millis(config.server.ws_pong_timeout_ms),
         drain_settle: Duration::from_millis(config.server.drain_settle_ms),
         refresh_before: Duration::from_secs(config.auth.refresh_before_secs),
+        progress_interval: Duration::from_millis(d.progress_interval_ms),
+        resume_token_max_age_ms: config.offsets.retention_secs.saturating_mul(1000),
     }
 }
 

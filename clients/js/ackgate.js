@@ -176,10 +176,78 @@ function learn(tokens, topic, partition, offset, epoch, planned = false) {
   return false;
 }
 
+/**
+ * What a token the gateway issued (`r1.` + base64url) names, read without its MAC (the gateway
+ * checks that): `{"<topic>": {"<partition>": [offset, epoch]}}`, or null if it is not one. Numbers
+ * above 2^53 lose precision; offsets and epochs stay below it.
+ */
+function readIssued(text) {
+  if (!text.startsWith("r1.")) return null;
+  let bytes;
+  try {
+    const body = text.slice(3);
+    bytes = Uint8Array.from(atob(body.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((body.length + 3) % 4)), (c) => c.charCodeAt(0));
+  } catch {
+    return null;
+  }
+  let at = 0;
+  const end = bytes.length - 16; // the MAC
+  const number = () => {
+    let n = 0;
+    for (let scale = 1; at < end; scale *= 128) {
+      const b = bytes[at++];
+      n += (b & 0x7f) * scale;
+      if ((b & 0x80) === 0) return n;
+    }
+    throw new Error("truncated");
+  };
+  const text8 = () => {
+    const length = number();
+    const value = new TextDecoder().decode(bytes.subarray(at, at + length));
+    at += length;
+    return value;
+  };
+  try {
+    if (bytes[at++] !== 1) return null;
+    at++; // client or group
+    text8(); // whose
+    number(); // issued at
+    const floors = {};
+    for (let topics = number(); topics > 0; topics--) {
+      const topic = text8();
+      number(); // incarnation
+      const partitions = (floors[topic] = {});
+      for (let count = number(); count > 0; count--) {
+        const partition = number();
+        partitions[partition] = [number(), number()];
+      }
+    }
+    return floors;
+  } catch {
+    return null;
+  }
+}
+
+/** The key of a resume token the gateway issued: the topic's own, or its shared subscription's. */
+function issuedKey(topic, group) {
+  return group ? `${topic}\u0000${group}` : topic;
+}
+
+/** The key of an SSE stream's token (an event's id names every topic of the stream). */
+const STREAM_TOKEN = "\u0001stream";
+
 /** Another tab's tokens merged into `tokens` partition by partition, as `learn` moves them (never
  * taken whole: a tab's newer token would go back). True when one moved. */
 function merge(tokens, other) {
   let moved = false;
+  // An issued token is opaque: another tab's is taken where this one has none, or where its
+  // offsets moved this tab's (it is then the newer of the two).
+  for (const [key, token] of Object.entries(other.issued || {})) {
+    if (tokens.issued[key] === undefined) {
+      tokens.issued[key] = token;
+      moved = true;
+    }
+  }
   for (const [topic, partitions] of Object.entries(other.committed || {})) {
     for (const [partition, offset] of Object.entries(partitions)) {
       if (learn(tokens, topic, partition, offset, other.epochs?.[topic]?.[partition] ?? 0)) moved = true;
@@ -193,6 +261,7 @@ function store(options, tokens) {
   try {
     options.storage?.setItem(`ackgate:${options.clientId}:resume`, JSON.stringify(tokens.committed));
     options.storage?.setItem(`ackgate:${options.clientId}:epochs`, JSON.stringify(tokens.epochs));
+    options.storage?.setItem(`ackgate:${options.clientId}:tokens`, JSON.stringify(tokens.issued));
   } catch {
     // A full or forbidden storage only costs the token's survival across a reload.
   }
@@ -367,10 +436,7 @@ function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) 
         return;
       }
       if (frame.type === "welcome") ackUrl = frame.ack_url ?? `/sse/${encodeURIComponent(frame.session_id)}/frames`;
-      if (frame.type === "event" && message.lastEventId) {
-        const resume = decodeToken(message.lastEventId);
-        if (resume) hooks.resume(resume);
-      }
+      if (frame.type === "event" && message.lastEventId) hooks.resume(message.lastEventId);
       hooks.frame(frame);
       schedule();
     });
@@ -579,8 +645,16 @@ class Session {
           // Frames without req (plain acks: redelivered later) are reported as an error frame.
           if (unanswered) this.#emit("error", { type: "error", code, message });
         },
-        resume: (committed) => {
-          if (current()) this.#advance(committed);
+        resume: (id) => {
+          if (!current()) return;
+          // An issued token names the stream's topics' offsets (kept to send back as is); the
+          // older form names them too.
+          const offsets = readIssued(id) ?? decodeToken(id);
+          if (id.startsWith("r1.") && this.#tokens.issued[STREAM_TOKEN] !== id) {
+            this.#tokens.issued[STREAM_TOKEN] = id;
+            this.#advance(offsets ?? {});
+            this.#saveToken();
+          } else if (offsets) this.#advance(offsets);
         },
       };
       transport =
@@ -618,7 +692,10 @@ class Session {
     const extended = new URLSearchParams(query);
     extended.set("topics", topics.join(","));
     if (from !== "committed") extended.set("from", from);
-    if (Object.keys(token).length > 0) extended.set("resume", encodeToken(token));
+    // The stream's last id, a token the gateway issued, else the offsets in the older form.
+    const issued = this.#tokens.issued[STREAM_TOKEN];
+    if (issued) extended.set("resume", issued);
+    else if (Object.keys(token).length > 0) extended.set("resume", encodeToken(token));
     if (extended.toString().length > MAX_SSE_QUERY) return;
     for (const [key, value] of extended) query.set(key, value);
     for (const topic of topics) {
@@ -715,9 +792,12 @@ class Session {
           const answer = await byStream;
           if (this.#subscriptions.has(topic)) this.#subscribed(topic, options.from, answer, options);
         } else {
-          // The client's own token, with its epochs (an app's token without them counts as the oldest).
-          const { committed, epochs } = this.#tokens;
-          await this.subscribe(topic, { ...options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } });
+          // The token the gateway issued for the topic (its shared subscription's, for a member),
+          // else the client's own offsets with their epochs; a group gets only its own token.
+          const { committed, epochs, issued } = this.#tokens;
+          const token = issued[issuedKey(topic, options.group)];
+          const resume = token ?? (options.group ? undefined : { ...committed[topic] });
+          await this.subscribe(topic, { ...options, resume, epochs: { ...epochs[topic] } });
         }
       } catch (error) {
         if (!FINAL_SUBSCRIBE_ERRORS.has(error.code)) throw error;
@@ -765,8 +845,13 @@ class Session {
     if (group) frame.group = group;
     if (order) frame.order = order;
     const own = resume === undefined;
-    const token = own ? (this.#options.storage ? this.#tokens.committed[topic] : undefined) : resume;
-    if (token && Object.keys(token).length > 0) {
+    const kept = this.#options.storage ? (this.#tokens.issued[issuedKey(topic, group)] ?? (group ? undefined : this.#tokens.committed[topic])) : undefined;
+    const token = own ? kept : resume;
+    if (typeof token === "string") {
+      // A token the gateway issued: it names its own epochs.
+      frame.resume = token;
+    } else if (token && Object.keys(token).length > 0 && !group) {
+      // The older map: a client's claim, never a group's (the gateway would refuse it).
       frame.resume = token;
       // The client's epochs label its own token only: an app's token without `epochs` may be from
       // before a reset, and counts as the oldest (the gateway fences it).
@@ -788,7 +873,10 @@ class Session {
     const options = from ? { from } : {};
     if (group) Object.assign(options, order ? { group, order } : { group });
     this.#subscriptions.set(topic, options);
-    for (const { partition, from: start, epoch } of subscribed.partitions || []) learn(this.#tokens, topic, partition, start, epoch ?? 0, true);
+    const key = issuedKey(topic, group);
+    if (subscribed.token) this.#tokens.issued[key] = subscribed.token;
+    // A group's floor is kept apart from the client's own offsets.
+    for (const { partition, from: start, epoch } of subscribed.partitions || []) learn(this.#tokens, key, partition, start, epoch ?? 0, true);
     this.#saveToken();
   }
 
@@ -1075,12 +1163,21 @@ class Session {
    * Durable committed offsets (an `ack_ok`, an SSE event's id: an offset, or `[offset, epoch]`)
    * move the resume tokens up. An `ack_ok` names no epoch: its session's, which `subscribed` told.
    */
-  #advance(offsets) {
+  #advance(offsets, tokens = {}) {
     let moved = false;
+    for (const [topic, token] of Object.entries(tokens)) {
+      const key = issuedKey(topic, this.#subscriptions.get(topic)?.group);
+      if (this.#tokens.issued[key] !== token) {
+        this.#tokens.issued[key] = token;
+        moved = true;
+      }
+    }
     for (const [topic, partitions] of Object.entries(offsets)) {
+      // A member's ack_ok names its group's floor: kept apart from the client's own offsets.
+      const key = issuedKey(topic, this.#subscriptions.get(topic)?.group);
       for (const [partition, value] of Object.entries(partitions)) {
-        const [offset, epoch] = Array.isArray(value) ? value : [value, this.#tokens.epochs[topic]?.[partition] ?? 0];
-        if (learn(this.#tokens, topic, partition, offset, epoch)) moved = true;
+        const [offset, epoch] = Array.isArray(value) ? value : [value, this.#tokens.epochs[key]?.[partition] ?? 0];
+        if (learn(this.#tokens, key, partition, offset, epoch)) moved = true;
       }
     }
     // Every SSE event carries a token: the storage is written only when one moved.
@@ -1105,6 +1202,7 @@ class Session {
   #forgetTokens() {
     this.#tokens.committed = {};
     this.#tokens.epochs = {};
+    this.#tokens.issued = {};
     this.#saveToken();
   }
 
@@ -1128,7 +1226,8 @@ class Session {
       this.#confirmNow();
       return;
     }
-    if (frame.type === "ack_ok") this.#advance(frame.committed || {});
+    if (frame.type === "ack_ok") this.#advance(frame.committed || {}, frame.tokens || {});
+    if (frame.type === "progress") this.#advance({}, frame.tokens || {});
     const waiting = this.#waiting(frame);
     if (waiting) {
       if (frame.type === "error") waiting.reject(new AckgateError(frame.code, frame.message));
@@ -1345,10 +1444,13 @@ class TabGroup {
   #sync() {
     const session = this.#session;
     if (session?.state !== "connected") return;
-    const { committed, epochs } = this.#local.tokens;
+    const { committed, epochs, issued } = this.#local.tokens;
     for (const [topic, entry] of this.#wanted) {
       if (session.has(topic) || entry.pending) continue;
-      this.#subscribe(topic, entry, { ...entry.options, resume: { ...committed[topic] }, epochs: { ...epochs[topic] } }).then(
+      // The gateway's token for it, else (a topic's own subscription only) the offsets.
+      const token = issued?.[issuedKey(topic, entry.options.group)];
+      const resume = token ?? (entry.options.group ? undefined : { ...committed[topic] });
+      this.#subscribe(topic, entry, { ...entry.options, resume, epochs: { ...epochs[topic] } }).then(
         () => (this.#failures = 0),
         (error) => {
           // Refused for good: dropped for every tab. Refused for now (unavailable, a timeout):
@@ -1677,6 +1779,9 @@ export class AckgateClient {
       // token is trusted above the stored offset only within its epoch, and a newer epoch (an
       // operator's reset, a lost log tail) replaces the token instead of being outbid by it.
       epochs: load(options.storage, `ackgate:${options.clientId}:epochs`),
+      // topic (or topic and group) -> the resume token the gateway last issued for it: sent back
+      // as is when the subscription starts again.
+      issued: load(options.storage, `ackgate:${options.clientId}:tokens`),
     };
     if (!this.#shared) this.#session = this.#newSession((kind, data) => this.#receive(kind, data));
   }
@@ -1899,16 +2004,24 @@ export class AckgateClient {
    * The resume token of `topic`: per partition, the offset after the contiguous acknowledged
    * floor the gateway confirmed durable, or where the subscription started.
    */
-  resumeToken(topic) {
-    return { ...this.#tokens.committed[topic] };
+  resumeToken(topic, group) {
+    return { ...this.#tokens.committed[issuedKey(topic, group)] };
+  }
+
+  /**
+   * The resume token the gateway last issued for `topic` (with `group`: for that shared
+   * subscription), as `subscribe`'s `resume` takes it back; undefined before the first.
+   */
+  issuedToken(topic, group) {
+    return this.#tokens.issued[issuedKey(topic, group)];
   }
 
   /**
    * The offset epochs of `topic`'s resume token (`{"<partition>": epoch}`, partitions of epoch 0
    * left out): keep them with a token you store yourself and pass both to `subscribe`.
    */
-  resumeEpochs(topic) {
-    return { ...this.#tokens.epochs[topic] };
+  resumeEpochs(topic, group) {
+    return { ...this.#tokens.epochs[issuedKey(topic, group)] };
   }
 
   /** Calls the `onX` option and the `on()` listeners of `name` (see `invoke`: one that throws

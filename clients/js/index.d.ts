@@ -42,6 +42,11 @@ export interface SubscribedFrame {
   group?: string;
   /** `epoch`: the partition's offset epoch; a token is trusted above the stored offset only within it. */
   partitions: { partition: number; from: number; epoch: number; gap?: { from: number; to: number } }[];
+  /** The resume token as of this start (opaque; the client keeps it for the next subscribe). */
+  token: string;
+  /** When a token was sent: whether it was applied, and why not. A refused token is no error. */
+  resume?: "applied" | "refused";
+  resume_reason?: "invalid" | "other_client" | "other_group" | "other_incarnation" | "expired";
 }
 
 /** One delivery. `T`: the payload's type, as the app knows it (the client does not check it). */
@@ -83,6 +88,8 @@ export interface AckOkFrame {
   type: "ack_ok";
   req: string | number;
   committed: Record<string, Record<string, number>>;
+  /** A fresh resume token per topic the ack touched. */
+  tokens: Record<string, string>;
 }
 
 export interface PublishedFrame {
@@ -134,7 +141,8 @@ export type ServerFrame<T = unknown> =
   | ErrorFrame
   | { type: "refresh_needed"; expires_at: number }
   | { type: "refreshed"; req?: string | number; expires_at: number | null }
-  | { type: "reconnect"; after_ms: number; instance?: string; ws_url?: string };
+  | { type: "reconnect"; after_ms: number; instance?: string; ws_url?: string }
+  | { type: "progress"; tokens: Record<string, string> };
 
 /**
  * How the client reaches its session: a WebSocket (the default), Server-Sent Events (`GET /sse`
@@ -261,8 +269,9 @@ export interface AckgateClientOptions<T = unknown> {
 
 export interface SubscribeOptions {
   from?: StartFrom | undefined;
-  /** A token kept by the app (`resumeToken`), sent instead of the one the client holds. */
-  resume?: ResumeToken | undefined;
+  /** A token kept by the app, sent instead of the one the client holds: the gateway's
+   * (`issuedToken`), or the older offsets (`resumeToken`, own subscriptions only). */
+  resume?: string | ResumeToken | undefined;
   /** The offset epochs of `resume` (`resumeEpochs`). */
   epochs?: ResumeToken | undefined;
   /** Join that shared subscription of the topic (each event goes to one member). */
@@ -340,7 +349,11 @@ export declare class AckgateClient<T = unknown> {
   topic<U = T>(topic: string, options: { gaps: true }): AsyncIterableIterator<EventFrame<U> | GapFrame>;
   /** Closes for good: no reconnect follows (a leader tab hands the shared session to another tab). */
   close(): void;
-  resumeToken(topic: string): ResumeToken;
+  /** `topic`'s offsets as the gateway confirmed them (with `group`: that shared subscription's). */
+  resumeToken(topic: string, group?: string): ResumeToken;
+  /** The resume token the gateway last issued for `topic` (with `group`: for that shared
+   * subscription of it), as `subscribe`'s `resume` takes it back; undefined before the first. */
+  issuedToken(topic: string, group?: string): string | undefined;
   /** The offset epochs of the resume token's partitions (epoch 0 left out). */
-  resumeEpochs(topic: string): ResumeToken;
+  resumeEpochs(topic: string, group?: string): ResumeToken;
 }

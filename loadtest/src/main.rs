@@ -25,6 +25,9 @@ mod takeover;
 
 use std::path::PathBuf;
 
+/// `cluster.token_key` of the clusters loadtest starts (`--instances`, chaos).
+pub const CLUSTER_TOKEN_KEY: &str = "ackgate-loadtest-cluster-token-key-0123456789";
+
 use clap::Parser;
 
 use client::{AckMode, Transport};

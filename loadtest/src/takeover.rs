@@ -39,12 +39,24 @@ type Target = watch::Receiver<Option<BTreeMap<u32, u64>>>;
 type Killed = Arc<OnceLock<(Instant, String)>>;
 
 struct Follower {
+    /// What the summary reads of this follower even when it never finishes (`Seen`).
+    seen: Arc<Mutex<Seen>>,
     client_id: String,
     topic: String,
     known: Arc<Mutex<Vec<String>>>,
     target: Target,
     killed: Killed,
     progress: Arc<AtomicU64>,
+}
+
+/// How far a follower got, kept as it goes: a follower that does not finish in time is still
+/// counted (it moved, it reconnected) and its last committed offsets are named.
+#[derive(Default, Clone)]
+struct Seen {
+    reconnects: u64,
+    takeover_subscribed_us: Option<u64>,
+    committed: BTreeMap<u32, u64>,
+    deliveries: u64,
 }
 
 #[derive(Default)]
@@ -62,6 +74,8 @@ struct Followed {
     /// The instance (http url) of the last session, and the durable committed offsets.
     last_instance: String,
     committed: BTreeMap<u32, u64>,
+    /// The last resume token the gateway issued (`subscribed`, `ack_ok`): what a reconnect sends.
+    resume_token: Option<String>,
 }
 
 /// 250 ms doubling up to 10 s, each with jitter (half to all of it), as the clients do.
@@ -135,11 +149,15 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
         };
         if lost_on.is_some() {
             out.reconnects += 1;
+            f.seen.lock().unwrap().reconnects = out.reconnects;
         }
         out.last_instance = http_url.clone();
         let token = out.committed.clone();
-        let resume: serde_json::Map<String, Value> = token.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
-        if ws.send(Message::Text(json!({"op": "subscribe", "topic": f.topic, "resume": resume, "req": "sub"}).to_string().into())).await.is_err() {
+        let mut subscribe = json!({"op": "subscribe", "topic": f.topic, "req": "sub"});
+        if let Some(resume) = &out.resume_token {
+            subscribe["resume"] = json!(resume);
+        }
+        if ws.send(Message::Text(subscribe.to_string().into())).await.is_err() {
             lost_on = Some(http_url);
             attempt = 1;
             continue;
@@ -163,8 +181,15 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
             let frame: Value = serde_json::from_str(text.as_str()).context("bad frame")?;
             match frame["type"].as_str() {
                 Some("subscribed") => {
+                    if frame["resume"] == "refused" {
+                        bail!("{}: its resume token was refused ({})", f.client_id, frame["resume_reason"]);
+                    }
+                    if let Some(issued) = frame["token"].as_str() {
+                        out.resume_token = Some(issued.to_string());
+                    }
                     if let Some(at) = taking_over {
-                        out.takeover_subscribed_us.get_or_insert(at.elapsed().as_micros() as u64);
+                        let us = *out.takeover_subscribed_us.get_or_insert(at.elapsed().as_micros() as u64);
+                        f.seen.lock().unwrap().takeover_subscribed_us = Some(us);
                     }
                     for p in frame["partitions"].as_array().into_iter().flatten() {
                         let (partition, from) = (p["partition"].as_u64().unwrap_or_default() as u32, p["from"].as_u64().unwrap_or_default());
@@ -199,10 +224,18 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
                     f.progress.fetch_add(1, Ordering::Relaxed);
                 }
                 Some("ack_ok") => {
+                    if let Some(issued) = frame["tokens"][f.topic.as_str()].as_str() {
+                        out.resume_token = Some(issued.to_string());
+                    }
                     for (p, c) in frame["committed"][f.topic.as_str()].as_object().into_iter().flatten() {
                         let (Ok(p), Some(c)) = (p.parse::<u32>(), c.as_u64()) else { continue };
                         let slot = out.committed.entry(p).or_insert(0);
                         *slot = (*slot).max(c);
+                    }
+                    {
+                        let mut seen = f.seen.lock().unwrap();
+                        seen.committed = out.committed.clone();
+                        seen.deliveries = out.deliveries;
                     }
                     if done(&f.target.borrow(), &out.committed) {
                         break None;
@@ -246,6 +279,7 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
         launch.env.push(("ACKGATE_SERVER__LISTEN".into(), format!("127.0.0.1:{port}")));
         launch.env.push(("ACKGATE_SERVER__INSTANCE_ID".into(), format!("gw-{i}")));
         launch.env.push(("ACKGATE_CLUSTER__PEERS".into(), serde_json::to_string(&urls)?));
+        launch.env.push(("ACKGATE_CLUSTER__TOKEN_KEY".into(), crate::CLUSTER_TOKEN_KEY.into()));
         launch.env.push(("ACKGATE_CLUSTER__PROBE_INTERVAL_MS".into(), PROBE_INTERVAL_MS.to_string()));
         gateways.push(Some(Gateway::start(&launch).with_context(|| format!("starting instance gw-{i}"))?));
     }
@@ -285,7 +319,9 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
     let acked = Arc::new(AtomicU64::new(0));
     let mut followers = Vec::new();
     for c in 0..cli.clients {
+        let seen: Arc<Mutex<Seen>> = Default::default();
         let follower = Follower {
+            seen: seen.clone(),
             client_id: format!("{run}-f{c}"),
             topic: topic.clone(),
             // Every instance, as the JS client's `peers` option lists them, starting at another
@@ -296,7 +332,7 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
             progress: acked.clone(),
         };
         let client_id = follower.client_id.clone();
-        followers.push((client_id, tokio::spawn(follow(follower))));
+        followers.push((client_id, seen, tokio::spawn(follow(follower))));
     }
     // Everyone subscribed before the publisher starts: count sessions across the instances.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -366,7 +402,7 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
     let (mut deliveries, mut redelivered, mut distinct, mut reconnects, mut moved) = (0u64, 0u64, 0u64, 0u64, 0u64);
     // When each follower of the stopped instance subscribed elsewhere (a drain spreads these).
     let mut moved_at_us: Vec<u64> = Vec::new();
-    for (client_id, task) in followers {
+    for (client_id, seen, task) in followers {
         let left = settle.saturating_duration_since(Instant::now());
         let result = match tokio::time::timeout(left, task).await {
             Ok(Ok(Ok(result))) => result,
@@ -379,7 +415,22 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
                 continue;
             }
             Err(_) => {
-                summary.problem(format!("{client_id}: not at the log end {} s after the last publish", cli.settle_secs));
+                // Counted as far as it got: whether it moved and reconnected, and where it was.
+                let seen = seen.lock().unwrap().clone();
+                reconnects += seen.reconnects;
+                if let Some(us) = seen.takeover_subscribed_us {
+                    subscribed.saturating_record(us);
+                    moved_at_us.push(us);
+                    moved += 1;
+                }
+                summary.problem(format!(
+                    "{client_id}: not at the log end {} s after the last publish (confirmed {:?} of {log_end:?}, {} deliveries, {} reconnects, moved: {})",
+                    cli.settle_secs,
+                    seen.committed,
+                    seen.deliveries,
+                    seen.reconnects,
+                    seen.takeover_subscribed_us.is_some()
+                ));
                 continue;
             }
         };

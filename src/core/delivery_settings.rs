@@ -55,4 +55,8 @@ pub struct DeliverySettings {
     pub drain_settle: Duration,
     /// How long before its token expires a session sends `refresh_needed`.
     pub refresh_before: Duration,
+    /// At most how often a session is sent `progress` with fresh resume tokens (zero: never).
+    pub progress_interval: Duration,
+    /// A resume token older than this is refused as `expired` (`offsets.retention_secs`; 0: never).
+    pub resume_token_max_age_ms: u64,
 }

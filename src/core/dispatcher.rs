@@ -95,6 +95,9 @@ pub struct Dispatcher {
     pub peer_offsets: std::sync::OnceLock<Arc<dyn super::peer_offsets::PeerOffsets>>,
     /// Where the spans of traced events go (set when `telemetry.otlp_endpoint` is).
     pub tracer: std::sync::OnceLock<Arc<dyn super::trace::Tracer>>,
+    /// The key resume tokens are MAC'd with (`cluster.token_key`, or the data dir's): set at
+    /// start; a dispatcher without one (unit tests) makes a random one at first use.
+    pub token_key: std::sync::OnceLock<super::resume_token::TokenKey>,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -151,6 +154,7 @@ impl Dispatcher {
             group_home: Default::default(),
             peer_offsets: Default::default(),
             tracer: Default::default(),
+            token_key: Default::default(),
             tasks,
             metrics,
             registry: Mutex::new(Registry::default()),

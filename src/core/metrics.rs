@@ -9,8 +9,8 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, His
 /// Client frame kinds counted by `ackgate_ws_frames_total{direction="in"}`.
 pub const FRAMES_IN: [&str; 10] = ["subscribe", "unsubscribe", "ack", "nack", "extend", "term", "ping", "refresh", "publish", "invalid"];
 /// Gateway frame kinds counted by `ackgate_ws_frames_total{direction="out"}`.
-pub const FRAMES_OUT: [&str; 12] =
-    ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error", "gap", "reconnect", "refresh_needed", "refreshed", "published"];
+pub const FRAMES_OUT: [&str; 13] =
+    ["welcome", "subscribed", "unsubscribed", "event", "ack_ok", "pong", "error", "gap", "reconnect", "refresh_needed", "refreshed", "published", "progress"];
 /// Index of "event" in `FRAMES_OUT` (counted per batch of deliveries, not looked up per frame).
 const EVENT_FRAME: usize = 3;
 

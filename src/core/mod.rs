@@ -36,6 +36,7 @@ pub(crate) mod redelivery;
 pub(crate) mod redrive;
 pub mod remembered_publish;
 pub(crate) mod rendezvous;
+pub mod resume_token;
 pub(crate) mod session;
 pub(crate) mod session_control;
 pub(crate) mod session_id;

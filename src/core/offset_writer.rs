@@ -267,6 +267,15 @@ mod tests {
         fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
             self.inner.topic_generation(topic)
         }
+        fn topic_incarnation(&self, topic: &TopicName) -> Result<crate::core::offsets::TopicIncarnation, StoreError> {
+            self.inner.topic_incarnation(topic)
+        }
+        fn fence(&self, key: &OffsetKey) -> Result<Option<u64>, StoreError> {
+            self.inner.fence(key)
+        }
+        fn remove_fenced(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+            self.inner.remove_fenced(keys)
+        }
         fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
             self.inner.remove_topic(topic)
         }

@@ -43,6 +43,33 @@ impl LogEpoch {
     }
 }
 
+/// A topic's *incarnation* (docs/protocol.md, "Resume tokens"): which topic of its name this is.
+/// `id` is 0 for a topic never deleted here and a new random number at each deletion;
+/// `epoch_floor` is the least log epoch of its partitions, one above every log epoch the topics
+/// of its name had before, so nothing made under an earlier topic of the name (a token, a map
+/// resume, a queued write) can outrank anything of this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TopicIncarnation {
+    pub id: u64,
+    pub epoch_floor: u32,
+}
+
+impl TopicIncarnation {
+    /// The incarnation after this one's topic was deleted: above every log epoch it had (`seen`,
+    /// the highest of its partitions'), with a fresh random id.
+    pub fn next(&self, seen: u32) -> Self {
+        Self { id: super::resume_token::new_incarnation_id(), epoch_floor: self.epoch_floor.max(seen).saturating_add(1) }
+    }
+
+    /// A partition's log epoch as stored, raised to the floor.
+    pub fn floored(&self, stored: Option<LogEpoch>) -> LogEpoch {
+        match stored {
+            Some(log) if log.epoch >= self.epoch_floor => log,
+            _ => LogEpoch { epoch: self.epoch_floor, log_end: 0 },
+        }
+    }
+}
+
 /// `updated_at` value that means "unknown". Such a record is never considered expired: treating a
 /// sentinel as a real timestamp is exactly the KAFKA-8069 bug (offsets expired right after load).
 pub const UNKNOWN_TIME: u64 = 0;
@@ -228,6 +255,18 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// next log epoch, ending at `log_end`, unless a session or an instance that found the same
     /// loss started it already. Returns the partition's log epoch after it.
     fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError>;
+
+    /// The topic's incarnation (`TopicIncarnation`): a new one starts with each generation.
+    fn topic_incarnation(&self, topic: &TopicName) -> Result<TopicIncarnation, StoreError>;
+
+    /// The fence an operator's deletion of the key's record left (`remove_fenced`): the least
+    /// offset epoch a record of the key may have from then on. `None` where there is none.
+    fn fence(&self, key: &OffsetKey) -> Result<Option<OffsetEpoch>, StoreError>;
+
+    /// Removes the records of `keys`, as an operator's deletion does: each leaves a fence one
+    /// above its epoch, so a token or a queued write made before the deletion never brings the
+    /// old offset back (the fence outlives the record). Returns how many records there were.
+    fn remove_fenced(&self, keys: &[OffsetKey]) -> Result<usize, StoreError>;
 
     /// The current generation of `topic`: 0 until it is first deleted, then one more per deletion.
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError>;

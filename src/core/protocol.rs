@@ -224,6 +224,18 @@ impl ShareOrder {
     }
 }
 
+/// `resume` of a `subscribe`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Resume {
+    #[default]
+    None,
+    /// A resume token string as the gateway issued it, not verified yet (`core::resume_token`).
+    Token(String),
+    /// The older map form `{"<partition>": offset}` with `epochs`: a client's claim, applied to
+    /// its own subscription only, and only within the stored record's epoch.
+    Claimed(BTreeMap<u32, ResumeOffset>),
+}
+
 /// `group` and `order` of a `subscribe`: the session joins shared subscription `name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupJoin {
@@ -237,7 +249,7 @@ pub enum ClientFrame {
     Subscribe {
         topic: String,
         from: StartFrom,
-        resume: BTreeMap<u32, ResumeOffset>,
+        resume: Resume,
         /// `group` (with its `order`): join that shared subscription instead (core::group).
         group: Option<GroupJoin>,
         req: Option<Value>,
@@ -299,6 +311,14 @@ impl ClientFrame {
     }
 }
 
+/// `resume` as sent: a token string or the older map.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawResume {
+    Token(String),
+    Map(BTreeMap<String, u64>),
+}
+
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum RawFrame {
@@ -307,7 +327,7 @@ enum RawFrame {
         #[serde(default)]
         from: StartFrom,
         #[serde(default)]
-        resume: Option<BTreeMap<String, u64>>,
+        resume: Option<RawResume>,
         #[serde(default)]
         epochs: Option<BTreeMap<String, u64>>,
         #[serde(default)]
@@ -435,11 +455,18 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
             for (partition, epoch) in epochs.unwrap_or_default() {
                 epoch_of.insert(partition_of("epochs", &partition)?, epoch);
             }
-            let mut parsed = BTreeMap::new();
-            for (partition, offset) in resume.unwrap_or_default() {
-                let p = partition_of("resume", &partition)?;
-                parsed.insert(p, ResumeOffset { offset, epoch: epoch_of.get(&p).copied().unwrap_or(0) });
-            }
+            let parsed = match resume {
+                None => Resume::None,
+                Some(RawResume::Token(token)) => Resume::Token(token),
+                Some(RawResume::Map(map)) => {
+                    let mut parsed = BTreeMap::new();
+                    for (partition, offset) in map {
+                        let p = partition_of("resume", &partition)?;
+                        parsed.insert(p, ResumeOffset { offset, epoch: epoch_of.get(&p).copied().unwrap_or(0) });
+                    }
+                    Resume::Claimed(parsed)
+                }
+            };
             if let StartFrom::Time(time) = from {
                 if time > i64::MAX as u64 {
                     return Err(FrameError::new(ErrorCode::BadFrame, format!("from.time must be at most {} (epoch ms)", i64::MAX)).with_req(req));
@@ -547,6 +574,14 @@ pub enum ServerFrame {
         #[serde(skip_serializing_if = "Option::is_none")]
         group: Option<String>,
         partitions: Vec<SubscribedPartition>,
+        /// The resume token as of this start (`core::resume_token`).
+        token: String,
+        /// `"applied"` or `"refused"`, when the subscribe carried a resume token or map.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resume: Option<&'static str>,
+        /// Why a resume was refused (`Refusal::as_str`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resume_reason: Option<&'static str>,
     },
     Unsubscribed {
         topic: String,
@@ -556,6 +591,13 @@ pub enum ServerFrame {
     AckOk {
         req: Value,
         committed: BTreeMap<String, BTreeMap<String, u64>>,
+        /// A fresh resume token per topic the ack touched.
+        tokens: BTreeMap<String, String>,
+    },
+    /// Fresh resume tokens of topics whose floors moved since the last token the session was
+    /// sent (at most every `delivery.progress_interval_ms`).
+    Progress {
+        tokens: BTreeMap<String, String>,
     },
     /// A catch-up read found `from`..`to`-1 removed by retention; delivery goes on at `to`.
     Gap {
@@ -611,6 +653,7 @@ impl ServerFrame {
             Self::Subscribed { .. } => "subscribed",
             Self::Unsubscribed { .. } => "unsubscribed",
             Self::AckOk { .. } => "ack_ok",
+            Self::Progress { .. } => "progress",
             Self::Gap { .. } => "gap",
             Self::Reconnect { .. } => "reconnect",
             Self::Pong { .. } => "pong",
@@ -798,7 +841,7 @@ mod tests {
             ClientFrame::Subscribe {
                 topic: "t".into(),
                 from: StartFrom::Latest,
-                resume: [(2, ResumeOffset { offset: 7, epoch: 0 })].into(),
+                resume: Resume::Claimed([(2, ResumeOffset { offset: 7, epoch: 0 })].into()),
                 group: None,
                 req: Some(json!(1))
             }
@@ -813,7 +856,19 @@ mod tests {
         }
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","resume":{"2":7,"3":9},"epochs":{"3":4,"5":1}}"#).unwrap();
         let ClientFrame::Subscribe { resume, .. } = f else { panic!() };
-        assert_eq!(resume, [(2, ResumeOffset { offset: 7, epoch: 0 }), (3, ResumeOffset { offset: 9, epoch: 4 })].into(), "no epoch: the oldest");
+        assert_eq!(
+            resume,
+            Resume::Claimed([(2, ResumeOffset { offset: 7, epoch: 0 }), (3, ResumeOffset { offset: 9, epoch: 4 })].into()),
+            "no epoch: the oldest"
+        );
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","resume":"r1.abc"}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Subscribe { resume: Resume::Token(ref t), .. } if t == "r1.abc"), "{f:?}");
+        let f = parse_client_frame(r#"{"op":"subscribe","topic":"t"}"#).unwrap();
+        assert!(matches!(f, ClientFrame::Subscribe { resume: Resume::None, .. }), "{f:?}");
+        for bad in [r#"7"#, r#"[1]"#, r#"{"0":-1}"#, r#"{"0":18446744073709551616}"#] {
+            let e = parse_client_frame(&format!(r#"{{"op":"subscribe","topic":"t","resume":{bad}}}"#)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadFrame, "{bad}");
+        }
         assert!(parse_client_frame(r#"{"op":"subscribe","topic":"t","epochs":{"x":1}}"#).unwrap_err().message.contains("epochs"));
         assert!(parse_client_frame(r#"{"op":"subscribe","topic":"t","epochs":{"1":-1}}"#).is_err());
         let f = parse_client_frame(r#"{"op":"subscribe","topic":"t","from":{"time":1700000000000}}"#).unwrap();

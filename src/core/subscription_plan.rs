@@ -33,6 +33,19 @@ pub struct StartPoint {
     /// The start the client wanted (its stored offset or token) and the log start above it:
     /// offsets `wanted..log_start` are gone (retention) and will never reach it.
     pub gap: Option<(u64, u64)>,
+    /// A claimed resume (the older map form) named this partition and was not applied: an epoch
+    /// above the stored record's (one the gateway never issued), or no stored record to clamp it to.
+    pub claim_refused: bool,
+}
+
+/// The resume offsets a subscription plan is given, and whether the gateway issued them.
+#[derive(Debug, Clone, Copy)]
+pub struct ResumeFloors<'a> {
+    pub floors: &'a std::collections::BTreeMap<u32, ResumeOffset>,
+    /// The older map form, a client's claim: applied only within the stored record's epoch,
+    /// never raising it. Issued floors (a verified token, the peers' records, a group's hub)
+    /// may carry an epoch above the record's.
+    pub claimed: bool,
 }
 
 impl Dispatcher {
@@ -50,10 +63,11 @@ impl Dispatcher {
         client: &Mutex<ClientState>,
         topic: &TopicName,
         from: StartFrom,
-        resume: &std::collections::BTreeMap<u32, ResumeOffset>,
+        resume: ResumeFloors<'_>,
         epoch: Epoch,
         first: u32,
     ) -> Result<Vec<StartPoint>, FrameError> {
+        let ResumeFloors { floors: resume, claimed } = resume;
         let most = self.settings().max_rewind_events;
         if let StartFrom::Last(n) = from {
             if n > most {
@@ -138,7 +152,12 @@ impl Dispatcher {
                 };
                 record = Some(moved.map_err(store_frame_error)?);
             }
-            let epoch = record.map_or(log.first_offset_epoch(), |r| r.epoch);
+            // Where an operator deleted the record, its fence stands for it: nothing from
+            // before the deletion counts.
+            let epoch = match record {
+                Some(r) => r.epoch,
+                None => log.first_offset_epoch().max(self.store.fence(&key).map_err(store_frame_error)?.unwrap_or(0)),
+            };
             let remembered = client.lock().unwrap().trackers.get(&tp).filter(|t| t.offset_epoch >= epoch).map(|t| (t.floor(), t.last_acked()));
             known.push(remembered.or(record.map(|r| (r.committed, r.last_acked))));
             epochs.push(epoch);
@@ -193,7 +212,10 @@ impl Dispatcher {
             if let Some(token) = fenced {
                 tracing::info!(%key, token = token.offset, token_epoch = token.epoch, epoch = offset_epoch, "resume token from before the offset was lowered (admin reset or lost log tail): not trusted");
             }
-            let trusted = resume.get(&partition).filter(|r| r.epoch >= offset_epoch);
+            // A claim is applied only within the stored record's epoch: an epoch above it is one
+            // the gateway never issued, and without a record there is nothing to clamp it to.
+            let claim_refused = claimed && resume.get(&partition).is_some_and(|r| r.epoch > offset_epoch || stored.is_none());
+            let trusted = resume.get(&partition).filter(|r| r.epoch >= offset_epoch && !(claimed && (r.epoch != offset_epoch || stored.is_none())));
             let requested = trusted.map(|r| r.offset.min(bounds.log_end));
             // A token of a later epoch than the record's: the record was removed since (offsets
             // deleted, expired) and is written again. It goes on in the token's epoch, so a later
@@ -201,7 +223,7 @@ impl Dispatcher {
             // Never into a log epoch this instance has not recorded (a token from an instance
             // that saw a loss this one has not): this instance's own step for that loss must
             // still fence the record, so its log half stays this instance's.
-            if let Some(token) = trusted {
+            if let Some(token) = trusted.filter(|_| !claimed) {
                 offset_epoch = offset_epoch.max(token.epoch.min(log.first_offset_epoch() | u64::from(u32::MAX)));
             }
             let wanted = match (stored, requested) {
@@ -225,7 +247,7 @@ impl Dispatcher {
                 writes.push(OffsetWrite { key, committed: start, last_acked, updated_at: self.clock.now_ms(), generation, epoch: offset_epoch });
             }
             trackers.push((tp, start, last_acked, offset_epoch));
-            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, epoch: offset_epoch, gap });
+            starts.push(StartPoint { partition, from: start, log_start: bounds.log_start, epoch: offset_epoch, gap, claim_refused });
         }
         // A retention sweep may have read this client's records as expired before it
         // connected: touch them now (a sweep removes only records unchanged since its scan), and

@@ -267,7 +267,7 @@ pub(super) async fn delete_offsets(app: &AppState, topic: TopicName, client_id: 
     let store = d.store.clone();
     let remove = move || -> Result<usize, crate::core::offsets::StoreError> {
         let keys: Vec<OffsetKey> = store.scan(&filter)?.into_iter().map(|(k, _)| k).collect();
-        store.remove(&keys)
+        store.remove_fenced(&keys)
     };
     let deleted = d.change_offline_client(&client_id, &topic, remove).await.ok_or_else(|| live(&client_id))??;
     tracing::info!(%topic, %client_id, deleted, "offsets deleted by an operator");

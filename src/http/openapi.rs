@@ -29,7 +29,7 @@ use super::{console, dead_letters, drain, gaps, groups, health, metrics, offsets
         dead_letters::list, dead_letters::redrive, gaps::list, groups::list, groups::view, groups::reset, groups::delete, drain::drain, reload::reload, recommend::recommend,
         health::healthz, health::readyz, metrics::scrape, console::index, console::static_file, ws::upgrade, sse::open, sse::frames, document_route,
     ),
-    components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, ShareOrderSchema, Req)),
+    components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, ResumeSchema, ShareOrderSchema, Req)),
     modifiers(&AdminToken)
 )]
 struct ApiDoc;

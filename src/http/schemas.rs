@@ -477,11 +477,14 @@ pub enum ClientFrame {
         /// first offset whose timestamp is at or after it) or `{"last": n}` (per partition the last
         /// `n` events, at most `limits.max_rewind_events`); never below the stored offset.
         from: Option<StartFromSchema>,
-        /// Resume token `{"<partition>": next_offset}`: per partition the larger of it and the
-        /// stored committed offset, when the token is of the stored offset's epoch.
-        resume: Option<BTreeMap<String, u64>>,
-        /// The offset epoch of each partition of `resume` as the last `subscribed` named it
-        /// (`{"<partition>": epoch}`); a partition without one is of epoch 0, the oldest.
+        /// A resume token as the gateway issued it (`subscribed`'s `token`, `ack_ok`'s and
+        /// `progress`'s `tokens`): per partition the larger of its floor and the stored committed
+        /// offset within the current epoch; a token that is refused is never an error
+        /// (`subscribed` says why). Or the older map `{"<partition>": next_offset}` (a client's
+        /// own subscription only, within the stored offset's epoch).
+        resume: Option<ResumeSchema>,
+        /// With the older map form: the offset epoch of each partition as the last `subscribed`
+        /// named it; a partition without one is of epoch 0, the oldest.
         epochs: Option<BTreeMap<String, u64>>,
         /// Join shared subscription `group` of the topic (topic name rule): each event goes to
         /// one member; the group's progress is its own (`from`, `resume` apply to no member).
@@ -509,6 +512,16 @@ pub enum ClientFrame {
     Refresh { token: String, req: Option<Req> },
     /// Publish `events` (as the REST body's `events`) to `topic`; answered `published`.
     Publish { topic: String, events: Vec<Value>, idempotency_key: Option<String>, req: Option<Req> },
+}
+
+/// `resume` of a `subscribe`: a token string, or the older map.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ResumeSchema {
+    /// An opaque token the gateway issued (URL-safe, `r1.` then base64url).
+    Token(String),
+    /// `{"<partition>": next_offset}`.
+    Map(BTreeMap<String, u64>),
 }
 
 /// `from` of a `subscribe`: a name or a time.
@@ -561,6 +574,12 @@ pub enum ServerFrame {
         /// The shared subscription joined (a member's `subscribed`).
         group: Option<String>,
         partitions: Vec<SubscribedPartition>,
+        /// The resume token as of this start.
+        token: String,
+        /// `applied` or `refused`, when the subscribe carried a resume token.
+        resume: Option<String>,
+        /// Why it was refused: `invalid`, `other_client`, `other_group`, `other_incarnation` or `expired`.
+        resume_reason: Option<String>,
     },
     Unsubscribed {
         topic: String,
@@ -590,6 +609,13 @@ pub enum ServerFrame {
     AckOk {
         req: Req,
         committed: BTreeMap<String, BTreeMap<String, u64>>,
+        /// A fresh resume token per topic the ack touched (`{"<topic>": token}`).
+        tokens: BTreeMap<String, String>,
+    },
+    /// Fresh resume tokens of topics whose floors moved since the last token sent (acks without
+    /// `req`), at most every `delivery.progress_interval_ms`.
+    Progress {
+        tokens: BTreeMap<String, String>,
     },
     Pong {
         req: Option<Req>,

@@ -3,11 +3,13 @@
 //! array) and answers with the frames the session sent for them. The session is the same task a
 //! WebSocket gets (`core::session`); this file adapts the two HTTP halves to it.
 //!
-//! Every `event` message carries an `id:` that is the session's resume token when it was written:
-//! the client's durable committed offsets of its subscribed topics, as base64url of
-//! `{"<topic>": {"<partition>": offset}}`, where a partition whose offset epoch is not 0 (it was
-//! lowered: an admin reset, a lost log tail) has `[offset, epoch]` instead of the offset. A
-//! browser's EventSource sends it back as `Last-Event-ID` when it reconnects, on any instance.
+//! Every `event` message carries an `id:` that is the session's resume token when it was written
+//! (`core::resume_token`): one token, issued to the client (or to its group, `group=`), naming
+//! the durable committed offsets of every topic of the stream. A browser's EventSource sends it
+//! back as `Last-Event-ID` when it reconnects, on any instance. The older form, base64url of
+//! `{"<topic>": {"<partition>": offset or [offset, epoch]}}`, is still read (a client's claim:
+//! applied as the WebSocket's map form is); a token that is neither, or is refused, never fails
+//! the stream: `event: subscribed` says `"resume": "refused"` and why.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -32,6 +34,7 @@ use super::AppState;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::names::{ClientId, GroupName, OffsetKey, TopicName};
 use crate::core::protocol::{close_code, ErrorCode, ResumeOffset};
+use crate::core::resume_token::Holder;
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
 
@@ -97,7 +100,7 @@ impl Drop for Listed {
     ),
     responses(
         (status = 200, description = "text/event-stream: welcome (with ack_url), subscribed per topic, then event, gap, reconnect, error and close messages; event messages carry the resume token as id", content_type = "text/event-stream"),
-        (status = 400, description = "invalid_name, bad_request (a resume token or from that does not decode)", body = crate::http::schemas::ErrorBody),
+        (status = 400, description = "invalid_name, bad_request (a from that is none of its names; a resume token that does not verify is no error: subscribed says it was refused)", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret or auth.jwks_url is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
         (status = 429, description = "limit_exceeded: limits.max_sessions", body = crate::http::schemas::ErrorBody),
@@ -129,7 +132,7 @@ fn start(
     let client_id = super::required_client_id(&query).map_err(|e| Box::new(e.into_response()))?;
     let access = session_access(&app.config.auth, &app.token_keys, query.get("token").map(String::as_str), headers, &client_id)
         .map_err(|e| Box::new(e.into_response()))?;
-    let subscribes = initial_subscribes(&query, headers).map_err(|e| Box::new(e.into_response()))?;
+    let subscribes = initial_subscribes(&app.dispatcher, &query, headers).map_err(|e| Box::new(e.into_response()))?;
     // With `group=`, the stream's topics are that shared subscription's, and its events' ids are
     // the group's floor (what a member resumes the group with).
     let token_identity = match query.get("group").filter(|g| !g.is_empty()) {
@@ -189,20 +192,24 @@ fn start(
     Ok(response)
 }
 
-/// The `subscribe` frames for `topics=`, with `from` and each topic's part of the resume token
-/// (`Last-Event-ID`, else `resume=`). `from` applies only to a topic the token does not name:
-/// EventSource reconnects with its first URL, and `from=latest` on a topic the client already
-/// holds would skip what it received but had not acknowledged on a partition the token lacks.
-fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
+/// The `subscribe` frames for `topics=`, with `from` and the resume token (`Last-Event-ID`, else
+/// `resume=`). `from` applies only to a topic the token does not name: EventSource reconnects
+/// with its first URL, and `from=latest` on a topic the client already holds would skip what it
+/// received but had not acknowledged. A token that does not verify goes to every topic, which
+/// the session refuses (and says so) before it starts from the stored offsets.
+fn initial_subscribes(d: &Dispatcher, query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
     let from = query.get("from").map(String::as_str).filter(|f| !f.is_empty()).unwrap_or("committed");
     if !matches!(from, "committed" | "earliest" | "latest") {
         return Err(ApiError::bad_request(format!("from must be committed, earliest or latest, got {from:?}")));
     }
-    let header_token = headers.get("last-event-id").map(|v| v.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text")));
-    let token = match header_token.transpose()?.filter(|t| !t.is_empty()).or(query.get("resume").map(String::as_str).filter(|t| !t.is_empty())) {
-        Some(text) => decode_resume_token(text)?,
-        None => BTreeMap::new(),
-    };
+    // A header that is not text is a token that does not verify.
+    let header_token = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("?"));
+    let text = header_token.filter(|t| !t.is_empty()).or(query.get("resume").map(String::as_str).filter(|t| !t.is_empty()));
+    let token = text.map(|text| match decode_older_token(text) {
+        Some(older) => SseResume::Older(older),
+        // Which topics it names, when it verifies; the session checks the rest.
+        None => SseResume::Issued(text.to_string(), d.token_key().open(text).ok().map(|t| t.topics.into_iter().map(|t| t.topic).collect())),
+    });
     let group = query.get("group").filter(|g| !g.is_empty());
     let order = query.get("order").filter(|o| !o.is_empty());
     if order.is_some() && group.is_none() {
@@ -213,13 +220,17 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
     // Each topic once: a URL naming one over and over would re-plan it as many times.
     for topic in query.get("topics").map(String::as_str).unwrap_or("").split(',').filter(|t| !t.is_empty() && named.insert(*t)) {
         let topic = TopicName::parse(topic).map_err(|e| ApiError::invalid_name(e.0))?;
-        let mut frame = match token.get(topic.as_str()) {
-            Some(resume) => {
+        let mut frame = match &token {
+            Some(SseResume::Older(older)) if older.contains_key(topic.as_str()) => {
+                let resume = &older[topic.as_str()];
                 let offsets: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.offset)).collect();
                 let epochs: BTreeMap<String, u64> = resume.iter().map(|(p, r)| (p.to_string(), r.epoch)).collect();
                 json!({"op": "subscribe", "topic": topic.as_str(), "from": "committed", "resume": offsets, "epochs": epochs})
             }
-            None => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
+            Some(SseResume::Issued(text, named)) if named.as_ref().is_none_or(|n| n.iter().any(|t| t == topic.as_str())) => {
+                json!({"op": "subscribe", "topic": topic.as_str(), "from": "committed", "resume": text})
+            }
+            _ => json!({"op": "subscribe", "topic": topic.as_str(), "from": from}),
         };
         if let Some(group) = group {
             frame["group"] = json!(group);
@@ -232,48 +243,45 @@ fn initial_subscribes(query: &HashMap<String, String>, headers: &HeaderMap) -> R
     Ok(frames)
 }
 
-/// One partition of a resume token as written: the offset, or `[offset, epoch]` (module docs).
-#[derive(serde::Serialize, serde::Deserialize)]
+/// The resume token an SSE reconnect brought.
+enum SseResume {
+    /// The older form (`decode_older_token`).
+    Older(BTreeMap<String, BTreeMap<u32, ResumeOffset>>),
+    /// An issued token (or anything else, refused by the session), with the topics it names when
+    /// it verifies.
+    Issued(String, Option<Vec<String>>),
+}
+
+/// One partition of an older resume token: the offset, or `[offset, epoch]`.
+#[derive(serde::Deserialize)]
 #[serde(untagged)]
 enum TokenOffset {
     Offset(u64),
     WithEpoch(u64, u64),
 }
 
-impl From<ResumeOffset> for TokenOffset {
-    fn from(r: ResumeOffset) -> Self {
-        match r.epoch {
-            0 => Self::Offset(r.offset),
-            epoch => Self::WithEpoch(r.offset, epoch),
-        }
+/// An older resume token: base64url (no padding) of `{"<topic>": {"<partition>": offset or
+/// [offset, epoch]}}`, an offset without an epoch of the oldest, 0. `None`: not one.
+pub fn decode_older_token(text: &str) -> Option<BTreeMap<String, BTreeMap<u32, ResumeOffset>>> {
+    if crate::core::resume_token::TokenKey::looks_like_token(text) {
+        return None;
     }
-}
-
-/// A resume token: base64url (no padding) of `{"<topic>": {"<partition>": offset or [offset, epoch]}}`.
-/// An offset without an epoch is of the oldest epoch, 0.
-pub fn decode_resume_token(text: &str) -> Result<BTreeMap<String, BTreeMap<u32, ResumeOffset>>, ApiError> {
-    let bad = |why: &str| ApiError::bad_request(format!("the resume token does not decode: {why}"));
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')).map_err(|_| bad("not base64url"))?;
-    let parsed: BTreeMap<String, BTreeMap<String, TokenOffset>> =
-        serde_json::from_slice(&bytes).map_err(|_| bad("not {\"<topic>\": {\"<partition>\": offset or [offset, epoch]}}"))?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')).ok()?;
+    let parsed: BTreeMap<String, BTreeMap<String, TokenOffset>> = serde_json::from_slice(&bytes).ok()?;
     let mut token = BTreeMap::new();
     for (topic, partitions) in parsed {
-        TopicName::parse(&topic).map_err(|_| bad("a topic name is invalid"))?;
+        TopicName::parse(&topic).ok()?;
         let mut offsets = BTreeMap::new();
         for (partition, offset) in partitions {
             let resume = match offset {
                 TokenOffset::Offset(offset) => ResumeOffset { offset, epoch: 0 },
                 TokenOffset::WithEpoch(offset, epoch) => ResumeOffset { offset, epoch },
             };
-            offsets.insert(partition.parse::<u32>().map_err(|_| bad("a partition is not a number"))?, resume);
+            offsets.insert(partition.parse::<u32>().ok()?, resume);
         }
         token.insert(topic, offsets);
     }
-    Ok(token)
-}
-
-fn encode_resume_token(token: &BTreeMap<String, BTreeMap<String, TokenOffset>>) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).unwrap_or_default())
+    Some(token)
 }
 
 /// Turns a session's outbound frames into the event stream.
@@ -406,13 +414,13 @@ impl StreamWriter {
     }
 
     /// One point read per partition (a prefix scan would walk every version an acking client
-    /// left in the store's memtable). Every subscribed topic is named, even when a read fails:
-    /// a partition left out resumes at the stored committed offset, while a topic left out
-    /// would resume at `from` (`latest` skipping what the client holds).
+    /// left in the store's memtable), issued as one token. Every subscribed topic is named, even
+    /// when a read fails: a partition left out resumes at the stored committed offset, while a
+    /// topic left out would resume at `from` (`latest` skipping what the client holds).
     async fn read_resume_token(&self, topics: &[TopicName]) -> String {
-        let mut token: BTreeMap<String, BTreeMap<String, TokenOffset>> = BTreeMap::new();
+        let mut token = Vec::with_capacity(topics.len());
         for topic in topics {
-            let offsets = token.entry(topic.to_string()).or_default();
+            let mut offsets = BTreeMap::new();
             let partitions = match self.d.backend.partitions(topic).await {
                 Ok(n) => n.unwrap_or(0),
                 Err(e) => {
@@ -423,7 +431,7 @@ impl StreamWriter {
             for partition in 0..partitions {
                 match self.d.store.read(&OffsetKey::new(topic.clone(), self.token_identity.clone(), partition)) {
                     Ok(Some(record)) => {
-                        offsets.insert(partition.to_string(), ResumeOffset { offset: record.committed, epoch: record.epoch }.into());
+                        offsets.insert(partition, ResumeOffset { offset: record.committed, epoch: record.epoch });
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -431,8 +439,9 @@ impl StreamWriter {
                     }
                 }
             }
+            token.push((topic.clone(), self.d.incarnation_id(topic), offsets));
         }
-        encode_resume_token(&token)
+        self.d.issue_resume_token(Holder::of(&self.token_identity), token)
     }
 }
 
@@ -550,23 +559,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resume_tokens_round_trip_and_bad_ones_are_refused() {
+    fn older_resume_tokens_are_read_and_anything_else_is_not_one() {
         let at = |offset, epoch| ResumeOffset { offset, epoch };
-        let token: BTreeMap<String, BTreeMap<String, TokenOffset>> =
-            [("orders".to_string(), [("0".to_string(), at(7, 0).into()), ("3".to_string(), at(u64::MAX, 2).into())].into())].into();
-        let encoded = encode_resume_token(&token);
-        let json = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&encoded).unwrap()).unwrap();
-        assert_eq!(json, format!(r#"{{"orders":{{"0":7,"3":[{},2]}}}}"#, u64::MAX), "epoch 0 keeps the old form");
-        let decoded = decode_resume_token(&encoded).unwrap();
+        let older = |json: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json);
+        let decoded = decode_older_token(&older(&format!(r#"{{"orders":{{"0":7,"3":[{},2]}}}}"#, u64::MAX))).unwrap();
         assert_eq!(decoded["orders"], BTreeMap::from([(0, at(7, 0)), (3, at(u64::MAX, 2))]));
-        for bad in ["%%%", "e30", "bnVsbA", "eyJhIjp7IngiOjF9fQ", "eyJhIjp7IjAiOi0xfX0", "eyJiYWQgbmFtZSI6e319"] {
-            // %%% not base64; {} decodes (no topics); null; {"a":{"x":1}}; {"a":{"0":-1}}; {"bad name":{}}
-            let result = decode_resume_token(bad);
-            if bad == "e30" {
-                assert!(result.unwrap().is_empty());
-            } else {
-                assert!(result.is_err(), "{bad} was accepted");
-            }
+        assert!(decode_older_token("e30").unwrap().is_empty(), "{{}} names no topic");
+        for bad in ["%%%", "bnVsbA", "eyJhIjp7IngiOjF9fQ", "eyJhIjp7IjAiOi0xfX0", "eyJiYWQgbmFtZSI6e319", "r1.e30"] {
+            // %%% not base64; null; {"a":{"x":1}}; {"a":{"0":-1}}; {"bad name":{}}; an issued token's prefix
+            assert!(decode_older_token(bad).is_none(), "{bad} was read as an older token");
         }
     }
 

@@ -5,7 +5,9 @@ use std::sync::Mutex;
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
-use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::offsets::{
+    LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicIncarnation, TopicRemoval, WriteOutcome,
+};
 use crate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
 
 #[derive(Default)]
@@ -28,9 +30,25 @@ struct Inner {
     redrives: BTreeSet<DeadLetterId>,
     /// Partitions whose log lost its tail at least once (absent: epoch 0).
     log_epochs: HashMap<TopicPartition, LogEpoch>,
+    /// Topics deleted at least once (absent: the first incarnation).
+    incarnations: HashMap<TopicName, TopicIncarnation>,
+    /// Fences left by operators' deletions of records (`remove_fenced`).
+    fences: HashMap<OffsetKey, OffsetEpoch>,
 }
 
 impl Inner {
+    /// The next incarnation of `topic` (its generation is starting).
+    fn start_incarnation(&mut self, topic: &TopicName) {
+        let seen = self.log_epochs.iter().filter(|(tp, _)| tp.topic == *topic).map(|(_, l)| l.epoch).max().unwrap_or(0);
+        let next = self.incarnations.get(topic).copied().unwrap_or_default().next(seen);
+        self.incarnations.insert(topic.clone(), next);
+        self.fences.retain(|key, _| key.topic != *topic);
+    }
+
+    fn log_epoch(&self, tp: &TopicPartition) -> LogEpoch {
+        self.incarnations.get(&tp.topic).copied().unwrap_or_default().floored(self.log_epochs.get(tp).copied())
+    }
+
     /// Redrive marks go with their dead letters.
     fn drop_unmatched_marks(&mut self) {
         let dead: BTreeSet<DeadLetterId> = self.dead_letters.iter().map(DeadLetter::id).collect();
@@ -68,6 +86,7 @@ impl OffsetStore for MemoryOffsetStore {
                         *current = current.advanced_by(w);
                         WriteOutcome::Advanced
                     }
+                    None if inner.fences.get(&w.key).is_some_and(|fence| w.epoch < *fence) => WriteOutcome::Stale,
                     None => {
                         inner.records.insert(w.key.clone(), OffsetRecord::from_write(w));
                         WriteOutcome::Advanced
@@ -93,22 +112,45 @@ impl OffsetStore for MemoryOffsetStore {
 
     fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut inner = self.lock();
+        let min_epoch = min_epoch.max(inner.fences.get(key).copied().unwrap_or(0));
         let record = OffsetRecord::lowered(inner.records.get(key), committed, min_epoch, now);
         inner.records.insert(key.clone(), record);
         Ok(record)
     }
 
     fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
-        Ok(self.lock().log_epochs.get(tp).copied().unwrap_or_default())
+        Ok(self.lock().log_epoch(tp))
     }
 
     fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
         let mut inner = self.lock();
-        let current = inner.log_epochs.entry(tp.clone()).or_default();
+        let mut current = inner.log_epoch(tp);
         if current.epoch == seen {
-            *current = LogEpoch { epoch: seen.saturating_add(1), log_end };
+            current = LogEpoch { epoch: seen.saturating_add(1), log_end };
+            inner.log_epochs.insert(tp.clone(), current);
         }
-        Ok(*current)
+        Ok(current)
+    }
+
+    fn topic_incarnation(&self, topic: &TopicName) -> Result<TopicIncarnation, StoreError> {
+        Ok(self.lock().incarnations.get(topic).copied().unwrap_or_default())
+    }
+
+    fn fence(&self, key: &OffsetKey) -> Result<Option<OffsetEpoch>, StoreError> {
+        Ok(self.lock().fences.get(key).copied())
+    }
+
+    fn remove_fenced(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let mut removed = 0;
+        for key in keys {
+            if let Some(record) = inner.records.remove(key) {
+                removed += 1;
+                let fence = inner.fences.entry(key.clone()).or_insert(0);
+                *fence = (*fence).max(record.epoch.saturating_add(1));
+            }
+        }
+        Ok(removed)
     }
 
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
@@ -120,10 +162,11 @@ impl OffsetStore for MemoryOffsetStore {
         let before = inner.records.len();
         inner.records.retain(|key, _| key.topic != *topic);
         inner.publishes.retain(|(t, _), _| t != topic);
-        inner.log_epochs.retain(|tp, _| tp.topic != *topic);
         if inner.removals_pending.remove(topic) != Some(TopicRemoval::LogDeleted) {
             *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+            inner.start_incarnation(topic);
         }
+        inner.log_epochs.retain(|tp, _| tp.topic != *topic);
         Ok(before - inner.records.len())
     }
 
@@ -137,6 +180,7 @@ impl OffsetStore for MemoryOffsetStore {
         if inner.removals_pending.get(topic) == Some(&TopicRemoval::Begun) {
             inner.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
             *inner.generations.entry(topic.clone()).or_insert(0) += 1;
+            inner.start_incarnation(topic);
         }
         Ok(())
     }

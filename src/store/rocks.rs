@@ -26,7 +26,9 @@ use rocksdb::{ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode,
 
 use crate::core::dead_letters::{DeadLetter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Gap, GapPage};
 use crate::core::names::{client_prefix, topic_prefix, ClientId, OffsetKey, TopicName, TopicPartition};
-use crate::core::offsets::{LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicRemoval, WriteOutcome};
+use crate::core::offsets::{
+    LogEpoch, OffsetEpoch, OffsetFilter, OffsetRecord, OffsetStore, OffsetWrite, StoreError, TopicIncarnation, TopicRemoval, WriteOutcome,
+};
 use crate::core::remembered_publish::{IdempotencyKey, RememberedPublish};
 use crate::core::FastMap;
 use crate::store::damage::{open_error, refuse_corruption, refuse_if_marked_damaged, StoppedWrites};
@@ -49,6 +51,11 @@ const CF_GAPS: &str = "gaps";
 const CF_REDRIVES: &str = "redrives";
 /// `topic` `#` partition (u32, big-endian) -> log epoch (u32) and the log end it began at (u64).
 const CF_LOG_EPOCHS: &str = "log_epochs";
+/// `topic` -> its incarnation: id (u64) and log epoch floor (u32), for topics deleted at least once.
+const CF_TOPIC_INCARNATIONS: &str = "topic_incarnations";
+/// Offset key (as in `offsets`) -> the least offset epoch (u64) a record of it may have again,
+/// left by an operator's deletion of the record (`remove_fenced`).
+const CF_FENCES: &str = "fences";
 /// The value of a redrive mark: a format version, nothing else.
 const REDRIVE_MARK: [u8; 1] = [1];
 
@@ -72,6 +79,8 @@ struct Serialized {
     removals_pending: HashMap<TopicName, TopicRemoval>,
     /// Every partition's log epoch that is not 0 (`CF_LOG_EPOCHS`, read at open).
     log_epochs: HashMap<TopicPartition, LogEpoch>,
+    /// Every topic deleted at least once (`CF_TOPIC_INCARNATIONS`, read at open).
+    incarnations: HashMap<TopicName, TopicIncarnation>,
     /// The offset records this store wrote last, for the compare of the next CAS-max write: a
     /// RocksDB point read per ack was a tenth of the gateway's CPU in a broadcast to 5,000
     /// clients (perf; the memtable holds a version per ack). Exact because every change to the
@@ -97,6 +106,16 @@ impl Serialized {
     fn forget(&mut self, key: &OffsetKey) {
         self.recent.remove(key);
         self.older.remove(key);
+    }
+
+    fn log_epoch(&self, tp: &TopicPartition) -> LogEpoch {
+        self.incarnations.get(&tp.topic).copied().unwrap_or_default().floored(self.log_epochs.get(tp).copied())
+    }
+
+    /// The incarnation `topic` starts when its generation does: above every log epoch it had.
+    fn next_incarnation(&self, topic: &TopicName) -> TopicIncarnation {
+        let seen = self.log_epochs.iter().filter(|(tp, _)| tp.topic == *topic).map(|(_, l)| l.epoch).max().unwrap_or(0);
+        self.incarnations.get(topic).copied().unwrap_or_default().next(seen)
     }
 
     fn forget_topic(&mut self, topic: &TopicName) {
@@ -142,9 +161,20 @@ impl RocksOffsetStore {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         refuse_corruption(&mut opts);
-        let cfs =
-            [CF_OFFSETS, CF_BY_CLIENT, CF_DEAD_LETTERS, CF_DEAD_LETTERS_BY_CLIENT, CF_TOPIC_GENERATIONS, CF_PUBLISHES, CF_GAPS, CF_REDRIVES, CF_LOG_EPOCHS]
-                .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
+        let cfs = [
+            CF_OFFSETS,
+            CF_BY_CLIENT,
+            CF_DEAD_LETTERS,
+            CF_DEAD_LETTERS_BY_CLIENT,
+            CF_TOPIC_GENERATIONS,
+            CF_PUBLISHES,
+            CF_GAPS,
+            CF_REDRIVES,
+            CF_LOG_EPOCHS,
+            CF_TOPIC_INCARNATIONS,
+            CF_FENCES,
+        ]
+        .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let dir = data_dir.join("offsets");
         refuse_if_marked_damaged(&dir).map_err(StoreError::Io)?;
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| StoreError::Io(open_error(&dir, e)))?;
@@ -194,7 +224,19 @@ impl RocksOffsetStore {
             }
             _ => Err(StoreError::Corrupt(format!("unreadable log epoch {:?}", String::from_utf8_lossy(key)))),
         })?;
+        let mut incarnations = HashMap::new();
+        store.for_each_with_prefix(CF_TOPIC_INCARNATIONS, &[], &mut |key, value| {
+            let topic = std::str::from_utf8(key).ok().and_then(|t| TopicName::parse(t).ok());
+            match (topic, decode_incarnation(value)) {
+                (Some(topic), Some(incarnation)) => {
+                    incarnations.insert(topic, incarnation);
+                    Ok(())
+                }
+                _ => Err(StoreError::Corrupt(format!("unreadable topic incarnation {:?}", String::from_utf8_lossy(key)))),
+            }
+        })?;
         let mut serialized = store.lock_writes();
+        serialized.incarnations = incarnations;
         serialized.generations = generations;
         serialized.removals_pending = removals_pending;
         serialized.log_epochs = log_epochs;
@@ -462,6 +504,12 @@ impl RocksOffsetStore {
                     continue;
                 }
                 Some(c) => c.advanced_by(w),
+                // A write made before an operator deleted the record (its fence is above the
+                // write's epoch) never brings the old offset back.
+                None if self.fence(&w.key)?.is_some_and(|fence| w.epoch < fence) => {
+                    outcomes.push(WriteOutcome::Stale);
+                    continue;
+                }
                 None => {
                     batch.put_cf(&by_client_cf, w.key.encode_by_client(), []);
                     OffsetRecord::from_write(w)
@@ -591,12 +639,12 @@ impl OffsetStore for RocksOffsetStore {
     }
 
     fn log_epoch(&self, tp: &TopicPartition) -> Result<LogEpoch, StoreError> {
-        Ok(self.lock_writes().log_epochs.get(tp).copied().unwrap_or_default())
+        Ok(self.lock_writes().log_epoch(tp))
     }
 
     fn step_log_epoch(&self, tp: &TopicPartition, seen: u32, log_end: u64) -> Result<LogEpoch, StoreError> {
         let mut serialized = self.lock_writes();
-        let current = serialized.log_epochs.get(tp).copied().unwrap_or_default();
+        let current = serialized.log_epoch(tp);
         if current.epoch != seen {
             return Ok(current);
         }
@@ -610,7 +658,13 @@ impl OffsetStore for RocksOffsetStore {
 
     fn reset(&self, key: &OffsetKey, committed: u64, min_epoch: OffsetEpoch, now: u64) -> Result<OffsetRecord, StoreError> {
         let mut serialized = self.lock_writes();
-        let record = OffsetRecord::lowered(self.get_record(key)?.as_ref(), committed, min_epoch, now);
+        let before = self.get_record(key)?;
+        // Where an operator deleted the record, its fence stands for it.
+        let min_epoch = match before {
+            Some(_) => min_epoch,
+            None => min_epoch.max(self.fence(key)?.unwrap_or(0)),
+        };
+        let record = OffsetRecord::lowered(before.as_ref(), committed, min_epoch, now);
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_OFFSETS)?, key.encode(), record.encode());
         batch.put_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client(), []);
@@ -619,6 +673,38 @@ impl OffsetStore for RocksOffsetStore {
         self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.remember(key, record);
         Ok(record)
+    }
+
+    fn topic_incarnation(&self, topic: &TopicName) -> Result<TopicIncarnation, StoreError> {
+        Ok(self.lock_writes().incarnations.get(topic).copied().unwrap_or_default())
+    }
+
+    fn fence(&self, key: &OffsetKey) -> Result<Option<OffsetEpoch>, StoreError> {
+        let value = self.db.get_cf(&self.cf(CF_FENCES)?, key.encode()).map_err(io_err)?;
+        match value {
+            None => Ok(None),
+            Some(v) => v.as_slice().try_into().map(|b| Some(u64::from_be_bytes(b))).map_err(|_| StoreError::Corrupt(format!("unreadable fence of {key}"))),
+        }
+    }
+
+    fn remove_fenced(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+        let (offsets_cf, by_client_cf, fences_cf) = (self.cf(CF_OFFSETS)?, self.cf(CF_BY_CLIENT)?, self.cf(CF_FENCES)?);
+        let mut removed = 0;
+        for chunk in keys.chunks(REMOVE_CHUNK) {
+            let mut serialized = self.lock_writes();
+            let mut batch = WriteBatch::default();
+            for key in chunk {
+                let Some(record) = self.get_record(key)? else { continue };
+                let fence = self.fence(key)?.unwrap_or(0).max(record.epoch.saturating_add(1));
+                serialized.forget(key);
+                removed += 1;
+                batch.delete_cf(&offsets_cf, key.encode());
+                batch.delete_cf(&by_client_cf, key.encode_by_client());
+                batch.put_cf(&fences_cf, key.encode(), fence.to_be_bytes());
+            }
+            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        }
+        Ok(removed)
     }
 
     fn topic_generation(&self, topic: &TopicName) -> Result<u64, StoreError> {
@@ -647,18 +733,28 @@ impl OffsetStore for RocksOffsetStore {
             publishes += 1;
             Ok(())
         })?;
-        // A topic created again under the name starts its log epochs anew, as its offsets do.
+        // Fences of the old topic's records: its next incarnation's epoch floor is above them all.
+        let fences_cf = self.cf(CF_FENCES)?;
+        self.for_each_with_prefix(CF_FENCES, &topic_prefix(topic), &mut |key, _| {
+            batch.delete_cf(&fences_cf, key);
+            Ok(())
+        })?;
+        // After `topic_log_deleted` the generation (and incarnation) has started; only the mark goes.
+        let started = serialized.removals_pending.get(topic) == Some(&TopicRemoval::LogDeleted);
+        let incarnation = if started { serialized.incarnations.get(topic).copied().unwrap_or_default() } else { serialized.next_incarnation(topic) };
+        batch.put_cf(&self.cf(CF_TOPIC_INCARNATIONS)?, topic.as_str(), encode_incarnation(&incarnation));
+        // A topic created again under the name starts its log epochs at the incarnation's floor,
+        // above every epoch of the old one (a token or a resume map of it never counts).
         let log_epochs_cf = self.cf(CF_LOG_EPOCHS)?;
         self.for_each_with_prefix(CF_LOG_EPOCHS, &topic_prefix(topic), &mut |key, _| {
             batch.delete_cf(&log_epochs_cf, key);
             Ok(())
         })?;
-        serialized.log_epochs.retain(|tp, _| tp.topic != *topic);
-        // After `topic_log_deleted` the generation has started; only the mark goes.
-        let started = serialized.removals_pending.get(topic) == Some(&TopicRemoval::LogDeleted);
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!started);
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
         self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        serialized.log_epochs.retain(|tp, _| tp.topic != *topic);
+        serialized.incarnations.insert(topic.clone(), incarnation);
         serialized.generations.insert(topic.clone(), next);
         serialized.removals_pending.remove(topic);
         self.publishes.fetch_sub(publishes, Ordering::Relaxed);
@@ -685,8 +781,13 @@ impl OffsetStore for RocksOffsetStore {
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + 1;
         let mut value = next.to_be_bytes().to_vec();
         value.push(2);
-        self.db.put_cf_opt(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        let incarnation = serialized.next_incarnation(topic);
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value);
+        batch.put_cf(&self.cf(CF_TOPIC_INCARNATIONS)?, topic.as_str(), encode_incarnation(&incarnation));
+        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
         serialized.generations.insert(topic.clone(), next);
+        serialized.incarnations.insert(topic.clone(), incarnation);
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
         Ok(())
     }
@@ -1038,6 +1139,19 @@ fn decode_partition_key(key: &[u8]) -> Option<TopicPartition> {
     let topic = TopicName::parse(std::str::from_utf8(key.get(2..2 + len)?).ok()?).ok()?;
     let partition = key.get(2 + len..).filter(|p| p.len() == 4)?;
     Some(TopicPartition::new(topic, u32::from_be_bytes(partition.try_into().ok()?)))
+}
+
+fn encode_incarnation(incarnation: &TopicIncarnation) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    out[..8].copy_from_slice(&incarnation.id.to_be_bytes());
+    out[8..].copy_from_slice(&incarnation.epoch_floor.to_be_bytes());
+    out
+}
+
+fn decode_incarnation(value: &[u8]) -> Option<TopicIncarnation> {
+    let id = u64::from_be_bytes(value.get(..8)?.try_into().ok()?);
+    let epoch_floor = u32::from_be_bytes(value.get(8..12)?.try_into().ok()?);
+    (value.len() == 12).then_some(TopicIncarnation { id, epoch_floor })
 }
 
 fn decode_log_epoch(value: &[u8]) -> Option<LogEpoch> {

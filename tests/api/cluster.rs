@@ -14,6 +14,7 @@ fn peer_config(data: &std::path::Path, i: usize, port: u16, urls: &[String]) -> 
     config.server.listen = format!("127.0.0.1:{port}");
     config.server.instance_id = format!("gw-{i}");
     config.cluster.peers = urls.to_vec();
+    config.cluster.token_key = CLUSTER_TOKEN_KEY.into();
     config.cluster.probe_interval_ms = 100;
     config
 }

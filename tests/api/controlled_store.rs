@@ -267,6 +267,18 @@ impl OffsetStore for ControlledStore {
         self.inner.topic_generation(topic)
     }
 
+    fn topic_incarnation(&self, topic: &TopicName) -> Result<ackgate::core::offsets::TopicIncarnation, StoreError> {
+        self.inner.topic_incarnation(topic)
+    }
+
+    fn fence(&self, key: &OffsetKey) -> Result<Option<u64>, StoreError> {
+        self.inner.fence(key)
+    }
+
+    fn remove_fenced(&self, keys: &[OffsetKey]) -> Result<usize, StoreError> {
+        self.inner.remove_fenced(keys)
+    }
+
     fn remove_topic(&self, topic: &TopicName) -> Result<usize, StoreError> {
         if self.topic_removals_failing.load(Ordering::SeqCst) {
             return Err(StoreError::Io("injected: the disk failed while removing a topic's offsets".into()));

@@ -9,7 +9,6 @@ use ackgate::core::clock::{Clock, SystemClock};
 use ackgate::core::names::{ClientId, OffsetKey, TopicName};
 use ackgate::core::offsets::{OffsetStore, OffsetWrite};
 use ackgate::store::rocks::RocksOffsetStore;
-use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -28,8 +27,8 @@ async fn reset_offset(base: &str, topic: &str, client: &str, offset: u64) -> Val
     panic!("the client stayed live");
 }
 
-fn decode_token(token: &str) -> BTreeMap<String, BTreeMap<String, Value>> {
-    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap()).unwrap()
+fn decode_token(data: &std::path::Path, token: &str) -> BTreeMap<String, BTreeMap<String, Value>> {
+    open_token(&data_dir_token_key(data), token)
 }
 
 /// Item 1 over the WebSocket, as the issue tried it: a client confirmed acks up to 20, an operator
@@ -88,7 +87,7 @@ async fn an_sse_last_event_id_from_before_a_reset_does_not_undo_it() {
     publish(&gw.base, "feed", json!({"partition": 0, "payload": "eleventh"})).await;
     client.recv_type("event").await;
     let old_token = client.sse().last_event_id.clone().expect("events carry an id");
-    assert_eq!(decode_token(&old_token)["feed"]["0"], json!(10));
+    assert_eq!(decode_token(&data, &old_token)["feed"]["0"], json!(10));
     client.close().await;
 
     reset_offset(&gw.base, "feed", "bob", 3).await;
@@ -102,7 +101,7 @@ async fn an_sse_last_event_id_from_before_a_reset_does_not_undo_it() {
     publish(&gw.base, "feed", json!({"partition": 0, "payload": "twelfth"})).await;
     client.recv_type("event").await;
     let new_token = client.sse().last_event_id.clone().expect("events carry an id");
-    assert_eq!(decode_token(&new_token)["feed"]["0"], json!([7, 1]), "the id names the epoch");
+    assert_eq!(decode_token(&data, &new_token)["feed"]["0"], json!([7, 1]), "the id names the epoch");
     client.close().await;
     let mut client = TestClient::connect_sse(gw.addr(), "bob", "topics=feed", &[("last-event-id", &new_token)]).await;
     assert_eq!(client.recv_type("subscribed").await["partitions"][0]["from"], 7);
@@ -142,9 +141,10 @@ async fn a_resume_token_from_before_a_lost_log_tail_does_not_skip_the_new_events
 }
 
 /// The review's sequence: a reset (epoch 1, which the client learns), then the client's offsets
-/// deleted by an operator, then a return with its epoch-1 token: the record is written again and
-/// stays in epoch 1, so the next reset steps to 2 and fences that token. (Had the record started
-/// over at epoch 0, the next reset would be epoch 1 again and the old token would undo it.)
+/// deleted by an operator, then a return with its epoch-1 claim: the deletion's fence (epoch 2)
+/// stands for the record, so the claim counts for nothing and the next reset steps to 3, fencing
+/// every token of before. (Had the record started over at epoch 0, the next reset would be epoch 1
+/// again and the old token would undo it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_never_start_over_when_a_clients_offsets_are_deleted() {
     let (_dir, data) = temp_dir();
@@ -154,16 +154,22 @@ async fn epochs_never_start_over_when_a_clients_offsets_are_deleted() {
     assert_eq!(reset_offset(&gw.base, "orders", "bob", 5).await["committed"], 5);
     let deleted = http().delete(format!("{}/admin/offsets/orders/bob", gw.base)).send().await.unwrap();
     assert_eq!(deleted.status(), 200);
+    // The deletion left a fence above the reset's epoch (issue 55, item 4): a claim of epoch 1
+    // has no record to be clamped to and counts for nothing; the record starts again in epoch 2.
     let mut client = TestClient::connect(gw.addr(), "bob").await;
     let subscribed = client.subscribe("orders", json!({"resume": {"0": 8}, "epochs": {"0": 1}})).await;
-    assert_eq!((subscribed["partitions"][0]["from"].as_u64(), subscribed["partitions"][0]["epoch"].as_u64()), (Some(8), Some(1)), "{subscribed}");
+    assert_eq!((subscribed["partitions"][0]["from"].as_u64(), subscribed["partitions"][0]["epoch"].as_u64()), (Some(0), Some(2)), "{subscribed}");
+    assert_eq!((subscribed["resume"].as_str(), subscribed["resume_reason"].as_str()), (Some("refused"), Some("invalid")), "{subscribed}");
+    let token = subscribed["token"].as_str().unwrap().to_string();
     client.close().await;
     let row = reset_offset(&gw.base, "orders", "bob", 2).await;
-    assert_eq!(row["committed"], 2);
-    let mut client = TestClient::connect(gw.addr(), "bob").await;
-    let subscribed = client.subscribe("orders", json!({"resume": {"0": 15}, "epochs": {"0": 1}})).await;
-    assert_eq!((subscribed["partitions"][0]["from"].as_u64(), subscribed["partitions"][0]["epoch"].as_u64()), (Some(2), Some(2)), "{subscribed}");
-    client.close().await;
+    assert_eq!((row["committed"].as_u64(), row["epoch"].as_u64()), (Some(2), Some(3)), "{row}");
+    for resume in [json!({"0": 15}), json!(token)] {
+        let mut client = TestClient::connect(gw.addr(), "bob").await;
+        let subscribed = client.subscribe("orders", json!({ "resume": resume, "epochs": {"0": 2} })).await;
+        assert_eq!((subscribed["partitions"][0]["from"].as_u64(), subscribed["partitions"][0]["epoch"].as_u64()), (Some(2), Some(3)), "{resume}: {subscribed}");
+        client.close().await;
+    }
     gw.stop().await;
 }
 

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -281,6 +280,7 @@ async fn a_member_that_subscribes_on_another_instance_is_sent_to_the_groups_inst
         config.server.listen = format!("127.0.0.1:{port}");
         config.server.instance_id = format!("gw-{i}");
         config.cluster.peers = urls.clone();
+        config.cluster.token_key = CLUSTER_TOKEN_KEY.into();
         config.cluster.probe_interval_ms = 100;
         gateways.push(InProcess::start(config).await);
         dirs.push(dir);
@@ -444,8 +444,7 @@ async fn an_sse_member_joins_with_group_in_its_url_and_its_event_ids_carry_the_g
     wait_for("an event id naming the group's floor", async || {
         let _ = sse.try_recv(Duration::from_millis(100)).await;
         let Some(token) = sse.sse().last_event_id.clone() else { return false };
-        let decoded: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap()).unwrap();
-        decoded["ssegroup"]["0"] == 20
+        open_token(&data_dir_token_key(&data), &token)["ssegroup"]["0"] == 20
     })
     .await;
     gw.stop().await;

@@ -34,6 +34,7 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     let mut config = test_config(&data_b);
     config.server.drain_ms = 500;
     config.cluster.peers = vec![a.base.clone()];
+    config.cluster.token_key = CLUSTER_TOKEN_KEY.into();
     let b = InProcess::start(config).await;
     // C checks JWTs and warns 2 s before one expires.
     let (_dir_c, data_c) = temp_dir();

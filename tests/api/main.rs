@@ -35,6 +35,7 @@ mod process;
 mod prometheus;
 mod reload;
 mod restart;
+mod resume_tokens;
 mod reverse_proxy;
 mod rocketmq;
 mod rocketmq_broker;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
-use ackgate::core::offsets::{LogEpoch, OffsetStore, OffsetWrite, WriteOutcome};
+use ackgate::core::offsets::{LogEpoch, OffsetStore, OffsetWrite, TopicIncarnation, WriteOutcome};
 use ackgate::store::memory::MemoryOffsetStore;
 use ackgate::store::rocks::RocksOffsetStore;
 use proptest::prelude::*;
@@ -136,6 +136,8 @@ enum Change {
     Reset(u8, u64),
     Touch(u8),
     Remove(u8),
+    /// An operator's deletion (it leaves a fence).
+    RemoveFenced(u8),
     /// Retention's removal of a record unchanged since it was read.
     RemoveUnchanged(u8),
     RemoveTopic(u8),
@@ -147,6 +149,7 @@ fn changes() -> impl Strategy<Value = Vec<Change>> {
         1 => (0u8..9, 0u64..50).prop_map(|(k, c)| Change::Reset(k, c)),
         1 => (0u8..9).prop_map(Change::Touch),
         1 => (0u8..9).prop_map(Change::Remove),
+        1 => (0u8..9).prop_map(Change::RemoveFenced),
         1 => (0u8..9).prop_map(Change::RemoveUnchanged),
         1 => (0u8..9).prop_map(Change::RemoveTopic),
     ];
@@ -169,6 +172,7 @@ fn apply(store: &dyn OffsetStore, change: &Change, now: u64) -> String {
         Change::Reset(k, c) => format!("{:?}", store.reset(&key(*k), *c, 0, now).unwrap()),
         Change::Touch(k) => format!("{:?}", store.touch(&[key(*k)], now).unwrap()),
         Change::Remove(k) => format!("{:?}", store.remove(&[key(*k)]).unwrap()),
+        Change::RemoveFenced(k) => format!("{:?} {:?}", store.remove_fenced(&[key(*k)]).unwrap(), store.fence(&key(*k)).unwrap()),
         Change::RemoveUnchanged(k) => {
             let seen = store.read(&key(*k)).unwrap().map_or(0, |r| r.updated_at);
             format!("{:?}", store.remove_unchanged(&[(key(*k), seen)]).unwrap())
@@ -290,11 +294,61 @@ fn a_log_epoch_steps_once_per_loss_and_survives_a_reopen() {
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
     assert_eq!(rocks.log_epoch(&tp(0)).unwrap(), LogEpoch { epoch: 2, log_end: 2 });
     assert_eq!(rocks.log_epoch(&tp(1)).unwrap(), LogEpoch { epoch: 1, log_end: u64::MAX });
+    let mut ids = Vec::new();
     for store in [&rocks as &dyn OffsetStore, &memory] {
+        assert_eq!(store.topic_incarnation(&tp(0).topic).unwrap(), TopicIncarnation::default(), "never deleted: the first incarnation");
         store.remove_topic(&tp(0).topic).unwrap();
-        assert_eq!(store.log_epoch(&tp(0)).unwrap(), LogEpoch::default(), "a topic created again starts anew");
+        // A topic created again is a new incarnation whose every partition's log epoch is above
+        // all the old topic had (issue 55: nothing made under it outranks the new one).
+        let incarnation = store.topic_incarnation(&tp(0).topic).unwrap();
+        assert_eq!(incarnation.epoch_floor, 3, "one above the old topic's highest log epoch (2)");
+        assert_ne!(incarnation.id, 0);
+        ids.push(incarnation.id);
+        for p in [0, 1, 7] {
+            assert_eq!(store.log_epoch(&tp(p)).unwrap(), LogEpoch { epoch: 3, log_end: 0 }, "partition {p}");
+        }
+        assert_eq!(store.step_log_epoch(&tp(0), 3, 9).unwrap(), LogEpoch { epoch: 4, log_end: 9 }, "a loss in the new topic steps from its floor");
+        assert_eq!(store.step_log_epoch(&tp(1), 0, 9).unwrap(), LogEpoch { epoch: 3, log_end: 0 }, "a reader of the old topic's epoch steps nothing");
     }
     drop(rocks);
     let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
-    assert_eq!(rocks.log_epoch(&tp(1)).unwrap(), LogEpoch::default());
+    assert_eq!(rocks.log_epoch(&tp(1)).unwrap(), LogEpoch { epoch: 3, log_end: 0 }, "the floor survives a reopen");
+    assert_eq!(rocks.log_epoch(&tp(0)).unwrap(), LogEpoch { epoch: 4, log_end: 9 });
+    assert_eq!(rocks.topic_incarnation(&tp(0).topic).unwrap().id, ids[0]);
+    rocks.remove_topic(&tp(0).topic).unwrap();
+    let next = rocks.topic_incarnation(&tp(0).topic).unwrap();
+    assert_eq!(next.epoch_floor, 5);
+    assert_ne!(next.id, ids[0], "each deletion a new id");
+}
+
+/// An operator's deletion of a record leaves a fence (issue 55, item 4): a write made before it
+/// never brings the old offset back, a reset after it steps above it, and it outlives a reopen.
+#[test]
+fn a_deleted_record_leaves_a_fence_that_outlives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryOffsetStore::new();
+    let k = key(0);
+    let write = |committed, epoch| OffsetWrite { key: k.clone(), committed, last_acked: None, updated_at: 1, generation: 0, epoch };
+    {
+        let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+        for store in [&rocks as &dyn OffsetStore, &memory] {
+            assert_eq!(store.fence(&k).unwrap(), None);
+            store.write_offsets(&[write(20, 0)]).unwrap();
+            assert_eq!(store.reset(&k, 5, 0, 2).unwrap().epoch, 1);
+            assert_eq!(store.remove_fenced(&[k.clone(), key(3)]).unwrap(), 1, "only the key that had a record counts");
+            assert_eq!(store.read(&k).unwrap(), None);
+            assert_eq!(store.fence(&k).unwrap(), Some(2), "one above the deleted record's epoch");
+            assert_eq!(store.fence(&key(3)).unwrap(), None, "no record, no fence");
+            assert_eq!(store.write_offsets(&[write(20, 1)]).unwrap(), vec![WriteOutcome::Stale], "a write of before the deletion");
+            assert_eq!(store.read(&k).unwrap(), None);
+        }
+    }
+    let rocks = RocksOffsetStore::open(dir.path(), false).unwrap();
+    assert_eq!(rocks.fence(&k).unwrap(), Some(2), "durable");
+    for store in [&rocks as &dyn OffsetStore, &memory] {
+        assert_eq!(store.reset(&k, 3, 0, 3).unwrap().epoch, 2, "a reset of a deleted record steps from its fence");
+        assert_eq!(store.write_offsets(&[write(9, 2)]).unwrap(), vec![WriteOutcome::Advanced]);
+        store.remove_topic(&k.topic).unwrap();
+        assert_eq!(store.fence(&k).unwrap(), None, "the topic's fences go with it (its incarnation's floor is above them)");
+    }
 }

@@ -114,16 +114,18 @@ async fn delivery_over_sse() {
     delivery_body(Transport::Sse).await;
 }
 
-fn decode_token(token: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
-    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap()).unwrap()
+/// An event id's floors (every epoch 0 here), opened with `key`.
+fn decode_token(key: &ackgate::core::resume_token::TokenKey, token: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+    open_token(key, token).into_iter().map(|(t, floors)| (t, floors.into_iter().map(|(p, o)| (p, o.as_u64().expect("epoch 0"))).collect())).collect()
 }
 
 fn encode_token(token: &Value) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
 }
 
-/// Every event's id is the durable committed offsets; a reconnect with it as `Last-Event-ID`
-/// starts each partition at the larger of it and the stored offset; a bad one is 400.
+/// Every event's id is a token naming the durable committed offsets; a reconnect with it as
+/// `Last-Event-ID` starts each partition at the larger of it and the stored offset; a bad one is
+/// refused (never 400: EventSource would retry the same one forever) and the stored offset applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
     let (_dir, data) = temp_dir();
@@ -143,7 +145,7 @@ async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
     publish_numbered(&gw.base, "r", 1, 0, 1).await;
     client.recv_type("event").await;
     let token = client.sse().last_event_id.clone().expect("event messages carry an id");
-    assert_eq!(decode_token(&token), BTreeMap::from([("r".to_string(), BTreeMap::from([("0".to_string(), 2)]))]));
+    assert_eq!(decode_token(&data_dir_token_key(&data), &token), BTreeMap::from([("r".to_string(), BTreeMap::from([("0".to_string(), 2)]))]));
     client.close().await;
 
     // What EventSource does when the stream breaks: the same URL with Last-Event-ID.
@@ -159,16 +161,24 @@ async fn event_ids_are_resume_tokens_and_last_event_id_resumes() {
     assert_eq!(client.recv_type("event").await["offset"], 4);
     client.close().await;
 
-    for (query, header) in [("topics=r", "not base64!"), ("topics=r", "bnVsbA"), ("topics=r&resume=eyJyIjp7IngiOjF9fQ", ""), ("topics=r&from=middle", "")] {
+    // (The token ahead above moved the stored offset to 4.)
+    for (query, header) in
+        [("topics=r", "not base64!"), ("topics=r", "bnVsbA"), ("topics=r&resume=eyJyIjp7IngiOjF9fQ", ""), ("topics=r", "r1.AAAAAAAAAAAAAAAAAAAAAAAAAAAA")]
+    {
         let headers: Vec<(&str, &str)> = if header.is_empty() { vec![] } else { vec![("last-event-id", header)] };
-        let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "resumer", query, &headers).await else {
-            panic!("{query} / {header} was accepted");
-        };
-        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{query} / {header}: {body}");
+        let mut client = TestClient::try_connect_sse(gw.addr(), "resumer", query, &headers).await.unwrap_or_else(|e| panic!("{query} / {header}: {e:?}"));
+        let subscribed = client.recv_type("subscribed").await;
+        assert_eq!(
+            (subscribed["partitions"][0]["from"].as_u64(), subscribed["resume"].as_str(), subscribed["resume_reason"].as_str()),
+            (Some(4), Some("refused"), Some("invalid")),
+            "{query} / {header}: {subscribed}"
+        );
+        client.close().await;
     }
+    let Err((status, body)) = TestClient::try_connect_sse(gw.addr(), "resumer", "topics=r&from=middle", &[]).await else { panic!("from=middle was accepted") };
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
     // Issue 40, item 12 (schemathesis found it): an empty `resume=` or an empty Last-Event-ID is
     // no token at all (400 before), and the stored offset applies.
-    // (The token ahead above moved the stored offset to 4.)
     for (query, header) in [("topics=r&resume=", None), ("topics=r", Some("")), ("topics=r&resume=", Some(""))] {
         let headers: Vec<(&str, &str)> = header.map(|h| ("last-event-id", h)).into_iter().collect();
         let mut client = TestClient::try_connect_sse(gw.addr(), "resumer", query, &headers).await.unwrap_or_else(|e| panic!("{query} / {header:?}: {e:?}"));
@@ -291,7 +301,8 @@ async fn sigkill_then_resume(env: &[(&str, &str)], to_another_instance: bool) {
     }
     let token = client.sse().last_event_id.clone().unwrap();
     gw.kill9();
-    let floor: BTreeMap<u32, u64> = decode_token(&token)["k"].iter().map(|(p, o)| (p.parse().unwrap(), *o)).collect();
+    let key = if to_another_instance { cluster_token_key() } else { data_dir_token_key(&data) };
+    let floor: BTreeMap<u32, u64> = decode_token(&key, &token)["k"].iter().map(|(p, o)| (p.parse().unwrap(), *o)).collect();
     assert!(floor.values().sum::<u64>() > 0, "acks were durable before the kill: {floor:?}");
 
     let next = if to_another_instance { Process::start(&data_b, env) } else { Process::start(&data, env) };
@@ -316,7 +327,12 @@ async fn an_sse_client_resumes_after_sigkill_on_the_restarted_gateway() {
 async fn an_sse_client_resumes_after_sigkill_on_another_instance_on_kafka() {
     let broker = TestBroker::start();
     let bootstrap = broker.bootstrap();
-    sigkill_then_resume(&[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap)], true).await;
+    // The two instances share a resume token key, as a cluster's do.
+    sigkill_then_resume(
+        &[("ACKGATE_STORAGE__BACKEND", "kafka"), ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap), ("ACKGATE_CLUSTER__TOKEN_KEY", CLUSTER_TOKEN_KEY)],
+        true,
+    )
+    .await;
 }
 
 /// A page of another site cannot open a stream as any client (the exposure rule of `/ws`), nor
@@ -437,11 +453,12 @@ async fn an_event_id_names_a_topic_subscribed_a_moment_ago() {
     publish_numbered(&gw.base, "second", 1, 0, 0).await;
     let mut client = TestClient::connect_sse(gw.addr(), "grower", "topics=first", &[]).await;
     client.recv_type("event").await;
-    assert_eq!(decode_token(client.sse().last_event_id.as_ref().unwrap()).keys().collect::<Vec<_>>(), vec!["first"]);
+    let key = data_dir_token_key(&data);
+    assert_eq!(decode_token(&key, client.sse().last_event_id.as_ref().unwrap()).keys().collect::<Vec<_>>(), vec!["first"]);
     client.subscribe("second", json!({})).await;
     publish_numbered(&gw.base, "second", 1, 0, 1).await;
     client.recv_type("event").await;
-    let token = decode_token(client.sse().last_event_id.as_ref().unwrap());
+    let token = decode_token(&key, client.sse().last_event_id.as_ref().unwrap());
     assert_eq!(token.get("second"), Some(&BTreeMap::from([("0".to_string(), 0)])), "{token:?}");
     client.close().await;
     gw.stop().await;

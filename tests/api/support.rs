@@ -21,6 +21,33 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 /// How long a test waits for any one thing before failing (never a measured duration).
 pub const WAIT: Duration = Duration::from_secs(10);
+/// `cluster.token_key` of every test cluster (its instances verify each other's resume tokens).
+pub const CLUSTER_TOKEN_KEY: &str = "ackgate-test-cluster-token-key-0123456789";
+
+/// The resume token key of the gateway whose data dir is `data` (made at its first start).
+pub fn data_dir_token_key(data: &Path) -> ackgate::core::resume_token::TokenKey {
+    ackgate::core::resume_token::TokenKey::load_or_create(data).unwrap()
+}
+
+/// The resume token key of the test clusters (`CLUSTER_TOKEN_KEY`).
+pub fn cluster_token_key() -> ackgate::core::resume_token::TokenKey {
+    ackgate::core::resume_token::TokenKey::new(CLUSTER_TOKEN_KEY.as_bytes())
+}
+
+/// What an issued resume token names, opened with `key`: topic -> partition -> offset, or
+/// `[offset, epoch]` where the epoch is not 0.
+pub fn open_token(key: &ackgate::core::resume_token::TokenKey, token: &str) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, Value>> {
+    let opened = key.open(token).unwrap_or_else(|refusal| panic!("token {token} refused: {refusal:?}"));
+    opened
+        .topics
+        .into_iter()
+        .map(|t| {
+            let floors =
+                t.partitions.into_iter().map(|(p, r)| (p.to_string(), if r.epoch == 0 { json!(r.offset) } else { json!([r.offset, r.epoch]) })).collect();
+            (t.topic, floors)
+        })
+        .collect()
+}
 
 pub fn test_config(data_dir: &Path) -> Config {
     let mut config = Config::default();
@@ -633,6 +660,7 @@ impl KafkaCluster {
             ("ACKGATE_STORAGE__BACKEND", "kafka"),
             ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", self.bootstrap.as_str()),
             ("ACKGATE_CLUSTER__PEERS", self.peers.as_str()),
+            ("ACKGATE_CLUSTER__TOKEN_KEY", CLUSTER_TOKEN_KEY),
             ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
         ];
         env.extend_from_slice(extra);

@@ -308,6 +308,7 @@ async fn the_console_follows_a_takeover_in_a_real_browser() {
         ("ACKGATE_STORAGE__BACKEND", "kafka"),
         ("ACKGATE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
         ("ACKGATE_CLUSTER__PEERS", peers.as_str()),
+        ("ACKGATE_CLUSTER__TOKEN_KEY", CLUSTER_TOKEN_KEY),
         ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200"),
     ];
     let (_a_dir, a_data) = temp_dir();

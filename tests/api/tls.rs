@@ -198,6 +198,7 @@ async fn instances_serving_tls_probe_each_other_over_https() {
             ("ACKGATE_SERVER__TLS_KEY", key.display().to_string()),
             ("ACKGATE_SERVER__PUBLIC_URL", urls[i].clone()),
             ("ACKGATE_CLUSTER__PEERS", peers),
+            ("ACKGATE_CLUSTER__TOKEN_KEY", CLUSTER_TOKEN_KEY.to_string()),
             ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200".to_string()),
             ("ACKGATE_CLUSTER__CA_FILE", ca_file.to_string()),
         ];

@@ -672,7 +672,9 @@ test("members of a shared subscription split the events, each acked once, and th
   assert.ok([...seen.values()].every((names) => names.length === 1), "each event once");
   const names = new Set([...seen.values()].flat());
   assert.deepEqual([...names].sort(), ["one", "two"], "both members got a share");
-  await until("the group's floor in the token", () => one.resumeToken("js-shared")[0] === 40 || two.resumeToken("js-shared")[0] === 40);
+  await until("the group's floor in the group's token", () => one.resumeToken("js-shared", "pages")[0] === 40 || two.resumeToken("js-shared", "pages")[0] === 40);
+  assert.deepEqual(one.resumeToken("js-shared"), {}, "the group's floor is not the client's own");
+  assert.ok(one.issuedToken("js-shared", "pages")?.startsWith("r1."), "the group's token the gateway issued");
   const group = await call("GET", `${A}/admin/groups/js-shared/pages`);
   assert.equal(group.partitions[0].committed, 40);
   one.close();

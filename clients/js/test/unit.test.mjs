@@ -387,7 +387,7 @@ test("the client's internals are private: its public surface is its methods and 
   assert.deepEqual(Object.keys(client), []);
   for (const name of ["url", "options", "transport", "pending", "queue", "inFlight", "subscriptions", "committed"]) assert.equal(client[name], undefined, name);
   const surface = Object.getOwnPropertyNames(AckgateClient.prototype).sort();
-  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
+  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "issuedToken", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
   assert.throws(() => (client.state = "connected"), TypeError);
   client.close();
 });

@@ -273,6 +273,7 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
         if let Some(broker) = &broker {
             env.extend(broker.gateway_env());
             env.push(("ACKGATE_CLUSTER__PEERS".into(), serde_json::to_string(&urls)?));
+            env.push(("ACKGATE_CLUSTER__TOKEN_KEY".into(), crate::CLUSTER_TOKEN_KEY.into()));
             env.push(("ACKGATE_CLUSTER__PROBE_INTERVAL_MS".into(), "500".into()));
         }
         let clock = temp.path().join(format!("clock-{i}"));

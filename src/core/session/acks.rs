@@ -11,14 +11,15 @@ use tokio::time::Instant;
 
 use super::{Session, Waiting};
 use crate::core::ack_tracker::AckEffect;
-use crate::core::client_state::{DeliveryRef, EventRef};
+use crate::core::client_state::{ClientState, DeliveryRef, EventRef};
 use crate::core::dead_letters::DeadLetter;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
 use crate::core::offset_writer::WriteRequest;
 use crate::core::offsets::{LogEpoch, OffsetWrite, StoreError};
-use crate::core::protocol::{ErrorCode, FrameError, ServerFrame};
+use crate::core::protocol::{ErrorCode, FrameError, ResumeOffset, ServerFrame};
 use crate::core::redelivery::RedeliveryPolicy;
+use crate::core::resume_token::Holder;
 use crate::core::trace::{export_acked, AckedDelivery, Tracer};
 
 impl Session {
@@ -47,6 +48,8 @@ impl Session {
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         // The floors a confirmed ack reports, remembered once its `ack_ok` went out (`told`).
         let mut reported: Vec<(TopicPartition, u64)> = Vec::new();
+        // Per topic a confirmed ack touched: its incarnation and every partition's floor.
+        let mut tokens: Vec<(TopicName, u64, BTreeMap<u32, ResumeOffset>)> = Vec::new();
         // A confirmed ack writes (and answers) on its own; the others join the batch submitted
         // once per burst of frames (`submit_acked`).
         let (mut confirmed_writes, mut confirmed_broker_acks) = (Vec::new(), Vec::new());
@@ -147,6 +150,20 @@ impl Session {
                 if req.is_some() {
                     committed.entry(tp.topic.to_string()).or_default().insert(tp.partition.to_string(), tracker.floor());
                     reported.push((tp.clone(), tracker.floor()));
+                } else if tracker.floor() != before.0 {
+                    // A moved floor no `ack_ok` carries: a `progress` frame will.
+                    self.tokens_due.insert(tp.topic.clone());
+                }
+            }
+            // Each topic's token as of this ack: every partition's floor, durable once the
+            // writes below are (the writer applies requests in order).
+            if req.is_some() {
+                for (tp, _) in &touched {
+                    if !tokens.iter().any(|(topic, ..)| *topic == tp.topic) {
+                        if let Some((incarnation, floors)) = self.token_floors(&client, &tp.topic) {
+                            tokens.push((tp.topic.clone(), incarnation, floors));
+                        }
+                    }
                 }
             }
         }
@@ -169,7 +186,8 @@ impl Session {
         if let Some(req) = req {
             // Boxed, as every rare await of a session (see `on_text`).
             self.confirms = true;
-            Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, committed, reported, unknown.is_empty())).await?;
+            Box::pin(self.confirm_ack(req, confirmed_writes, confirmed_broker_acks, Reported { committed, floors: reported, tokens }, unknown.is_empty()))
+                .await?;
         }
         if unknown.is_empty() {
             Ok(())
@@ -185,20 +203,70 @@ impl Session {
         req: Value,
         writes: Vec<OffsetWrite>,
         broker_acks: Vec<(TopicPartition, u64)>,
-        committed: BTreeMap<String, BTreeMap<String, u64>>,
-        reported: Vec<(TopicPartition, u64)>,
+        reported: Reported,
         all_known: bool,
     ) -> Result<(), FrameError> {
         self.submit_acked().await;
         self.d.writer.write_durably(writes, broker_acks).await.map_err(|e| FrameError::unavailable("the offset store", e))?;
         if all_known {
-            self.send(ServerFrame::AckOk { req, committed });
+            let Reported { committed, floors: reported, tokens } = reported;
+            let holder = Holder::of(&self.info.client_id);
+            let tokens = tokens
+                .into_iter()
+                .map(|(topic, incarnation, floors)| {
+                    self.tokens_due.remove(&topic);
+                    (topic.to_string(), self.d.issue_resume_token(holder.clone(), [(topic, incarnation, floors)]))
+                })
+                .collect();
+            self.send(ServerFrame::AckOk { req, committed, tokens });
             for (tp, floor) in reported {
                 let told = self.told.entry(tp).or_default();
                 *told = (*told).max(floor);
             }
         }
         Ok(())
+    }
+
+    /// The incarnation and every partition's floor (with its offset epoch) of the session's
+    /// subscription to `topic`, as a resume token names them; `None` when it has none.
+    pub(super) fn token_floors(&self, client: &ClientState, topic: &TopicName) -> Option<(u64, BTreeMap<u32, ResumeOffset>)> {
+        let subscription = self.subscriptions.get(topic)?;
+        let floors = (0..subscription.partitions)
+            .filter_map(|p| {
+                let tracker = client.trackers.get(&TopicPartition::new(topic.clone(), p))?;
+                Some((p, ResumeOffset { offset: tracker.floor(), epoch: tracker.offset_epoch }))
+            })
+            .collect();
+        Some((subscription.incarnation, floors))
+    }
+
+    /// Sends `progress` with fresh tokens of the topics whose floors moved since the last token
+    /// (acks without `req`), at most every `delivery.progress_interval_ms`, once those floors are
+    /// durable.
+    pub(super) async fn send_progress(&mut self) {
+        let interval = self.d.settings().progress_interval;
+        if interval.is_zero() || self.tokens_due.is_empty() || self.progress_sent.is_some_and(|at| at.elapsed() < interval) {
+            return;
+        }
+        self.submit_acked().await;
+        if self.d.writer.barrier().await.is_err() {
+            return;
+        }
+        let due: Vec<TopicName> = self.tokens_due.drain().collect();
+        let holder = Holder::of(&self.info.client_id);
+        let tokens: BTreeMap<String, String> = {
+            let client = self.client.lock().unwrap();
+            due.into_iter()
+                .filter_map(|topic| {
+                    let (incarnation, floors) = self.token_floors(&client, &topic)?;
+                    Some((topic.to_string(), self.d.issue_resume_token(holder.clone(), [(topic, incarnation, floors)])))
+                })
+                .collect()
+        };
+        self.progress_sent = Some(tokio::time::Instant::now());
+        if !tokens.is_empty() {
+            self.send(ServerFrame::Progress { tokens });
+        }
     }
 
     /// Submits the writes of acks without `req` collected so far (one request per batch of frames).
@@ -413,4 +481,13 @@ impl Session {
 
 fn forbidden(topic: &TopicName) -> FrameError {
     FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}"))
+}
+
+/// What a confirmed ack's `ack_ok` reports once its writes are durable.
+struct Reported {
+    committed: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The floors it tells the client (`Session::told`).
+    floors: Vec<(TopicPartition, u64)>,
+    /// Per topic touched: its incarnation and every partition's floor, for its token.
+    tokens: Vec<(TopicName, u64, BTreeMap<u32, ResumeOffset>)>,
 }

@@ -17,7 +17,8 @@ use crate::core::dispatcher::Dispatcher;
 use crate::core::group::{GroupHandle, HubEnds, HubStarter, MemberLink, Settled};
 use crate::core::names::{ClientId, GroupName, TopicName};
 use crate::core::offsets::OffsetFilter;
-use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, ResumeOffset, ServerFrame, StartFrom};
+use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, Resume, ServerFrame, StartFrom};
+use crate::core::resume_token::{Holder, Refusal};
 use crate::core::session_control::GroupMessage;
 use crate::core::session_registry::Transport;
 use crate::core::transport::{Inbound, Outbound};
@@ -91,7 +92,7 @@ impl Session {
         &mut self,
         topic: &str,
         from: StartFrom,
-        resume: &BTreeMap<u32, ResumeOffset>,
+        resume: &Resume,
         join: GroupJoin,
         req: Option<Value>,
     ) -> Result<(), FrameError> {
@@ -134,9 +135,32 @@ impl Session {
                 false => named,
             },
         };
+        // A group's floor moves only through its members' acks and tokens issued to the group:
+        // a client's own token or map, or another group's token, is refused (and never joins).
+        let (floors, outcome) = match resume {
+            Resume::None => (BTreeMap::new(), None),
+            Resume::Claimed(_) => (BTreeMap::new(), Some(Err(Refusal::OtherGroup))),
+            Resume::Token(text) => match self.d.open_resume_token(text, &Holder::Group(group.to_string()), &topic) {
+                Ok(floors) => (floors, Some(Ok(()))),
+                Err(refusal) => (BTreeMap::new(), Some(Err(refusal))),
+            },
+        };
+        if let Some(Err(refusal)) = outcome {
+            tracing::info!(client_id = %self.info.client_id, %topic, %group, reason = refusal.as_str(), "resume token refused for a shared subscription: the group goes on from its floor");
+        }
         let groups = self.d.groups.clone();
-        let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, resume, link).await?;
+        let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, &floors, link).await?;
         subscribed["group"] = Value::from(group.as_str());
+        if let Some(frame) = subscribed.as_object_mut() {
+            frame.remove("resume");
+            frame.remove("resume_reason");
+            if let Some(outcome) = outcome {
+                frame.insert("resume".into(), Value::from(if outcome.is_ok() { "applied" } else { "refused" }));
+                if let Err(refusal) = outcome {
+                    frame.insert("resume_reason".into(), Value::from(refusal.as_str()));
+                }
+            }
+        }
         match req {
             Some(req) => subscribed["req"] = req,
             None => {

@@ -64,6 +64,9 @@ struct Subscription {
     partitions: u32,
     wanted: u32,
     cancel: CancellationToken,
+    /// The topic's incarnation when subscribed: what its resume tokens bind (a deletion of the
+    /// topic ends the subscription).
+    incarnation: u64,
 }
 
 /// Why an in-flight event's deadline is a pause (`Session::waiting`).
@@ -121,6 +124,10 @@ struct Session {
     /// Per partition, the floor the client was last told (`subscribed`'s `from`, `ack_ok`'s
     /// `committed`): what its resume token holds. Kept for the drain's settle.
     told: FastMap<TopicPartition, u64>,
+    /// Topics whose floors moved since the last resume token the client was sent (`progress`).
+    tokens_due: crate::core::FastSet<TopicName>,
+    /// When the last `progress` frame went out.
+    progress_sent: Option<Instant>,
     /// The client sent an ack with `req` at least once: it builds its token from `ack_ok`s, so
     /// a settling session waits for one that covers its acks too.
     confirms: bool,
@@ -184,6 +191,8 @@ pub async fn run_session<I, O>(
         redrives: None,
         subscribes_in_second: (Instant::now(), 0),
         told: FastMap::default(),
+        tokens_due: Default::default(),
+        progress_sent: None,
         confirms: false,
         settling: None,
         refresh_notice_at: None,
@@ -308,6 +317,9 @@ pub async fn run_session<I, O>(
             _ = slow_check.tick() => {
                 if s.subscriptions.values().any(|sub| sub.wanted > sub.partitions) {
                     Box::pin(s.grow_subscriptions()).await;
+                }
+                if !s.tokens_due.is_empty() {
+                    Box::pin(s.send_progress()).await;
                 }
                 match s.check_peer() {
                     Step::Continue => s.check_window(),

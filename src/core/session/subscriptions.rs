@@ -18,11 +18,14 @@ use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{LogEpoch, OffsetFilter};
-use crate::core::protocol::{close_code, write_event_frame, ErrorCode, FrameError, GapRange, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
-use crate::core::subscription_plan::StartPoint;
+use crate::core::protocol::{
+    close_code, write_event_frame, ErrorCode, FrameError, GapRange, Resume, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition,
+};
+use crate::core::resume_token::{Holder, Refusal};
+use crate::core::subscription_plan::{ResumeFloors, StartPoint};
 
 impl Session {
-    pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &BTreeMap<u32, ResumeOffset>, req: Option<Value>) -> Result<(), FrameError> {
+    pub(super) async fn subscribe(&mut self, topic: &str, from: StartFrom, resume: &Resume, req: Option<Value>) -> Result<(), FrameError> {
         let topic = TopicName::parse(topic).map_err(|e| FrameError::new(ErrorCode::InvalidName, e.0))?;
         if !self.access.allows(topic.as_str()) {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
@@ -47,12 +50,38 @@ impl Session {
         // Read before the plan reads the log's bounds: a truncation found after this is one the
         // plan may not have seen, so the feeders must hear of it.
         let truncations = self.d.readers.truncations();
-        // No token, and no record here: the client's records at the peers stand in for its token.
-        let from_peers = match (resume.is_empty(), from) {
-            (true, StartFrom::Committed) => self.records_at_peers(&topic).await,
+        let holder = Holder::of(&self.info.client_id);
+        let (floors, claimed, mut outcome) = match resume {
+            Resume::None => (BTreeMap::new(), false, None),
+            // A group's hub subscribes with the floors its members' verified group tokens named.
+            Resume::Claimed(floors) if self.is_hub() => (floors.clone(), false, None),
+            Resume::Claimed(floors) => (floors.clone(), true, Some(Ok(()))),
+            Resume::Token(text) => match self.d.open_resume_token(text, &holder, &topic) {
+                Ok(floors) => (floors, false, Some(Ok(()))),
+                Err(refusal) => {
+                    tracing::info!(client_id = %self.info.client_id, %topic, reason = refusal.as_str(), "resume token refused: starting from the stored offsets");
+                    (BTreeMap::new(), false, Some(Err(refusal)))
+                }
+            },
+        };
+        // No token applied, and no record here: the client's records at the peers stand in for
+        // it. A claim (the older map) is clamped to them as to a record here: within a record's
+        // epoch, never above it.
+        let from_peers = match (floors.is_empty(), claimed, from) {
+            (true, _, StartFrom::Committed) => self.records_at_peers(&topic).await,
+            (false, true, StartFrom::Committed) => self.records_at_peers(&topic).await.map(|records| {
+                let (clamped, all_applied) = clamp_claim(&floors, records);
+                if !all_applied {
+                    outcome = Some(Err(Refusal::Invalid));
+                }
+                clamped
+            }),
             _ => None,
         };
-        let resume = from_peers.as_ref().unwrap_or(resume);
+        let resume = match &from_peers {
+            Some(records) => ResumeFloors { floors: records, claimed: false },
+            None => ResumeFloors { floors: &floors, claimed },
+        };
         let starts = match self.d.plan_subscription(&self.info.client_id, &self.client, &topic, from, resume, epoch, 0).await {
             Ok(starts) => starts,
             Err(e) => {
@@ -73,6 +102,14 @@ impl Session {
         for start in &starts {
             self.told.insert(TopicPartition::new(topic.clone(), start.partition), start.from);
         }
+        if claimed && starts.iter().any(|s| s.claim_refused) {
+            outcome = Some(Err(Refusal::Invalid));
+        }
+        let incarnation = self.d.incarnation_id(&topic);
+        let token = self.d.issue_resume_token(
+            holder,
+            [(topic.clone(), incarnation, starts.iter().map(|s| (s.partition, ResumeOffset { offset: s.from, epoch: s.epoch })).collect())],
+        );
         self.send(ServerFrame::Subscribed {
             topic: topic.to_string(),
             req,
@@ -81,6 +118,9 @@ impl Session {
                 .iter()
                 .map(|s| SubscribedPartition { partition: s.partition, from: s.from, epoch: s.epoch, gap: s.gap.map(|(from, to)| GapRange { from, to }) })
                 .collect(),
+            token,
+            resume: outcome.map(|o| if o.is_ok() { "applied" } else { "refused" }),
+            resume_reason: outcome.and_then(Result::err).map(Refusal::as_str),
         });
         for start in starts.iter().filter(|s| s.gap.is_some()) {
             self.d.report_gap(&self.info.client_id, &topic, start.partition, start.gap.expect("filtered"));
@@ -92,7 +132,7 @@ impl Session {
         let partitions = starts.len() as u32;
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
         let redelivery = self.d.settings().redelivery.for_topic(topic.as_str());
-        self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted });
+        self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted, incarnation });
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
         // Dead letters an operator redrove while the client was away come now.
@@ -150,7 +190,19 @@ impl Session {
             let Some(subscription) = self.subscriptions.get(&topic) else { continue };
             let (id, epoch, first, cancel) = (subscription.id, subscription.epoch, subscription.partitions, subscription.cancel.clone());
             let truncations = self.d.readers.truncations();
-            let planned = self.d.plan_subscription(&self.info.client_id, &self.client, &topic, StartFrom::Earliest, &BTreeMap::new(), epoch, first).await;
+            let none = BTreeMap::new();
+            let planned = self
+                .d
+                .plan_subscription(
+                    &self.info.client_id,
+                    &self.client,
+                    &topic,
+                    StartFrom::Earliest,
+                    ResumeFloors { floors: &none, claimed: false },
+                    epoch,
+                    first,
+                )
+                .await;
             let starts = match planned {
                 Ok(starts) => starts,
                 Err(e) => {
@@ -361,4 +413,17 @@ impl Session {
         self.peer_records.get_or_insert_with(Default::default).insert(topic.clone(), records.offsets.clone());
         Some(records.offsets)
     }
+}
+
+/// The peers' records of a client, raised by its claim (the older map form) where the claim is of
+/// a record's epoch: as a record here would be (`plan_subscription`). False with them when a
+/// claimed partition had no record of its epoch to be clamped to (not applied).
+fn clamp_claim(claim: &BTreeMap<u32, ResumeOffset>, mut records: BTreeMap<u32, ResumeOffset>) -> (BTreeMap<u32, ResumeOffset>, bool) {
+    let all_applied = claim.iter().all(|(partition, claimed)| records.get(partition).is_some_and(|r| r.epoch == claimed.epoch));
+    for (partition, record) in records.iter_mut() {
+        if let Some(claimed) = claim.get(partition).filter(|c| c.epoch == record.epoch) {
+            record.offset = record.offset.max(claimed.offset);
+        }
+    }
+    (records, all_applied)
 }
