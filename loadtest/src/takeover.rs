@@ -1,9 +1,9 @@
 //! Takeover across instances (`--instances N [--kill-instance-after SECS]`, Kafka): N gateways on
 //! one Kafka broker, each with its own data dir and `cluster.peers` naming the others; `--clients`
-//! followers on one topic that behave like clients/js/ackgate.js (on any non-final close: backoff
-//! 250 ms doubling to 10 s with jitter, ask `/session/recommend` of any instance they know,
-//! connect where it says, resubscribe with a resume token = the durable `committed` offsets from
-//! their `ack_ok` answers); a publisher paced at `--rate` that spreads over the live instances;
+//! followers on one topic that behave like clients/js/ackgate.js (ack each event, confirm every
+//! 100 acks and when events pause; on any non-final close: backoff 250 ms doubling to 10 s with
+//! jitter, ask `/session/recommend` of any instance they know, connect where it says, resubscribe
+//! with the last resume token the gateway issued in `subscribed` or `ack_ok`); a publisher paced at `--rate` that spreads over the live instances;
 //! the instance holding the most sessions SIGKILLed after SECS.
 //!
 //! Checks: every follower received every published offset; after a reconnect nothing below its
@@ -31,6 +31,11 @@ use crate::Cli;
 /// Closes after which a client must not reconnect by itself (docs/protocol.md).
 const FINAL_CLOSES: [u16; 2] = [1008, 4001];
 const PROBE_INTERVAL_MS: u64 = 500;
+/// A follower confirms (an ack with `req`) every this many acks, and after `CONFIRM_IDLE` without
+/// a new event: the JS client's `confirmEveryMs`. A confirmed ack per event made the shape an
+/// fsync per event and client, more than two cores carried beside another test (issue 63).
+const CONFIRM_EVERY: u32 = 100;
+const CONFIRM_IDLE: Duration = Duration::from_millis(100);
 
 /// Log end per partition, known once the publisher is done.
 type Target = watch::Receiver<Option<BTreeMap<u32, u64>>>;
@@ -55,6 +60,7 @@ struct Follower {
 struct Seen {
     reconnects: u64,
     takeover_subscribed_us: Option<u64>,
+    takeover_event_us: Option<u64>,
     committed: BTreeMap<u32, u64>,
     deliveries: u64,
 }
@@ -165,11 +171,27 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
         // Was this follower's previous instance the killed one? Then this session is its takeover.
         let taking_over = lost_on.as_ref().zip(f.killed.get()).filter(|(lost, (_, killed))| *lost == killed).map(|(_, (at, _))| *at);
         let mut first_event_seen = false;
+        // Per partition, the last delivery acked without `req` since the last confirmed ack (an
+        // `ack_ok` names the partitions its ack touched).
+        let mut unconfirmed: BTreeMap<u32, Value> = BTreeMap::new();
+        let mut since_confirmed = 0u32;
         let ended: Option<u16> = loop {
             let message = tokio::select! {
                 message = ws.next() => message,
                 _ = f.target.changed() => {
                     if done(&f.target.borrow(), &out.committed) { break None } else { continue }
+                }
+                // Nothing more came for a moment: the acks so far are confirmed (their `ack_ok`
+                // is the token), as the JS client does every `confirmEveryMs`.
+                _ = tokio::time::sleep(CONFIRM_IDLE), if !unconfirmed.is_empty() => {
+                    req += 1;
+                    let ids: Vec<Value> = std::mem::take(&mut unconfirmed).into_values().collect();
+                    let ack = json!({"op": "ack", "delivery_ids": ids, "req": req}).to_string();
+                    since_confirmed = 0;
+                    if ws.send(Message::Text(ack.into())).await.is_err() {
+                        break Some(1006);
+                    }
+                    continue;
                 }
             };
             let text = match message {
@@ -210,14 +232,23 @@ async fn follow(mut f: Follower) -> anyhow::Result<Followed> {
                     if !first_event_seen {
                         first_event_seen = true;
                         if let Some(at) = taking_over {
-                            out.takeover_event_us.get_or_insert(at.elapsed().as_micros() as u64);
+                            let us = *out.takeover_event_us.get_or_insert(at.elapsed().as_micros() as u64);
+                            f.seen.lock().unwrap().takeover_event_us = Some(us);
                         }
                     }
                     out.received.entry(partition).or_default().insert(offset);
-                    req += 1;
-                    // Every ack carries req: its ack_ok names the durable committed offsets.
-                    let ack = json!({"op": "ack", "delivery_id": frame["delivery_id"], "req": req}).to_string();
-                    if ws.send(Message::Text(ack.into())).await.is_err() {
+                    // Each event is acked; every CONFIRM_EVERY-th ack (and the last before a
+                    // pause) carries req, whose ack_ok names the durable committed offsets.
+                    since_confirmed += 1;
+                    unconfirmed.insert(partition, frame["delivery_id"].clone());
+                    let mut ack = json!({"op": "ack", "delivery_id": frame["delivery_id"]});
+                    if since_confirmed >= CONFIRM_EVERY {
+                        req += 1;
+                        let ids: Vec<Value> = std::mem::take(&mut unconfirmed).into_values().collect();
+                        ack = json!({"op": "ack", "delivery_ids": ids, "req": req});
+                        since_confirmed = 0;
+                    }
+                    if ws.send(Message::Text(ack.to_string().into())).await.is_err() {
                         // The instance went away under the ack; the next one redelivers.
                         break Some(1006);
                     }
@@ -422,6 +453,9 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
                     subscribed.saturating_record(us);
                     moved_at_us.push(us);
                     moved += 1;
+                }
+                if let Some(us) = seen.takeover_event_us {
+                    first_event.saturating_record(us);
                 }
                 summary.problem(format!(
                     "{client_id}: not at the log end {} s after the last publish (confirmed {:?} of {log_end:?}, {} deliveries, {} reconnects, moved: {})",

@@ -113,6 +113,10 @@ fn loadtest_takeover_smoke_one_of_two_instances_killed_nothing_lost() {
 /// closes its sessions with `reconnect` and 1012 spread over `server.drain_ms` (3 s here), its
 /// followers move to the others through /session/recommend, and nothing is lost or delivered
 /// below a resume token (the takeover shape's own checks). The moves are spread, not all at once.
+/// (Issue 63: its followers confirmed every ack, an fsync per event and client; beside another
+/// test on two cores the debug build could not finish within the settle time. They confirm every
+/// 100 acks and when events pause now, as the JS client does, and a follower that does not finish
+/// is still counted as moved and named with how far it got.)
 #[test]
 fn loadtest_takeover_smoke_a_drained_instance_hands_its_followers_over_spread_out() {
     let broker = crate::kafka_broker::TestBroker::start();
