@@ -194,7 +194,7 @@ impl Gateway {
         crate::data_format::check_or_write(&data_dir)?;
         // The resume tokens' key: the cluster's, else this data dir's own (made once, kept).
         let resume_token_key = match config.cluster.token_key.as_str() {
-            "" => crate::core::resume_token::TokenKey::load_or_create(&data_dir)?,
+            "" => crate::resume_token_key::load_or_create(&data_dir)?,
             key => crate::core::resume_token::TokenKey::new(key.as_bytes()),
         };
         let store = match store {

@@ -6,6 +6,7 @@
 //!   validated at start; `config::template` prints `config.toml` and its docs from the doc comments;
 //!   `config::origin`: origins and hosts as the config names them and browsers send them.
 //! - `data_format`: the data_dir's format version (`<data_dir>/FORMAT`), checked at start.
+//! - `resume_token_key`: a single instance's resume token key (`<data_dir>/resume_token.key`).
 //! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
 //!   - `names`: validated topic / client names and the collision-free offset key;
 //!   - `protocol`: WebSocket frames (parse / write), error and close codes;
@@ -34,6 +35,7 @@
 //!     `session_control`: messages to a session from outside it, and its inbox;
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
+//!   - `resume_token`: the resume tokens the gateway issues (MAC'd facts, never a client's claim);
 //!   - `rendezvous`: which instance a client should use; `waiting`: a cancel-safe count of
 //!     waiters (readers, window); `FastMap`/`FastSet`: foldhash maps for the per-event path.
 //! - `store`: `OffsetStore` implementations (`memory`, `rocks`); `group_commit`: one fsync
@@ -56,6 +58,7 @@ pub(crate) mod data_format;
 pub mod gateway;
 pub mod http;
 pub mod reload;
+pub mod resume_token_key;
 pub mod store;
 pub(crate) mod telemetry;
 

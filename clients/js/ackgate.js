@@ -240,17 +240,21 @@ const STREAM_TOKEN = "\u0001stream";
  * taken whole: a tab's newer token would go back). True when one moved. */
 function merge(tokens, other) {
   let moved = false;
-  // An issued token is opaque: another tab's is taken where this one has none, or where its
-  // offsets moved this tab's (it is then the newer of the two).
-  for (const [key, token] of Object.entries(other.issued || {})) {
-    if (tokens.issued[key] === undefined) {
-      tokens.issued[key] = token;
-      moved = true;
+  // Offsets partition by partition; an issued token (opaque) is taken with them: where this tab
+  // has none, or where the other's offsets moved this tab's (it is then the newer of the two).
+  const movedKeys = new Set();
+  for (const [key, partitions] of Object.entries(other.committed || {})) {
+    for (const [partition, offset] of Object.entries(partitions)) {
+      if (learn(tokens, key, partition, offset, other.epochs?.[key]?.[partition] ?? 0)) {
+        moved = true;
+        movedKeys.add(key);
+      }
     }
   }
-  for (const [topic, partitions] of Object.entries(other.committed || {})) {
-    for (const [partition, offset] of Object.entries(partitions)) {
-      if (learn(tokens, topic, partition, offset, other.epochs?.[topic]?.[partition] ?? 0)) moved = true;
+  for (const [key, token] of Object.entries(other.issued || {})) {
+    if (tokens.issued[key] !== token && (tokens.issued[key] === undefined || movedKeys.has(key))) {
+      tokens.issued[key] = token;
+      moved = true;
     }
   }
   return moved;

@@ -5,6 +5,7 @@
 //! and the rules that pick where a subscription starts. Sessions themselves run in
 //! `core::session`, one task each.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,8 +21,10 @@ use super::metrics::Metrics;
 use super::names::{ClientId, OffsetKey, TopicName};
 use super::offset_writer::OffsetWriter;
 use super::offsets::{OffsetStore, StoreError};
+use super::protocol::ResumeOffset;
 use super::protocol::{ErrorCode, FrameError};
 use super::reader::Readers;
+use super::resume_token::{Holder, Refusal, ResumeToken, TokenKey, TopicFloors};
 use super::session_control::{ControlInbox, SessionControl};
 use super::session_registry::{Registration, Registry, SessionEntry, SessionInfo, SessionStats, Transport};
 use super::window::Window;
@@ -97,7 +100,7 @@ pub struct Dispatcher {
     pub tracer: std::sync::OnceLock<Arc<dyn super::trace::Tracer>>,
     /// The key resume tokens are MAC'd with (`cluster.token_key`, or the data dir's): set at
     /// start; a dispatcher without one (unit tests) makes a random one at first use.
-    pub token_key: std::sync::OnceLock<super::resume_token::TokenKey>,
+    pub token_key: std::sync::OnceLock<TokenKey>,
     registry: Mutex<Registry>,
     next_seq: AtomicU64,
     next_session: AtomicU64,
@@ -446,5 +449,33 @@ impl super::ack_floor::LiveReaders for Dispatcher {
 
     fn committed(&self, key: &OffsetKey) -> u64 {
         self.store.read(key).ok().flatten().map_or(0, |r| r.committed)
+    }
+}
+
+/// Resume tokens (`core::resume_token`): issued and checked with the dispatcher's key.
+impl Dispatcher {
+    pub fn token_key(&self) -> &TokenKey {
+        self.token_key.get_or_init(TokenKey::random)
+    }
+
+    /// The floors of `topic` that token `text` gives `holder`, or why it gives none.
+    pub fn open_resume_token(&self, text: &str, holder: &Holder, topic: &TopicName) -> Result<BTreeMap<u32, ResumeOffset>, Refusal> {
+        let token = self.token_key().open(text)?;
+        // A store that cannot say which topic this is cannot vouch for the token either.
+        let incarnation = self.store.topic_incarnation(topic).map_err(|_| Refusal::Invalid)?;
+        token.check(holder, topic.as_str(), incarnation.id, self.clock.now_ms(), self.settings().resume_token_max_age_ms)
+    }
+
+    /// The incarnation id of `topic` as tokens bind it. One the store cannot read binds a token
+    /// to none (it is refused as `other_incarnation` later): never to a wrong one.
+    pub fn incarnation_id(&self, topic: &TopicName) -> u64 {
+        self.store.topic_incarnation(topic).map_or(u64::MAX, |i| i.id)
+    }
+
+    /// A token for `holder` naming each topic's incarnation and floors (`offset`: the next offset
+    /// after the contiguous acknowledged floor, durable; `epoch`: the offset epoch it is in).
+    pub fn issue_resume_token(&self, holder: Holder, topics: impl IntoIterator<Item = (TopicName, u64, BTreeMap<u32, ResumeOffset>)>) -> String {
+        let topics = topics.into_iter().map(|(topic, incarnation, partitions)| TopicFloors { topic: topic.to_string(), incarnation, partitions }).collect();
+        self.token_key().issue(&ResumeToken { holder, issued_at_ms: self.clock.now_ms(), topics })
     }
 }

@@ -56,9 +56,9 @@ pub struct TopicIncarnation {
 
 impl TopicIncarnation {
     /// The incarnation after this one's topic was deleted: above every log epoch it had (`seen`,
-    /// the highest of its partitions'), with a fresh random id.
-    pub fn next(&self, seen: u32) -> Self {
-        Self { id: super::resume_token::new_incarnation_id(), epoch_floor: self.epoch_floor.max(seen).saturating_add(1) }
+    /// the highest of its partitions'), with a fresh id (`resume_token::new_incarnation_id`).
+    pub fn next(&self, seen: u32, id: u64) -> Self {
+        Self { id, epoch_floor: self.epoch_floor.max(seen).saturating_add(1) }
     }
 
     /// A partition's log epoch as stored, raised to the floor.

@@ -12,14 +12,12 @@
 //! the caller holds (`ResumeToken::check`): nothing in a token that fails the MAC is read.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::hmac;
 
-use super::dispatcher::Dispatcher;
-use super::names::{ClientId, TopicName};
+use super::names::ClientId;
 use super::offsets::OffsetEpoch;
 use super::protocol::ResumeOffset;
 
@@ -36,8 +34,6 @@ const MAX_TOPICS: u64 = 1024;
 const MAX_PARTITIONS: u64 = 1 << 16;
 /// The key's length when the gateway generates it, and the least `cluster.token_key` may be.
 pub const KEY_BYTES: usize = 32;
-/// The generated key's file in the data dir.
-const KEY_FILE: &str = "resume_token.key";
 
 /// Who a token was issued to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,35 +97,6 @@ impl std::fmt::Debug for TokenKey {
 impl TokenKey {
     pub fn new(secret: &[u8]) -> Self {
         Self(hmac::Key::new(hmac::HMAC_SHA256, secret))
-    }
-
-    /// The key of a single instance: read from `<data_dir>/resume_token.key`, or generated there
-    /// (32 random bytes, hex, written atomically and fsynced, readable by the owner only) on the
-    /// first start. Tokens it issued stay valid across restarts.
-    pub fn load_or_create(data_dir: &Path) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let path = data_dir.join(KEY_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let bytes = decode_hex(text.trim()).filter(|b| b.len() >= KEY_BYTES);
-                let bytes = bytes.with_context(|| format!("{} does not hold a key of at least {KEY_BYTES} bytes in hex: remove it to make a new one (tokens issued with the old key are then refused)", path.display()))?;
-                Ok(Self::new(&bytes))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut bytes = [0u8; KEY_BYTES];
-                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
-                    .map_err(|_| anyhow::anyhow!("no random source for the resume token key"))?;
-                let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                crate::backend::checkpoint::write_atomically(&path, format!("{text}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))?;
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::PermissionsExt;
-                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).with_context(|| format!("restricting {}", path.display()))?;
-                }
-                Ok(Self::new(&bytes))
-            }
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
     }
 
     fn mac(&self, payload: &[u8]) -> [u8; MAC_BYTES] {
@@ -220,9 +187,17 @@ impl ResumeToken {
 impl TokenKey {
     /// A key of its own, for a dispatcher that was given none (unit tests).
     pub fn random() -> Self {
+        Self::new(&Self::random_bytes())
+    }
+
+    /// Bytes for a new key, from the system's random source.
+    pub fn random_bytes() -> [u8; KEY_BYTES] {
         let mut bytes = [0u8; KEY_BYTES];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-        Self::new(&bytes)
+        if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
+            // Never on Linux (getrandom); a key of zeros would be forgeable, so no key at all.
+            panic!("no random source for a resume token key");
+        }
+        bytes
     }
 }
 
@@ -233,33 +208,6 @@ impl Holder {
             Some(group) => Self::Group(group.to_string()),
             None => Self::Client(client_id.to_string()),
         }
-    }
-}
-
-impl Dispatcher {
-    pub fn token_key(&self) -> &TokenKey {
-        self.token_key.get_or_init(TokenKey::random)
-    }
-
-    /// The floors of `topic` that token `text` gives `holder`, or why it gives none.
-    pub fn open_resume_token(&self, text: &str, holder: &Holder, topic: &TopicName) -> Result<BTreeMap<u32, ResumeOffset>, Refusal> {
-        let token = self.token_key().open(text)?;
-        // A store that cannot say which topic this is cannot vouch for the token either.
-        let incarnation = self.store.topic_incarnation(topic).map_err(|_| Refusal::Invalid)?;
-        token.check(holder, topic.as_str(), incarnation.id, self.clock.now_ms(), self.settings().resume_token_max_age_ms)
-    }
-
-    /// The incarnation id of `topic` as tokens bind it. One the store cannot read binds a token
-    /// to none (it is refused as `other_incarnation` later): never to a wrong one.
-    pub fn incarnation_id(&self, topic: &TopicName) -> u64 {
-        self.store.topic_incarnation(topic).map_or(u64::MAX, |i| i.id)
-    }
-
-    /// A token for `holder` naming each topic's incarnation and floors (`offset`: the next offset
-    /// after the contiguous acknowledged floor, durable; `epoch`: the offset epoch it is in).
-    pub fn issue_resume_token(&self, holder: Holder, topics: impl IntoIterator<Item = (TopicName, u64, BTreeMap<u32, ResumeOffset>)>) -> String {
-        let topics = topics.into_iter().map(|(topic, incarnation, partitions)| TopicFloors { topic: topic.to_string(), incarnation, partitions }).collect();
-        self.token_key().issue(&ResumeToken { holder, issued_at_ms: self.clock.now_ms(), topics })
     }
 }
 
@@ -365,13 +313,6 @@ impl Reader<'_> {
     }
 }
 
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,23 +376,5 @@ mod tests {
         // 2^64 and an eleven-byte number do not fit a u64.
         assert_eq!(Reader(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]).number(), None);
         assert_eq!(Reader(&[0x80; 11]).number(), None);
-    }
-
-    #[test]
-    fn a_generated_key_is_kept_across_starts_and_a_damaged_file_stops_the_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = TokenKey::load_or_create(dir.path()).unwrap();
-        let text = first.issue(&token(Holder::Client("c".into()), 0));
-        let again = TokenKey::load_or_create(dir.path()).unwrap();
-        assert!(again.open(&text).is_ok(), "the same key after a restart");
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join(KEY_FILE)).unwrap().permissions().mode();
-            assert_eq!(mode & 0o077, 0, "readable by the owner only: {mode:o}");
-        }
-        std::fs::write(dir.path().join(KEY_FILE), "abc\n").unwrap();
-        let e = TokenKey::load_or_create(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("does not hold a key"), "{e}");
     }
 }

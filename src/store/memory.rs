@@ -40,7 +40,7 @@ impl Inner {
     /// The next incarnation of `topic` (its generation is starting).
     fn start_incarnation(&mut self, topic: &TopicName) {
         let seen = self.log_epochs.iter().filter(|(tp, _)| tp.topic == *topic).map(|(_, l)| l.epoch).max().unwrap_or(0);
-        let next = self.incarnations.get(topic).copied().unwrap_or_default().next(seen);
+        let next = self.incarnations.get(topic).copied().unwrap_or_default().next(seen, crate::core::resume_token::new_incarnation_id());
         self.incarnations.insert(topic.clone(), next);
         self.fences.retain(|key, _| key.topic != *topic);
     }

@@ -115,7 +115,7 @@ impl Serialized {
     /// The incarnation `topic` starts when its generation does: above every log epoch it had.
     fn next_incarnation(&self, topic: &TopicName) -> TopicIncarnation {
         let seen = self.log_epochs.iter().filter(|(tp, _)| tp.topic == *topic).map(|(_, l)| l.epoch).max().unwrap_or(0);
-        self.incarnations.get(topic).copied().unwrap_or_default().next(seen)
+        self.incarnations.get(topic).copied().unwrap_or_default().next(seen, crate::core::resume_token::new_incarnation_id())
     }
 
     fn forget_topic(&mut self, topic: &TopicName) {

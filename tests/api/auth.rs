@@ -123,6 +123,37 @@ async fn a_session_refreshes_its_token_in_band_and_one_that_does_not_closes_with
     gw.stop().await;
 }
 
+/// Issue 55, item 7: a refresh to a token whose claims no longer allow the session's shared
+/// subscription (no `groups` claim, another group, or a `topics` claim without its topic) is
+/// refused (`forbidden`) and changes nothing, as one that drops a topic the session reads is.
+/// Failed before: it was taken, and the session went on receiving the group's events and moving
+/// its floor under a token that did not allow the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_that_drops_a_joined_group_is_refused() {
+    let (dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = SECRET.into();
+    let gw = InProcess::start(config).await;
+    let _dir = dir;
+    publish_numbered(&gw.base, "jobs", 1, 0, 2).await;
+    let exp = now_secs() + 3600;
+    let mut member = connect_with(gw.addr(), "m", &token(json!({"sub": "m", "exp": exp, "groups": ["workers"]}))).await;
+    member.subscribe("jobs", json!({"group": "workers"})).await;
+    member.recv_events(2).await;
+    for claims in [
+        json!({"sub": "m", "exp": exp + 60}),
+        json!({"sub": "m", "exp": exp + 60, "groups": ["others"]}),
+        json!({"sub": "m", "exp": exp + 60, "groups": ["workers"], "topics": ["other"]}),
+    ] {
+        member.send(json!({"op": "refresh", "token": token(claims.clone()), "req": "r"})).await;
+        let refused = member.recv_type("error").await;
+        assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("forbidden"), Some("r")), "{claims}: {refused}");
+    }
+    member.send(json!({"op": "refresh", "token": token(json!({"sub": "m", "exp": exp + 60, "groups": ["work*"]})), "req": "ok"})).await;
+    assert_eq!(member.recv_type("refreshed").await["req"], "ok");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn the_topics_claim_limits_subscriptions() {
     let (_dir, gw) = start().await;

@@ -40,9 +40,10 @@ async fn group_home(known: &[String]) -> Option<String> {
 async fn member(me: usize, known: Vec<String>, seen: Arc<Mutex<Seen>>) {
     let mut next: Option<String> = None;
     let started = Instant::now();
-    // The group's floor as this member was told it, and the epochs `subscribed` named: its token.
+    // The group's floor as this member was told it, and the last group token the gateway issued
+    // it (`subscribed`, `ack_ok`): what it resumes the group with.
     let mut token: BTreeMap<String, u64> = BTreeMap::new();
-    let mut epochs: BTreeMap<String, u64> = BTreeMap::new();
+    let mut issued: Option<String> = None;
     while seen.lock().unwrap().acked.len() < EVENTS {
         assert!(started.elapsed() < Duration::from_secs(120), "member {me} gave up");
         let Some(ws_url) = next.take().or(group_home(&known).await) else {
@@ -53,14 +54,19 @@ async fn member(me: usize, known: Vec<String>, seen: Arc<Mutex<Seen>>) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        client.send(json!({"op": "subscribe", "topic": TOPIC, "group": "g", "order": "key", "resume": token, "epochs": epochs, "req": "sub"})).await;
+        let mut subscribe = json!({"op": "subscribe", "topic": TOPIC, "group": "g", "order": "key", "req": "sub"});
+        if let Some(issued) = &issued {
+            subscribe["resume"] = json!(issued);
+        }
+        client.send(subscribe).await;
         let presented = token.clone();
         let mut req = 0u64;
         while let Some(frame) = client.try_recv(Duration::from_secs(2)).await {
             match frame["type"].as_str() {
                 Some("subscribed") => {
-                    for p in frame["partitions"].as_array().unwrap() {
-                        epochs.insert(p["partition"].to_string(), p["epoch"].as_u64().unwrap());
+                    assert_ne!(frame["resume"], "refused", "member {me}: its group token was refused: {frame}");
+                    if let Some(t) = frame["token"].as_str() {
+                        issued = Some(t.to_string());
                     }
                     seen.lock().unwrap().homes.push(ws_url.clone());
                 }
@@ -78,6 +84,9 @@ async fn member(me: usize, known: Vec<String>, seen: Arc<Mutex<Seen>>) {
                     }
                 }
                 Some("ack_ok") => {
+                    if let Some(t) = frame["tokens"][TOPIC].as_str() {
+                        issued = Some(t.to_string());
+                    }
                     let mut s = seen.lock().unwrap();
                     for (partition, floor) in frame["committed"][TOPIC].as_object().into_iter().flatten() {
                         let floor = floor.as_u64().unwrap();

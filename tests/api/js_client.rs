@@ -30,7 +30,11 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     let (_dir_a, data_a) = temp_dir();
     let (_dir_b, data_b) = temp_dir();
     // A serves most tests alone; B is drained by the last one and names A as its peer.
-    let a = InProcess::start(test_config(&data_a)).await;
+    // A and B share the resume token key (B names A as its peer): a client drained off B resumes
+    // on A with the token B issued.
+    let mut config = test_config(&data_a);
+    config.cluster.token_key = CLUSTER_TOKEN_KEY.into();
+    let a = InProcess::start(config).await;
     let mut config = test_config(&data_b);
     config.server.drain_ms = 500;
     config.cluster.peers = vec![a.base.clone()];

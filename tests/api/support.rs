@@ -26,7 +26,7 @@ pub const CLUSTER_TOKEN_KEY: &str = "ackgate-test-cluster-token-key-0123456789";
 
 /// The resume token key of the gateway whose data dir is `data` (made at its first start).
 pub fn data_dir_token_key(data: &Path) -> ackgate::core::resume_token::TokenKey {
-    ackgate::core::resume_token::TokenKey::load_or_create(data).unwrap()
+    ackgate::resume_token_key::load_or_create(data).unwrap()
 }
 
 /// The resume token key of the test clusters (`CLUSTER_TOKEN_KEY`).

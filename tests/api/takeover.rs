@@ -41,6 +41,8 @@ struct Seen {
 /// the publisher is done).
 async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>>, killed_at: Arc<Mutex<Option<Instant>>>, until: Arc<AtomicUsize>) {
     let mut committed: BTreeMap<u32, u64> = BTreeMap::new();
+    // The last resume token the gateway issued (`subscribed`, `ack_ok`): what a reconnect sends.
+    let mut issued: Option<String> = None;
     let mut attempt = 0u32;
     while seen.lock().unwrap().received.len() < until.load(Ordering::SeqCst) {
         let Some(ws_url) = recommended(&mut known, &client_id).await else {
@@ -55,8 +57,8 @@ async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>
         };
         let token = committed.clone();
         let mut subscribe = json!({"op": "subscribe", "topic": TOPIC, "req": "sub"});
-        if !token.is_empty() {
-            subscribe["resume"] = json!(token.iter().map(|(p, o)| (p.to_string(), json!(o))).collect::<serde_json::Map<_, _>>());
+        if let Some(issued) = &issued {
+            subscribe["resume"] = json!(issued);
         }
         if ws.send(Message::text(subscribe.to_string())).await.is_err() {
             continue;
@@ -94,6 +96,10 @@ async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>
                     attempt = 0;
                 }
                 Some("subscribed") => {
+                    assert_ne!(frame["resume"], "refused", "{client_id}: its token was refused: {frame}");
+                    if let Some(t) = frame["token"].as_str() {
+                        issued = Some(t.to_string());
+                    }
                     for p in frame["partitions"].as_array().unwrap() {
                         let (partition, from) = (p["partition"].as_u64().unwrap() as u32, p["from"].as_u64().unwrap());
                         let start = committed.entry(partition).or_default();
@@ -101,6 +107,9 @@ async fn follow(client_id: String, mut known: Vec<String>, seen: Arc<Mutex<Seen>
                     }
                 }
                 Some("ack_ok") => {
+                    if let Some(t) = frame["tokens"][TOPIC].as_str() {
+                        issued = Some(t.to_string());
+                    }
                     for (partition, offset) in frame["committed"][TOPIC].as_object().into_iter().flatten() {
                         let at = committed.entry(partition.parse().unwrap()).or_default();
                         *at = (*at).max(offset.as_u64().unwrap());

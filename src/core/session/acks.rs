@@ -245,7 +245,7 @@ impl Session {
     /// durable.
     pub(super) async fn send_progress(&mut self) {
         let interval = self.d.settings().progress_interval;
-        if interval.is_zero() || self.tokens_due.is_empty() || self.progress_sent.is_some_and(|at| at.elapsed() < interval) {
+        if interval.is_zero() || self.tokens_due.is_empty() || self.progress_sent.elapsed() < interval {
             return;
         }
         self.submit_acked().await;
@@ -263,7 +263,7 @@ impl Session {
                 })
                 .collect()
         };
-        self.progress_sent = Some(tokio::time::Instant::now());
+        self.progress_sent = tokio::time::Instant::now();
         if !tokens.is_empty() {
             self.send(ServerFrame::Progress { tokens });
         }

@@ -192,6 +192,17 @@ impl Session {
         }
     }
 
+    /// A shared subscription the session is a member of that `access` does not allow (its topic,
+    /// or its group), if any.
+    pub(super) fn group_not_allowed(&self, access: &Access) -> Option<(TopicName, GroupName)> {
+        let joined = self.groups.as_ref()?;
+        joined
+            .joined
+            .iter()
+            .find(|(topic, (group, _))| !access.allows(topic.as_str()) || !access.may_join(group.as_str()))
+            .map(|(t, (g, _))| (t.clone(), g.clone()))
+    }
+
     fn group_count(&self) -> usize {
         self.groups.as_ref().map_or(0, |g| g.joined.len())
     }

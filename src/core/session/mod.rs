@@ -126,8 +126,9 @@ struct Session {
     told: FastMap<TopicPartition, u64>,
     /// Topics whose floors moved since the last resume token the client was sent (`progress`).
     tokens_due: crate::core::FastSet<TopicName>,
-    /// When the last `progress` frame went out.
-    progress_sent: Option<Instant>,
+    /// When the last `progress` frame went out (the session's start before the first: a floor
+    /// that moves is told at most every `delivery.progress_interval_ms`, the first time too).
+    progress_sent: Instant,
     /// The client sent an ack with `req` at least once: it builds its token from `ack_ok`s, so
     /// a settling session waits for one that covers its acks too.
     confirms: bool,
@@ -192,7 +193,7 @@ pub async fn run_session<I, O>(
         subscribes_in_second: (Instant::now(), 0),
         told: FastMap::default(),
         tokens_due: Default::default(),
-        progress_sent: None,
+        progress_sent: Instant::now(),
         confirms: false,
         settling: None,
         refresh_notice_at: None,
@@ -542,7 +543,7 @@ impl Session {
 
     /// `refresh`: a new token for the same client replaces the session's; checked as the
     /// handshake's (signature, `exp`, `nbf`, audience, issuer, lifetime, `sub`). It may not take
-    /// away a topic the session reads: unsubscribe it first.
+    /// away a topic the session reads or a group it is a member of: unsubscribe it first.
     fn refresh(&mut self, token: &str, req: Option<serde_json::Value>) -> Result<(), FrameError> {
         let Some(check) = self.d.token_check.get() else {
             return Err(FrameError::new(
@@ -555,6 +556,14 @@ impl Session {
             return Err(FrameError::new(
                 ErrorCode::Forbidden,
                 format!("the new token does not allow topic {topic}, which this session reads: unsubscribe it first"),
+            ));
+        }
+        // The same for a shared subscription the session is a member of (issue 55, item 7: a
+        // token without the group kept it receiving the group's events and moving its floor).
+        if let Some((topic, group)) = self.group_not_allowed(&access) {
+            return Err(FrameError::new(
+                ErrorCode::Forbidden,
+                format!("the new token does not allow group {group} of topic {topic}, which this session is a member of: unsubscribe it first"),
             ));
         }
         let expires_at = access.expires_at_ms;

@@ -534,6 +534,12 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
     let events = early.recv_events(10).await;
     early.ack_confirmed(&ids(&events[..3]), "three").await;
     early.close().await;
+    // A client that acked one event: the token it was issued names 1.
+    let mut holder = TestClient::connect(gw.addr(), "token").await;
+    holder.subscribe("metrics", json!({})).await;
+    let first = holder.recv_events(1).await;
+    let token = holder.ack_confirmed(&ids(&first), "one").await["tokens"]["metrics"].clone();
+    holder.close().await;
 
     h.cut_log(&gw.base, "metrics", 0, 10).await;
     let (start, end, _) = bounds(&gw.base, "metrics", 0).await;
@@ -545,7 +551,7 @@ pub async fn log_retention_moves_clients_below_the_log_start_up_to_it(h: &Harnes
     for (name, extra, gap) in [
         ("early", json!({}), Some(json!({"from": 3, "to": start}))),
         ("late", json!({}), None),
-        ("token", json!({"resume": {"0": 1}}), Some(json!({"from": 1, "to": start}))),
+        ("token", json!({ "resume": token }), Some(json!({"from": 1, "to": start}))),
     ] {
         let mut client = TestClient::connect(gw.addr(), name).await;
         let subscribed = client.subscribe("metrics", extra).await;
