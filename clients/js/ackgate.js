@@ -20,18 +20,21 @@
 // not open, and rejected with `timeout` after `requestTimeoutMs` without an answer.
 //
 // Acks: a plain ack by default (the gateway batches its offset writes), and at most every
-// `confirmEveryMs` per partition one confirmed ack whose `ack_ok` says what is durable; the
-// newest of those is the resume token. A partition acked since its last confirmation gets a
+// `confirmEveryMs` per partition one confirmed ack whose `ack_ok` says what is durable and carries
+// the topic's resume token, issued by the gateway (opaque: kept and sent back as it came, per
+// topic, and per topic and group for a shared subscription). A partition acked since its last confirmation gets a
 // trailing confirmation `confirmEveryMs` later, so the token trails the acks by about that much.
 //
 // Following a takeover: on any close that is not final (final: 1008, 4001, or close() called
 // here; 4004, an expired token, is not) the client reconnects by itself, with exponential backoff
 // and jitter (or after the pause a draining instance names). Each attempt asks `GET
 // /session/recommend` of an instance it knows (the one it was given, `peers`, and every instance
-// an answer named), connects to the instance named, and subscribes again to every topic with its
-// resume token: per partition the offset after the contiguous acknowledged floor as the gateway
-// confirmed it durable, or where the subscription started. The new instance starts at the larger
-// of that and its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped.
+// an answer named), connects to the instance named, and subscribes again to every topic with the
+// newest resume token the gateway issued for it (`subscribed`, `ack_ok`, `progress`): per
+// partition the offset after the contiguous acknowledged floor as the gateway confirmed it
+// durable, or where the subscription started. The new instance starts at the larger of that and
+// its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped. (Without an
+// issued token, its own subscription only: the confirmed offsets, a claim the gateway clamps.)
 // After an operator's disconnect (4002) no token is sent: the operator may have reset the offsets.
 // Back online (or the page shown again), a reconnect waiting out its backoff goes at once. The
 // deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
@@ -42,10 +45,11 @@
 // Transports (`transport`): "websocket" (the default), "sse" or "auto". Over Server-Sent Events
 // the session's frames come down `GET /sse` (an EventSource) and the client's go up as JSON
 // arrays POSTed to the welcome's `ack_url`, one POST in flight at a time, the frames queued
-// meanwhile sent together by the next. Every `event` message's id is the session's resume token
-// (base64url of {"<topic>": {"<partition>": offset}}, durable); the client keeps it in the same
-// per-topic map as the confirmed acks, and a reconnect opens the stream with `topics=` and
-// `resume=` so the session subscribes again as it starts. "auto" tries a WebSocket and falls back
+// meanwhile sent together by the next. Every `event` message's id is the session's resume token,
+// issued by the gateway for all of the stream's topics (the older form, base64url of
+// {"<topic>": {"<partition>": offset}}, is still read); the client keeps it, reads the offsets it
+// names into the same per-topic map as the confirmed acks, and a reconnect opens the stream with
+// `topics=` and `resume=` (that id) so the session subscribes again as it starts. "auto" tries a WebSocket and falls back
 // to SSE when the socket fails before its welcome; once it fell back, the client stays on SSE.
 // The rest of the client only sees a transport: `isOpen()`, `send(frame)`, `close(code, reason)`.
 
