@@ -5,13 +5,14 @@
 //! (`clients/js/ackgate.js`): after any close that is not final (final: 1008, 4001) or a dropped
 //! connection it waits (exponential backoff with jitter), asks `GET /session/recommend` of an
 //! instance it knows (the one it was given, `--peer` URLs, every instance an answer named),
-//! connects to the instance named and subscribes again with a resume token: per partition, the
-//! offset after its contiguous acknowledged floor as the gateway confirmed it durable (the
-//! `committed` of `ack_ok`; every ack here asks for one), or where the subscription started.
+//! connects to the instance named and subscribes again with the newest resume token the gateway
+//! issued it (`subscribed`'s `token`, `ack_ok`'s `tokens`; every ack here asks for an `ack_ok`): an
+//! opaque string naming, per partition, the offset after its contiguous acknowledged floor as the
+//! gateway confirmed it durable. The instances of a cluster share `cluster.token_key`, so any of
+//! them takes it.
 //!
 //! `scripts/client [ws://127.0.0.1:8080] CLIENT_ID TOPIC [--no-ack] [--peer http://host:port]...`
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -21,10 +22,9 @@ use tokio_tungstenite::tungstenite::Message;
 /// Closes after which a client must not reconnect by itself.
 const FINAL_CLOSES: [u16; 2] = [1008, 4001];
 
-/// Per partition: the durable committed offset the gateway confirmed (or the subscription's
-/// start). Only confirmed progress goes into a resume token: an ack lost with the connection
-/// means one redelivery, never a skipped event.
-type Progress = BTreeMap<u32, u64>;
+/// The newest resume token the gateway issued: only confirmed progress goes into one, so an ack
+/// lost with the connection means one redelivery, never a skipped event.
+type Progress = Option<String>;
 
 enum Ended {
     /// Final close (or the server is gone for good): stop.
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     known.insert(0, http_base(&ws_url));
     // Where to connect, in order: the instance recommended, then the one that recommended it.
     let mut candidates = vec![ws_url];
-    let mut progress = Progress::new();
+    let mut progress: Progress = None;
     let mut attempt = 0u32;
     loop {
         match session(&candidates, &client_id, &topic, ack, &mut progress).await {
@@ -90,9 +90,8 @@ async fn session(ws_urls: &[String], client_id: &str, topic: &str, ack: bool, pr
     }
     let Some(mut ws) = connected else { return Ended::Retry(failures.join("; ")) };
     let mut subscribe = json!({"op": "subscribe", "topic": topic, "req": "sub"});
-    if !progress.is_empty() {
-        let token: serde_json::Map<String, Value> = progress.iter().map(|(p, at)| (p.to_string(), json!(at))).collect();
-        subscribe["resume"] = Value::Object(token);
+    if let Some(token) = progress {
+        subscribe["resume"] = json!(token);
     }
     if let Err(e) = ws.send(Message::Text(subscribe.to_string().into())).await {
         return Ended::Retry(format!("send: {e}"));
@@ -112,19 +111,14 @@ async fn session(ws_urls: &[String], client_id: &str, topic: &str, ack: bool, pr
         let Ok(frame) = serde_json::from_str::<Value>(text.as_str()) else { continue };
         match frame["type"].as_str() {
             Some("subscribed") => {
-                for p in frame["partitions"].as_array().into_iter().flatten() {
-                    if let (Some(partition), Some(from)) = (p["partition"].as_u64(), p["from"].as_u64()) {
-                        let at = progress.entry(partition as u32).or_default();
-                        *at = (*at).max(from);
-                    }
+                if let Some(token) = frame["token"].as_str() {
+                    *progress = Some(token.to_string());
                 }
             }
-            Some("ack_ok") => {
-                for (partition, committed) in frame["committed"][topic].as_object().into_iter().flatten() {
-                    if let (Ok(partition), Some(committed)) = (partition.parse::<u32>(), committed.as_u64()) {
-                        let at = progress.entry(partition).or_default();
-                        *at = (*at).max(committed);
-                    }
+            // `progress` frames carry fresh tokens too (for acks without a receipt).
+            Some("ack_ok" | "progress") => {
+                if let Some(token) = frame["tokens"][topic].as_str() {
+                    *progress = Some(token.to_string());
                 }
             }
             Some("event") if ack => {
