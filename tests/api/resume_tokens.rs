@@ -233,5 +233,18 @@ async fn plain_acks_get_their_tokens_in_progress_frames() {
     let subscribed = client.subscribe("feed", json!({"resume": token})).await;
     assert_eq!((from(&subscribed), refused(&subscribed)), (7, ("applied", "-")), "{subscribed}");
     client.close().await;
+    // A member's plain acks move its group's floor: the group's token comes to its members.
+    let mut member = TestClient::connect(gw.addr, "worker").await;
+    member.subscribe("feed", json!({"group": "crew"})).await;
+    let events = member.recv_events(10).await;
+    member.send(json!({"op": "ack", "delivery_ids": ids(&events[..4])})).await;
+    let progress = member.recv_type("progress").await;
+    let group_token = progress["tokens"]["feed"].as_str().expect("progress names the group's token").to_string();
+    member.close().await;
+    let mut again = TestClient::connect(gw.addr, "worker-2").await;
+    let subscribed = again.subscribe("feed", json!({"group": "crew", "resume": group_token})).await;
+    assert_eq!(refused(&subscribed), ("applied", "-"), "the group's own token: {subscribed}");
+    assert_eq!(again.recv_type("event").await["offset"], 4, "the group goes on from the floor its token names");
+    again.close().await;
     gw.terminate();
 }

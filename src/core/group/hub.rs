@@ -348,8 +348,9 @@ impl Distributor {
             Outbound::Text(text) => {
                 let kind = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["type"].as_str().map(str::to_string)).unwrap_or_default();
                 match kind.as_str() {
-                    // A gap the hub's reads found concerns every member.
-                    "gap" => {
+                    // A gap the hub's reads found concerns every member, and so does the group's
+                    // fresh resume token (plain acks moved its floor: `progress`).
+                    "gap" | "progress" => {
                         for link in self.members.values() {
                             link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Frames(vec![text.clone()]) });
                         }
