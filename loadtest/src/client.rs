@@ -477,7 +477,9 @@ pub async fn consume(plan: ConsumerPlan, mut ws: Connection) -> anyhow::Result<C
                 "subscribed" => {
                     plan.subscribed.fetch_add(1, Ordering::Relaxed);
                 }
-                "pong" => {}
+                // Fresh resume tokens for plain acks (every `delivery.progress_interval_ms`): a
+                // client that resumes would keep them; this one never reconnects.
+                "pong" | "progress" => {}
                 other => bail!("{}: unexpected frame type {other} ({:?})", plan.client_id, frame.code),
             }
         }

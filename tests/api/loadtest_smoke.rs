@@ -39,6 +39,11 @@ fn loadtest_smoke_two_clients_five_thousand_events_nothing_lost() {
     assert_eq!(fanout["deliveries"], 4000, "each fan-out client gets every event");
     let confirmed = run(&["--clients", "1", "--events", "200", "--ack", "confirmed"]);
     assert_eq!(confirmed["ack_round_trip"]["count"], 200, "{confirmed}");
+    // Plain acks get `progress` frames (fresh resume tokens; every 20 ms here, checked every
+    // 500 ms): a paced run of 2 s sees several, and a client must take them (the broadcast's
+    // clients stopped at the first before, 5 s into a run).
+    let paced = run(&["--broadcast", "2", "--rate", "50", "--duration-secs", "2", "--gateway-env", "ACKGATE_DELIVERY__PROGRESS_INTERVAL_MS=20"]);
+    assert_eq!((paced["complete"].as_bool(), paced["deliveries"].as_u64()), (Some(true), Some(200)), "{paced}");
 }
 
 /// The reconnect storm of issue 41 (`--idle-sessions N --first-event`): every session
