@@ -359,11 +359,17 @@ pub struct OffsetsConfig {
     pub retention_secs: u64,
     /// How often expired offsets are swept (the first sweep runs at start).
     pub sweep_interval_ms: u64,
+    /// Offsets of acks without `req` (plain acks) are written at most this long after the ack,
+    /// merged per client and partition, and the offset writer is not woken for each ack (acks with
+    /// `req`, session ends and admin reads write them at once). A crash loses at most this long of
+    /// plain acks: those events are delivered again (at-least-once). 0 = hand each burst of acks to
+    /// the writer at once. Bounds: at most 1000 (1 s).
+    pub plain_ack_linger_ms: u64,
 }
 
 impl Default for OffsetsConfig {
     fn default() -> Self {
-        Self { store: OffsetStoreKind::RocksDb, checkpoint_interval_ms: 5_000, retention_secs: 604_800, sweep_interval_ms: 60_000 }
+        Self { store: OffsetStoreKind::RocksDb, checkpoint_interval_ms: 5_000, retention_secs: 604_800, sweep_interval_ms: 60_000, plain_ack_linger_ms: 50 }
     }
 }
 
@@ -986,6 +992,9 @@ impl Config {
             if value > MAX_PERIOD_MS {
                 problems.push(format!("{key} must be at most {MAX_PERIOD_MS} (31 days), got {value}"));
             }
+        }
+        if self.offsets.plain_ack_linger_ms > 1000 {
+            problems.push(format!("offsets.plain_ack_linger_ms must be at most 1000 (1 s), got {}", self.offsets.plain_ack_linger_ms));
         }
         if self.publish.idempotency_window_secs > 7 * 86_400 {
             problems.push(format!("publish.idempotency_window_secs must be at most 604800 (7 days), got {}", self.publish.idempotency_window_secs));

@@ -223,7 +223,8 @@ impl Gateway {
         );
         // With an fsync per write a store write can take milliseconds: never on a session task.
         let inline_when_idle = config.storage.durability == Durability::Crash;
-        let (writer, writer_thread) = OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle);
+        let (writer, writer_thread) =
+            OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle, Duration::from_millis(config.offsets.plain_ack_linger_ms));
         // Read before binding: a bad certificate stops the start with the file named.
         let tls = match config.server.tls_cert.as_str() {
             "" => None,
@@ -531,6 +532,13 @@ fn spawn_background(app: &AppState, backend: &Backend) {
             }
         });
     }
+
+    // Sessions wait on their own doorbells, not on the shutdown token: ring them all when it fires.
+    let (d, stop) = (app.dispatcher.clone(), cancel.clone());
+    app.dispatcher.tasks.spawn(async move {
+        stop.cancelled().await;
+        d.ring_every_session();
+    });
 
     let (d, stop, mut tick) = (app.dispatcher.clone(), cancel.clone(), every(config.offsets.checkpoint_interval_ms));
     app.dispatcher.tasks.spawn(async move {

@@ -114,6 +114,10 @@ pub struct Cli {
     /// Open this many idle sessions (subscribed, no traffic) and report gateway memory.
     #[arg(long)]
     pub idle_sessions: Option<usize>,
+    /// With `--idle-sessions`: hold the sessions open (each reading, so pings are answered) for
+    /// this many seconds and report the gateway's CPU over the hold, per session-second.
+    #[arg(long, default_value_t = 0, requires = "idle_sessions")]
+    pub hold_secs: u64,
     /// With `--idle-sessions`: one event waits in each partition, and each session counts once
     /// it has its first event, not at `subscribed` (issue 41's reconnect storm).
     #[arg(long)]

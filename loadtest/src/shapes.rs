@@ -550,8 +550,54 @@ pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary
         summary.add("gateway_rss_mib", (after as f64 / 1048576.0 * 10.0).round() / 10.0);
         summary.add("kib_per_session", ((after.saturating_sub(before)) as f64 / 1024.0 / sessions as f64 * 10.0).round() / 10.0);
     }
-    drop(open);
+    if cli.hold_secs > 0 {
+        hold_idle(cli, &gateway, &mut summary, open).await;
+    }
     Ok(summary)
+}
+
+/// Holds idle sessions open for `--hold-secs`, each read by its own task (pings are answered, as
+/// a browser does), and reports what they cost the gateway per session-second: the cost of a
+/// session that waits (the engine review's "b"), apart from any delivery.
+async fn hold_idle<S>(cli: &Cli, gateway: &Gateway, summary: &mut Summary, open: Vec<S>)
+where
+    S: futures_util::Stream<Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>> + Unpin + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let sessions = open.len();
+    let closed = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = open
+        .into_iter()
+        .map(|mut ws| {
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(_)) = ws.next().await {}
+                closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+        })
+        .collect();
+    // Settle after the connect storm (its writes, the readers' first polls) before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (gateway_before, own_before) = (gateway.cpu_seconds(), crate::gateway::process_cpu_seconds(std::process::id()));
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(cli.hold_secs)).await;
+    let held = started.elapsed().as_secs_f64();
+    let (gateway_after, own_after) = (gateway.cpu_seconds(), crate::gateway::process_cpu_seconds(std::process::id()));
+    summary.add("hold_s", (held * 10.0).round() / 10.0);
+    if let (Some(before), Some(after)) = (gateway_before, gateway_after) {
+        summary.add("gateway_cpu_percent_held", ((after - before) / held * 1000.0).round() / 10.0);
+        summary.add("us_per_session_second", ((after - before) * 1e6 / held / sessions as f64 * 100.0).round() / 100.0);
+    }
+    if let (Some(before), Some(after)) = (own_before, own_after) {
+        summary.add("loadtest_cpu_percent_held", ((after - before) / held * 1000.0).round() / 10.0);
+    }
+    let closed = closed.load(std::sync::atomic::Ordering::Relaxed);
+    if closed > 0 {
+        summary.problem(format!("{closed} of {sessions} idle sessions were closed during the hold"));
+    }
+    for reader in readers {
+        reader.abort();
+    }
 }
 
 pub async fn restart(cli: &Cli, offsets: u64) -> anyhow::Result<Summary> {

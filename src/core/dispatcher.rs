@@ -294,6 +294,14 @@ impl Dispatcher {
         self.registry().sessions.get(session_id).map(|e| e.info.clone())
     }
 
+    /// Rings every live session's doorbell: at shutdown, so each looks at `shutdown` (sessions
+    /// poll no shared token on their hot path).
+    pub fn ring_every_session(&self) {
+        for entry in self.registry().sessions.values() {
+            entry.control.ring();
+        }
+    }
+
     /// Sends a control message; false when no such session is live.
     pub fn control(&self, session_id: &str, message: SessionControl) -> bool {
         self.registry().sessions.get(session_id).is_some_and(|e| e.control.send(message))

@@ -123,9 +123,17 @@ impl InFlightWindow {
         (now_ms.saturating_add(after.as_millis() as u64), self.next_generation)
     }
 
-    /// When the earliest deadline falls (possibly of a stale heap entry: then nothing is due).
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.peek().map(|Reverse((at, _, _))| *at)
+    /// When the earliest live deadline falls. Stale heap tops (acked deliveries, superseded
+    /// deadlines) are dropped on the way, so a session arms no timer for a delivery already
+    /// acked: without this, every delivery cost one empty wake an ack timeout after it was sent.
+    pub fn next_live_deadline(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, event, generation))) = self.deadlines.peek().copied() {
+            if self.entries.get(&event).is_some_and(|e| e.generation == generation) {
+                return Some(at);
+            }
+            self.deadlines.pop();
+        }
+        None
     }
 
     /// The next delivery whose current deadline has passed.
@@ -219,6 +227,27 @@ mod tests {
         tokio::time::advance(Duration::from_secs(31)).await;
         let due: Vec<u64> = std::iter::from_fn(|| window.pop_due(Instant::now())).map(|e| e.offset).collect();
         assert_eq!(due, vec![99_995, 99_996, 99_997, 99_998, 99_999]);
+    }
+
+    /// The engine review's finding 3: an acked delivery's deadline arms no timer. Failed before
+    /// the fix: the next deadline was the acked delivery's, 30 s out.
+    #[tokio::test(start_paused = true)]
+    async fn an_acked_delivery_arms_no_timer() {
+        let permits = Window::new(10, 1000);
+        let mut window = InFlightWindow::default();
+        let (a, b) = (EventRef { slot: 0, partition: 0, offset: 1 }, EventRef { slot: 0, partition: 0, offset: 2 });
+        window.insert(a, delivery(1, &permits), Duration::from_secs(30), Instant::now(), 0);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        window.insert(b, delivery(2, &permits), Duration::from_secs(30), Instant::now(), 0);
+        let b_due = Instant::now() + Duration::from_secs(30);
+        window.remove(&a);
+        assert_eq!(window.next_live_deadline(), Some(b_due), "the acked delivery's deadline is skipped");
+        window.remove(&b);
+        assert_eq!(window.next_live_deadline(), None, "nothing in flight: no timer");
+        // A superseded deadline is skipped too.
+        window.insert(a, delivery(1, &permits), Duration::from_secs(5), Instant::now(), 0);
+        assert!(window.reschedule(a, Duration::from_secs(50), 0));
+        assert_eq!(window.next_live_deadline(), Some(Instant::now() + Duration::from_secs(50)));
     }
 
     #[tokio::test(start_paused = true)]

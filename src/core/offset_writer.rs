@@ -3,20 +3,32 @@
 //! Sessions send a `WriteRequest` and, when the client asked for a receipt, wait for its reply.
 //! Everything that arrived while the previous batch was being written goes into the next single
 //! store batch (one RocksDB WriteBatch), so many clients acking at once cost one write.
+//!
+//! Acks without a receipt (plain acks) are not sent to the thread: they are merged into a map of
+//! the newest write per key (`PlainAcks`) that the thread takes every
+//! `offsets.plain_ack_linger_ms`, or at once with the next request that waits (a confirmed ack, a
+//! barrier). So a plain ack wakes no thread, and a key acked many times within a linger is written
+//! once. A crash loses at most the linger's plain acks: their events are delivered again
+//! (at-least-once), as events acked just before any crash are.
 
+use std::cmp::Ordering as Order;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::LogBackend;
-use super::names::TopicPartition;
-use super::offsets::{OffsetStore, OffsetWrite, WriteOutcome};
+use super::names::{OffsetKey, TopicPartition};
+use super::offsets::{OffsetRecord, OffsetStore, OffsetWrite, WriteOutcome};
+use super::FastMap;
 
 /// Requests coalesced into one store batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
+/// Keys of plain acks held before the writer is woken without waiting for its linger tick.
+const PLAIN_KEYS_BEFORE_WAKE: usize = 4096;
 
 pub struct WriteRequest {
     pub writes: Vec<OffsetWrite>,
@@ -51,6 +63,55 @@ pub struct OffsetWriter {
     queued: Arc<AtomicUsize>,
     /// False when a store write may block long (fsync per write): always hand off to the thread.
     inline_when_idle: bool,
+    /// Plain acks' writes waiting for the thread's next linger tick.
+    plain: Arc<PlainAcks>,
+}
+
+/// The writes of plain acks not yet taken by the writer thread: per key the write the store would
+/// end with after all of them (`fold`), and their broker ACKs, fired once those are written.
+struct PlainAcks {
+    /// `offsets.plain_ack_linger_ms`; zero: every burst of plain acks is a request of its own.
+    linger: Duration,
+    held: Mutex<HeldWrites>,
+    /// Keys held (the map's length, kept beside it so a confirmed ack checks it without the lock).
+    keys: AtomicUsize,
+}
+
+#[derive(Default)]
+struct HeldWrites {
+    writes: FastMap<OffsetKey, OffsetWrite>,
+    broker_acks: Vec<(TopicPartition, u64)>,
+}
+
+impl PlainAcks {
+    /// Everything held, as one request (none when nothing is).
+    fn take(&self) -> Option<WriteRequest> {
+        let mut held = self.held.lock().unwrap();
+        if held.writes.is_empty() && held.broker_acks.is_empty() {
+            return None;
+        }
+        self.keys.store(0, Ordering::SeqCst);
+        let HeldWrites { writes, broker_acks } = std::mem::take(&mut *held);
+        Some(WriteRequest { writes: writes.into_values().collect(), broker_acks, done: None })
+    }
+}
+
+/// Folds `write`, made after `held` for the same key, into `held`, so that writing `held` alone
+/// leaves the store where writing both in order would: a write for an older topic generation or
+/// offset epoch would be dropped after `held` (obsolete, stale), one for a newer replaces it (the
+/// store already moved past `held`'s), and within one the floors only rise (CAS-max).
+pub fn fold(held: &mut OffsetWrite, write: OffsetWrite) {
+    match (write.generation, write.epoch).cmp(&(held.generation, held.epoch)) {
+        Order::Less => {}
+        Order::Greater => *held = write,
+        Order::Equal => {
+            let before = OffsetRecord::from_write(held);
+            if before.is_advanced_by(&write) {
+                let after = before.advanced_by(&write);
+                (held.committed, held.last_acked, held.updated_at) = (after.committed, after.last_acked, write.updated_at);
+            }
+        }
+    }
 }
 
 /// What applies a batch: the store, the backend (broker ACKs) and the counters.
@@ -64,17 +125,61 @@ impl OffsetWriter {
     /// Starts the writer thread; `capacity` bounds the queue (senders wait when it is full).
     /// `inline_when_idle`: a durable write may run on the caller when nothing is queued (only
     /// for stores whose writes do not fsync, so the caller never blocks long).
-    pub fn start(store: Arc<dyn OffsetStore>, backend: Arc<dyn LogBackend>, capacity: usize, inline_when_idle: bool) -> (Self, JoinHandle<()>) {
+    /// `plain_ack_linger`: how long plain acks' writes may wait for the thread (`PlainAcks`).
+    pub fn start(
+        store: Arc<dyn OffsetStore>,
+        backend: Arc<dyn LogBackend>,
+        capacity: usize,
+        inline_when_idle: bool,
+        plain_ack_linger: Duration,
+    ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
         let stats = Arc::new(OffsetWriteStats::default());
         let applier = Arc::new(Applier { store, backend, stats: stats.clone() });
         let queued = Arc::new(AtomicUsize::new(0));
-        let (thread_applier, thread_queued) = (applier.clone(), queued.clone());
+        let plain = Arc::new(PlainAcks { linger: plain_ack_linger, held: Mutex::default(), keys: AtomicUsize::new(0) });
+        let (thread_applier, thread_queued, thread_plain) = (applier.clone(), queued.clone(), plain.clone());
         let handle = std::thread::Builder::new()
             .name("offset-writer".into())
-            .spawn(move || write_loop(rx, thread_applier, thread_queued))
+            .spawn(move || write_loop(rx, thread_applier, thread_queued, thread_plain))
             .expect("spawning the offset writer thread");
-        (Self { tx, stats, applier, queued, inline_when_idle }, handle)
+        (Self { tx, stats, applier, queued, inline_when_idle, plain }, handle)
+    }
+
+    /// Hands over the writes and broker ACKs of plain acks (no receipt), emptying both vectors
+    /// (their capacity stays with the caller: no allocation per ack). Held for the thread's next
+    /// linger tick, merged per key; fails only when the writer has stopped (shutdown).
+    pub async fn submit_plain(&self, writes: &mut Vec<OffsetWrite>, broker_acks: &mut Vec<(TopicPartition, u64)>) -> Result<(), String> {
+        if self.plain.linger.is_zero() {
+            // Each key's floor only rises within a burst: the last write of a key carries them all.
+            let mut writes = std::mem::take(writes);
+            let mut seen = crate::core::FastSet::default();
+            writes.reverse();
+            writes.retain(|w| seen.insert(w.key.clone()));
+            return self.submit(WriteRequest { writes, broker_acks: std::mem::take(broker_acks), done: None }).await;
+        }
+        if self.tx.is_closed() {
+            return Err("offset writer stopped".to_string());
+        }
+        let keys = {
+            let mut held = self.plain.held.lock().unwrap();
+            for write in writes.drain(..) {
+                match held.writes.get_mut(&write.key) {
+                    Some(pending) => fold(pending, write),
+                    None => {
+                        held.writes.insert(write.key.clone(), write);
+                    }
+                }
+            }
+            held.broker_acks.append(broker_acks);
+            self.plain.keys.store(held.writes.len(), Ordering::SeqCst);
+            held.writes.len()
+        };
+        if keys >= PLAIN_KEYS_BEFORE_WAKE {
+            // Enough for a batch: an empty request wakes the thread, which takes them with it.
+            return self.submit(WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None }).await;
+        }
+        Ok(())
     }
 
     /// Queues a request; fails only when the writer has stopped (shutdown).
@@ -99,7 +204,9 @@ impl OffsetWriter {
     /// confirmed-ack round trip). The store serializes writers and CAS-max keeps the result the
     /// same whichever write lands first.
     pub async fn write_durably(&self, writes: Vec<OffsetWrite>, broker_acks: Vec<(TopicPartition, u64)>) -> Result<(), String> {
-        let (writes, broker_acks) = if self.inline_when_idle && !writes.is_empty() && self.queued.load(Ordering::SeqCst) == 0 {
+        // Held plain acks go first (the thread takes them with this request), as they were made first.
+        let idle = self.queued.load(Ordering::SeqCst) == 0 && self.plain.keys.load(Ordering::SeqCst) == 0;
+        let (writes, broker_acks) = if self.inline_when_idle && !writes.is_empty() && idle {
             let mut batch = vec![WriteRequest { writes, broker_acks, done: None }];
             // Only when the store needs no waiting for it: a stalled store must not freeze this
             // tokio worker (issue 39, item 10); the thread waits instead.
@@ -197,20 +304,49 @@ impl Applier {
     }
 }
 
-fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, applier: Arc<Applier>, queued: Arc<AtomicUsize>) {
+fn write_loop(mut rx: mpsc::Receiver<WriteRequest>, applier: Arc<Applier>, queued: Arc<AtomicUsize>, plain: Arc<PlainAcks>) {
+    // A runtime of this thread alone, for its linger tick beside the queue: everything it runs
+    // blocks this thread only.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("building the offset writer's runtime");
+    let lingering = !plain.linger.is_zero();
     let mut batch = Vec::new();
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_REQUESTS_PER_BATCH {
-            match rx.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+    runtime.block_on(async {
+        let period = plain.linger.max(Duration::from_millis(1));
+        // The first tick a period from now (an interval's first is at once).
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let taken = tokio::select! {
+                biased;
+                request = rx.recv() => match request {
+                    Some(first) => {
+                        batch.push(first);
+                        while batch.len() < MAX_REQUESTS_PER_BATCH {
+                            match rx.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                        batch.len()
+                    }
+                    None => break,
+                },
+                _ = tick.tick(), if lingering => 0,
+            };
+            // Plain acks held so far were made before these requests: first in the batch.
+            if let Some(held) = plain.take() {
+                batch.insert(0, held);
             }
+            if !batch.is_empty() {
+                let _ = applier.apply(&mut batch);
+            }
+            // Only now: until the batch is applied, a durable write must queue behind it.
+            queued.fetch_sub(taken, Ordering::SeqCst);
         }
-        let taken = batch.len();
-        let _ = applier.apply(&mut batch);
-        // Only now: until the batch is applied, a durable write must queue behind it.
-        queued.fetch_sub(taken, Ordering::SeqCst);
+    });
+    // Stopped (every handle dropped): what is still held is written before the store's flush.
+    if let Some(held) = plain.take() {
+        let _ = applier.apply(&mut vec![held]);
     }
     if let Err(e) = applier.store.flush() {
         tracing::error!(error = %e, "offset store flush at shutdown failed");
@@ -379,6 +515,79 @@ mod tests {
         }
     }
 
+    fn plain(committed: u64, last_acked: Option<u64>, epoch: u64, generation: u64) -> OffsetWrite {
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("a").unwrap(), 0);
+        OffsetWrite { key, committed, last_acked, updated_at: committed, generation, epoch }
+    }
+
+    /// The merge rule of held plain acks (the engine review's section 3.3).
+    #[test]
+    fn a_held_write_keeps_what_the_store_would_end_with() {
+        let mut held = plain(10, Some(12), 1, 0);
+        fold(&mut held, plain(8, Some(9), 1, 0));
+        assert_eq!((held.committed, held.last_acked), (10, Some(12)), "a lower floor of the same epoch changes nothing");
+        fold(&mut held, plain(15, None, 1, 0));
+        assert_eq!((held.committed, held.last_acked, held.updated_at), (15, Some(12), 15), "a higher one advances it");
+        fold(&mut held, plain(99, None, 0, 0));
+        assert_eq!(held.committed, 15, "a write from before a lowering is dropped, however high");
+        fold(&mut held, plain(3, None, 2, 0));
+        assert_eq!((held.committed, held.epoch), (3, 2), "a write after a lowering replaces it, however low");
+        fold(&mut held, plain(50, None, 5, 0));
+        fold(&mut held, plain(4, None, 0, 1));
+        assert_eq!((held.committed, held.generation), (4, 1), "a write for a recreated topic replaces one for the deleted");
+        fold(&mut held, plain(60, None, 9, 0));
+        assert_eq!((held.committed, held.generation), (4, 1), "one for the deleted topic is dropped");
+    }
+
+    proptest::proptest! {
+        /// Writing the folded write alone leaves the record where writing every write in order
+        /// would (the store's CAS-max with epochs). A write of epoch e is made from a record of
+        /// epoch e, so when any is written the stored record's epoch is at least every write's.
+        #[test]
+        fn a_folded_write_lands_where_the_writes_in_order_would(
+            start in 0u64..50,
+            writes in proptest::collection::vec((0u64..60, 0u64..3), 1..30),
+        ) {
+            let max_epoch = writes.iter().map(|(_, e)| *e).max().unwrap();
+            let stored = OffsetRecord { committed: start, last_acked: None, updated_at: 0, epoch: max_epoch };
+            let apply = |record: OffsetRecord, w: &OffsetWrite| if record.is_advanced_by(w) { record.advanced_by(w) } else { record };
+            let writes: Vec<OffsetWrite> = writes.into_iter().map(|(c, e)| plain(c, None, e, 0)).collect();
+            let in_order = writes.iter().fold(stored, apply);
+            let mut held = writes[0].clone();
+            for w in &writes[1..] {
+                fold(&mut held, w.clone());
+            }
+            let folded = apply(stored, &held);
+            proptest::prop_assert_eq!((folded.committed, folded.epoch), (in_order.committed, in_order.epoch));
+        }
+    }
+
+    /// Plain acks wait for the linger (no thread wake per ack), are merged per key, and a barrier
+    /// writes them at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plain_acks_wait_for_the_linger_or_a_barrier() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = gated_store();
+        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 16, false, Duration::from_secs(3600));
+        let key = OffsetKey::new(TopicName::parse("t").unwrap(), ClientId::parse("a").unwrap(), 0);
+        for committed in 1..=5 {
+            let (mut writes, mut acks) = (vec![plain(committed, None, 0, 0)], Vec::new());
+            writer.submit_plain(&mut writes, &mut acks).await.unwrap();
+            assert!(writes.is_empty(), "handed over");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(store.read(&key).unwrap(), None, "held for the linger");
+        writer.barrier().await.unwrap();
+        assert_eq!(store.read(&key).unwrap().map(|r| r.committed), Some(5));
+        assert_eq!(writer.stats.advanced.load(Ordering::SeqCst), 1, "five acks of one key: one write");
+        // Held at shutdown: written before the thread ends.
+        let (mut writes, mut acks) = (vec![plain(9, None, 0, 0)], Vec::new());
+        writer.submit_plain(&mut writes, &mut acks).await.unwrap();
+        drop(writer);
+        thread.join().unwrap();
+        assert_eq!(store.read(&key).unwrap().map(|r| r.committed), Some(9));
+    }
+
     /// `submit` with the queue full waits for room (the boxed path) and loses nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     // The std guard held across awaits is the gate the writer thread waits at (on its own
@@ -387,7 +596,7 @@ mod tests {
     async fn submit_waits_for_room_when_the_queue_is_full() {
         let dir = tempfile::tempdir().unwrap();
         let store = gated_store();
-        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 1, false);
+        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 1, false, Duration::ZERO);
         let writer = Arc::new(writer);
         let closed = store.gate.lock().unwrap();
         // The writer thread takes the first request and waits at the gate; the second fills the
@@ -429,7 +638,7 @@ mod tests {
     async fn plain_acks_on_a_log_that_only_counts_broker_acks_are_not_fsynced_alone() {
         let dir = tempfile::tempdir().unwrap();
         let store = gated_store();
-        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 16, false);
+        let (writer, thread) = OffsetWriter::start(store.clone(), embedded_log(dir.path()), 16, false, Duration::ZERO);
         let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
         for committed in 1..=3 {
             let mut plain = write("a", committed);

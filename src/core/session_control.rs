@@ -2,9 +2,12 @@
 //! admin route that describes its deliveries) and the inbox that carries them.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 use super::backend::Event;
 use super::client_state::DeliveryRef;
@@ -68,13 +71,16 @@ pub struct RedrivenEvent {
     pub permit: WindowPermit,
 }
 
-/// A session's queue of `SessionControl` messages and its wake-up. Not a tokio channel: one of
+/// A session's queue of `SessionControl` messages and its doorbell. Not a tokio channel: one of
 /// those allocates ~1 KiB per session up front (heaptrack, README "Where the memory goes") for
-/// messages that almost never come.
+/// messages that almost never come. The session polls only the doorbell (a flag and a waker, no
+/// lock) on each pass of its loop; the queue is locked when the bell rang. The gateway's shutdown
+/// rings it too (`ring`), so a session waits on no lock shared with every other session.
 pub struct ControlInbox {
     /// `None` once the session stopped reading it.
     queue: Mutex<Option<VecDeque<SessionControl>>>,
-    wake: Notify,
+    rung: AtomicBool,
+    waker: AtomicWaker,
 }
 
 impl Default for ControlInbox {
@@ -85,7 +91,41 @@ impl Default for ControlInbox {
 
 impl ControlInbox {
     pub fn new() -> Self {
-        Self { queue: Mutex::new(Some(VecDeque::new())), wake: Notify::new() }
+        Self { queue: Mutex::new(Some(VecDeque::new())), rung: AtomicBool::new(false), waker: AtomicWaker::new() }
+    }
+
+    /// Wakes the session: it looks at its queue and at the gateway's shutdown.
+    pub fn ring(&self) {
+        self.rung.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Ready once the bell rang since the last time this was ready. Cancel-safe: the ring is taken
+    /// only by the poll that returns it.
+    pub fn rung(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx: &mut Context<'_>| {
+            if self.rung.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // A ring between the check and the registration found no waker (or the old one).
+            match self.rung.swap(false, Ordering::AcqRel) {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        })
+    }
+
+    /// The next queued message, if any; with more behind it, the bell is rung again, so each
+    /// pass of the session's loop handles one (as each pass flushes what it answered).
+    pub fn try_recv(&self) -> Option<SessionControl> {
+        let mut queue = self.queue.lock().unwrap();
+        let queue = queue.as_mut()?;
+        let message = queue.pop_front();
+        if !queue.is_empty() {
+            self.rung.store(true, Ordering::Release);
+        }
+        message
     }
 
     /// False when the session no longer reads its messages. Bounded, for a session stuck in an
@@ -120,18 +160,18 @@ impl ControlInbox {
             }
             None => return false,
         }
-        self.wake.notify_one();
+        self.ring();
         true
     }
 
-    /// The next message. Cancel-safe: a message is taken only in the poll that returns it.
-    pub async fn recv(&self) -> SessionControl {
+    /// The next message, waiting for one (tests; the session uses `rung` and `try_recv`).
+    #[cfg(test)]
+    async fn recv(&self) -> SessionControl {
         loop {
-            // A `send` between this check and the wait leaves a permit in `wake`: not lost.
-            if let Some(message) = self.queue.lock().unwrap().as_mut().and_then(VecDeque::pop_front) {
+            if let Some(message) = self.try_recv() {
                 return message;
             }
-            self.wake.notified().await;
+            self.rung().await;
         }
     }
 

@@ -87,6 +87,9 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
             .transpose()
             .map_err(|_| ApiError::bad_request("partition must be a non-negative integer"))?,
     };
+    // Plain acks' writes wait for the writer's linger: written first, so a listing right after
+    // an ack shows it.
+    read_after_held_writes(&app.dispatcher).await;
     // One page, on the blocking pool: an unfiltered listing walks the whole store.
     let store = app.dispatcher.store.clone();
     let page = tokio::task::spawn_blocking(move || store.scan_page(&filter, after.as_ref(), limit))
@@ -130,6 +133,7 @@ pub(super) async fn partitions_with_lag(app: &AppState, topic: &TopicName, clien
     let d = &app.dispatcher;
     let count = d.backend.partitions(topic).await?.ok_or_else(|| ApiError::from(crate::core::backend::BackendError::UnknownTopic(topic.to_string())))?;
     let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: None };
+    read_after_held_writes(d).await;
     let stored: HashMap<u32, OffsetRecord> = d.store.scan(&filter)?.into_iter().map(|(k, r)| (k.partition, r)).collect();
     let mut partitions = Vec::with_capacity(count as usize);
     for partition in 0..count {
@@ -272,4 +276,13 @@ pub(super) async fn delete_offsets(app: &AppState, topic: TopicName, client_id: 
     let deleted = d.change_offline_client(&client_id, &topic, remove).await.ok_or_else(|| live(&client_id))??;
     tracing::info!(%topic, %client_id, deleted, "offsets deleted by an operator");
     Ok(Json(json!({ "deleted": deleted })))
+}
+
+/// Waits until the offset writes made so far are in the store (plain acks wait for the writer's
+/// linger, `offsets.plain_ack_linger_ms`), so an admin read shows every ack made before it. A
+/// writer that stopped (shutdown) holds nothing more: the read goes ahead.
+async fn read_after_held_writes(d: &crate::core::dispatcher::Dispatcher) {
+    if let Err(e) = d.writer.barrier().await {
+        tracing::debug!(error = %e, "offset read without a barrier");
+    }
 }

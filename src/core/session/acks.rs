@@ -43,8 +43,9 @@ impl Session {
         let mut unknown = Vec::new();
         let mut acked = 0u64;
         // Floor and last_acked of every touched partition before this ack, to see which moved
-        // (a frame touches one or a few partitions: a list beats a map here).
-        let mut touched: Vec<(TopicPartition, (u64, Option<u64>))> = Vec::new();
+        // (a frame touches one or a few partitions: a list beats a map here). The session's own
+        // list, emptied after each ack: no allocation per ack frame.
+        let mut touched = std::mem::take(&mut self.ack_touched);
         let mut committed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         // The floors a confirmed ack reports, remembered once its `ack_ok` went out (`told`).
         let mut reported: Vec<(TopicPartition, u64)> = Vec::new();
@@ -167,6 +168,8 @@ impl Session {
                 }
             }
         }
+        touched.clear();
+        self.ack_touched = touched;
         if let Some((tracer, received, settled)) = traced {
             if !settled.is_empty() {
                 export_acked(tracer.as_ref(), self.info.client_id.as_str(), settled, received.into_std(), req.is_some());
@@ -274,13 +277,9 @@ impl Session {
         if self.acked.writes.is_empty() && self.acked.broker_acks.is_empty() {
             return;
         }
-        let mut writes = std::mem::take(&mut self.acked.writes);
-        // Within a session each key's floor only rises: the last write of a key carries them all.
-        let mut seen = crate::core::FastSet::default();
-        writes.reverse();
-        writes.retain(|w| seen.insert(w.key.clone()));
-        let request = WriteRequest { writes, broker_acks: std::mem::take(&mut self.acked.broker_acks), done: None };
-        if let Err(e) = self.d.writer.submit(request).await {
+        // The writer merges them per key (and keeps nothing of the vectors: their capacity stays
+        // here, for the next burst).
+        if let Err(e) = self.d.writer.submit_plain(&mut self.acked.writes, &mut self.acked.broker_acks).await {
             // Only at shutdown: the events are delivered again after the restart.
             tracing::warn!(error = %e, "offset writes not submitted");
         }

@@ -48,9 +48,15 @@ const FEED_DRAIN_FRAMES: usize = 256;
 const INBOUND_DRAIN: usize = 256;
 /// How long a taken-over session tries to write its close frame.
 const TAKEN_OVER_CLOSE_WAIT: Duration = Duration::from_secs(1);
-/// How often the session checks for a window that stays full, and whether to ping or give up
-/// on a silent peer (one timer for all three, so keepalive adds none to a session).
+/// How often the session looks again at something it watches: a window that stays full (4003),
+/// partitions it could not feed yet, a drain's settle. Only while there is one: a session with
+/// nothing to watch arms its housekeeping timer at its next ping or credentials notice, and an
+/// idle session costs no wake-up in between (the engine review's finding 2: a 500 ms interval per
+/// session was about 27 us of CPU per session-second).
 const SLOW_CHECK: Duration = Duration::from_millis(500);
+/// The least time between two housekeeping wake-ups: something that stays due (a progress frame
+/// whose barrier failed) is tried again at this pace, not in a busy loop.
+const HOUSEKEEPING_MIN_GAP: Duration = Duration::from_millis(100);
 
 struct Subscription {
     id: u64,
@@ -85,6 +91,21 @@ enum Step {
     Gone(&'static str),
 }
 
+/// The reloadable settings the housekeeping timer depends on.
+#[derive(Clone, Copy)]
+struct Timing {
+    ping_interval: Duration,
+    pong_timeout: Duration,
+    progress_interval: Duration,
+}
+
+impl Timing {
+    fn of(d: &Dispatcher) -> Self {
+        let settings = d.settings();
+        Self { ping_interval: settings.ping_interval, pong_timeout: settings.pong_timeout, progress_interval: settings.progress_interval }
+    }
+}
+
 struct Session {
     d: Arc<Dispatcher>,
     info: Arc<SessionInfo>,
@@ -100,18 +121,23 @@ struct Session {
     termed: u64,
     /// Acks and terms at the previous window check: a change means the client made progress.
     settled_at_last_check: u64,
-    /// When the peer was last known to be heard from: the dead-peer check counts from here.
+    /// When the peer was last heard from (a frame, a pong; one clock read per batch of frames):
+    /// the dead-peer check counts from here, and a peer heard within the ping interval is not
+    /// pinged.
     last_heard: Instant,
-    /// Something (a frame, a pong) arrived since the last tick: a flag, not a clock read per
-    /// batch of frames on the hot path; the tick turns it into `last_heard`.
-    heard: bool,
     /// When the last keepalive ping went out.
     last_ping: Instant,
+    /// The settings the housekeeping timer is computed from, read again at each of its wake-ups
+    /// (a reload applies from the next): not a shared `Arc` touched on every pass of the loop.
+    timing: Timing,
     /// In-flight events whose deadline is not an ack timeout but the end of a pause: a `nack`'s
     /// (the redelivery counts as `nack`) or a backoff after a timeout (it counts as `timeout`).
     waiting: FastMap<EventRef, Waiting>,
     /// Offset writes and broker ACKs of acks without `req`, submitted once per batch of frames.
     acked: WriteRequest,
+    /// The partitions one ack touched, with their floors before it (`ack`); kept empty between
+    /// acks, for its capacity.
+    ack_touched: Vec<(TopicPartition, (u64, Option<u64>))>,
     access: Access,
     cancel: CancellationToken,
     out: Vec<Outbound>,
@@ -181,10 +207,11 @@ pub async fn run_session<I, O>(
         termed: 0,
         settled_at_last_check: 0,
         last_heard: Instant::now(),
-        heard: false,
         last_ping: Instant::now(),
+        timing: Timing::of(&d),
         waiting: Default::default(),
         acked: WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None },
+        ack_touched: Vec::new(),
         access,
         cancel: CancellationToken::new(),
         out: Vec::new(),
@@ -211,21 +238,24 @@ pub async fn run_session<I, O>(
         ack_timeout_ms: d.settings().redelivery.default_policy().ack_timeout.as_millis() as u64,
         max_in_flight: info.window.max_events(),
     });
-    let mut slow_check = tokio::time::interval(SLOW_CHECK);
-    // Credentials that expire end the session then (4004), whatever it is doing, unless a
-    // `refresh` replaced them; `refresh_needed` goes out `auth.refresh_before_secs` before.
-    // `None`: no timer armed (no token that expires): nothing to compare or reset per pass.
-    let mut credentials_at = s.credentials_due();
-    let credentials_timer = tokio::time::sleep_until(credentials_at.unwrap_or_else(far_future));
-    tokio::pin!(credentials_timer);
+    // One timer for everything periodic (`Session::housekeeping_due`): keepalive, dead peer,
+    // credentials (`refresh_needed`, 4004), a full window (4003), progress frames, partitions to
+    // feed, a drain's settle. Armed at the earliest due instant; moved only when something falls
+    // due earlier (a later one is found when it fires and re-arms it), so a busy session resets
+    // no timer per pass. `None`: not armed.
+    let mut housekeeping_at: Option<Instant> = None;
+    let housekeeping = tokio::time::sleep_until(far_future());
+    tokio::pin!(housekeeping);
+    // Nothing is armed earlier than this (`HOUSEKEEPING_MIN_GAP` after the last wake-up).
+    let mut housekeeping_floor = Instant::now();
     let mut reason = "client left";
     let mut ended = SessionEnd::ClientLeft;
     // A client that stops reading blocks our writes; give up on it after the slow-client limit.
     let write_limit = Some(d.settings().slow_client_timeout).filter(|t| !t.is_zero()).unwrap_or(Duration::MAX);
-    // Futures that live across iterations: re-creating a timer and a cancellation waiter on
-    // every pass of a busy loop costs more than the frames it handles.
-    let shutting_down = d.shutdown.cancelled();
-    tokio::pin!(shutting_down);
+    // The gateway's shutdown rings every session's doorbell (`gateway`); one that registered
+    // after that looks at it on its first pass. No session polls the shutdown token itself: its
+    // lock is shared by every session.
+    control.ring();
     // The next redelivery deadline the timer is armed for; `None`: nothing in flight, no timer
     // (a "never" computed per pass would be a new instant each time, and a reset each pass).
     let mut timer_at: Option<Instant> = None;
@@ -239,9 +269,6 @@ pub async fn run_session<I, O>(
             match (&mut flushing).now_or_never() {
                 Some(done) => Ok(done),
                 None => {
-                    if std::mem::take(&mut s.heard) {
-                        s.last_heard = Instant::now();
-                    }
                     let dead_peer = progress.as_deref().filter(|_| !d.settings().ping_interval.is_zero()).map(|p| (p, d.settings().pong_timeout, s.last_heard));
                     flush_blocked(flushing, write_limit, dead_peer).await
                 }
@@ -260,30 +287,31 @@ pub async fn run_session<I, O>(
                 break;
             }
         }
-        let credentials_due = s.credentials_due();
-        if credentials_due != credentials_at {
-            credentials_at = credentials_due;
-            credentials_timer.as_mut().reset(credentials_at.unwrap_or_else(far_future));
+        if let Some(due) = s.housekeeping_due() {
+            let due = due.max(housekeeping_floor);
+            if housekeeping_at.is_none_or(|at| due < at) {
+                housekeeping_at = Some(due);
+                housekeeping.as_mut().reset(due);
+            }
         }
-        let next_timer = s.in_flight.next_deadline();
-        if next_timer != timer_at {
-            timer_at = next_timer;
-            if let Some(at) = timer_at {
-                redelivery_timer.as_mut().reset(at);
+        // Armed at the earliest live deadline; as above, moved only when one falls due earlier:
+        // an armed timer whose delivery was acked meanwhile fires once and re-arms, at most once
+        // per ack timeout, instead of a timer reset per delivery.
+        if let Some(next) = s.in_flight.next_live_deadline() {
+            if timer_at.is_none_or(|at| next < at) {
+                timer_at = Some(next);
+                redelivery_timer.as_mut().reset(next);
             }
         }
         let step = tokio::select! {
             biased;
-            _ = &mut shutting_down => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
-            _ = &mut credentials_timer => {
-                // Fired: parked, and armed again on the next pass when anything is still due.
-                credentials_at = None;
-                credentials_timer.as_mut().reset(far_future());
-                s.on_credentials_timer()
-            }
-            message = control.recv() => s.on_control(message),
+            _ = control.rung() => match control.try_recv() {
+                _ if d.shutdown.is_cancelled() => Step::Close(close_code::GOING_AWAY, "gateway shutting down"),
+                Some(message) => s.on_control(message),
+                None => Step::Continue,
+            },
             frame = inbound.next() => {
-                s.heard = true;
+                s.last_heard = Instant::now();
                 let mut step = s.on_inbound(frame).await;
                 // Frames already read are handled together: their acks become one write request.
                 for _ in 0..INBOUND_DRAIN {
@@ -315,17 +343,11 @@ pub async fn run_session<I, O>(
                 }
                 step
             }
-            _ = slow_check.tick() => {
-                if s.subscriptions.values().any(|sub| sub.wanted > sub.partitions) {
-                    Box::pin(s.grow_subscriptions()).await;
-                }
-                if !s.tokens_due.is_empty() {
-                    Box::pin(s.send_progress()).await;
-                }
-                match s.check_peer() {
-                    Step::Continue => s.check_window(),
-                    gone => gone,
-                }
+            _ = &mut housekeeping, if housekeeping_at.is_some() => {
+                housekeeping_at = None;
+                let step = s.on_housekeeping().await;
+                housekeeping_floor = Instant::now() + HOUSEKEEPING_MIN_GAP;
+                step
             }
         };
         let step = match step {
@@ -636,6 +658,52 @@ impl Session {
         }
     }
 
+    /// When the housekeeping timer must next fire (`on_housekeeping`); `None`: nothing to do until
+    /// something happens (an idle session with keepalive off and no expiring token).
+    fn housekeeping_due(&self) -> Option<Instant> {
+        let mut due = self.credentials_due();
+        let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+        let timing = &self.timing;
+        let hub = self.is_hub();
+        if !timing.ping_interval.is_zero() && !hub {
+            at(self.last_ping.max(self.last_heard) + timing.ping_interval);
+            at(self.last_heard + timing.pong_timeout);
+        }
+        if !timing.progress_interval.is_zero() && !self.tokens_due.is_empty() {
+            at(self.progress_sent + timing.progress_interval);
+        }
+        let watching = self.stalled_since.is_some()
+            || self.settling.is_some()
+            || (!hub && (self.window.is_full() || self.group_window_full()))
+            || self.subscriptions.values().any(|sub| sub.wanted > sub.partitions);
+        if watching {
+            at(Instant::now() + SLOW_CHECK);
+        }
+        due
+    }
+
+    /// Whatever fell due: credentials, partitions to feed, progress frames, keepalive, a window
+    /// that stays full. Each check tells for itself whether it is due.
+    async fn on_housekeeping(&mut self) -> Step {
+        self.timing = Timing::of(&self.d);
+        if self.credentials_due().is_some_and(|at| at <= Instant::now()) {
+            match self.on_credentials_timer() {
+                Step::Continue => {}
+                step => return step,
+            }
+        }
+        if self.subscriptions.values().any(|sub| sub.wanted > sub.partitions) {
+            Box::pin(self.grow_subscriptions()).await;
+        }
+        if !self.tokens_due.is_empty() {
+            Box::pin(self.send_progress()).await;
+        }
+        match self.check_peer() {
+            Step::Continue => self.check_window(),
+            gone => gone,
+        }
+    }
+
     /// Keepalive: pings the peer every `ping_interval`; a peer not heard from (no frame, no pong)
     /// for `pong_timeout` is dead (a half-open socket: a laptop closed, a NAT that forgot the
     /// flow) and its session ends at once, releasing its deliveries, with no close frame since
@@ -646,13 +714,11 @@ impl Session {
         if settings.ping_interval.is_zero() || self.is_hub() {
             return Step::Continue;
         }
-        if std::mem::take(&mut self.heard) {
-            self.last_heard = Instant::now();
-        }
         if self.last_heard.elapsed() > settings.pong_timeout {
             return Step::Gone("dead peer: nothing received within server.ws_pong_timeout_ms");
         }
-        if self.last_ping.elapsed() >= settings.ping_interval {
+        // A peer heard from within the interval is alive: no ping (nor a pong to read back).
+        if self.last_ping.max(self.last_heard).elapsed() >= settings.ping_interval {
             self.last_ping = Instant::now();
             self.out.push(Outbound::Ping);
         }
@@ -662,7 +728,8 @@ impl Session {
     /// 4003 means "no ack progress", not "busy": a client behind a backlog keeps its window full
     /// all the time while acking steadily, and must never be closed for it. Only a window that
     /// stays full with no ack at all for `slow_client_timeout` is slow. Sampled every
-    /// `SLOW_CHECK`, so the ack path itself pays nothing for it.
+    /// `SLOW_CHECK` while the window is full or was stalled (`housekeeping_due`), so the ack path
+    /// itself pays nothing for it.
     fn check_window(&mut self) -> Step {
         // A group's hub is never slow: its members are, each on its own (a member whose share of
         // a group fills its window and who acks none of it is as slow as any client).
