@@ -35,6 +35,7 @@ fn frames(c: &mut Criterion) {
         payload: format!(r#"{{"p":"{}"}}"#, "x".repeat(92)).into_bytes(),
         payload_is_json: true,
         undecodable: false,
+        frame: Default::default(),
     };
     let mut out = String::with_capacity(512);
     group.bench_function("write event frame (100-byte JSON payload)", |b| {

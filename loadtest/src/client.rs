@@ -25,6 +25,16 @@ pub enum Transport {
     Sse,
 }
 
+/// What drives the consumers' sockets.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum ClientEngine {
+    /// A task per client (as a browser: each tab its own event loop).
+    Task,
+    /// One task per worker thread for all its clients' sockets (`multiplexed`): a lean client, so
+    /// latency measures the gateway more than the load generator.
+    Multiplexed,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum AckMode {
     /// One ack frame per event.
@@ -555,19 +565,19 @@ async fn finish(ws: &mut Connection, received: &mut Received) -> anyhow::Result<
     }
 }
 
-struct ScannedEvent<'a> {
-    delivery_id: &'a str,
-    partition: u32,
-    offset: u64,
-    attempt: u32,
+pub(crate) struct ScannedEvent<'a> {
+    pub delivery_id: &'a str,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
     /// `t` of a paced event's payload `{"t":N,...}`: its publish time.
-    published_ns: Option<u64>,
+    pub published_ns: Option<u64>,
 }
 
 /// Reads the few fields the loadtest needs from an `event` frame as the gateway writes it
 /// (`{"type":"event","delivery_id":"..","topic":"..","partition":N,"offset":N,"attempt":N,...`);
 /// `None` for anything else, which then goes through the JSON parser.
-fn scan_event(text: &str) -> Option<ScannedEvent<'_>> {
+pub(crate) fn scan_event(text: &str) -> Option<ScannedEvent<'_>> {
     let rest = text.strip_prefix(r#"{"type":"event","delivery_id":""#)?;
     let (delivery_id, rest) = rest.split_once('"')?;
     let number = |rest: &str, field: &str| -> Option<u64> {

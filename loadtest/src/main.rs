@@ -17,6 +17,7 @@ mod client;
 mod find_rate;
 mod gateway;
 mod history;
+mod multiplexed;
 mod nats;
 mod powerloss;
 mod report;
@@ -81,6 +82,11 @@ pub struct Cli {
     /// Server-Sent Events with their frames POSTed (one POST per batch of frames read).
     #[arg(long, value_enum, default_value_t = Transport::Websocket)]
     pub transport: Transport,
+    /// What drives the consumers of the fan-out and broadcast shapes: a task per client (the
+    /// browser-like default) or `multiplexed`, one task per worker thread for all their sockets
+    /// (WebSocket, `--ack each`).
+    #[arg(long, value_enum, default_value_t = client::ClientEngine::Task)]
+    pub client_engine: client::ClientEngine,
     /// How clients acknowledge.
     #[arg(long, value_enum, default_value_t = AckMode::Each)]
     pub ack: AckMode,

@@ -12,6 +12,10 @@
 //! has a stream of its own; fan-out: every client has its own consumer of one stream. The run
 //! ends complete when every client received every stream sequence and every consumer's ack
 //! floor reached the stream's last sequence.
+//!
+//! `--broadcast N --rate R --duration-secs S` is the browser shape of `loadtest --broadcast`: N
+//! clients, each a durable push consumer of one stream, every message acked, R messages a second
+//! published for S seconds, each carrying its publish time, and the publish-to-delivery histogram.
 
 use std::collections::HashSet;
 use std::net::TcpListener;
@@ -63,6 +67,16 @@ pub struct NatsCli {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// The browser shape: this many clients on one stream, messages published at `--rate` for
+    /// `--duration-secs` (instead of `--events` preloaded).
+    #[arg(long, conflicts_with_all = ["clients", "fanout"])]
+    pub broadcast: Option<usize>,
+    /// With `--broadcast`: messages published per second.
+    #[arg(long, default_value_t = 5, requires = "broadcast")]
+    pub rate: u64,
+    /// With `--broadcast`: how long messages are published.
+    #[arg(long, default_value_t = 60, requires = "broadcast")]
+    pub duration_secs: u64,
 }
 
 pub fn main(args: Vec<String>) -> std::process::ExitCode {
@@ -72,7 +86,13 @@ pub fn main(args: Vec<String>) -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(throughput(&cli)) {
+    let run = async {
+        match cli.broadcast {
+            Some(clients) => broadcast(&cli, clients).await,
+            None => throughput(&cli).await,
+        }
+    };
+    match runtime.block_on(run) {
         Ok(summary) => {
             summary.print(cli.json);
             if summary.complete {
@@ -337,6 +357,31 @@ impl Conn {
     }
 }
 
+/// The server's RSS, and its CPU over the timed part (in all, and per delivery).
+fn server_resources(summary: &mut Summary, pid: u32, cpu_before: Option<f64>, elapsed: Duration, deliveries: u64) {
+    if let Some(rss) = process_rss_bytes(pid) {
+        summary.add("nats_rss_mib", (rss as f64 / 1048576.0 * 10.0).round() / 10.0);
+    }
+    if let (Some(before), Some(after)) = (cpu_before, process_cpu_seconds(pid)) {
+        summary.add("nats_cpu_percent", ((after - before) / elapsed.as_secs_f64() * 1000.0).round() / 10.0);
+        summary.add("cpu_us_per_delivery", ((after - before) * 1e6 / deliveries.max(1) as f64 * 10.0).round() / 10.0);
+    }
+}
+
+/// The JetStream request that creates client `i`'s durable push consumer of `stream`: explicit
+/// acks, ackgate's window, from the first message, delivered to `d.<stream>.c<i>`.
+fn consumer_create(stream: &str, i: usize) -> (String, Value) {
+    let config = json!({
+        "durable_name": format!("c{i}"),
+        "deliver_subject": format!("d.{stream}.c{i}"),
+        "deliver_policy": "all",
+        "ack_policy": "explicit",
+        "ack_wait": 30_000_000_000u64,
+        "max_ack_pending": WINDOW,
+    });
+    (format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.c{i}"), json!({"stream_name": stream, "config": config}))
+}
+
 /// Stream sequence and delivery count from a JetStream ack subject: `$JS.ACK.<stream>.<consumer>.
 /// <delivered>.<stream seq>.<consumer seq>.<time>.<pending>`, or with the domain and account
 /// hash before the stream in the newer form.
@@ -385,6 +430,9 @@ async fn preload(conn: &mut Conn, subject: &str, count: u64, payload_bytes: usiz
 struct Event {
     #[allow(dead_code)]
     i: u64,
+    /// Broadcast: when it was published, in ns since the run's start.
+    #[serde(default)]
+    t: Option<u64>,
 }
 
 struct Consumed {
@@ -395,8 +443,9 @@ struct Consumed {
     latency_us: Histogram<u64>,
 }
 
-/// Reads `expect` distinct messages of its consumer and acks each.
-async fn consume(mut conn: Conn, expect: u64, mode: AckMode, progress: Arc<AtomicU64>) -> anyhow::Result<Consumed> {
+/// Reads `expect` distinct messages of its consumer and acks each. With `since` (broadcast), the
+/// histogram is of publish to delivery, from the time each message carries.
+async fn consume(mut conn: Conn, expect: u64, mode: AckMode, progress: Arc<AtomicU64>, since: Option<Instant>) -> anyhow::Result<Consumed> {
     let mut got = Consumed { sequences: HashSet::new(), deliveries: 0, redeliveries: 0, acked: 0, latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)? };
     // Confirmed: ack subjects waiting for their turn, and the one whose answer is awaited.
     let mut unsent: std::collections::VecDeque<String> = Default::default();
@@ -411,7 +460,10 @@ async fn consume(mut conn: Conn, expect: u64, mode: AckMode, progress: Arc<Atomi
                 Incoming::Msg { sid: DELIVERIES_SID, reply: Some(ack_subject), payload, .. } => {
                     // The event is read as an app reads it (and as loadtest's ackgate client
                     // reads its frames): parsed JSON.
-                    let _event: Event = serde_json::from_slice(&payload).context("a message that is not the JSON published")?;
+                    let event: Event = serde_json::from_slice(&payload).context("a message that is not the JSON published")?;
+                    if let (Some(since), Some(t)) = (since, event.t) {
+                        got.latency_us.saturating_record((since.elapsed().as_nanos() as u64).saturating_sub(t) / 1000);
+                    }
                     let (delivered, sequence) = ack_subject_sequence(&ack_subject)?;
                     got.deliveries += 1;
                     if delivered > 1 {
@@ -508,16 +560,8 @@ async fn throughput(cli: &NatsCli) -> anyhow::Result<Summary> {
     for (stream, readers, count) in &streams {
         for &i in readers {
             let conn = conns[i].take().expect("one consumer per connection");
-            tasks.push(tokio::spawn(consume(conn, *count, cli.ack, acked.clone())));
-            let config = json!({
-                "durable_name": format!("c{i}"),
-                "deliver_subject": format!("d.{stream}.c{i}"),
-                "deliver_policy": "all",
-                "ack_policy": "explicit",
-                "ack_wait": 30_000_000_000u64,
-                "max_ack_pending": WINDOW,
-            });
-            creates.push((format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.c{i}"), json!({"stream_name": stream, "config": config})));
+            tasks.push(tokio::spawn(consume(conn, *count, cli.ack, acked.clone(), None)));
+            creates.push(consumer_create(stream, i));
         }
     }
     // Every consumer asked for at once, as ackgate's clients subscribe at once.
@@ -536,12 +580,7 @@ async fn throughput(cli: &NatsCli) -> anyhow::Result<Summary> {
     }
     let elapsed = started.elapsed();
     drop(progress);
-    if let Some(rss) = process_rss_bytes(pid) {
-        summary.add("nats_rss_mib", (rss as f64 / 1048576.0 * 10.0).round() / 10.0);
-    }
-    if let (Some(before), Some(after)) = (cpu_before, process_cpu_seconds(pid)) {
-        summary.add("nats_cpu_percent", ((after - before) / elapsed.as_secs_f64() * 1000.0).round() / 10.0);
-    }
+    server_resources(&mut summary, pid, cpu_before, elapsed, deliveries);
     summary.add_deliveries(elapsed, deliveries, acks, redeliveries);
     summary.add_latency("ack_round_trip", &latency);
 
@@ -574,6 +613,98 @@ async fn throughput(cli: &NatsCli) -> anyhow::Result<Summary> {
             }
         }
     }
+    Ok(summary)
+}
+
+/// The browser shape (`--broadcast`): every client a durable push consumer of one stream, messages
+/// published at `--rate` for `--duration-secs`, each acked, timed from publish to delivery.
+async fn broadcast(cli: &NatsCli, clients: usize) -> anyhow::Result<Summary> {
+    let server = NatsServer::start(&cli.server_bin)?;
+    let pid = server.child.id();
+    let total = cli.rate * cli.duration_secs;
+    let mut summary = Summary::new(format!(
+        "NATS JetStream over WebSocket: broadcast to {clients} clients, {} messages/s for {} s, {}-byte payloads, each acked",
+        cli.rate, cli.duration_secs, cli.payload_bytes
+    ));
+    let mut admin = Conn::connect(&server.ws_url, "admin").await?;
+    admin.request("$JS.API.STREAM.CREATE.B", &json!({"name": "B", "subjects": ["b"], "storage": "file", "num_replicas": 1})).await?;
+    // Connected and subscribed first (200 at a time), then every consumer created.
+    let connected = Arc::new(AtomicU64::new(0));
+    let connecting = Progress::start("connected", connected.clone(), clients as u64);
+    let mut conns = Vec::with_capacity(clients);
+    for chunk in (0..clients).collect::<Vec<_>>().chunks(200) {
+        let opened = futures_util::future::join_all(chunk.iter().map(|&i| {
+            let url = server.ws_url.clone();
+            async move {
+                let mut conn = Conn::connect(&url, &format!("c{i}")).await?;
+                conn.queue(format!("SUB d.B.c{i} {DELIVERIES_SID}\r\nPING\r\n").as_bytes());
+                conn.flush().await?;
+                while !matches!(conn.next().await?, Incoming::Pong) {}
+                anyhow::Ok(conn)
+            }
+        }))
+        .await;
+        for conn in opened {
+            conns.push(conn?);
+            connected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    drop(connecting);
+    let acked = Arc::new(AtomicU64::new(0));
+    let since = Instant::now();
+    let tasks: Vec<_> = conns.into_iter().map(|conn| tokio::spawn(consume(conn, total, AckMode::Each, acked.clone(), Some(since)))).collect();
+    for chunk in (0..clients).collect::<Vec<_>>().chunks(500) {
+        let creates: Vec<(String, Value)> = chunk.iter().map(|&i| consumer_create("B", i)).collect();
+        admin.requests(&creates).await?;
+    }
+    let progress = Progress::start("acked", acked.clone(), total * clients as u64);
+    let cpu_before = process_cpu_seconds(pid);
+    let started = Instant::now();
+    // Paced in 1 ms ticks, each message stored (answered) before the run counts as published.
+    let reply = admin.new_reply_subject();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sent = 0u64;
+    while sent < total {
+        tick.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * cli.rate as f64) as u64).min(total);
+        while sent < due {
+            let head = format!(r#"{{"i":{sent},"t":{},"f":""#, since.elapsed().as_nanos());
+            let payload = format!("{head}{}\"}}", "x".repeat(cli.payload_bytes.saturating_sub(head.len() + 2)));
+            admin.publish("b", Some(&reply), payload.as_bytes());
+            sent += 1;
+        }
+        admin.flush().await?;
+    }
+    let mut stored = 0;
+    while stored < total {
+        if let Incoming::Msg { subject, payload, .. } = admin.next().await? {
+            if subject == reply {
+                if payload.windows(7).any(|w| w == b"\"error\"") {
+                    bail!("publishing: {}", String::from_utf8_lossy(&payload));
+                }
+                stored += 1;
+            }
+        }
+    }
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut deliveries, mut redeliveries, mut acks) = (0, 0, 0);
+    for (i, task) in tasks.into_iter().enumerate() {
+        let got = task.await??;
+        latency.add(&got.latency_us)?;
+        deliveries += got.deliveries;
+        redeliveries += got.redeliveries;
+        acks += got.acked;
+        let missing = (1..=total).filter(|s| !got.sequences.contains(s)).count();
+        if missing > 0 {
+            summary.problem(format!("c{i} missed {missing} messages"));
+        }
+    }
+    let elapsed = started.elapsed();
+    drop(progress);
+    server_resources(&mut summary, pid, cpu_before, elapsed, deliveries);
+    summary.add_deliveries(elapsed, deliveries, acks, redeliveries);
+    summary.add_latency("publish_to_delivery", &latency);
     Ok(summary)
 }
 

@@ -317,6 +317,11 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let mut tasks = Vec::new();
     let subscribed = Arc::new(AtomicU64::new(0));
     let consumers = sockets.len() as u64;
+    let multiplexed = cli.client_engine == client::ClientEngine::Multiplexed;
+    if multiplexed && (cli.transport != Transport::Websocket || cli.ack != client::AckMode::Each || cli.group.is_some() || !cli.fanout) {
+        bail!("--client-engine multiplexed drives WebSocket consumers of a fan-out or broadcast acking each event (--ack each)");
+    }
+    let mut engine_consumers = Vec::new();
     for (topic, client_id, count, ws) in sockets {
         let plan = ConsumerPlan {
             client_id,
@@ -331,8 +336,15 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
             subscribed: subscribed.clone(),
             group: cli.group.map(|_| client::SharedPlan { name: GROUP.to_string(), first_deliveries: first_deliveries.clone() }),
         };
-        tasks.push(tokio::spawn(client::consume(plan, ws)));
+        match ws {
+            client::Connection::Ws(ws) if multiplexed => engine_consumers.push((plan, *ws)),
+            ws => tasks.push(tokio::spawn(client::consume(plan, ws))),
+        }
     }
+    let engines = (!engine_consumers.is_empty()).then(|| {
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::spawn(crate::multiplexed::consume_all(engine_consumers, workers))
+    });
     let progress = Progress::start("acked", acked.clone(), deliveries_expected);
     if cli.behind.is_some() {
         // From `latest`: every subscription in place before the first event is published.
@@ -352,8 +364,14 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let (mut deliveries, mut redeliveries, mut acks) = (0, 0, 0);
     let mut per_client = Vec::new();
+    let mut results = Vec::new();
     for task in tasks {
-        let result = task.await??;
+        results.push(task.await??);
+    }
+    if let Some(engines) = engines {
+        results.extend(engines.await??);
+    }
+    for result in results {
         latency.add(&result.latency_us)?;
         deliveries += result.received.deliveries;
         redeliveries += result.received.redeliveries;
@@ -363,6 +381,9 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let elapsed = started.elapsed();
     drop(progress);
     resources(&mut summary, &gateway, cpu_before, elapsed);
+    if let (Some(before), Some(after)) = (cpu_before, gateway.cpu_seconds()) {
+        summary.add("cpu_us_per_delivery", ((after - before) * 1e6 / deliveries.max(1) as f64 * 10.0).round() / 10.0);
+    }
     summary.add_deliveries(elapsed, deliveries, acks, redeliveries);
     let latency_name = if paced { "publish_to_delivery" } else { "ack_round_trip" };
     summary.add_latency(latency_name, &latency);

@@ -29,6 +29,9 @@ pub struct Event {
     /// The log holds a record at this offset that could not be decoded: it is never delivered,
     /// but dead-lettered (`undecodable`) for every subscribed client, so the partition goes on.
     pub undecodable: bool,
+    /// Its `event` frame without the delivery id and attempt, written by the first session that
+    /// delivers it and shared by the others (`core::event_frame`).
+    pub frame: super::event_frame::FrameCache,
 }
 
 impl Event {
@@ -44,6 +47,7 @@ impl Event {
             payload: Vec::new(),
             payload_is_json: false,
             undecodable: true,
+            frame: Default::default(),
         }
     }
 

@@ -61,6 +61,9 @@ const STALE_SLACK: usize = 1024;
 #[derive(Default)]
 pub struct InFlightWindow {
     entries: FastMap<EventRef, Entry>,
+    /// The window bytes the entries' permits hold: with `len`, whether the session's window is
+    /// full, from the session's own memory (`Window::is_full` reads atomics the feeders write).
+    bytes: u64,
     deadlines: BinaryHeap<Reverse<(Instant, EventRef, u64)>>,
     next_generation: u64,
 }
@@ -70,6 +73,10 @@ impl InFlightWindow {
         self.entries.len()
     }
 
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     pub fn get(&self, at: &EventRef) -> Option<&Delivery> {
         self.entries.get(at).map(|e| &e.delivery)
     }
@@ -77,11 +84,16 @@ impl InFlightWindow {
     /// Adds a delivery due for redelivery `after` from `now` (`now_ms` on the wall clock).
     pub fn insert(&mut self, at: EventRef, delivery: Delivery, after: Duration, now: Instant, now_ms: u64) {
         let (deadline_ms, generation) = self.schedule(at, after, now, now_ms);
-        self.entries.insert(at, Entry { delivery, deadline_ms, generation });
+        self.bytes += delivery.permit.cost();
+        if let Some(replaced) = self.entries.insert(at, Entry { delivery, deadline_ms, generation }) {
+            self.bytes -= replaced.delivery.permit.cost();
+        }
     }
 
     pub fn remove(&mut self, at: &EventRef) -> Option<Delivery> {
-        self.entries.remove(at).map(|e| e.delivery)
+        let removed = self.entries.remove(at)?;
+        self.bytes -= removed.delivery.permit.cost();
+        Some(removed.delivery)
     }
 
     /// Moves the deadline of a delivery (nack delay, extend); false when it is not in flight.
@@ -152,13 +164,21 @@ impl InFlightWindow {
 
     /// Drops every delivery of one topic slot (unsubscribe), releasing their window slots.
     pub fn release_slot(&mut self, slot: u32) {
-        self.entries.retain(|at, _| at.slot != slot);
+        let bytes = &mut self.bytes;
+        self.entries.retain(|at, e| {
+            let keep = at.slot != slot;
+            if !keep {
+                *bytes -= e.delivery.permit.cost();
+            }
+            keep
+        });
     }
 
     /// Drops everything (session end).
     pub fn clear(&mut self) {
         self.entries.clear();
         self.deadlines.clear();
+        self.bytes = 0;
     }
 
     /// The admin view, ordered by topic, partition and offset; `pause_after_deadline` says how
@@ -199,6 +219,7 @@ mod tests {
             payload: vec![],
             payload_is_json: false,
             undecodable: false,
+            frame: Default::default(),
         };
         Delivery {
             seq,
@@ -267,8 +288,9 @@ mod tests {
         assert_eq!(window.pop_due(Instant::now()), Some(b));
         assert_eq!(window.pop_due(Instant::now()), Some(a));
         assert_eq!(permits.free_slots(), 1);
+        assert_eq!(window.bytes(), 2, "two permits of one byte each");
         window.release_slot(0);
-        assert_eq!(window.len(), 0);
+        assert_eq!((window.len(), window.bytes()), (0, 0));
         assert_eq!(permits.free_slots(), 3, "dropping deliveries frees the window");
     }
 }

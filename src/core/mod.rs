@@ -14,6 +14,7 @@ pub mod dead_letters;
 pub(crate) mod delivery_settings;
 pub(crate) mod dispatcher;
 pub(crate) mod drain;
+pub mod event_frame;
 pub(crate) mod feeder;
 pub(crate) mod frame_errors;
 pub(crate) mod group;

@@ -695,7 +695,7 @@ pub fn plain_ack_id(text: &str) -> Option<&str> {
 }
 
 /// Appends the decimal digits of `n`.
-fn push_u64(out: &mut String, mut n: u64) {
+pub(crate) fn push_u64(out: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -710,9 +710,21 @@ fn push_u64(out: &mut String, mut n: u64) {
 }
 
 /// Writes one `event` frame. The payload is copied verbatim when the event says it is JSON.
+/// In three parts: the delivery id and the attempt are a session's, the rest is the event's
+/// (`core::event_frame` writes that rest once and shares it).
 pub fn write_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, attempt: u32, event: &Event) {
-    out.push_str("{\"type\":\"event\",\"delivery_id\":\"");
+    out.push_str(EVENT_FRAME_START);
     delivery.write_id(out);
+    write_event_frame_middle(out, topic, event);
+    push_u64(out, attempt as u64);
+    write_event_frame_tail(out, event);
+}
+
+/// An `event` frame up to its delivery id's value.
+pub const EVENT_FRAME_START: &str = "{\"type\":\"event\",\"delivery_id\":\"";
+
+/// An `event` frame from the end of its delivery id to its attempt's value.
+pub fn write_event_frame_middle(out: &mut String, topic: &str, event: &Event) {
     out.push('"');
     out.push_str(",\"topic\":");
     push_json_str(out, topic);
@@ -722,7 +734,10 @@ pub fn write_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, a
     out.push_str(",\"offset\":");
     push_u64(out, event.offset);
     out.push_str(",\"attempt\":");
-    push_u64(out, attempt as u64);
+}
+
+/// An `event` frame after its attempt's value: timestamp, key, headers, payload, the end.
+pub fn write_event_frame_tail(out: &mut String, event: &Event) {
     out.push_str(",\"timestamp\":");
     push_u64(out, event.timestamp);
     out.push_str(",\"key\":");
@@ -965,6 +980,7 @@ mod tests {
             payload: br#"{"n":1}"#.to_vec(),
             payload_is_json: true,
             undecodable: false,
+            frame: Default::default(),
         };
         let mut out = String::new();
         write_event_frame(&mut out, DeliveryRef { seq: 0x1f, slot: 0, partition: 1, offset: 42 }, "t", 2, &event);

@@ -89,6 +89,13 @@ impl std::fmt::Debug for WindowPermit {
     }
 }
 
+impl WindowPermit {
+    /// The bytes it holds of the window.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
 impl Drop for WindowPermit {
     fn drop(&mut self) {
         self.budget.give_back(self.cost);
@@ -222,6 +229,10 @@ impl Window {
     /// then; a reload changes the next session's, not this one's), or a hub's `set_max_events`.
     pub fn max_events(&self) -> usize {
         self.budget.max_slots.load(Ordering::Relaxed)
+    }
+
+    pub fn max_bytes(&self) -> u64 {
+        self.budget.max_bytes
     }
 
     /// A new bound on events (a shared subscription's hub: its members' windows together). Events

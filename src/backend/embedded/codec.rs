@@ -73,6 +73,7 @@ impl StoredEvent {
             payload: self.payload,
             payload_is_json: self.payload_is_json,
             undecodable: false,
+            frame: Default::default(),
         }
     }
 }

@@ -350,6 +350,7 @@ fn to_event(message: &BorrowedMessage<'_>) -> Event {
         payload_is_json: serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_ok(),
         payload,
         undecodable: false,
+        frame: Default::default(),
     }
 }
 

@@ -114,6 +114,7 @@ impl StoredMessage {
             payload: self.body,
             payload_is_json,
             undecodable: false,
+            frame: Default::default(),
         }
     }
 }

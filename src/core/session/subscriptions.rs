@@ -18,9 +18,7 @@ use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{LogEpoch, OffsetFilter};
-use crate::core::protocol::{
-    close_code, write_event_frame, ErrorCode, FrameError, GapRange, Resume, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition,
-};
+use crate::core::protocol::{close_code, ErrorCode, FrameError, GapRange, Resume, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::resume_token::{Holder, Refusal};
 use crate::core::subscription_plan::{ResumeFloors, StartPoint};
 
@@ -133,6 +131,7 @@ impl Session {
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
         let redelivery = self.d.settings().redelivery.for_topic(topic.as_str());
         self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted, incarnation });
+        self.grow_due |= wanted > partitions;
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
         // Dead letters an operator redrove while the client was away come now.
@@ -228,6 +227,7 @@ impl Session {
             }
             tracing::info!(session_id = %self.info.session_id, %topic, partitions = subscription.partitions, "subscription extended to partitions added to its topic");
         }
+        self.grow_due = self.subscriptions.values().any(|s| s.wanted > s.partitions);
     }
 
     pub(super) fn unsubscribe(&mut self, topic: &str, req: Option<Value>) -> Result<(), FrameError> {
@@ -366,8 +366,8 @@ impl Session {
 
     pub(super) fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {
         let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset };
-        let mut frame = String::with_capacity(160 + event.payload.len());
-        write_event_frame(&mut frame, id, topic.as_str(), attempt, event);
+        let mut frame = String::new();
+        crate::core::event_frame::write_event(&mut frame, id, topic.as_str(), attempt, event);
         if at.is_redrive() {
             frame.pop();
             frame.push_str(",\"redrive\":true}");
