@@ -9,14 +9,16 @@
 //! - `resume_token_key`: a single instance's resume token key (`<data_dir>/resume_token.key`).
 //! - `core`: the domain, free of HTTP, RocksDB and Kafka types:
 //!   - `names`: validated topic / client names and the collision-free offset key;
-//!   - `protocol`: WebSocket frames (parse / write), error and close codes;
+//!   - `protocol`: WebSocket frames (parse / write), error and close codes; `event_frame`: an
+//!     event's frame written once and shared by the sessions it goes to;
 //!   - `offsets`: the `OffsetStore` trait (CAS-max) and its records; `dead_letters`: dead letters
 //!     and gaps as the store keeps them; `offset_retention`: expiry and the sweep; `clock`;
 //!   - `backend`: the `LogBackend` trait (pull layer) and events;
 //!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
 //!   - `reader`: one shared partition reader per `topic#partition`, which pushes new events
 //!     to the feeders parked at its end (`HeadSubscriber`);
-//!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK;
+//!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK; plain acks
+//!     held per key for `offsets.plain_ack_linger_ms`;
 //!   - `ack_floor`: per partition, how far its live clients have durably acked (when a
 //!     backend may acknowledge an event at its broker);
 //!   - `dispatcher`: the shared state of every session: takeover, gaps reported, draining;
@@ -30,9 +32,11 @@
 //!   - `partition_watch`, `log_end`: partitions added later, log ends read twice before use;
 //!   - `feeder`, `window`, `in_flight`: per-partition feeders, a session's in-flight window
 //!     (events and bytes) and its deliveries' ack deadlines;
-//!   - `session`: one task per WebSocket session (`session::subscriptions`: subscribe and the
-//!     deliveries fed to it; `session::acks`: acks, redelivery, dead letters);
-//!     `session_control`: messages to a session from outside it, and its inbox;
+//!   - `session`: a session's logic as plain methods that queue frames (`session::subscriptions`:
+//!     subscribe and the deliveries fed to it; `session::acks`: acks, redelivery, dead letters;
+//!     `session::task`: the task that drives one, with one housekeeping timer armed only when
+//!     something falls due); `session_control`: messages to a session from outside it, and its
+//!     inbox and doorbell;
 //!   - `alignment`: boot alignment of pull cursors to committed offsets;
 //!   - `access`: what a session's credentials allow; `metrics`: every exported counter;
 //!   - `resume_token`: the resume tokens the gateway issues (MAC'd facts, never a client's claim);

@@ -313,6 +313,7 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let first_deliveries = Arc::new(AtomicU64::new(0));
     let paced_since = paced.then(Instant::now);
     let cpu_before = gateway.cpu_seconds();
+    let own_cpu_before = crate::gateway::process_cpu_seconds(std::process::id());
     let started = Instant::now();
     let mut tasks = Vec::new();
     let subscribed = Arc::new(AtomicU64::new(0));
@@ -381,6 +382,10 @@ pub async fn throughput(cli: &Cli) -> anyhow::Result<Summary> {
     let elapsed = started.elapsed();
     drop(progress);
     resources(&mut summary, &gateway, cpu_before, elapsed);
+    // The load generator shares the cores: its own CPU beside the gateway's.
+    if let (Some(before), Some(after)) = (own_cpu_before, crate::gateway::process_cpu_seconds(std::process::id())) {
+        summary.add("loadtest_cpu_percent", ((after - before) / elapsed.as_secs_f64() * 1000.0).round() / 10.0);
+    }
     if let (Some(before), Some(after)) = (cpu_before, gateway.cpu_seconds()) {
         summary.add("cpu_us_per_delivery", ((after - before) * 1e6 / deliveries.max(1) as f64 * 10.0).round() / 10.0);
     }

@@ -137,6 +137,13 @@ impl AckTracker {
         if self.is_acked(offset) {
             return None;
         }
+        // A first delivery past every delivered offset (the common case) goes at the back.
+        if self.run.back().is_none_or(|last| last.offset < offset) {
+            self.delivered_end = self.delivered_end.max(offset + 1);
+            self.run.push_back(PendingEvent { offset, attempts: 1, acked: false, first_seq: seq, later_seqs: Vec::new() });
+            self.pending += 1;
+            return Some(1);
+        }
         self.delivered_end = self.delivered_end.max(offset + 1);
         match self.find(offset) {
             Ok(i) => {

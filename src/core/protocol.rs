@@ -695,7 +695,7 @@ pub fn plain_ack_id(text: &str) -> Option<&str> {
 }
 
 /// Appends the decimal digits of `n`.
-pub(crate) fn push_u64(out: &mut String, mut n: u64) {
+fn push_u64(out: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -718,6 +718,29 @@ pub fn write_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, a
     write_event_frame_middle(out, topic, event);
     push_u64(out, attempt as u64);
     write_event_frame_tail(out, event);
+}
+
+/// `write_event_frame` for one delivery of an event that may go to many sessions: the event's
+/// part of the frame is written once (the second delivery) and copied for every other
+/// (`core::event_frame`); the delivery id and attempt are this delivery's.
+pub fn write_shared_event_frame(out: &mut String, delivery: DeliveryRef, topic: &str, attempt: u32, event: &Event) {
+    let shared = event.frame.shared(|| {
+        let (mut middle, mut tail) = (String::new(), String::with_capacity(96 + event.payload.len()));
+        write_event_frame_middle(&mut middle, topic, event);
+        write_event_frame_tail(&mut tail, event);
+        super::event_frame::SharedParts { topic: topic.into(), middle: middle.into(), tail: tail.into() }
+    });
+    let Some(parts) = shared.filter(|parts| &*parts.topic == topic) else {
+        out.reserve(160 + event.payload.len());
+        write_event_frame(out, delivery, topic, attempt, event);
+        return;
+    };
+    out.reserve(EVENT_FRAME_START.len() + 40 + parts.middle.len() + parts.tail.len());
+    out.push_str(EVENT_FRAME_START);
+    delivery.write_id(out);
+    out.push_str(&parts.middle);
+    push_u64(out, attempt as u64);
+    out.push_str(&parts.tail);
 }
 
 /// An `event` frame up to its delivery id's value.
@@ -833,6 +856,7 @@ mod tests {
     }
 
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn err(text: &str) -> FrameError {
@@ -999,5 +1023,55 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!((v["payload_base64"].as_str(), v["key"].is_null()), (Some("/wA="), true));
         assert!(v.get("headers_base64").is_none(), "absent when every header is text: {out}");
+    }
+
+    // The shared event frame (`core::event_frame`).
+
+    fn text() -> impl Strategy<Value = String> {
+        // Plain text, quotes, backslashes, control characters and non-ASCII.
+        proptest::string::string_regex("[a-z\"\\\\\\x00-\\x1fé€😀 ]{0,12}").unwrap()
+    }
+
+    prop_compose! {
+        fn event()(
+            partition in 0u32..8,
+            offset in any::<u64>(),
+            timestamp in any::<u64>(),
+            key in proptest::option::of(text()),
+            headers in proptest::collection::vec((text(), text()), 0..3),
+            headers_base64 in proptest::collection::vec((text(), proptest::collection::vec(any::<u8>(), 0..6)), 0..2),
+            json in any::<bool>(),
+            raw in proptest::collection::vec(any::<u8>(), 0..24),
+        ) -> Event {
+            let payload = if json { serde_json::to_vec(&serde_json::json!({"t": timestamp, "s": String::from_utf8_lossy(&raw)})).unwrap() } else { raw };
+            Event { partition, offset, timestamp, key, headers, headers_base64, payload, payload_is_json: json, undecodable: false, frame: Default::default() }
+        }
+    }
+
+    proptest! {
+        /// Every delivery of an event, through the shared parts, is the frame written in full:
+        /// first and later deliveries, any attempt, redrive ids, any topic.
+        #[test]
+        fn shared_frames_are_the_frames_written_in_full(
+            event in event(),
+            deliveries in proptest::collection::vec((any::<u64>(), any::<u32>(), any::<u32>()), 1..4),
+            topic in "[A-Za-z0-9._-]{1,20}(@[a-z]{1,5})?",
+        ) {
+            // Any slot: a redrive's too (its high bit).
+            for (seq, slot, attempt) in deliveries {
+                let id = DeliveryRef { seq, slot, partition: event.partition, offset: event.offset };
+                let (mut shared, mut full) = (String::new(), String::new());
+                write_shared_event_frame(&mut shared, id, &topic, attempt, &event);
+                write_event_frame(&mut full, id, &topic, attempt, &event);
+                prop_assert_eq!(&shared, &full);
+                serde_json::from_str::<serde_json::Value>(&shared).unwrap();
+            }
+            // Under another topic name: written in full, still equal.
+            let id = DeliveryRef { seq: 1, slot: 0, partition: event.partition, offset: event.offset };
+            let (mut shared, mut full) = (String::new(), String::new());
+            write_shared_event_frame(&mut shared, id, "other", 1, &event);
+            write_event_frame(&mut full, id, "other", 1, &event);
+            prop_assert_eq!(shared, full);
+        }
     }
 }

@@ -367,7 +367,7 @@ impl Session {
     pub(super) fn push_event(&mut self, topic: &TopicName, seq: u64, attempt: u32, event: &Event, at: EventRef) {
         let id = DeliveryRef { seq, slot: at.slot, partition: at.partition, offset: at.offset };
         let mut frame = String::new();
-        crate::core::event_frame::write_event(&mut frame, id, topic.as_str(), attempt, event);
+        crate::core::protocol::write_shared_event_frame(&mut frame, id, topic.as_str(), attempt, event);
         if at.is_redrive() {
             frame.pop();
             frame.push_str(",\"redrive\":true}");
