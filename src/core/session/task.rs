@@ -107,7 +107,14 @@ pub async fn run_session<I, O>(
                 Some(done) => Ok(done),
                 None => {
                     let dead_peer = progress.as_deref().filter(|_| !d.settings().ping_interval.is_zero()).map(|p| (p, d.settings().pong_timeout, s.last_heard));
-                    flush_blocked(flushing, write_limit, dead_peer).await
+                    let flushed = flush_blocked(flushing, write_limit, dead_peer).await;
+                    // A write that had to wait went out because the peer took bytes: it is alive.
+                    // Its pongs wait unread behind that write, so the dead-peer check counts from
+                    // here, not from the last frame read (a slow reader's pings are answered late).
+                    if flushed.is_ok() {
+                        s.last_heard = Instant::now();
+                    }
+                    flushed
                 }
             }
         };
