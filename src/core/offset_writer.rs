@@ -27,7 +27,8 @@ use super::FastMap;
 
 /// Requests coalesced into one store batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
-/// Keys of plain acks held before the writer is woken without waiting for its linger tick.
+/// Keys (or broker ACKs) of plain acks held before the writer is woken without waiting for its
+/// linger tick.
 const PLAIN_KEYS_BEFORE_WAKE: usize = 4096;
 
 pub struct WriteRequest {
@@ -173,10 +174,12 @@ impl OffsetWriter {
             }
             held.broker_acks.append(broker_acks);
             self.plain.keys.store(held.writes.len(), Ordering::SeqCst);
-            held.writes.len()
+            held.writes.len().max(held.broker_acks.len())
         };
         if keys >= PLAIN_KEYS_BEFORE_WAKE {
             // Enough for a batch: an empty request wakes the thread, which takes them with it.
+            // While the writer is stuck (a stalled store) these fill its queue, and the sessions
+            // then wait here as they wait in `submit`: what is held stays bounded.
             return self.submit(WriteRequest { writes: Vec::new(), broker_acks: Vec::new(), done: None }).await;
         }
         Ok(())
