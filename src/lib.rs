@@ -16,7 +16,7 @@
 //!   - `backend`: the `LogBackend` trait (pull layer) and events;
 //!   - `ack_tracker`, `client_state`: per-client contiguous floors and delivery ids;
 //!   - `reader`: one shared partition reader per `topic#partition`, which pushes new events
-//!     to the feeders parked at its end (`HeadSubscriber`);
+//!     to the feeders parked at its end (`HeadSubscriber`; a parked feeder has no task);
 //!   - `offset_writer`: batched durable offset writes, then the deferred broker ACK; plain acks
 //!     held per key for `offsets.plain_ack_linger_ms`;
 //!   - `ack_floor`: per partition, how far its live clients have durably acked (when a

@@ -15,7 +15,7 @@ pub(crate) mod delivery_settings;
 pub(crate) mod dispatcher;
 pub(crate) mod drain;
 pub mod event_frame;
-pub(crate) mod feeder;
+pub mod feeder;
 pub(crate) mod frame_errors;
 pub(crate) mod group;
 pub mod idempotency;
@@ -48,7 +48,7 @@ pub mod trace;
 pub(crate) mod transport;
 pub(crate) mod waiting;
 pub(crate) mod whole_number;
-pub(crate) mod window;
+pub mod window;
 
 /// Maps and sets on the per-event path (in-flight deliveries, ack trackers, a session's
 /// subscriptions): foldhash instead of SipHash, which was ~3% of a busy session's CPU. Still

@@ -103,34 +103,30 @@ fn take_within<I: Iterator<Item = Arc<Event>>>(events: I, max_events: usize, max
 
 /// A subscriber parked at the ring's end (`PartitionReader::park`): the reader hands it the
 /// events it appends there itself (push fan-out), so an event reaches a session with no wake-up
-/// of a task per subscriber to go and fetch it. Its feeder (`core::feeder`) waits meanwhile and
-/// takes over whenever a push cannot be made whole.
+/// of a task per subscriber to go and fetch it. A parked feeder (`core::feeder`) has no task
+/// meanwhile: the reader starts one again (`unparked`) whenever a push cannot be made whole.
 pub trait HeadSubscriber: Send + Sync {
     /// Events just appended, the first at the offset the subscriber parked at (or at which its
-    /// last push ended). True: all taken, it stays parked. False: it took some or none, and has
-    /// woken its feeder to go on from where it stands (the reader forgets it).
+    /// last push ended). True: all taken, it stays parked. False: it took some or none, and the
+    /// reader unparks it.
     fn push(&self, events: &[Arc<Event>]) -> bool;
-    /// Unparked without a push (a truncation, the ring's range restarted): its feeder looks again.
-    fn wake(&self);
-    /// Its feeder stopped: never push to it again.
+    /// Taken out of the parked (a push it could not take whole, a truncation, the ring's range
+    /// restarted): it goes on from where it stands. Called once per park, outside the reader's
+    /// locks.
+    fn unparked(self: Arc<Self>);
+    /// Its subscription ended: never push to it again.
     fn is_gone(&self) -> bool;
+    /// Marks it gone (`PartitionReader::close_parked`, under the parked list's lock).
+    fn close(&self);
 }
 
-/// Parked subscribers, by their park number.
-type Parked = Mutex<Vec<(u64, Arc<dyn HeadSubscriber>)>>;
+/// Parked subscribers.
+type Parked = Mutex<Vec<Arc<dyn HeadSubscriber>>>;
 
-/// A subscriber's place among the parked (and the waiting: the reader goes on pulling for it);
-/// dropped when its feeder wakes or stops.
-pub struct ParkGuard<'a> {
-    reader: &'a PartitionReader,
-    number: u64,
-}
-
-impl Drop for ParkGuard<'_> {
-    fn drop(&mut self) {
-        self.reader.parked.lock().unwrap().retain(|(n, _)| *n != self.number);
-        self.reader.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
+/// The same subscriber (an address compare: two `dyn` pointers to one value may differ in
+/// their vtable part).
+fn same_subscriber(a: &Arc<dyn HeadSubscriber>, b: &Arc<dyn HeadSubscriber>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
 }
 
 pub struct PartitionReader {
@@ -159,52 +155,98 @@ pub struct PartitionReader {
     truncations_found: Arc<AtomicU64>,
     /// Where a lost tail starts the partition's next log epoch (`truncate`).
     store: Arc<dyn OffsetStore>,
-    /// Subscribers parked at the ring's end (`park`), pushed to by `append`.
+    /// Subscribers parked at the ring's end (`park`), pushed to by `append`; each is counted in
+    /// `waiting` while it is here.
     parked: Parked,
-    parked_numbers: AtomicU64,
 }
 
 impl PartitionReader {
     /// Parks `subscriber` at the ring's end when it stands there (`from` is where the ring ends,
     /// and no truncation it has not heard of came since `known_truncations`): from then on the
-    /// events appended there are pushed to it (`HeadSubscriber`) until it is woken. `None`: it
-    /// does not stand at the end; it reads with `fetch_within`.
-    pub fn park(&self, from: u64, known_truncations: u64, subscriber: Arc<dyn HeadSubscriber>) -> Option<ParkGuard<'_>> {
+    /// events appended there are pushed to it (`HeadSubscriber`) until it is unparked. False: it
+    /// does not stand at the end (it reads with `fetch_within`), or it is gone.
+    pub fn park(&self, from: u64, known_truncations: u64, subscriber: Arc<dyn HeadSubscriber>) -> bool {
         let buffer = self.buffer.lock().unwrap();
         if from != buffer.covered_to || buffer.truncations > known_truncations {
-            return None;
+            return false;
         }
-        let number = self.parked_numbers.fetch_add(1, Ordering::Relaxed);
         // Under the buffer's lock: an append either sees it parked, or ends the ring past `from`
-        // after it (and the next push starts there).
-        self.parked.lock().unwrap().push((number, subscriber));
+        // after it (and the next push starts there). Under the parked list's lock: a subscriber
+        // closed (`close_parked`) is either seen gone here or taken out there.
+        let mut parked = self.parked_list();
+        if subscriber.is_gone() {
+            return false;
+        }
+        parked.push(subscriber);
         self.waiting.fetch_add(1, Ordering::SeqCst);
+        drop(parked);
         drop(buffer);
         self.demand.notify_one();
-        Some(ParkGuard { reader: self, number })
+        true
+    }
+
+    /// Marks `subscriber` gone and takes it out of the parked, if it is there: its subscription
+    /// ended, and nothing of it may stay counted as waiting (the reader would go on pulling).
+    pub fn close_parked(&self, subscriber: &Arc<dyn HeadSubscriber>) {
+        let mut parked = self.parked_list();
+        subscriber.close();
+        let before = parked.len();
+        parked.retain(|p| !same_subscriber(p, subscriber));
+        let removed = before - parked.len();
+        drop(parked);
+        self.waiting.fetch_sub(removed, Ordering::SeqCst);
     }
 
     /// Hands `events`, just appended at the ring's old end, to every parked subscriber; those
-    /// that did not take them all are forgotten (each has woken its feeder).
-    fn push_to_parked(&self, parked: Vec<(u64, Arc<dyn HeadSubscriber>)>, events: &[Arc<Event>]) {
+    /// that did not take them all are taken out and unparked. The list is moved out of its lock
+    /// (taken under the buffer's lock, `append`), not copied, and the pushes run outside every
+    /// lock: a fan-out to thousands holds no lock a feeder or a session waits on meanwhile.
+    fn push_to_parked(&self, mut parked: Vec<Arc<dyn HeadSubscriber>>, events: &[Arc<Event>]) {
         let mut unparked = Vec::new();
-        for (number, subscriber) in &parked {
-            if subscriber.is_gone() || !subscriber.push(events) {
-                unparked.push(*number);
+        parked.retain(|subscriber| {
+            let stays = !subscriber.is_gone() && subscriber.push(events);
+            if !stays {
+                unparked.push(subscriber.clone());
             }
-        }
-        if !unparked.is_empty() {
-            self.parked.lock().unwrap().retain(|(n, _)| !unparked.contains(n));
+            stays
+        });
+        // Back with those that parked meanwhile (at the new end). One closed meanwhile was not
+        // in the list for `close_parked` to take out: it is seen gone here, under the lock it
+        // was closed under, and unparked (its count dropped; no task starts for it).
+        let mut list = self.parked_list();
+        let newly = std::mem::replace(&mut *list, parked);
+        list.extend(newly);
+        list.retain(|subscriber| {
+            let gone = subscriber.is_gone();
+            if gone {
+                unparked.push(subscriber.clone());
+            }
+            !gone
+        });
+        drop(list);
+        self.unparked(unparked);
+    }
+
+    /// The parked list. A panic while it was held (none is expected: pushes run outside it)
+    /// must not stop every later append and every session's end with it.
+    fn parked_list(&self) -> std::sync::MutexGuard<'_, Vec<Arc<dyn HeadSubscriber>>> {
+        self.parked.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Unparks every parked subscriber, to look again with `fetch_within`.
+    fn unpark_all(&self) {
+        let parked = std::mem::take(&mut *self.parked_list());
+        self.unparked(parked);
+    }
+
+    /// `subscribers`, just taken out of the parked, no longer wait here.
+    fn unparked(&self, subscribers: Vec<Arc<dyn HeadSubscriber>>) {
+        self.waiting.fetch_sub(subscribers.len(), Ordering::SeqCst);
+        for subscriber in subscribers {
+            subscriber.unparked();
         }
     }
 
-    /// Wakes every parked subscriber, to look again with `fetch_within`.
-    fn unpark_all(&self) {
-        let parked = std::mem::take(&mut *self.parked.lock().unwrap());
-        for (_, subscriber) in parked {
-            subscriber.wake();
-        }
-    }
     /// The pull cursor as the reader sees it.
     pub fn pull_offset(&self) -> u64 {
         self.buffer.lock().unwrap().covered_to
@@ -561,12 +603,12 @@ impl PartitionReader {
         self.average_bytes.store(buffer.average_event_bytes(), Ordering::Relaxed);
         // Taken under the buffer's lock: a subscriber parks under it too, so each parked one
         // either gets these events or parked after them (`park`).
-        let parked = self.parked.lock().unwrap().clone();
+        let parked = std::mem::take(&mut *self.parked_list());
         drop(buffer);
         if at_the_end {
             self.push_to_parked(parked, &appended);
-        } else if !parked.is_empty() {
-            self.unpark_all();
+        } else {
+            self.unparked(parked);
         }
         self.pulled.notify_waiters();
     }
@@ -619,6 +661,13 @@ pub struct ReaderLease {
     reader: Arc<PartitionReader>,
     map: ReaderMap,
     stopping: StoppingMap,
+}
+
+impl ReaderLease {
+    /// The reader itself, for a feeder's state (the lease stays with the subscription).
+    pub fn shared(&self) -> Arc<PartitionReader> {
+        self.reader.clone()
+    }
 }
 
 impl std::ops::Deref for ReaderLease {
@@ -712,7 +761,6 @@ impl Readers {
             truncations_found: self.truncations_found.clone(),
             store: self.store.clone(),
             parked: Mutex::new(Vec::new()),
-            parked_numbers: AtomicU64::new(0),
         });
         let (cancel, finished) = (self.shutdown.child_token(), CancellationToken::new());
         let previous = self.stopping.lock().unwrap().remove(tp).filter(|p| !p.is_cancelled());

@@ -18,6 +18,7 @@ mod drain;
 mod epochs;
 mod errors;
 mod exposure;
+mod feeders;
 mod groups;
 mod groups_cluster;
 mod js_client;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ackgate::backend::embedded::{EmbeddedLog, EmbeddedLogSettings};
+use ackgate::backend::embedded::EmbeddedLog;
 use ackgate::core::backend::LogBackend;
 use ackgate::core::clock::{Clock, ManualClock, SystemClock};
 use ackgate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
@@ -179,15 +179,7 @@ async fn a_reset_above_the_log_end_is_refused() {
 /// readers over it (stopped by cancelling the token).
 async fn ten_events_and_their_readers() -> (tempfile::TempDir, Arc<EmbeddedLog>, Readers, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
-    let settings = EmbeddedLogSettings {
-        default_partitions: 1,
-        retention_ms: 0,
-        retention_bytes_per_partition: 0,
-        durable: false,
-        group_commit_max_wait: std::time::Duration::ZERO,
-        max_topics: 10_000,
-    };
-    let log = Arc::new(EmbeddedLog::open(dir.path(), settings, Arc::new(ManualClock::new(1))).unwrap());
+    let log = plain_embedded_log(dir.path());
     let events = (0..10)
         .map(|n| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'0' + n], payload_is_json: true })
         .collect();
@@ -227,12 +219,13 @@ async fn a_read_from_a_huge_offset_never_moves_the_pull_cursor() {
 }
 
 /// A parked subscriber (issue 41, push fan-out) as the reader sees it: it records what is pushed
-/// and takes at most `room` events in all, waking its feeder (counted) when it cannot take a
+/// and takes at most `room` events in all; the reader unparks it (counted) when it cannot take a
 /// push whole.
 struct Recorder {
     pushed: std::sync::Mutex<Vec<u64>>,
     room: usize,
     woken: std::sync::atomic::AtomicUsize,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl ackgate::core::reader::HeadSubscriber for Recorder {
@@ -240,39 +233,45 @@ impl ackgate::core::reader::HeadSubscriber for Recorder {
         let mut pushed = self.pushed.lock().unwrap();
         let fits = self.room.saturating_sub(pushed.len()).min(events.len());
         pushed.extend(events[..fits].iter().map(|e| e.offset));
-        if fits < events.len() {
-            self.wake();
-            return false;
-        }
-        true
+        fits == events.len()
     }
-    fn wake(&self) {
+    fn unparked(self: Arc<Self>) {
         self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     fn is_gone(&self) -> bool {
-        false
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 /// The reader pushes what it appends to the subscribers parked at its end, in order, each event
-/// once; one that cannot take a push whole is woken and pushed to no more; a subscriber that
-/// does not stand at the end (or has not heard of a truncation) is not parked. If parking did
+/// once; one that cannot take a push whole is unparked once and pushed to no more; one closed
+/// (its subscription ended) is pushed to no more and never unparked; a subscriber that does not
+/// stand at the end (or has not heard of a truncation), or is gone, is not parked. If parking did
 /// nothing, every delivery would still arrive through the feeders' reads: only this test shows
 /// the push path runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reader_pushes_new_events_to_the_subscribers_parked_at_its_end() {
+    use ackgate::core::reader::HeadSubscriber;
     let (_dir, log, readers, shutdown) = ten_events_and_their_readers().await;
     let tp = TopicPartition::new(TopicName::parse("t").unwrap(), 0);
     let reader = readers.get(&tp, 0);
     let read: Vec<u64> = reader.fetch(0, 10, usize::MAX, &mut 0).await.unwrap().iter().map(|e| e.offset).collect();
     assert_eq!(read, (0..10).collect::<Vec<_>>());
-    let recorder = |room| Arc::new(Recorder { pushed: Default::default(), room, woken: Default::default() });
-    let (roomy, small) = (recorder(100), recorder(4));
-    assert!(reader.park(5, 0, recorder(100)).is_none(), "offset 5 is not where the ring ends");
-    assert!(reader.park(10, u64::MAX, recorder(100)).is_some(), "it knows of every truncation");
-    assert!(reader.park(10, 0, recorder(100)).is_some());
-    let _roomy = reader.park(10, 0, roomy.clone()).expect("at the end");
-    let _small = reader.park(10, 0, small.clone()).expect("at the end");
+    let recorder = |room| Arc::new(Recorder { pushed: Default::default(), room, woken: Default::default(), closed: Default::default() });
+    let (roomy, small, closed) = (recorder(100), recorder(4), recorder(100));
+    assert!(!reader.park(5, 0, recorder(100)), "offset 5 is not where the ring ends");
+    let gone = recorder(100);
+    gone.close();
+    assert!(!reader.park(10, 0, gone), "a closed subscriber is not parked");
+    assert!(reader.park(10, u64::MAX, recorder(100)), "it knows of every truncation");
+    assert!(reader.park(10, 0, roomy.clone()), "at the end");
+    assert!(reader.park(10, 0, small.clone()), "at the end");
+    assert!(reader.park(10, 0, closed.clone()), "at the end");
+    let closing: Arc<dyn HeadSubscriber> = closed.clone();
+    reader.close_parked(&closing);
     let publish = async |n: u8| {
         let events = (0..n)
             .map(|i| ackgate::core::backend::NewEvent { key: None, partition: Some(0), headers: vec![], payload: vec![b'a' + i], payload_is_json: false })
@@ -288,7 +287,9 @@ async fn the_reader_pushes_new_events_to_the_subscribers_parked_at_its_end() {
     assert_eq!(*roomy.pushed.lock().unwrap(), (10..17).collect::<Vec<_>>(), "in order, each once");
     assert_eq!(roomy.woken.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(*small.pushed.lock().unwrap(), vec![10, 11, 12, 13], "took what fit of the second push, then nothing more");
-    assert_eq!(small.woken.load(std::sync::atomic::Ordering::SeqCst), 1, "woken once, when a push did not fit");
+    assert_eq!(small.woken.load(std::sync::atomic::Ordering::SeqCst), 1, "unparked once, when a push did not fit");
+    assert!(closed.pushed.lock().unwrap().is_empty(), "a closed subscriber got events");
+    assert_eq!(closed.woken.load(std::sync::atomic::Ordering::SeqCst), 0, "a closed subscriber was unparked");
     shutdown.cancel();
 }
 

@@ -667,3 +667,17 @@ impl KafkaCluster {
         Process::start_at(&self.dirs[i].1, &format!("127.0.0.1:{}", self.ports[i]), &env)
     }
 }
+
+/// An embedded log in `dir` with one partition per topic, nothing expired, no fsync, on a manual
+/// clock: for tests that drive the core's readers and feeders directly.
+pub fn plain_embedded_log(dir: &Path) -> Arc<ackgate::backend::embedded::EmbeddedLog> {
+    let settings = ackgate::backend::embedded::EmbeddedLogSettings {
+        default_partitions: 1,
+        retention_ms: 0,
+        retention_bytes_per_partition: 0,
+        durable: false,
+        group_commit_max_wait: Duration::ZERO,
+        max_topics: 10_000,
+    };
+    Arc::new(ackgate::backend::embedded::EmbeddedLog::open(dir, settings, Arc::new(ackgate::core::clock::ManualClock::new(1))).unwrap())
+}

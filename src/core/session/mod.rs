@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::access::Access;
 use crate::core::client_state::{ClientState, EventRef};
 use crate::core::dispatcher::Dispatcher;
-use crate::core::feeder::FedBatch;
+use crate::core::feeder::{FedBatch, PartitionFeed};
 use crate::core::in_flight::InFlightWindow;
 use crate::core::metrics::SessionEnd;
 use crate::core::names::{OffsetKey, TopicName, TopicPartition};
@@ -75,9 +75,19 @@ struct Subscription {
     partitions: u32,
     wanted: u32,
     cancel: CancellationToken,
+    /// One per partition it feeds: their holds on the readers, and the feeders parked there.
+    feeds: Vec<PartitionFeed>,
     /// The topic's incarnation when subscribed: what its resume tokens bind (a deletion of the
     /// topic ends the subscription).
     incarnation: u64,
+}
+
+/// A subscription that ends stops its feeders: those parked at a reader have no task that
+/// would see the token, and are taken out of the reader's list as `feeds` drop.
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
 }
 
 /// Why an in-flight event's deadline is a pause (`Session::waiting`).

@@ -13,7 +13,7 @@ use super::{Outbound, Session, Step, Subscription};
 use crate::core::ack_tracker::Epoch;
 use crate::core::backend::Event;
 use crate::core::client_state::{DeliveryRef, EventRef};
-use crate::core::feeder::{feed_partition, FedBatch, FeedPlan};
+use crate::core::feeder::{start_feed, FedBatch, FeedPlan, FeedTarget, PartitionFeed};
 use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
@@ -89,12 +89,17 @@ impl Session {
                 return Err(e);
             }
         };
-        if resubscribing {
+        // The subscription this one replaces ends here, but its hold on the partitions' readers
+        // goes only once the new feeders hold them: a resubscribe keeps the readers' rings.
+        let replaced = if resubscribing {
             // Released with its subscriber count, counted again at once: a deletion can only
             // claim a topic nobody subscribes to, and this session still does.
-            self.release_topic(&topic);
+            let replaced = self.take_subscription(&topic);
             self.d.add_subscriber(&topic)?;
-        }
+            replaced
+        } else {
+            None
+        };
         let slot = self.client.lock().unwrap().slot(&topic);
         let cancel = self.cancel.child_token();
         for start in &starts {
@@ -123,14 +128,15 @@ impl Session {
         for start in starts.iter().filter(|s| s.gap.is_some()) {
             self.d.report_gap(&self.info.client_id, &topic, start.partition, start.gap.expect("filtered"));
         }
-        self.feed(&topic, &starts, id, &cancel, truncations);
+        let feeds = self.feed(&topic, &starts, id, &cancel, truncations);
+        drop(replaced);
         // Listed before the partition count is read: a growth after this reaches it as a
         // control message, one before it through the count (`Dispatcher::partitions_grown`).
         self.info.subscriptions.lock().unwrap().push(topic.clone());
         let partitions = starts.len() as u32;
         let wanted = self.d.grown_partitions(&topic).unwrap_or(0).max(partitions);
         let redelivery = self.d.settings().redelivery.for_topic(topic.as_str());
-        self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, partitions, wanted, incarnation });
+        self.subscriptions.insert(topic.clone(), Subscription { id, redelivery, slot, epoch, cancel, feeds, partitions, wanted, incarnation });
         self.grow_due |= wanted > partitions;
         let subscribed = &self.subscriptions;
         self.client.lock().unwrap().forget_unused(self.info.number, |t| subscribed.contains_key(t));
@@ -162,21 +168,18 @@ impl Session {
     }
 
     /// One feeder per start point, for subscription `id`, planned when `truncations` had been
-    /// found (`Readers::truncations`).
-    fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken, truncations: u64) {
-        for start in starts {
-            let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
-            let plan = FeedPlan {
-                reader,
-                partition: start.partition,
-                from: start.from,
-                batch: self.d.settings().fetch_batch,
-                subscription: id,
-                topic: topic.clone(),
-                truncations,
-            };
-            self.d.tasks.spawn(feed_partition(plan, self.window.clone(), self.feed_tx.clone(), cancel.clone()));
-        }
+    /// found (`Readers::truncations`): kept in the subscription, they end with it.
+    fn feed(&self, topic: &TopicName, starts: &[StartPoint], id: u64, cancel: &CancellationToken, truncations: u64) -> Vec<PartitionFeed> {
+        let batch = self.d.settings().fetch_batch;
+        starts
+            .iter()
+            .map(|start| {
+                let reader = self.d.readers.get(&TopicPartition::new(topic.clone(), start.partition), start.log_start);
+                let plan = FeedPlan { reader, partition: start.partition, from: start.from, batch, subscription: id, topic: topic.clone(), truncations };
+                let target = FeedTarget { window: self.window.clone(), tx: self.feed_tx.clone(), cancel: cancel.clone(), tasks: self.d.tasks.clone() };
+                start_feed(plan, target)
+            })
+            .collect()
     }
 
     /// Feeds the partitions added to subscribed topics since they were planned (issue 21): each
@@ -219,8 +222,9 @@ impl Session {
                     self.gap(&topic, start.partition, from, to);
                 }
             }
-            self.feed(&topic, &starts, id, &cancel, truncations);
+            let feeds = self.feed(&topic, &starts, id, &cancel, truncations);
             let subscription = self.subscriptions.get_mut(&topic).expect("checked above");
+            subscription.feeds.extend(feeds);
             subscription.partitions = subscription.partitions.max(first + starts.len() as u32);
             if starts.is_empty() {
                 continue; // the backend's count lags the watch's: tried again on the next tick
@@ -241,16 +245,20 @@ impl Session {
 
     /// Stops a subscription and releases its in-flight deliveries; false when there was none.
     pub(super) fn release_topic(&mut self, topic: &TopicName) -> bool {
-        let Some(subscription) = self.subscriptions.remove(topic) else {
-            return false;
-        };
+        self.take_subscription(topic).is_some()
+    }
+
+    /// Stops a subscription and releases its in-flight deliveries; its feeds (the readers' leases)
+    /// go when the caller drops it.
+    fn take_subscription(&mut self, topic: &TopicName) -> Option<Subscription> {
+        let subscription = self.subscriptions.remove(topic)?;
         subscription.cancel.cancel();
         self.d.remove_subscriber(topic);
         self.in_flight.release_slot(subscription.slot);
         self.release_redrives(topic, subscription.slot);
         self.info.stats.in_flight.store(self.in_flight.len(), Ordering::Relaxed);
         self.info.subscriptions.lock().unwrap().retain(|t| t != topic);
-        true
+        Some(subscription)
     }
 
     /// A batch of one partition's events becoming in-flight deliveries and `event` frames: one

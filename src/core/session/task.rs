@@ -233,6 +233,11 @@ pub async fn run_session<I, O>(
     s.leave_groups();
     let released = s.in_flight.len();
     s.cancel.cancel();
+    // Its feeders leave the readers now, not after the barrier below (which waits on the store):
+    // a feeder parked there would count as waiting meanwhile, and its reader pull for nobody.
+    for subscription in s.subscriptions.values_mut() {
+        subscription.feeds.clear();
+    }
     // Every offset write of this session is durable before the client counts as offline (and
     // before its topics count as unused): an operator's reset or delete, allowed from then on,
     // must never be undone by a write still queued from here.
