@@ -285,6 +285,9 @@ pub fn undecodable_records() -> Counter {
     metrics::counter!(UNDECODABLE_RECORDS)
 }
 
+/// The `reason`s of `ackgate_connections_refused_total`, each exported at 0 from the start.
+pub const CONNECTION_REFUSALS: [&str; 2] = ["capacity", "per_ip"];
+
 /// `ackgate_connections_refused_total{reason}`: connections refused at accept, before any request
 /// was read (`capacity`: `limits.max_connections`; `per_ip`: `limits.max_connections_per_ip`).
 pub fn connections_refused(reason: &'static str) -> Counter {
@@ -320,7 +323,7 @@ impl Metrics {
         describe_gauge!(BACKEND_UP, "1 when the backend answers its readiness probe (the broker, or the embedded log), else 0");
         describe_gauge!(
             STALLED_SESSIONS,
-            "Sessions whose in-flight window is full and that acknowledged nothing since the last check (500 ms): closed with 4003 after delivery.slow_client_timeout_ms (unless it is 0)"
+            "Sessions stuck: their in-flight window is full and they acknowledged nothing for a quarter of delivery.slow_client_timeout_ms (at most 60 s); closed with 4003 once that lasts delivery.slow_client_timeout_ms (unless it is 0)"
         );
         describe_counter!(
             SESSIONS_ENDED,
@@ -387,6 +390,15 @@ impl Metrics {
         describe_counter!(WS_FRAMES, "WebSocket frames, by direction (in, out) and kind");
         describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status");
         describe_histogram!(HTTP_DURATION, Unit::Seconds, "HTTP request duration, by route");
+        // Exported at 0 from the start: an alert's `increase()` sees a counter's first event only
+        // when its series had a sample before it (a series that appears at 1 reads as no
+        // increase, and `AckgateLogTruncated` never paged; deploy/prometheus/alerts_test.yml).
+        for counter in [log_truncations(), reader_restarts(), offsets_above_log_end(), transient_log_ends(), undecodable_records(), dead_letters_redriven()] {
+            counter.increment(0);
+        }
+        for reason in CONNECTION_REFUSALS {
+            connections_refused(reason).increment(0);
+        }
         let redelivery = |reason: &'static str| metrics::counter!(REDELIVERIES, "reason" => reason);
         Self {
             deliveries: metrics::counter!(DELIVERIES),

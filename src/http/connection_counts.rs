@@ -50,6 +50,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// One of `metrics::CONNECTION_REFUSALS`.
     pub(super) fn label(self) -> &'static str {
         match self {
             Refusal::Capacity => "capacity",
@@ -120,6 +121,13 @@ impl ConnectionCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_refusal_reason_is_one_exported_at_zero() {
+        for refusal in [Refusal::Capacity, Refusal::PerIp] {
+            assert!(crate::core::metrics::CONNECTION_REFUSALS.contains(&refusal.label()), "{refusal:?}");
+        }
+    }
 
     #[test]
     fn slots_are_counted_in_all_and_per_ip_and_released_on_drop() {

@@ -1,7 +1,7 @@
 //! `GET /metrics` after a real exchange: every counter moved exactly as the exchange says. Runs
 //! the real binary, so no other test's traffic shares its process-wide counters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use serde_json::json;
@@ -106,16 +106,10 @@ async fn metrics_move_with_a_real_exchange() {
     let first_counted_event = [
         // Only for clients that lag: nobody does at the end of this exchange (its own test below).
         CLIENT_COMMITTED_LAG,
-        OFFSETS_ABOVE_LOG_END,
-        TRANSIENT_LOG_ENDS,
-        LOG_TRUNCATIONS,
-        READER_RESTARTS,
-        CONNECTIONS_REFUSED,
-        UNDECODABLE_RECORDS,
         KAFKA_HEADERS_DROPPED,
+        // Labelled by topic: a series per topic that had a gap.
         GAPS,
         GAP_EVENTS,
-        DEAD_LETTERS_REDRIVEN,
     ];
     for family in ALL.iter().filter(|f| !f.starts_with("ackgate_rocketmq_") && !first_counted_event.contains(f)) {
         assert!(
@@ -201,6 +195,48 @@ async fn the_most_lagging_clients_and_the_oldest_session_age_are_exported() {
     assert!(value(&m, "ackgate_oldest_session_age_seconds") >= 0.0);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(value(&scrape(&gw.base).await, "ackgate_oldest_session_age_seconds") >= 1.0, "the oldest session is over a second old");
+    gw.kill9();
+}
+
+/// Issue 62 item 4: a client that acks one event every second behind a full window is slow, not
+/// stuck: `ackgate_stalled_sessions` never counts it (it counted at about half of the 500 ms
+/// checks, and the alert fired on such a client). When it stops acking, it is counted as stuck
+/// after a quarter of the slow-client timeout, well before its 4003.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_acker_is_never_counted_stuck_and_a_stuck_one_is_before_its_close() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__MAX_IN_FLIGHT", "2"), ("ACKGATE_DELIVERY__SLOW_CLIENT_TIMEOUT_MS", "8000")]);
+    publish_numbered(&gw.base, "slow", 1, 0, 40).await;
+    let mut client = TestClient::connect(gw.addr, "slow-acker").await;
+    client.subscribe("slow", json!({})).await;
+    let mut pending = VecDeque::from(client.recv_events(2).await);
+    let mut scrapes = 0;
+    for _ in 0..6 {
+        // A full window for a second, then one ack: progress every second.
+        for _ in 0..10 {
+            let m = scrape(&gw.base).await;
+            assert_eq!(value(&m, "ackgate_stalled_sessions"), 0.0, "a client acking every second is counted stuck");
+            scrapes += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let event = pending.pop_front().expect("a delivery held");
+        client.send(json!({"op": "ack", "delivery_id": id(&event)})).await;
+        pending.extend(client.recv_events(1).await);
+    }
+    assert!(scrapes >= 60);
+    // Now it acks nothing: stuck after 2 s (8 s / 4), closed at 8 s.
+    let mut seen = false;
+    for _ in 0..60 {
+        let m = scrape(&gw.base).await;
+        if value(&m, "ackgate_stalled_sessions") == 1.0 {
+            seen = true;
+            break;
+        }
+        assert_eq!(value(&m, r#"ackgate_sessions_ended_total{reason="slow_client"}"#), 0.0, "closed before it was counted stuck");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "a client that stopped acking is never counted stuck");
+    assert_eq!(client.close_code().await, 4003);
     gw.kill9();
 }
 

@@ -59,6 +59,52 @@ fn the_rules_pass_promtool_and_name_only_metrics_ackgate_exports() {
     assert!(unknown.is_empty(), "named but not exported by core/metrics.rs: {unknown:?}");
 }
 
+/// `promtool test rules` on the shipped unit tests: each alert fires on the failure it names and
+/// stays quiet on a healthy series (issue 62, item 1).
+#[test]
+fn every_alert_fires_on_its_failure_and_stays_quiet_without_it() {
+    let tested = Command::new("promtool")
+        .arg("test")
+        .arg("rules")
+        .arg(repo_file("deploy/prometheus/alerts_test.yml"))
+        .output()
+        .expect("promtool (Debian's prometheus package) runs");
+    assert!(tested.status.success(), "{}{}", String::from_utf8_lossy(&tested.stdout), String::from_utf8_lossy(&tested.stderr));
+    // Every alert has a group of its own in the tests.
+    let rules = read("deploy/prometheus/alerts.yml");
+    let tests = read("deploy/prometheus/alerts_test.yml");
+    for alert in rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")) {
+        assert!(tests.contains(&format!("alertname: {alert}\n        exp_alerts:")), "no test in alerts_test.yml sees {alert} fire");
+    }
+}
+
+/// Every counter an alert watches with `increase()` has its series on a gateway that has not
+/// counted anything yet, at 0, with the labels the alert matches: a series that appears at its
+/// first event reads as no increase, so `AckgateLogTruncated`, `AckgateReaderRestarts` and
+/// `AckgateConnectionsRefused` never fired on the failure they name (issue 62, item 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_counter_an_alert_watches_is_exported_at_zero_from_the_start() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    let text = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    let series: Vec<&str> = text.lines().filter(|l| l.starts_with("ackgate_")).collect();
+    let rules = read("deploy/prometheus/alerts.yml");
+    let watched: Vec<&str> = rules.match_indices("increase(").map(|(at, _)| rules[at + "increase(".len()..].split('[').next().unwrap()).collect();
+    assert!(watched.len() >= 6, "{watched:?}");
+    for selector in watched {
+        let (name, matchers) = selector.split_once('{').map_or((selector, ""), |(n, m)| (n, m.trim_end_matches('}')));
+        let found = series.iter().any(|line| {
+            let (series_name, rest) = line.split_at(line.find(['{', ' ']).unwrap_or(line.len()));
+            series_name == name && matchers.split(',').filter(|m| !m.is_empty()).all(|m| rest.contains(m)) && rest.ends_with(" 0")
+        });
+        assert!(found, "{selector}: no series at 0 on a fresh gateway; its alert cannot fire on the first event.\n{}", series.join("\n"));
+    }
+    // Each reason a connection is refused for has its own series, so the first of either pages.
+    for reason in ackgate::core::metrics::CONNECTION_REFUSALS {
+        assert!(text.contains(&format!("ackgate_connections_refused_total{{reason=\"{reason}\"}} 0")), "{reason}");
+    }
+}
+
 /// Debian's Prometheus, scraping `target` every second and evaluating `rules` every second.
 struct Prometheus {
     child: Child,

@@ -90,6 +90,18 @@ impl Drop for Subscription {
     }
 }
 
+/// How long a full window must go without any ack before its session counts as stuck
+/// (`ackgate_stalled_sessions`): a quarter of the slow-client timeout, at most a minute, so that
+/// the `AckgateWindowsFull` alert (`for: 1m`) fires before the session is closed with 4003.
+pub(crate) fn stuck_after(slow_client_timeout: Duration) -> Duration {
+    if slow_client_timeout.is_zero() {
+        return STUCK_AFTER_MAX;
+    }
+    (slow_client_timeout / 4).min(STUCK_AFTER_MAX)
+}
+
+const STUCK_AFTER_MAX: Duration = Duration::from_secs(60);
+
 /// Why an in-flight event's deadline is a pause (`Session::waiting`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waiting {
@@ -458,14 +470,17 @@ impl Session {
         let progressed = settled != self.settled_at_last_check;
         self.settled_at_last_check = settled;
         let stalled = full && !progressed;
-        // `ackgate_stalled_sessions` counts these at scrape.
-        self.info.stats.stalled.store(stalled, Ordering::Relaxed);
         if !stalled {
+            self.info.stats.stalled.store(false, Ordering::Relaxed);
             self.stalled_since = None;
             return Step::Continue;
         }
         let since = *self.stalled_since.get_or_insert_with(Instant::now);
         let limit = self.d.settings().slow_client_timeout;
+        // `ackgate_stalled_sessions` counts these at scrape: stuck, not merely slow (a client
+        // acking every few seconds behind a full window counted most of the time, and the alert
+        // fired on it), and seen well before the 4003 (`stuck_after`).
+        self.info.stats.stalled.store(since.elapsed() >= stuck_after(limit), Ordering::Relaxed);
         if !limit.is_zero() && since.elapsed() > limit {
             return Step::Close(close_code::SLOW_CLIENT, "slow client: no ack while the in-flight window was full");
         }
