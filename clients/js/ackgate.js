@@ -577,6 +577,9 @@ class Session {
     return new Promise((resolve, reject) => {
       let transport = null;
       let welcomed = false;
+      // Credentials refused: the gateway says why in an `error` frame before its 1008 (a page
+      // cannot read a refused handshake's status); connect() rejects with that code.
+      let refusal = null;
       const current = () => transport === this.#transport;
       // A connection that never brings its welcome (a proxy that holds the upgrade, a network
       // that drops it) is abandoned: it counts as a failed attempt, and the next one follows.
@@ -598,6 +601,7 @@ class Session {
             transport.close(1000, "bye");
             return;
           }
+          if (!welcomed && frame.type === "error" && frame.req === undefined) refusal = frame;
           if (frame.type === "welcome") {
             welcomed = true;
             clearTimeout(timer);
@@ -634,7 +638,7 @@ class Session {
           if (final) this.#setState("closed");
           else if (welcomed) this.#setState("reconnecting");
           this.#emit("close", { code: close.code, reason: close.reason, final });
-          if (!welcomed) reject(new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
+          if (!welcomed) reject(refusal ? new AckgateError(refusal.code, refusal.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
           else if (!final) this.#reconnect();
           if (final) {
             for (const entry of this.#outbox.splice(0)) entry.reject(new AckgateError("closed", `closed for good (${close.code})`));

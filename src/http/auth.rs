@@ -304,6 +304,15 @@ pub fn session_access(auth: &AuthConfig, keys: &TokenKeys, query_token: Option<&
     Ok(claims.into_access())
 }
 
+/// Logs credentials a session was refused (said to the client inside its socket or stream, so
+/// the request log sees a 101 or a 200): at most once a second, anyone can cause it.
+pub(super) fn log_refused_credentials(client_id: &ClientId, remote: std::net::SocketAddr, refused: &ApiError) {
+    static REFUSED: crate::core::log_throttle::Throttled = crate::core::log_throttle::Throttled::new();
+    if let Some(suppressed) = REFUSED.allow() {
+        tracing::info!(%client_id, %remote, code = refused.code.as_str(), reason = %refused.message, suppressed, "session credentials refused");
+    }
+}
+
 /// Checks the token of a session's `refresh` frame as the handshake checks its first one. A token
 /// naming a key the set lacks starts a fetch of the set (at most once a minute) and is refused
 /// this time: the session's task does not wait on the network.

@@ -27,13 +27,13 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{session_access, session_token};
+use super::auth::{log_refused_credentials, session_access, session_token};
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
 use crate::core::dispatcher::Dispatcher;
 use crate::core::names::{ClientId, GroupName, OffsetKey, TopicName};
-use crate::core::protocol::{close_code, ErrorCode, ResumeOffset};
+use crate::core::protocol::{close_code, ErrorCode, ResumeOffset, ServerFrame};
 use crate::core::resume_token::Holder;
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
@@ -99,10 +99,9 @@ impl Drop for Listed {
         ("Last-Event-ID" = Option<String>, Header, description = "the resume token EventSource sends when it reconnects"),
     ),
     responses(
-        (status = 200, description = "text/event-stream: welcome (with ack_url), subscribed per topic, then event, gap, reconnect, error and close messages; event messages carry the resume token as id", content_type = "text/event-stream"),
+        (status = 200, description = "text/event-stream: welcome (with ack_url), subscribed per topic, then event, gap, reconnect, error and close messages; event messages carry the resume token as id. Refused credentials (a token missing or invalid: unauthorized; for another client: forbidden) are a stream too: an error message with the code, then close with 1008 (final), and no session", content_type = "text/event-stream"),
         (status = 400, description = "invalid_name, bad_request (a from that is none of its names; a resume token that does not verify is no error: subscribed says it was refused)", body = crate::http::schemas::ErrorBody),
-        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret or auth.jwks_url is set)", body = crate::http::schemas::ErrorBody),
-        (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "forbidden: the Origin, Host or Fetch Metadata is refused (server.allowed_origins, server.allowed_hosts)", body = crate::http::schemas::ErrorBody),
         (status = 429, description = "limit_exceeded: limits.max_sessions", body = crate::http::schemas::ErrorBody),
         (status = 503, description = "unavailable: the instance is draining (Retry-After) or the client's offsets are being changed", body = crate::http::schemas::ErrorBody),
     )
@@ -130,8 +129,10 @@ fn start(
 ) -> Result<Response, Box<Response>> {
     let Query(query) = query.map_err(|e| Box::new(ApiError::bad_request(e.body_text()).into_response()))?;
     let client_id = super::required_client_id(&query).map_err(|e| Box::new(e.into_response()))?;
-    let access = session_access(&app.config.auth, &app.token_keys, query.get("token").map(String::as_str), headers, &client_id)
-        .map_err(|e| Box::new(e.into_response()))?;
+    let access = session_access(&app.config.auth, &app.token_keys, query.get("token").map(String::as_str), headers, &client_id).map_err(|e| {
+        log_refused_credentials(&client_id, remote, &e);
+        Box::new(credentials_refused(&e))
+    })?;
     let subscribes = initial_subscribes(&app.dispatcher, &query, headers).map_err(|e| Box::new(e.into_response()))?;
     // With `group=`, the stream's topics are that shared subscription's, and its events' ids are
     // the group's floor (what a member resumes the group with).
@@ -449,6 +450,20 @@ struct CachedToken {
     read_at: tokio::time::Instant,
     topics: Vec<TopicName>,
     token: String,
+}
+
+/// Credentials refused, said where a page can read it (an `EventSource` sees no status, and
+/// would take a 401 for an outage and retry it): a stream with the `error` event and a final
+/// `close` (1008, its reason the error code), and no session.
+fn credentials_refused(e: &ApiError) -> Response {
+    let error = ServerFrame::Error { code: e.code, message: e.message.clone(), req: None }.to_json();
+    let close = json!({"code": close_code::POLICY, "reason": e.code.as_str()});
+    let body = format!("retry: {FINAL_CLOSE_RETRY_MS}\nevent: error\ndata: {error}\n\nevent: close\ndata: {close}\n\n");
+    let mut response = Response::new(Body::from(body));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 /// The `retry:` sent before a final close (1008, 4001): a day.

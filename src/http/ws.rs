@@ -14,7 +14,7 @@ use axum::Extension;
 use futures_util::{SinkExt, StreamExt};
 
 use super::activity::Activity;
-use super::auth::{session_access, session_token};
+use super::auth::{log_refused_credentials, session_access, session_token};
 use super::error::ApiError;
 use super::lingering::PeerAddr;
 use super::AppState;
@@ -33,8 +33,7 @@ use crate::core::session_registry::{Registration, Transport};
     responses(
         (status = 101, description = "Switching protocols. Then text frames: the client sends ClientFrame objects, the gateway sends ServerFrame objects (see components)."),
         (status = 400, description = "invalid_name: client_id missing or invalid", body = crate::http::schemas::ErrorBody),
-        (status = 401, description = "unauthorized: token missing or invalid (when auth.jwt_secret or auth.jwks_url is set)", body = crate::http::schemas::ErrorBody),
-        (status = 403, description = "forbidden: the token's sub is another client", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "forbidden: the Origin, Host or Fetch Metadata is refused (server.allowed_origins, server.allowed_hosts). Refused credentials (a token missing or invalid, or for another client) are not refused here: the upgrade goes through, then an error frame (unauthorized or forbidden) and close 1008", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn upgrade(
@@ -55,9 +54,19 @@ pub async fn upgrade(
     };
     let token = query.get("token").map(String::as_str);
     app.token_keys.prepare(session_token(token, &headers)).await;
+    // Refused credentials are said inside the socket: a browser cannot read the status of a
+    // refused handshake, and a page would see a bad token as an outage and retry it forever.
+    // The session never starts (PROTOCOL.md: an `error` frame, then 1008, a final close).
     let access = match session_access(&app.config.auth, &app.token_keys, token, &headers, &client_id) {
         Ok(access) => access,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            log_refused_credentials(&client_id, remote, &e);
+            let tasks = app.dispatcher.tasks.clone();
+            return ws.on_upgrade(move |socket| async move {
+                let _running = tasks.token();
+                refuse(socket, e.code, e.message, close_code::POLICY).await
+            });
+        }
     };
     if app.dispatcher.draining.is_cancelled() {
         return draining(&app.config);
@@ -76,19 +85,23 @@ pub async fn upgrade(
             }
             Err(e) => {
                 let _running = app.dispatcher.tasks.token();
-                refuse(socket, e.code, e.message).await
+                refuse(socket, e.code, e.message, close_code::TRY_AGAIN_LATER).await
             }
         }
     })
 }
 
-async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String) {
+/// An `error` frame that says why, then the close: 1013 "try again later" for a full instance,
+/// 1008 for credentials refused (final: the client must not reconnect by itself).
+async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String, close: u16) {
     let frame = ServerFrame::Error { code, message, req: None }.to_json();
     let _ = socket.send(Message::Text(frame.into())).await;
-    // 1013 "try again later" either way: the error frame before it says why.
-    let reason = if code == ErrorCode::LimitExceeded { "session limit reached" } else { "try again later" };
-    let close = CloseFrame { code: close_code::TRY_AGAIN_LATER, reason: reason.into() };
-    let _ = socket.send(Message::Close(Some(close))).await;
+    let reason = match (close, code) {
+        (close_code::POLICY, _) => code.as_str(),
+        (_, ErrorCode::LimitExceeded) => "session limit reached",
+        _ => "try again later",
+    };
+    let _ = socket.send(Message::Close(Some(CloseFrame { code: close, reason: reason.into() }))).await;
 }
 
 enum Received {

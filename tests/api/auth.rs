@@ -28,39 +28,87 @@ async fn start() -> (tempfile::TempDir, InProcess) {
     (dir, InProcess::start(config).await)
 }
 
-/// The HTTP status and error code of a refused handshake.
+/// Opens a WebSocket at `url` (an `http://` URL of `/ws`) as a browser would, with `bearer` as
+/// `Authorization` when given, and returns how it was refused: the close code and the `error`
+/// frame's code when the upgrade went through (credentials: 1008), else the HTTP status and the
+/// error body's code. A session that opens (a `welcome`) is no refusal: it panics.
 pub async fn refused(url: String, bearer: Option<&str>) -> (u16, String) {
-    let mut request = http()
-        .get(url)
-        .header("connection", "upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-version", "13")
-        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::{Error, Message};
+    let mut request = url.replacen("http://", "ws://", 1).into_client_request().unwrap();
     if let Some(t) = bearer {
-        request = request.bearer_auth(t);
+        request.headers_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
     }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap_or(Value::Null);
-    (status, body["error"]["code"].as_str().unwrap_or_default().to_string())
+    let mut socket = match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => socket,
+        Err(Error::Http(response)) => {
+            let body: Value = response.body().as_deref().and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
+            return (response.status().as_u16(), body["error"]["code"].as_str().unwrap_or_default().to_string());
+        }
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let mut code = String::new();
+    loop {
+        let message = tokio::time::timeout(WAIT, socket.next()).await.expect("refused within the wait").expect("a close frame");
+        match message.expect("a clean close") {
+            Message::Text(text) => {
+                let frame: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(frame["type"], "error", "a refused session got {frame}");
+                code = frame["code"].as_str().unwrap().to_string();
+            }
+            Message::Close(close) => return (close.map_or(1005, |c| u16::from(c.code)), code),
+            _ => {}
+        }
+    }
 }
 
 async fn connect_with(addr: std::net::SocketAddr, client_id: &str, token: &str) -> TestClient {
     TestClient::connect_url(&format!("ws://{addr}/ws?client_id={client_id}&token={token}")).await
 }
 
+/// Issue 61 item 4 (PROTOCOL.md, 2026-12-06): a browser cannot read the status of a refused
+/// WebSocket handshake nor of a refused `EventSource`, so refused credentials are said where a
+/// page reads them: the upgrade goes through, an `error` frame names the code and the close is
+/// 1008 (above, `refused`); a stream gets the `error` and a final `close` message, with a day's
+/// `retry:` so a plain EventSource does not come back. No session starts either way. (Failed
+/// before: 401 and 403 answers, which a page sees as "connection failed".)
+#[tokio::test]
+async fn refused_credentials_are_said_inside_the_socket_and_the_stream() {
+    let (_dir, gw) = start().await;
+    let alices = token(json!({"sub": "alice"}));
+    for (query, code) in [(String::new(), "unauthorized"), ("&token=garbage".into(), "unauthorized"), (format!("&token={alices}"), "forbidden")] {
+        assert_eq!(refused(format!("{}/ws?client_id=bob{query}", gw.base), None).await, (1008, code.to_string()), "/ws {query}");
+        let response = http().get(format!("{}/sse?client_id=bob&topics=t{query}", gw.base)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "/sse {query}");
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let body = response.text().await.unwrap();
+        let data = |event: &str| -> Value {
+            let at = body.find(&format!("event: {event}\ndata: ")).unwrap_or_else(|| panic!("no {event} in {body}"));
+            serde_json::from_str(body[at..].lines().nth(1).unwrap().strip_prefix("data: ").unwrap()).unwrap()
+        };
+        assert_eq!((data("error")["type"].as_str(), data("error")["code"].as_str()), (Some("error"), Some(code)), "{body}");
+        assert_eq!(data("close"), json!({"code": 1008, "reason": code}), "{body}");
+        assert!(body.starts_with("retry: 86400000\n"), "{body}");
+        assert!(!body.contains("welcome"), "{body}");
+    }
+    let sessions: Value = http().get(format!("{}/admin/sessions", gw.base)).bearer_auth("admin").send().await.unwrap().json().await.unwrap();
+    assert_eq!(sessions["sessions"].as_array().map(Vec::len), Some(0), "{sessions}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn the_handshake_needs_a_valid_token_for_that_client() {
     let (_dir, gw) = start().await;
     let ws = |client: &str| format!("{}/ws?client_id={client}", gw.base);
-    assert_eq!(refused(ws("alice"), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("alice"), None).await, (1008, "unauthorized".into()));
     let forged = encode(&Header::default(), &json!({"sub": "alice"}), &EncodingKey::from_secret(b"other")).unwrap();
-    assert_eq!(refused(format!("{}&token={forged}", ws("alice")), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(format!("{}&token={forged}", ws("alice")), None).await, (1008, "unauthorized".into()));
     let expired = token(json!({"sub": "alice", "exp": now_secs() - 10}));
-    assert_eq!(refused(format!("{}&token={expired}", ws("alice")), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(format!("{}&token={expired}", ws("alice")), None).await, (1008, "unauthorized".into()));
     let alices = token(json!({"sub": "alice"}));
-    assert_eq!(refused(format!("{}&token={alices}", ws("bob")), None).await, (403, "forbidden".into()));
-    assert_eq!(refused(ws("bob"), Some(&alices)).await, (403, "forbidden".into()));
+    assert_eq!(refused(format!("{}&token={alices}", ws("bob")), None).await, (1008, "forbidden".into()));
+    assert_eq!(refused(ws("bob"), Some(&alices)).await, (1008, "forbidden".into()));
 
     let client = connect_with(gw.addr(), "alice", &alices).await;
     assert_eq!(client.welcome["client_id"], "alice");
@@ -207,7 +255,7 @@ async fn a_client_can_never_ack_or_reset_another_clients_deliveries() {
 async fn a_token_not_valid_yet_is_refused() {
     let (_dir, gw) = start().await;
     let early = token(json!({"sub": "alice", "nbf": now_secs() + 3600}));
-    assert_eq!(refused(format!("{}/ws?client_id=alice&token={early}", gw.base), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(format!("{}/ws?client_id=alice&token={early}", gw.base), None).await, (1008, "unauthorized".into()));
     let ready = token(json!({"sub": "alice", "nbf": now_secs() - 10}));
     connect_with(gw.addr(), "alice", &ready).await.close().await;
     gw.stop().await;
@@ -550,34 +598,34 @@ async fn tokens_of_an_identity_provider_are_checked_with_its_rotating_key_set() 
     connect_with(gw.addr(), "hugo", &token(json!({"sub": "hugo", "exp": exp}))).await.close().await;
     let ws = |client: &str, token: &str| format!("{}/ws?client_id={client}&token={token}", gw.base);
     let wrong_sub = old.token(json!({"sub": "mallory", "exp": exp}));
-    assert_eq!(refused(ws("alice", &wrong_sub), None).await, (403, "forbidden".into()));
+    assert_eq!(refused(ws("alice", &wrong_sub), None).await, (1008, "forbidden".into()));
     let expired = old.token(json!({"sub": "alice", "exp": now_secs() - 10}));
-    assert_eq!(refused(ws("alice", &expired), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("alice", &expired), None).await, (1008, "unauthorized".into()));
     // A token that names the RSA key's kid but says ES256: the key's algorithm decides.
     let confused = {
         let mut header = Header::new(jsonwebtoken::Algorithm::ES256);
         header.kid = Some("rsa".into());
         encode(&header, &json!({"sub": "alice", "exp": exp}), &old.encoding).unwrap()
     };
-    assert_eq!(refused(ws("alice", &confused), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("alice", &confused), None).await, (1008, "unauthorized".into()));
     let fetched = provider.fetches();
 
     // The provider rotates: the old key is gone from its set, the new one is in.
     provider.serve(vec![new.jwk.clone(), rsa.jwk.clone()]);
     // An unknown kid: one fetch, still unknown, refused.
     let stranger = ProviderKey::es256("stranger").token(json!({"sub": "alice", "exp": exp}));
-    assert_eq!(refused(ws("alice", &stranger), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("alice", &stranger), None).await, (1008, "unauthorized".into()));
     assert_eq!(provider.fetches(), fetched + 1, "the unknown kid fetched the set once");
     // That fetch brought the new key: its tokens are accepted without another.
     let mut bob = connect_with(gw.addr(), "bob", &new.token(json!({"sub": "bob", "exp": exp}))).await;
     bob.subscribe("idp", json!({"from": "earliest"})).await;
     assert_eq!(bob.recv_type("event").await["offset"], 0);
     // More unknown kids within the minute fetch nothing (anyone can make them up).
-    assert_eq!(refused(ws("alice", &stranger), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("alice", &stranger), None).await, (1008, "unauthorized".into()));
     assert_eq!(provider.fetches(), fetched + 1, "at most one fetch a minute for unknown kids");
     // A new token with the dropped key is refused; the session opened with it goes on.
     let dropped = old.token(json!({"sub": "carol", "exp": exp}));
-    assert_eq!(refused(ws("carol", &dropped), None).await, (401, "unauthorized".into()));
+    assert_eq!(refused(ws("carol", &dropped), None).await, (1008, "unauthorized".into()));
     publish(&gw.base, "idp", json!({"partition": 0, "payload": {"n": 1}})).await;
     assert_eq!(alice.recv_type("event").await["offset"], 1, "the session of the rotated-out key lives until its exp");
     alice.close().await;
@@ -608,7 +656,7 @@ async fn a_key_set_over_https_is_verified_against_the_given_authorities() {
     config.auth.jwks_ca_file = String::new();
     let gw = InProcess::start(config).await;
     let url = format!("{}/ws?client_id=alice&token={}", gw.base, key.token(json!({"sub": "alice", "exp": exp})));
-    assert_eq!(refused(url, None).await, (401, "unauthorized".into()), "an unverified key set gives no keys");
+    assert_eq!(refused(url, None).await, (1008, "unauthorized".into()), "an unverified key set gives no keys");
     connect_with(gw.addr(), "hugo", &token(json!({"sub": "hugo", "exp": exp}))).await.close().await;
     gw.stop().await;
 }

@@ -109,12 +109,12 @@ async fn a_reload_rotates_the_jwt_secret_for_the_next_handshakes() {
     let config = data.with_extension("toml");
     let ws = |client: &str, token: &str| format!("{}/ws?client_id={client}&token={token}", gw.base);
     let mut old = TestClient::connect_url(&format!("ws://{}/ws?client_id=old&token={}", gw.addr, token(FIRST, "old"))).await;
-    assert_eq!(crate::auth::refused(ws("a", &token(SECOND, "a")), None).await, (401, "unauthorized".into()), "not the second secret yet");
+    assert_eq!(crate::auth::refused(ws("a", &token(SECOND, "a")), None).await, (1008, "unauthorized".into()), "not the second secret yet");
 
     write_config(&config, &data, "", &format!("[auth]\njwt_secret = {SECOND:?}"));
     let (status, answer) = reload(&gw.base).await;
     assert_eq!((status, &answer["changed"]), (200, &json!(["auth.jwt_secret"])), "{answer}");
-    assert_eq!(crate::auth::refused(ws("a", &token(FIRST, "a")), None).await, (401, "unauthorized".into()), "the first secret is refused now");
+    assert_eq!(crate::auth::refused(ws("a", &token(FIRST, "a")), None).await, (1008, "unauthorized".into()), "the first secret is refused now");
     let new = TestClient::connect_url(&format!("ws://{}/ws?client_id=new&token={}", gw.addr, token(SECOND, "new"))).await;
     assert_eq!(new.welcome["client_id"], "new");
     old.send(json!({"op": "ping", "req": "p"})).await;
@@ -125,7 +125,7 @@ async fn a_reload_rotates_the_jwt_secret_for_the_next_handshakes() {
     let (status, answer) = reload(&gw.base).await;
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("auth.jwt_secret"), "{answer}");
-    assert_eq!(crate::auth::refused(format!("{}/ws?client_id=a", gw.base), None).await, (401, "unauthorized".into()), "tokens are still required");
+    assert_eq!(crate::auth::refused(format!("{}/ws?client_id=a", gw.base), None).await, (1008, "unauthorized".into()), "tokens are still required");
     TestClient::connect_url(&format!("ws://{}/ws?client_id=again&token={}", gw.addr, token(SECOND, "again"))).await;
     gw.kill9();
 }

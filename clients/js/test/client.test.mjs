@@ -621,6 +621,39 @@ test("a token that expires mid-stream is refreshed in band: the same session goe
   client.close();
 });
 
+// Issue 61 item 4: a bad token, another client's token and no token looked like an outage
+// ("unavailable: WebSocket connection ... failed", retried forever), because a page cannot read
+// a refused handshake's status. The gateway says why in the socket or the stream now; connect()
+// rejects with that code, the close is final (1008) and the client does not come back.
+test("refused credentials reject connect() with their code, over WebSocket and SSE, and the client stops", async () => {
+  if (!C) throw new Error("set ACKGATE_DEV_C and ACKGATE_DEV_C_SECRET");
+  const cases = [
+    ["a made-up token", "not.a.jwt", "unauthorized"],
+    ["another client's token", jwt({ sub: "someone-else", exp: Math.floor(Date.now() / 1000) + 3600 }), "forbidden"],
+    ["no token", undefined, "unauthorized"],
+  ];
+  for (const transport of ["websocket", "sse"]) {
+    for (const [what, token, code] of cases) {
+      const closes = [];
+      const reconnects = [];
+      const client = new AckgateClient(ws(C), {
+        clientId: "js-refused",
+        token,
+        transport,
+        EventSource: FetchEventSource,
+        onClose: (c) => closes.push(c),
+        onReconnect: (r) => reconnects.push(r),
+      });
+      await assert.rejects(client.connect(), (error) => error instanceof AckgateError && error.code === code, `${transport}, ${what}`);
+      await new Promise((r) => setTimeout(r, 300));
+      assert.deepEqual(closes.map((c) => [c.code, c.final]), [[1008, true]], `${transport}, ${what}`);
+      assert.deepEqual(reconnects, [], `${transport}, ${what}: no reconnect after a final close`);
+      assert.equal(client.state, "closed");
+      client.close();
+    }
+  }
+});
+
 // Issue 42, item 2: events that arrived before `events()` was iterated (here, during a second
 // `subscribe()`) were dropped and came back only after the ack timeout, as attempt 2. Now they
 // are kept from the first `subscribe()` on.

@@ -68,7 +68,7 @@ pub(super) struct Counters {
     pub(super) refreshed: AtomicU64,
     /// Sessions closed because their token expired (4004, or an SSE `close` with it).
     pub(super) expired: AtomicU64,
-    /// Tokens refused (a handshake or POST answered 401/403, a `refresh` answered `error`): the
+    /// Tokens refused (a session closed with 1008, a POST answered 401/403, a `refresh` answered `error`): the
     /// workload's tokens are fresh and within the clocks' bound, so each is an anomaly.
     pub(super) auth_refusals: AtomicU64,
     /// Deliveries that may come again: what was in flight when each session ended and at each
@@ -256,9 +256,12 @@ impl ClientPlan {
                 }
                 Ok(Some(Ok(Message::Text(text)))) => text,
                 Ok(Some(Ok(Message::Close(close)))) => {
-                    if close.is_some_and(|c| u16::from(c.code) == 4004) {
-                        self.counters.expired.fetch_add(1, Ordering::Relaxed);
-                    }
+                    match close.map(|c| u16::from(c.code)) {
+                        Some(4004) => self.counters.expired.fetch_add(1, Ordering::Relaxed),
+                        // Credentials refused: said in the socket (an `error`, then 1008).
+                        Some(1008) => self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed),
+                        _ => 0,
+                    };
                     return Ok(Ended::Again);
                 }
                 Ok(None) => return Ok(Ended::Again),
@@ -408,6 +411,10 @@ impl ClientPlan {
                     "close" => {
                         if frame["code"] == 4004 {
                             self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Credentials refused: said in the stream (an `error`, then 1008).
+                        if frame["code"] == 1008 {
+                            self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed);
                         }
                         return Ok(Ended::Again);
                     }
