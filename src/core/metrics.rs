@@ -106,6 +106,10 @@ pub const STALLED_SESSIONS: &str = "ackgate_stalled_sessions";
 pub const SESSIONS_ENDED: &str = "ackgate_sessions_ended_total";
 pub const BUILD_INFO: &str = "ackgate_build_info";
 pub const PUBLISH_TO_DELIVERY: &str = "ackgate_publish_to_delivery_seconds";
+pub const DATA_DIR_FREE: &str = "ackgate_data_dir_free_bytes";
+pub const DATA_DIR_SIZE: &str = "ackgate_data_dir_size_bytes";
+pub const CONFIG_RELOADS: &str = "ackgate_config_reloads_total";
+pub const PEERS: &str = "ackgate_peers";
 
 /// The process's own figures, under the names Prometheus' client libraries give them (read from
 /// /proc at scrape).
@@ -142,7 +146,7 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 47] = [
+pub const ALL: [&str; 51] = [
     SESSIONS,
     SESSIONS_ENDED,
     STALLED_SESSIONS,
@@ -158,6 +162,10 @@ pub const ALL: [&str; 47] = [
     READY,
     BUILD_INFO,
     PUBLISH_TO_DELIVERY,
+    DATA_DIR_FREE,
+    DATA_DIR_SIZE,
+    CONFIG_RELOADS,
+    PEERS,
     DELIVERIES,
     REDELIVERIES,
     ACKS,
@@ -285,6 +293,12 @@ pub fn undecodable_records() -> Counter {
     metrics::counter!(UNDECODABLE_RECORDS)
 }
 
+/// `ackgate_config_reloads_total{result}`: config reloads (SIGHUP, `POST /admin/reload`), by
+/// result: `ok` or `refused` (the settings in force stayed).
+pub fn config_reloads(ok: bool) -> Counter {
+    metrics::counter!(CONFIG_RELOADS, "result" => if ok { "ok" } else { "refused" })
+}
+
 /// The `reason`s of `ackgate_connections_refused_total`, each exported at 0 from the start.
 pub const CONNECTION_REFUSALS: [&str; 2] = ["capacity", "per_ip"];
 
@@ -330,6 +344,13 @@ impl Metrics {
             "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), reconnect (1012: a drain, a truncated log, a stopped shared subscription), taken_over (4001), operator (4002), frame_too_large (1009), token_expired (4004)"
         );
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
+        describe_gauge!(DATA_DIR_FREE, "Bytes free to this process on the file system of storage.data_dir (RocksDB, the embedded log), read at scrape");
+        describe_gauge!(DATA_DIR_SIZE, "Size in bytes of the file system of storage.data_dir, read at scrape");
+        describe_counter!(
+            CONFIG_RELOADS,
+            "Config reloads (SIGHUP, POST /admin/reload), by result: ok, refused (the settings in force stayed; the log says why)"
+        );
+        describe_gauge!(PEERS, "Peers of cluster.peers, by state: ready (their /readyz answered at the last probe) or unready");
         describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");
         // A gauge: the metrics crate's counters count whole numbers, and CPU time is read in ticks.
         describe_gauge!(PROCESS_CPU, Unit::Seconds, "User and system CPU time of the process");
@@ -398,6 +419,9 @@ impl Metrics {
         }
         for reason in CONNECTION_REFUSALS {
             connections_refused(reason).increment(0);
+        }
+        for ok in [true, false] {
+            config_reloads(ok).increment(0);
         }
         let redelivery = |reason: &'static str| metrics::counter!(REDELIVERIES, "reason" => reason);
         Self {

@@ -16,9 +16,9 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BACKEND_UP, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DEAD_LETTER_BACKLOG, GROUP_MEMBERS, GROUP_WAITING,
-    HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PROCESS_CPU, PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START,
-    PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS, STALLED_SESSIONS,
+    ACK_LATENCY, BACKEND_UP, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DATA_DIR_FREE, DATA_DIR_SIZE, DEAD_LETTER_BACKLOG,
+    GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PEERS, PROCESS_CPU, PROCESS_MAX_FDS,
+    PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS, STALLED_SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::session_registry::Transport;
@@ -103,6 +103,11 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::gauge!(BACKEND_UP).set(if readiness.backend_ok { 1.0 } else { 0.0 });
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     record_process();
+    record_data_dir(&app.config.storage.data_dir);
+    let peers = app.cluster.peers();
+    let ready = peers.iter().filter(|(_, instance)| instance.is_some()).count();
+    metrics::gauge!(PEERS, "state" => "ready").set(ready as f64);
+    metrics::gauge!(PEERS, "state" => "unready").set((peers.len() - ready) as f64);
     let Some(handle) = install_recorder() else {
         return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
     };
@@ -154,6 +159,22 @@ fn record_process() {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
         metrics::gauge!(PROCESS_MAX_FDS).set(limit.rlim_cur as f64);
     }
+}
+
+/// Free and total bytes of the file system `storage.data_dir` is on: a full disk stops offset
+/// writes and publishes, and the process may exit before an alert's `for:` on anything else.
+fn record_data_dir(data_dir: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(data_dir.as_os_str().as_bytes()) else { return };
+    // SAFETY: statvfs reads the path (a NUL-terminated string that outlives the call) and writes
+    // only the struct passed.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return;
+    }
+    let block = stat.f_frsize as f64;
+    metrics::gauge!(DATA_DIR_FREE).set(stat.f_bavail as f64 * block);
+    metrics::gauge!(DATA_DIR_SIZE).set(stat.f_blocks as f64 * block);
 }
 
 /// The clients with the most committed lag that get a series of their own

@@ -39,6 +39,7 @@ pub trait ConfigReload: Send + Sync {
 /// Runs a reload and logs its outcome (the signal handler and the route share it).
 pub fn reload_and_log(reload: &dyn ConfigReload, by: &'static str) -> Result<Vec<String>, ReloadRefused> {
     let outcome = reload.reload();
+    crate::core::metrics::config_reloads(outcome.is_ok()).increment(1);
     match &outcome {
         Ok(changed) if changed.is_empty() => tracing::info!(by, "config reloaded: nothing changed"),
         Ok(changed) => tracing::info!(by, changed = changed.join(", "), "config reloaded"),

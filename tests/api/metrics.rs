@@ -198,6 +198,26 @@ async fn the_most_lagging_clients_and_the_oldest_session_age_are_exported() {
     gw.kill9();
 }
 
+/// Issue 62 item 2: the figures the new alerts need, on the real binary: the data dir's file
+/// system (free at most its size, both above 0) and the peers by state (one that answers
+/// nothing is unready after a probe; none is ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_dirs_free_bytes_and_the_peers_states_are_exported() {
+    let (_dir, data) = temp_dir();
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let peers = serde_json::to_string(&[format!("http://{nobody}")]).unwrap();
+    let gw = Process::start(
+        &data,
+        &[("ACKGATE_CLUSTER__PEERS", peers.as_str()), ("ACKGATE_CLUSTER__TOKEN_KEY", CLUSTER_TOKEN_KEY), ("ACKGATE_CLUSTER__PROBE_INTERVAL_MS", "200")],
+    );
+    let m = scrape(&gw.base).await;
+    let (free, size) = (value(&m, "ackgate_data_dir_free_bytes"), value(&m, "ackgate_data_dir_size_bytes"));
+    assert!(free > 0.0 && free <= size, "free {free} of {size}");
+    wait_for("the peer counted unready", async || value(&scrape(&gw.base).await, r#"ackgate_peers{state="unready"}"#) == 1.0).await;
+    assert_eq!(value(&scrape(&gw.base).await, r#"ackgate_peers{state="ready"}"#), 0.0);
+    gw.kill9();
+}
+
 /// Issue 62 item 4: a client that acks one event every second behind a full window is slow, not
 /// stuck: `ackgate_stalled_sessions` never counts it (it counted at about half of the 500 ms
 /// checks, and the alert fired on such a client). When it stops acking, it is counted as stuck

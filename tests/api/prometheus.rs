@@ -89,8 +89,15 @@ async fn every_counter_an_alert_watches_is_exported_at_zero_from_the_start() {
     let text = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
     let series: Vec<&str> = text.lines().filter(|l| l.starts_with("ackgate_")).collect();
     let rules = read("deploy/prometheus/alerts.yml");
-    let watched: Vec<&str> = rules.match_indices("increase(").map(|(at, _)| rules[at + "increase(".len()..].split('[').next().unwrap()).collect();
-    assert!(watched.len() >= 6, "{watched:?}");
+    // An expression that also sees series new in its window (`x unless x offset ...`: counters
+    // labelled by topic or route, which cannot be made at 0) needs no series at the start.
+    let watched: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .filter(|expr| !expr.contains(" unless "))
+        .flat_map(|expr| expr.match_indices("increase(").map(move |(at, _)| expr[at + "increase(".len()..].split('[').next().unwrap()))
+        .collect();
+    assert!(watched.len() >= 7, "{watched:?}");
     for selector in watched {
         let (name, matchers) = selector.split_once('{').map_or((selector, ""), |(n, m)| (n, m.trim_end_matches('}')));
         let found = series.iter().any(|line| {

@@ -82,6 +82,11 @@ async fn sighup_and_admin_reload_apply_live_settings_and_refuse_the_rest() {
     let mut before = before;
     before.send(json!({"op": "ping", "req": "p"})).await;
     assert_eq!(before.recv_type("pong").await["req"], "p");
+    // Each reload counted by its result (issue 62 item 2: `AckgateReloadFailed`): the SIGHUP and
+    // the last POST went through, three were refused.
+    let metrics = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ackgate_config_reloads_total{result=\"ok\"} 2\n"), "{metrics}");
+    assert!(metrics.contains("ackgate_config_reloads_total{result=\"refused\"} 3\n"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
