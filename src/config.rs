@@ -228,7 +228,9 @@ pub struct EmbeddedConfig {
     /// Whether a publish to a topic that does not exist creates it (with default_partitions):
     /// "auto" when it is made with the admin token or without auth, never by a JWT publish claim
     /// (creating topics is the admin token's right); "always" also for JWT publishers; "never":
-    /// only POST /topics creates (a publish to a missing topic is 404 unknown_topic).
+    /// only POST /topics creates (a publish to a missing topic is 404 unknown_topic). A session
+    /// that could create a topic by publishing to it creates it by a first subscribe too (no resume
+    /// token, a name never deleted here), so a page may subscribe before anything is published.
     pub auto_create_topics: AutoCreateTopics,
 }
 

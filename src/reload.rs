@@ -183,6 +183,7 @@ pub fn delivery_settings(config: &Config) -> DeliverySettings {
         max_rewind_events: config.limits.max_rewind_events,
         max_batch_events: config.limits.max_batch_events,
         publish_creates_topics: (!crate::http::topics::must_exist_before_publish(config, false), !crate::http::topics::must_exist_before_publish(config, true)),
+        subscribe_creates_partitions: (config.storage.backend == crate::config::BackendKind::Embedded).then_some(config.embedded.default_partitions),
         max_sessions: config.limits.max_sessions,
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,

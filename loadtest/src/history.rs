@@ -82,6 +82,9 @@ pub struct Report {
     pub divergence: u64,
     /// Fresh tokens the gateways refused (set by `loadtest chaos`, not by the checker).
     pub tokens_refused: u64,
+    /// Duplicates above the bound the workload summed (`apply_duplicate_bound`): at least once
+    /// allows duplicates, but only of what was in flight when something ended.
+    pub duplicates_over_bound: u64,
     pub examples: Vec<String>,
 }
 
@@ -99,6 +102,20 @@ impl Report {
             + self.committed_went_back
             + self.divergence
             + self.tokens_refused
+            + self.duplicates_over_bound
+    }
+
+    /// Counts the duplicates above `bound` (what was in flight at each session's end, clock jump
+    /// and nack, as the workload summed it) as an anomaly, with an example naming both: a bound
+    /// that only printed a line could not fail a run (issue 60, item 2).
+    pub fn apply_duplicate_bound(&mut self, bound: u64) {
+        self.duplicates_over_bound = self.duplicates.saturating_sub(bound);
+        if self.duplicates_over_bound > 0 {
+            self.example(format!(
+                "duplicates {} above the bound {bound} (what was in flight when each session ended and at each clock jump, plus nacks)",
+                self.duplicates
+            ));
+        }
     }
 
     fn example(&mut self, text: String) {
@@ -124,6 +141,7 @@ impl Report {
             ("committed went back", self.committed_went_back),
             ("divergence", self.divergence),
             ("tokens refused", self.tokens_refused),
+            ("duplicates above the bound", self.duplicates_over_bound),
         ]
     }
 }
@@ -371,6 +389,17 @@ mod tests {
         for offset in offsets {
             h.delivered(client, p(0), offset, 100 + offset);
         }
+    }
+
+    #[test]
+    fn duplicates_above_the_bound_are_an_anomaly_and_within_it_are_not() {
+        let mut report = Report { duplicates: 10, ..Report::default() };
+        report.apply_duplicate_bound(10);
+        assert_eq!((report.anomalies(), report.duplicates_over_bound), (0, 0));
+        report.apply_duplicate_bound(7);
+        assert_eq!((report.anomalies(), report.duplicates_over_bound), (3, 3));
+        assert!(report.examples[0].contains("above the bound 7"), "{:?}", report.examples);
+        assert!(report.rows().contains(&("duplicates above the bound", 3)));
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct DeliverySettings {
     /// Whether a `publish` frame may create a missing topic (the embedded log's
     /// `embedded.auto_create_topics`): for a session without a JWT, and for one with.
     pub publish_creates_topics: (bool, bool),
+    /// On the embedded log, the partitions of a topic a subscribe creates (`embedded.default_partitions`):
+    /// a session that may create a topic by publishing to it creates it by subscribing to it as
+    /// well. `None`: a subscribe never creates one (Kafka, RocketMQ).
+    pub subscribe_creates_partitions: Option<u32>,
     pub max_sessions: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,

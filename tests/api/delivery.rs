@@ -449,6 +449,66 @@ async fn a_catch_up_read_behind_retention_gets_a_gap_frame() {
 }
 
 /// The in-flight deliveries of the session `welcome` names, from the admin view.
+/// Issue 61 item 1: a chat room or a dashboard subscribes before anything was published. On a
+/// fresh gateway `subscribe` answered `unknown_topic` (topics existed only after a first publish),
+/// so the quickstart failed. Now a first subscribe creates the topic where a publish by the same
+/// session would (the embedded log, `embedded.auto_create_topics`, the session's publish rights),
+/// within `limits.max_topics`; a subscribe with a resume token, or to a topic an operator deleted
+/// (a client coming back to it), does not, and neither does a session that may not publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_subscribe_creates_its_topic_where_a_publish_would() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.limits.max_topics = 1;
+    let gw = InProcess::start(config).await;
+    let mut client = TestClient::connect(gw.addr(), "early").await;
+    let subscribed = client.subscribe("room", json!({})).await;
+    let partitions: Vec<(u64, u64)> =
+        subscribed["partitions"].as_array().unwrap().iter().map(|p| (p["partition"].as_u64().unwrap(), p["from"].as_u64().unwrap())).collect();
+    assert_eq!(partitions, (0..4).map(|p| (p, 0)).collect::<Vec<_>>(), "embedded.default_partitions, from their start: {subscribed}");
+    publish(&gw.base, "room", json!({"partition": 2, "payload": {"hello": 1}})).await;
+    let [event] = client.recv_events(1).await.try_into().unwrap();
+    assert_eq!((event["topic"].as_str(), event["partition"].as_u64(), event["payload"].clone()), (Some("room"), Some(2), json!({"hello": 1})));
+    // With a resume token it is a client coming back: no topic comes back with it.
+    client.send(json!({"op": "subscribe", "topic": "deleted", "resume": "r1.bm90LWEtdG9rZW4", "req": "back"})).await;
+    let refused = client.recv_type("error").await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("unknown_topic"), Some("back")), "{refused}");
+    // Nor does a subscribe without a token to a topic an operator deleted.
+    client.send(json!({"op": "unsubscribe", "topic": "room"})).await;
+    client.recv_type("unsubscribed").await;
+    let mut deleted = 0;
+    for _ in 0..100 {
+        deleted = http().delete(format!("{}/topics/room", gw.base)).send().await.unwrap().status().as_u16();
+        if deleted != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(deleted, 200);
+    client.send(json!({"op": "subscribe", "topic": "room", "req": "again"})).await;
+    let refused = client.recv_type("error").await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("unknown_topic"), Some("again")), "{refused}");
+    // Within limits.max_topics (1).
+    client.subscribe("second", json!({})).await;
+    client.send(json!({"op": "subscribe", "topic": "third", "req": "over"})).await;
+    let refused = client.recv_type("error").await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("limit_exceeded"), Some("over")), "{refused}");
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    let names: BTreeSet<&str> = topics["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, BTreeSet::from(["second"]));
+    gw.stop().await;
+
+    // With the admin token set, sessions do not publish (REST with the token does): nor create.
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.admin_token = "a".repeat(32);
+    let gw = InProcess::start(config).await;
+    let mut client = TestClient::connect(gw.addr(), "early").await;
+    client.send(json!({"op": "subscribe", "topic": "room", "req": "s"})).await;
+    assert_eq!(client.recv_type("error").await["code"], "unknown_topic");
+    gw.stop().await;
+}
+
 async fn in_flight_of(base: &str, welcome: &serde_json::Value) -> Vec<serde_json::Value> {
     let (status, detail) = get_json(&format!("{base}/admin/sessions/{}", welcome["session_id"].as_str().unwrap())).await;
     assert_eq!(status, 200, "{detail}");

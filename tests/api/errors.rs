@@ -21,6 +21,8 @@ async fn bad_frames_get_error_codes_and_the_session_stays_open() {
     let mut config = test_config(&data);
     config.limits.max_subscriptions_per_session = 1;
     config.limits.max_clients_per_topic = 1;
+    // A subscribe creates a missing topic where a publish would (issue 61 item 1): not here.
+    config.embedded.auto_create_topics = ackgate::config::AutoCreateTopics::Never;
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 1).await;
     publish_numbered(&gw.base, "u", 1, 0, 0).await;

@@ -416,12 +416,7 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     }
     let mut report = history.lock().unwrap().check();
     let bound = counters.duplicate_bound.load(Ordering::Relaxed);
-    if report.duplicates > bound {
-        report.examples.push(format!(
-            "duplicates {} above the bound {bound} (what was in flight when each session ended and at each clock jump, plus nacks)",
-            report.duplicates
-        ));
-    }
+    report.apply_duplicate_bound(bound);
     // Every token the workload presents is fresh and within the clocks' bound: a refusal is a bug.
     report.tokens_refused = counters.auth_refusals.load(Ordering::Relaxed);
     eprintln!(

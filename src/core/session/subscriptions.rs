@@ -29,6 +29,9 @@ impl Session {
             return Err(FrameError::new(ErrorCode::Forbidden, format!("this session's token does not allow topic {topic}")));
         }
         self.count_subscribe()?;
+        if matches!(resume, Resume::None) {
+            self.create_missing_topic(&topic).await?;
+        }
         let limit = self.d.settings().max_subscriptions_per_session;
         if !self.subscriptions.contains_key(&topic) && self.subscriptions.len() >= limit {
             return Err(FrameError::new(ErrorCode::LimitExceeded, format!("a session may hold {limit} subscriptions (limits.max_subscriptions_per_session)")));
@@ -145,6 +148,41 @@ impl Session {
             self.start_redrive(&topic);
         }
         Ok(())
+    }
+
+    /// A chat room or a dashboard subscribes before anything was published: on the embedded log a
+    /// session that could create `topic` by publishing to it (`embedded.auto_create_topics`, its
+    /// publish rights) creates it by subscribing too, with `embedded.default_partitions`, within
+    /// `limits.max_topics`. Only a first subscribe (no resume token) of a name never deleted here:
+    /// a client coming back to a topic an operator deleted does not bring it back. Anyone else
+    /// still gets `unknown_topic` (issue 61, item 1).
+    async fn create_missing_topic(&self, topic: &TopicName) -> Result<(), FrameError> {
+        let settings = self.d.settings();
+        let Some(partitions) = settings.subscribe_creates_partitions else { return Ok(()) };
+        let by_jwt = self.d.token_check.get().is_some();
+        let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };
+        if !may_create || self.is_hub() || !self.access.may_publish(topic.as_str()) || topic.lite().is_some() {
+            return Ok(());
+        }
+        if self.d.backend.partitions(topic).await.map_err(crate::core::frame_errors::backend_frame_error)?.is_some() {
+            return Ok(());
+        }
+        // A topic of this name was deleted here: an operator's deletion stands against
+        // subscribers (a client coming back without its token included); a publish recreates it.
+        if self.d.store.topic_incarnation(topic).map_or(true, |incarnation| incarnation.id != 0) {
+            return Ok(());
+        }
+        match self.d.backend.create_topic(topic, partitions).await {
+            Ok(created) => {
+                if created {
+                    tracing::info!(client_id = %self.info.client_id, %topic, partitions, "topic created by a subscribe");
+                }
+                Ok(())
+            }
+            // Created meanwhile by a publish or another subscribe, with another partition count.
+            Err(crate::core::backend::BackendError::Conflict(_)) => Ok(()),
+            Err(e) => Err(crate::core::frame_errors::backend_frame_error(e)),
+        }
     }
 
     /// Each subscribe plans every partition (bounds, store reads, a write; a group's may start a
