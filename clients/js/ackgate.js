@@ -117,7 +117,7 @@ const MAX_SSE_QUERY = 6000;
 const GONE_GRACE_MS = 1000;
 
 /** What `on(name)` takes, and the option called for each (`onEvent`, ...). */
-const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame" };
+const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame", stalled: "onStalled" };
 
 /** "ws://host:8080/ws" -> "http://host:8080". */
 function httpBase(wsUrl) {
@@ -1751,6 +1751,8 @@ export class AckgateClient {
   // Delivery ids handed out and not acked, nacked or termed here -> the session_id they came in.
   // (Kept across reconnects, oldest dropped past twice the window: see #current.)
   #held = new Map();
+  #settledCount = 0; // acks, nacks and terms made: a stall is a full window with none of them
+  #stallTimer = null; // the `stalled` check armed while the window is full (#watchStall)
   #joined = false; // shared: the tabs joined (before that, a publish waits in #early)
   #early = []; // shared: publishes made before the tabs joined: {args, resolve, reject}
   // In a page: back online, or shown again after a sleep, a reconnect waiting out its backoff
@@ -1951,6 +1953,7 @@ export class AckgateClient {
    */
   #current(ids, settle) {
     const session = this.#welcome?.session_id;
+    if (settle) this.#settledCount++;
     return ids.filter((id) => {
       const from = this.#held.get(id);
       if (settle) this.#held.delete(id);
@@ -2074,7 +2077,9 @@ export class AckgateClient {
       // Ids never settled here (events the app dropped, superseded by a redelivery) go, oldest
       // first, past twice the window.
       if (this.#held.size > 2 * this.#window()) this.#held.delete(this.#held.keys().next().value);
-      this.#emit("event", frame);
+      this.#settlers(frame);
+      this.#watchStall();
+      this.#emitEvent(frame);
       this.#deliver(frame);
     } else if (frame.type === "gap") {
       this.#gap(frame);
@@ -2089,6 +2094,54 @@ export class AckgateClient {
   #gap(gap) {
     this.#emit("gap", gap);
     this.#deliver(gap);
+  }
+
+  /** `event.ack()`, `nack()`, `extend()` and `term()`: the client's, for this delivery. Not
+   * enumerable: the frame stays the gateway's object for JSON.stringify and logs. */
+  #settlers(frame) {
+    const id = frame.delivery_id;
+    Object.defineProperties(frame, {
+      ack: { value: (options) => this.ack(id, options) },
+      nack: { value: (delayMs) => this.nack(id, delayMs) },
+      extend: { value: () => this.extend(id) },
+      term: { value: (reason) => this.term(id, reason) },
+    });
+  }
+
+  /** To the `event` listeners; with `autoAck`, acked once every listener returned (or its promise
+   * resolved) and nacked when one threw (or rejected): a handler cannot forget it. */
+  #emitEvent(frame) {
+    if (!this.#options.autoAck) return this.#emit("event", frame);
+    const listeners = [this.#options.onEvent, ...(this.#listeners.get("event") || [])].filter(Boolean);
+    if (listeners.length === 0) return;
+    const outcomes = listeners.map((listener) => {
+      try {
+        return Promise.resolve(listener(frame));
+      } catch (error) {
+        return Promise.reject(error);
+      }
+    });
+    Promise.all(outcomes).then(
+      () => frame.ack().catch(() => {}), // closed meanwhile: the event comes again
+      (error) => {
+        frame.nack();
+        if (globalThis.reportError) globalThis.reportError(error);
+        else console.error("ackgate-client: an event handler threw; the event is nacked:", error);
+      },
+    );
+  }
+
+  /** A full window with nothing settled for `stalledAfterMs` (default 10000; 0: never) is said
+   * once with a `stalled` event: a loop that never acks stops at the window, still connected. */
+  #watchStall() {
+    const after = this.#options.stalledAfterMs ?? 10000;
+    if (after <= 0 || this.#stallTimer || this.#held.size < this.#window()) return;
+    const settled = this.#settledCount;
+    this.#stallTimer = setTimeout(() => {
+      this.#stallTimer = null;
+      if (this.#settledCount !== settled || this.#held.size < this.#window()) return;
+      this.#emit("stalled", { held: this.#held.size, window: this.#window(), sinceMs: after });
+    }, after);
   }
 
   /** The session's window: at most this many deliveries unacknowledged. */
@@ -2126,6 +2179,8 @@ export class AckgateClient {
   /** Closed for good: the iterators end once they gave what they hold; the tabs are left; the
    * page's listeners go; publishes waiting for the tabs are rejected. */
   #finish() {
+    clearTimeout(this.#stallTimer);
+    this.#stallTimer = null;
     globalThis.removeEventListener?.("online", this.#online);
     globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
     this.#joined = false;

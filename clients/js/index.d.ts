@@ -70,6 +70,23 @@ export interface EventFrame<T = unknown> {
   payload?: T;
   /** The value, base64, when it is not JSON. */
   payload_base64?: string;
+  /** `client.ack(this.delivery_id, options)` (not enumerable: JSON.stringify leaves it out). */
+  ack(options: { confirm: true }): Promise<AckOkFrame>;
+  ack(options?: { confirm?: boolean | undefined }): Promise<AckOkFrame | void>;
+  /** `client.nack(this.delivery_id, delayMs)`. */
+  nack(delayMs?: number): void;
+  /** `client.extend(this.delivery_id)`. */
+  extend(): void;
+  /** `client.term(this.delivery_id, reason)`. */
+  term(reason?: string): void;
+}
+
+/** Said once when the window has been full (`held` deliveries not settled, `window` the
+ * gateway's `max_in_flight`) with nothing acked, nacked or termed for `sinceMs`. */
+export interface StalledInfo {
+  held: number;
+  window: number;
+  sinceMs: number;
 }
 
 /**
@@ -188,6 +205,8 @@ export interface AckgateEvents<T = unknown> {
   reconnect: ReconnectProgress;
   /** Every frame received, for logging. */
   frame: ServerFrame<T>;
+  /** The window is full and nothing was settled for `stalledAfterMs`: the app is not acking. */
+  stalled: StalledInfo;
 }
 
 /** What the client uses of an EventSource (the browser's, or one passed as `EventSource`). */
@@ -255,7 +274,13 @@ export interface AckgateClientOptions<T = unknown> {
   /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. Back online (or the page shown again) ends the pause and starts the backoff over. */
   backoffMs?: number | undefined;
   maxBackoffMs?: number | undefined;
-  onEvent?: ((event: EventFrame<T>) => void) | undefined;
+  /** With `autoAck`, a handler may return a promise: the event is acked once it resolves. */
+  onEvent?: ((event: EventFrame<T>) => void | Promise<unknown>) | undefined;
+  /** Ack each event once every `event` listener (`onEvent`, `on("event")`) returned or its promise resolved; nack it when one threw or rejected (default false). Iterators are not affected. */
+  autoAck?: boolean | undefined;
+  /** A full window with nothing acked, nacked or termed this long (default 10000 ms; 0: never) emits `stalled` once. */
+  stalledAfterMs?: number | undefined;
+  onStalled?: ((stalled: StalledInfo) => void) | undefined;
   onState?: ((state: ClientState) => void) | undefined;
   onGap?: ((gap: GapFrame) => void) | undefined;
   /** An `error` frame that answers no request (over SSE also a refused POST of frames without one, e.g. plain acks). */

@@ -654,6 +654,67 @@ test("refused credentials reject connect() with their code, over WebSocket and S
   }
 });
 
+// Issue 61 item 3: acks were easy to forget, and forgetting failed silently: no `event.ack()`,
+// a loop that never acked stopped at the window (still "connected", nothing said), and a handler
+// that threw left its event unacked until the ack timeout.
+test("events ack themselves; autoAck acks what a handler finished and nacks what it threw; a full window with no ack is said as stalled", async () => {
+  await topicWith(A, "js-self-ack", 3);
+  const own = new AckgateClient(ws(A), { clientId: "js-self-ack" });
+  const ownEvents = own.events();
+  await own.connect();
+  await own.subscribe("js-self-ack");
+  const three = await take(ownEvents, 3);
+  assert.deepEqual(Object.keys(three[0]).filter((k) => ["ack", "nack", "extend", "term"].includes(k)), [], "the methods are not the frame's own keys");
+  assert.equal(typeof three[0].ack, "function");
+  three[0].ack();
+  three[1].ack();
+  const confirmed = await three[2].ack({ confirm: true });
+  assert.deepEqual(confirmed.committed, { "js-self-ack": { 0: 3 } });
+  own.close();
+
+  // autoAck: the handler throws on the first attempt of n = 1, and finishes otherwise.
+  await topicWith(A, "js-auto-ack", 3);
+  const attempts = [];
+  const auto = new AckgateClient(ws(A), {
+    clientId: "js-auto-ack",
+    autoAck: true,
+    onEvent: async (event) => {
+      attempts.push([event.payload.n, event.attempt]);
+      if (event.payload.n === 1 && event.attempt === 1) throw new Error("a handler that fails once");
+      await new Promise((r) => setTimeout(r, 5));
+    },
+  });
+  const reported = [];
+  const reportError = globalThis.reportError;
+  globalThis.reportError = (error) => reported.push(error.message);
+  try {
+    await auto.connect();
+    await auto.subscribe("js-auto-ack");
+    await until("every event acked, n = 1 after its redelivery", async () => {
+      const offsets = (await call("GET", `${A}/admin/offsets?topic=js-auto-ack`)).offsets;
+      return offsets.some((o) => o.client_id === "js-auto-ack" && o.committed === 3);
+    });
+  } finally {
+    globalThis.reportError = reportError;
+  }
+  assert.ok(attempts.some(([n, attempt]) => n === 1 && attempt === 2), `n = 1 nacked and delivered again: ${JSON.stringify(attempts)}`);
+  assert.deepEqual(reported, ["a handler that fails once"]);
+  auto.close();
+
+  // A loop that never acks fills the window (the gateway's max_in_flight, 1000): said once.
+  await topicWith(A, "js-stall", 1000);
+  const stalls = [];
+  const stalled = new AckgateClient(ws(A), { clientId: "js-stall", stalledAfterMs: 300, onStalled: (s) => stalls.push(s) });
+  stalled.on("event", () => {}); // reads every event, acks none
+  await stalled.connect();
+  await stalled.subscribe("js-stall");
+  await until("stalled", () => stalls.length === 1);
+  assert.deepEqual(stalls[0], { held: 1000, window: 1000, sinceMs: 300 });
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(stalls.length, 1, "said once");
+  stalled.close();
+});
+
 // Issue 42, item 2: events that arrived before `events()` was iterated (here, during a second
 // `subscribe()`) were dropped and came back only after the ack timeout, as attempt 2. Now they
 // are kept from the first `subscribe()` on.
