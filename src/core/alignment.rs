@@ -120,6 +120,7 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
             tracing::warn!(%tp, log_end, cursor = ?backend.pull_offset(&tp), "the log holds less than this instance pulled or its clients acknowledged: it lost its tail; its next log epoch starts at the end");
             let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
             log_epochs.insert(partition, store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?);
+            super::metrics::log_truncations().increment(1);
         }
         // Each record whose acks reached past the end moves into the new log epoch without them,
         // so the next start does not find the same evidence and step again.
@@ -137,7 +138,9 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
                 std::collections::hash_map::Entry::Occupied(known) => *known.get(),
                 std::collections::hash_map::Entry::Vacant(first) => {
                     let tp = TopicPartition::new(topic.clone(), key.partition);
+                    tracing::warn!(%tp, log_end, "committed offsets above the log end: it lost its tail; its next log epoch starts at the end");
                     let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
+                    super::metrics::log_truncations().increment(1);
                     *first.insert(store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?)
                 }
             };

@@ -276,7 +276,8 @@ pub fn transient_log_ends() -> Counter {
     metrics::counter!(TRANSIENT_LOG_ENDS)
 }
 
-/// `ackgate_log_truncations_total`: partitions whose log was found, on two reads a second apart,
+/// `ackgate_log_truncations_total`: partitions whose log lost its tail, found at start (boot
+/// alignment) or, on two reads a second apart,
 /// to end below the pull cursor while readers ran (`PartitionReader::truncate`).
 pub fn log_truncations() -> Counter {
     metrics::counter!(LOG_TRUNCATIONS)
@@ -376,7 +377,7 @@ impl Metrics {
         );
         describe_counter!(
             LOG_TRUNCATIONS,
-            "Partitions whose log ended below the pull cursor on two reads a second apart (a topic recreated outside ackgate, a failover to a replica behind): the cursor moved down and the sessions above the new end were closed to resubscribe"
+            "Partitions whose log lost its tail: found below the pull cursor on two reads a second apart while readers ran (a topic recreated outside ackgate, a failover to a replica behind: the sessions above the new end were closed to resubscribe), or at start below what this instance pulled or its clients acknowledged (a power loss, an unclean election): the partition's next log epoch starts at the end"
         );
         describe_counter!(READER_RESTARTS, "Partition readers that panicked and were started again a second later (each is logged as an error)");
         describe_gauge!(CONNECTIONS, "Open client connections (HTTP and WebSocket), counted until their socket closes");
