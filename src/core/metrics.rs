@@ -353,8 +353,8 @@ impl Metrics {
         );
         describe_gauge!(PEERS, "Peers of cluster.peers, by state: ready (their /readyz answered at the last probe) or unready");
         describe_histogram!(PUBLISH_TO_DELIVERY, Unit::Seconds, "Time from an event's timestamp (its publish, on the embedded log) to its first delivery");
-        // A gauge: the metrics crate's counters count whole numbers, and CPU time is read in ticks.
-        describe_gauge!(PROCESS_CPU, Unit::Seconds, "User and system CPU time of the process");
+        // PROCESS_CPU is written by the scrape itself (a counter of fractional seconds).
+        describe_gauge!(OLDEST_SESSION_AGE, Unit::Seconds, "How long the oldest live session on this instance has been connected (0 without sessions)");
         describe_gauge!(PROCESS_RSS, Unit::Bytes, "Resident memory of the process");
         describe_gauge!(PROCESS_OPEN_FDS, "Open file descriptors of the process");
         describe_gauge!(PROCESS_MAX_FDS, "The process's limit of open file descriptors");

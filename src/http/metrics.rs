@@ -102,7 +102,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::gauge!(READY).set(if readiness.ready { 1.0 } else { 0.0 });
     metrics::gauge!(BACKEND_UP).set(if readiness.backend_ok { 1.0 } else { 0.0 });
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-    record_process();
+    let cpu_seconds = record_process();
     record_data_dir(&app.config.storage.data_dir);
     let peers = app.cluster.peers();
     let ready = peers.iter().filter(|(_, instance)| instance.is_some()).count();
@@ -112,7 +112,14 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
         return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], String::new()).into_response();
     };
     handle.run_upkeep();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
+    let mut text = handle.render();
+    // A counter of fractional seconds, as Prometheus' client libraries export it: the metrics
+    // crate's counters count whole numbers (and a gauge named `_total` fails `promtool check
+    // metrics`), so its lines are written here.
+    if let Some(seconds) = cpu_seconds {
+        text.push_str(&format!("# HELP {PROCESS_CPU} User and system CPU time of the process.\n# TYPE {PROCESS_CPU} counter\n{PROCESS_CPU} {seconds}\n"));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// `log_end - pull_offset` for every partition this instance has pulled from. A backend that
@@ -131,18 +138,19 @@ async fn record_pull_lag(app: &AppState) {
     }
 }
 
-/// The process's CPU time, memory, descriptors and start time, from /proc (Linux). A figure that
-/// cannot be read is left out.
-fn record_process() {
+/// The process's memory, descriptors and start time, from /proc (Linux); returns its CPU time in
+/// seconds (written as a counter by `scrape`). A figure that cannot be read is left out.
+fn record_process() -> Option<f64> {
     // SAFETY: sysconf and getrlimit only read the system's settings and write the struct passed.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as f64;
+    let mut cpu_seconds = None;
     if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
         // The command name (field 2) is in parentheses and may hold spaces: count after it.
         let fields: Vec<&str> = stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
         let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<f64>().ok());
         if let (Some(user), Some(system)) = (field(14), field(15)) {
-            metrics::gauge!(PROCESS_CPU).set((user + system) / ticks);
+            cpu_seconds = Some((user + system) / ticks);
         }
         if let Some(rss_pages) = field(24) {
             metrics::gauge!(PROCESS_RSS).set(rss_pages * page);
@@ -159,6 +167,7 @@ fn record_process() {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
         metrics::gauge!(PROCESS_MAX_FDS).set(limit.rlim_cur as f64);
     }
+    cpu_seconds
 }
 
 /// Free and total bytes of the file system `storage.data_dir` is on: a full disk stops offset

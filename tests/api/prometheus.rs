@@ -112,6 +112,28 @@ async fn every_counter_an_alert_watches_is_exported_at_zero_from_the_start() {
     }
 }
 
+/// `promtool check metrics` finds nothing in `/metrics` after an exchange (issue 62: a gauge named
+/// `process_cpu_seconds_total` and a metric without help text were reported).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_check_metrics_finds_nothing_in_a_scrape() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "m", 1, 0, 2).await;
+    let mut client = TestClient::connect(gw.addr, "c").await;
+    client.subscribe("m", json!({})).await;
+    let events = client.recv_events(2).await;
+    client.ack_confirmed(&ids(&events), "a").await;
+    let text = http().get(format!("{}/metrics", gw.base)).send().await.unwrap().text().await.unwrap();
+    let mut check =
+        Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool runs");
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+    assert!(checked.status.success() && said.trim().is_empty(), "promtool check metrics: {said}");
+    assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"), "{text}");
+    gw.kill9();
+}
+
 /// Debian's Prometheus, scraping `target` every second and evaluating `rules` every second.
 struct Prometheus {
     child: Child,
