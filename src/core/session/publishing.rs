@@ -27,7 +27,7 @@ impl Session {
         // A frame has no headers of its own: the trace continues the first event's, or starts here.
         let mut trace = self.d.tracer.get().and_then(|t| PublishTrace::start(t, events.first().and_then(|e| TraceParent::of_headers(&e.headers))));
         let by_jwt = self.d.token_check.get().is_some();
-        let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };
+        let may_create = self.publish_creates_topics();
         let written = self.write_events(&topic, events, idempotency_key, may_create, by_jwt, trace.as_mut()).await;
         if let Some(trace) = trace {
             trace.finish(topic.as_str(), written.as_ref().ok().map(|(offsets, replayed)| (offsets.as_slice(), *replayed)));
@@ -36,6 +36,17 @@ impl Session {
         let offsets = offsets.into_iter().map(|(partition, offset)| PublishedOffset { partition, offset }).collect();
         self.send(ServerFrame::Published { req, offsets, replayed: replayed.then_some(true) });
         Ok(())
+    }
+
+    /// Whether a publish by this session creates a missing topic (`embedded.auto_create_topics`,
+    /// which tells a session with a JWT from one without); a first subscribe follows it too.
+    pub(super) fn publish_creates_topics(&self) -> bool {
+        let (without_jwt, with_jwt) = self.d.settings().publish_creates_topics;
+        if self.d.token_check.get().is_some() {
+            with_jwt
+        } else {
+            without_jwt
+        }
     }
 
     /// The events written (or, for an idempotency key's retry, the first write's offsets: then

@@ -159,9 +159,7 @@ impl Session {
     async fn create_missing_topic(&self, topic: &TopicName) -> Result<(), FrameError> {
         let settings = self.d.settings();
         let Some(partitions) = settings.subscribe_creates_partitions else { return Ok(()) };
-        let by_jwt = self.d.token_check.get().is_some();
-        let may_create = if by_jwt { settings.publish_creates_topics.1 } else { settings.publish_creates_topics.0 };
-        if !may_create || self.is_hub() || !self.access.may_publish(topic.as_str()) || topic.lite().is_some() {
+        if !self.publish_creates_topics() || self.is_hub() || !self.access.may_publish(topic.as_str()) || topic.lite().is_some() {
             return Ok(());
         }
         if self.d.backend.partitions(topic).await.map_err(crate::core::frame_errors::backend_frame_error)?.is_some() {
