@@ -529,29 +529,46 @@ async fn redeliveries_wait_the_backoff_of_their_attempt() {
     let gw = InProcess::start(config).await;
     publish_numbered(&gw.base, "t", 1, 0, 2).await;
     let mut client = TestClient::connect(gw.addr(), "backoff").await;
+    // Both events are delivered after the subscribe is sent, so event 0 cannot come again before
+    // `subscribed_at` + 300 ms (ack timeout) + 1500 ms (first pause): every view that came back
+    // before then must show its first attempt. Bounds from this instant hold however slow the
+    // machine is.
+    let subscribed_at = std::time::Instant::now();
     client.subscribe("t", json!({})).await;
     let events = client.recv_events(2).await;
-    let started = std::time::Instant::now();
-    // Event 1 is acked; event 0 times out, then waits 1500 ms.
+    let received_at = std::time::Instant::now();
+    // Event 1 is acked; event 0 times out, then waits 1500 ms. The ack travels on the socket and
+    // the view on HTTP: wait until the session has applied it.
     client.send(json!({"op": "ack", "delivery_id": id(&events[1])})).await;
+    let mut views = in_flight_of(&gw.base, &client.welcome).await;
+    while views.len() != 1 && subscribed_at.elapsed() < Duration::from_millis(1800) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        views = in_flight_of(&gw.base, &client.welcome).await;
+    }
+    let no_redelivery_before = Duration::from_millis(300 + 1500);
     let mut seen_waiting = false;
-    while started.elapsed() < Duration::from_millis(1500) {
+    loop {
+        let asked_at = received_at.elapsed();
         let views = in_flight_of(&gw.base, &client.welcome).await;
+        if subscribed_at.elapsed() >= no_redelivery_before {
+            break;
+        }
         assert_eq!(views.len(), 1, "{views:?}");
         assert_eq!(views[0]["attempt"], 1, "not delivered again within the ack timeout and the pause: {views:?}");
         let (deadline, next) = (views[0]["deadline"].as_u64().unwrap(), views[0]["next_attempt_at"].as_u64().unwrap());
-        if started.elapsed() > Duration::from_millis(600) {
-            // Past the ack timeout: the deadline is the end of the pause, and so is the next attempt.
+        if asked_at > Duration::from_millis(300) {
+            // Past the ack timeout (once its timer ran): the deadline is the end of the pause, and
+            // so is the next attempt.
             seen_waiting |= deadline == next;
-        } else {
-            assert!(next >= deadline + 1500 || deadline == next, "{views:?}");
         }
+        // Before the timeout the next attempt is the pause after the deadline.
+        assert!(next >= deadline + 1500 || deadline == next, "{views:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(seen_waiting, "the session view showed the pause");
     let second = client.recv_type("event").await;
     assert_eq!((second["offset"].as_u64(), second["attempt"].as_u64()), (Some(0), Some(2)));
-    assert!(started.elapsed() >= Duration::from_millis(1500), "at least the first pause: {:?}", started.elapsed());
+    assert!(subscribed_at.elapsed() >= no_redelivery_before, "at least the timeout and the first pause: {:?}", subscribed_at.elapsed());
     // A nack without delay_ms waits the pause after attempt 2 (2500 ms, the last one repeats).
     let nacked_at = std::time::Instant::now();
     client.send(json!({"op": "nack", "delivery_id": id(&second)})).await;
