@@ -44,6 +44,8 @@ use pop::{Ledger, Positions};
 const PRODUCER_GROUP: &str = "ackgate-producer";
 /// Attempts of a topic creation the broker does not answer in time.
 const CREATE_ATTEMPTS: u32 = 3;
+/// How often a request naming a partition a topic's cached route lacks asks for the route again.
+const ROUTE_RECHECK_GAP: Duration = Duration::from_secs(1);
 /// Original positions remembered for revived messages.
 const POSITIONS_REMEMBERED: usize = 1_000_000;
 
@@ -77,6 +79,9 @@ pub struct RocketMqLog {
     /// Topics whose route would renumber partitions (refused), with why: their partitions are
     /// unavailable meanwhile, and `/readyz` names them; other topics are served.
     misrouted: Mutex<HashMap<TopicName, String>>,
+    /// When each topic's route was last asked for again because a request named a partition it
+    /// lacks (`route_with`): at most once per `ROUTE_RECHECK_GAP` per topic.
+    rechecked: Mutex<HashMap<TopicName, std::time::Instant>>,
     /// Every master address last routed, by broker name: where a partition's requests and a
     /// receipt handle's ACK go (a master away keeps its last address: requests fail meanwhile).
     broker_addrs: Mutex<HashMap<String, String>>,
@@ -138,6 +143,7 @@ impl RocketMqLog {
             routes: Mutex::new(HashMap::new()),
             layouts,
             misrouted: Mutex::new(Default::default()),
+            rechecked: Mutex::new(Default::default()),
             broker_addrs: Mutex::new(brokers.iter().cloned().collect()),
             cursors,
             cursor_locks: Mutex::new(HashMap::new()),
@@ -216,7 +222,7 @@ impl RocketMqLog {
             Fit::Renumbers(why) => {
                 crate::core::metrics::rocketmq_routes_refused().increment(1);
                 if self.misrouted.lock().unwrap().insert(topic.clone(), why.clone()).is_none() {
-                    tracing::error!(%topic, %why, stored = ?stored, routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; its partitions are unavailable until the route fits (other topics are served)");
+                    tracing::error!(%topic, %why, stored = stored.as_ref().map(tracing::field::debug), routed = ?routed, "RocketMQ route refused: it would renumber the topic's partitions; its partitions are unavailable until the route fits (other topics are served)");
                 }
                 Route::new(stored.unwrap_or_default(), &addrs)
             }
@@ -237,9 +243,32 @@ impl RocketMqLog {
         Ok(route)
     }
 
+    /// The served route of a topic, asked for again when it lacks `partition`: a route fetched
+    /// while a topic's masters were still registering it names fewer partitions than the topic
+    /// has (CI saw a publish to partition 1 answered 404 right after the topic was created on two
+    /// masters), and the periodic refresh (`rocketmq.route_refresh_ms`) may be long. At most once
+    /// per `ROUTE_RECHECK_GAP` per topic: requests naming a partition that does not exist must not
+    /// each cost a name server request.
+    async fn route_with(&self, topic: &TopicName, partition: u32) -> Result<Route, BackendError> {
+        let route = self.served_route(topic).await?;
+        if partition < route.partitions() {
+            return Ok(route);
+        }
+        let now = std::time::Instant::now();
+        {
+            let mut rechecked = self.rechecked.lock().unwrap();
+            if rechecked.get(topic).is_some_and(|at| now.duration_since(*at) < ROUTE_RECHECK_GAP) {
+                return Ok(route);
+            }
+            rechecked.insert(topic.clone(), now);
+        }
+        self.refresh_route(topic).await?;
+        self.served_route(topic).await
+    }
+
     /// The broker queue of a partition.
     async fn queue_of(&self, tp: &TopicPartition) -> Result<PartitionQueue, BackendError> {
-        let route = self.served_route(&tp.topic).await?;
+        let route = self.route_with(&tp.topic, tp.partition).await?;
         match route.queue(tp.partition) {
             Some(Ok(queue)) => Ok(queue),
             Some(Err(broker)) => {
@@ -539,6 +568,7 @@ impl LogBackend for RocketMqLog {
         // no refusal (readiness) stay behind.
         self.routes.lock().unwrap().retain(|t, _| listed.contains(t));
         self.misrouted.lock().unwrap().retain(|t, _| listed.contains(t));
+        self.rechecked.lock().unwrap().retain(|t, _| listed.contains(t));
         topics.sort();
         Ok(topics)
     }
@@ -638,6 +668,7 @@ impl LogBackend for RocketMqLog {
         }
         self.routes.lock().unwrap().remove(topic);
         self.misrouted.lock().unwrap().remove(topic);
+        self.rechecked.lock().unwrap().remove(topic);
         self.layouts.remove(topic).map_err(|e| BackendError::Io(format!("storing the partition layout: {e}")))?;
         self.cursors.remove_topic(topic);
         self.ledger.forget_topic(topic);
@@ -653,7 +684,8 @@ impl LogBackend for RocketMqLog {
         if topic.lite().is_some() {
             return self.publish_lite(topic, events).await;
         }
-        let route = self.served_route(topic).await?;
+        let highest = events.iter().filter_map(|e| e.partition).max().unwrap_or(0);
+        let route = self.route_with(topic, highest).await?;
         for event in &events {
             if let Some(p) = event.partition.filter(|p| *p >= route.partitions()) {
                 return Err(BackendError::UnknownPartition(format!("partition {p} does not exist: topic {topic} has {}", route.partitions())));
