@@ -17,7 +17,9 @@
 // Frames are those of ackgate's docs/protocol.md. Requests that expect an answer (subscribe,
 // unsubscribe, confirmed acks, ping, publish) return promises settled by the frame carrying the
 // same `req`, rejected by an `error` frame with it, rejected at once when the socket closes or is
-// not open, and rejected with `timeout` after `requestTimeoutMs` without an answer.
+// not open, and rejected with `timeout` after `requestTimeoutMs` without an answer. Subscribes and
+// publishes wait instead while there is no session (before connect(), while connecting or
+// reconnecting) and go out after the next welcome; they reject at close() or a final close.
 //
 // Acks: a plain ack by default (the gateway batches its offset writes), and at most every
 // `confirmEveryMs` per partition one confirmed ack whose `ack_ok` says what is durable and carries
@@ -27,7 +29,8 @@
 //
 // Following a takeover: on any close that is not final (final: 1008, 4001, or close() called
 // here; 4004, an expired token, is not) the client reconnects by itself, with exponential backoff
-// and jitter (or after the pause a draining instance names). Each attempt asks `GET
+// and jitter (or after the pause a draining instance names); a first connect() that fails is tried
+// again the same way (a page may load before its gateway is up). Each attempt asks `GET
 // /session/recommend` of an instance it knows (the one it was given, `peers`, and every instance
 // an answer named), connects to the instance named, and subscribes again to every topic with the
 // newest resume token the gateway issued for it (`subscribed`, `ack_ok`, `progress`): per
@@ -291,6 +294,37 @@ export class AckgateError extends Error {
   }
 }
 
+/** The gateway's rule for a client id (docs/protocol.md). */
+const CLIENT_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
+
+/** The random part of this device's client id, once made or read (see deviceClientId). */
+let deviceId;
+
+/**
+ * A client id for this device (a browser profile): `prefix` and a random part made once and kept
+ * in `localStorage` under "ackgate:device-id". Each device then keeps its own offsets, and a
+ * second device does not take the first one's session over, as with `clientId: user.id` (see
+ * docs/clients.md, "Choosing a client id"). Where there is no localStorage (Node.js, a frame that
+ * may not use it) the random part lives in memory, for this page load (or process). A `prefix`
+ * such as `${user.id}:` keeps two users of one device apart. The id obeys the gateway's rule,
+ * `^[A-Za-z0-9._:@-]{1,128}$`: a prefix that would break it is a TypeError.
+ */
+export function deviceClientId(prefix = "") {
+  try {
+    const storage = globalThis.localStorage;
+    const kept = storage?.getItem("ackgate:device-id");
+    if (kept && /^[A-Za-z0-9._:@-]{1,64}$/.test(kept)) deviceId = kept;
+    else storage?.setItem("ackgate:device-id", (deviceId ??= randomKey()));
+  } catch {
+    // A storage this page may not use (blocked, full): the id made here lives as long as the page.
+  }
+  const id = `${prefix}${(deviceId ??= randomKey())}`;
+  if (!CLIENT_ID.test(id)) {
+    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (the prefix takes at most ${128 - deviceId.length} of those characters)`);
+  }
+  return id;
+}
+
 // A transport carries the frames of one session. It reports through `hooks`: `frame(frame)` for
 // each server frame, `error(detail)` when the connection fails, `close({code, reason})` once at
 // its end, and (SSE only) `refused(frames, code, message)` for a POST the gateway refused and
@@ -480,7 +514,9 @@ class Session {
   #subscriptions = new Map(); // topic -> the options it was subscribed with
   #asked = new Map(); // topic -> the newest subscribe() of it (an object of its own); unsubscribe() deletes it
   #known; // the http base URLs of every instance heard of, asked for /session/recommend
-  #closedHere = false;
+  // close() was called, or a close was final: nothing waits for a connection any more (until
+  // the next connect()).
+  #closedForGood = false;
   // Aborted (and replaced) by close(): what a run started before it still waits for (a
   // reconnect's backoff and recommend requests, a connect's tokenProvider) stops there, and no
   // session opens after close().
@@ -495,6 +531,9 @@ class Session {
   #trailing = null; // timer of the trailing confirmations
   #draining = false; // a `reconnect` frame came: every ack is confirmed until the next welcome
   #outbox = []; // publishes not answered yet: sent again, with their key, after a reconnect
+  // subscribe() calls not answered yet, {topic, options, resolve, reject, sent}: made before the
+  // session was up, or cut by a lost connection, they go out after the next welcome.
+  #subscribes = new Set();
   #heartbeat = null; // the timer of the pings that find a dead connection
   #checking = false; // a ping that checks the connection waits for its pong
 
@@ -525,15 +564,28 @@ class Session {
     this.#emit("state", state);
   }
 
-  /** Opens the session; resolves with the welcome frame. */
+  /**
+   * Opens the session; resolves with the welcome frame. A first attempt that fails (a gateway
+   * not up yet, no network yet) is tried again as a lost connection is, with the same backoff
+   * and `reconnect` reports, until a welcome (whichever attempt's: connect() resolves with it), a
+   * final close (credentials refused: it rejects with their code) or close() (`closed`). With
+   * `reconnect: false` it rejects at the first failure, as before.
+   */
   async connect() {
-    this.#closedHere = false;
+    this.#closedForGood = false;
+    const stop = this.#stop.signal;
     this.#setState("connecting");
     try {
-      return await this.#open(this.#url, false, this.#stop.signal);
+      return await this.#open(this.#url, false, stop);
     } catch (error) {
-      this.#setState("closed");
-      throw error;
+      // (A failed attempt's close set the state "closed" when it was final.)
+      if (this.#state !== "connecting" || stop.aborted) {
+        this.#setState("closed");
+        throw error;
+      }
+      const welcome = await this.#reconnect();
+      if (!welcome) throw new AckgateError("closed", "closed before it connected");
+      return welcome;
     }
   }
 
@@ -544,7 +596,7 @@ class Session {
   resume(topics) {
     for (const [topic, options] of topics) this.#subscriptions.set(topic, options);
     this.#setState("reconnecting");
-    this.#reconnect();
+    this.#reconnect().catch(() => {}); // a final close: reported as such
   }
 
   /**
@@ -607,8 +659,11 @@ class Session {
             clearTimeout(timer);
             this.#draining = false;
             this.#startHeartbeat(transport);
-            // Publishes waiting for a connection go out once the session is open.
-            queueMicrotask(() => this.#outbox.forEach((entry) => this.#sendPublish(entry)));
+            // Publishes and subscribes waiting for a connection go out once the session is open.
+            queueMicrotask(() => {
+              this.#outbox.forEach((entry) => this.#sendPublish(entry));
+              this.#subscribes.forEach((entry) => this.#sendSubscribe(entry));
+            });
             this.#url = url;
             this.#known.add(httpBase(url));
             this.#welcome = frame;
@@ -634,15 +689,13 @@ class Session {
           this.#newest.clear();
           this.#unconfirmed.clear();
           if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
-          const final = this.#closedHere || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
+          const final = this.#closedForGood || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
           if (final) this.#setState("closed");
           else if (welcomed) this.#setState("reconnecting");
           this.#emit("close", { code: close.code, reason: close.reason, final });
           if (!welcomed) reject(refusal ? new AckgateError(refusal.code, refusal.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
-          else if (!final) this.#reconnect();
-          if (final) {
-            for (const entry of this.#outbox.splice(0)) entry.reject(new AckgateError("closed", `closed for good (${close.code})`));
-          }
+          else if (!final) this.#reconnect().catch(() => {}); // a final close: reported as such
+          if (final) this.#giveUp(`closed for good (${close.code})`);
         },
         refused: (frames, code, message) => {
           if (!current()) return;
@@ -720,6 +773,8 @@ class Session {
   /**
    * Reconnects until it succeeds, a final close or close(): recommend, connect, resubscribe with
    * tokens. After each wait the run's `stop` is checked: close() ends the run wherever it is.
+   * Resolves with the welcome; with nothing after close() (or while another run goes on); rejects
+   * with the error of a final close.
    */
   async #reconnect() {
     if (this.#reconnecting) return;
@@ -757,11 +812,11 @@ class Session {
           await this.#resubscribe();
           if (stop.aborted) return;
           this.#emit("reconnect", { attempt, url, welcome });
-          return;
+          return welcome;
         } catch (error) {
           if (stop.aborted) return;
           this.#emit("reconnect", { attempt, delayMs, url, error: error.message });
-          if (FINAL_CLOSES.has(this.#lastClose)) return;
+          if (FINAL_CLOSES.has(this.#lastClose)) throw error;
           // A session that opened but could not resubscribe is dropped before the next attempt.
           if (this.#transport?.isOpen()) this.#transport.close(1000, "resubscribe failed");
         }
@@ -798,6 +853,8 @@ class Session {
   async #resubscribe() {
     for (const [topic, options] of [...this.#subscriptions]) {
       if (!this.#subscriptions.has(topic)) continue; // unsubscribed meanwhile
+      // Subscribed again by the app while disconnected: its own subscribe (sent at the welcome) decides.
+      if ([...this.#subscribes].some((entry) => entry.topic === topic)) continue;
       try {
         const byStream = this.#initial.get(topic);
         if (byStream) {
@@ -809,7 +866,7 @@ class Session {
           const { committed, epochs, issued } = this.#tokens;
           const token = issued[issuedKey(topic, options.group)];
           const resume = token ?? (options.group ? undefined : { ...committed[topic] });
-          await this.subscribe(topic, { ...options, resume, epochs: { ...epochs[topic] } });
+          await this.#subscribe(topic, { ...options, resume, epochs: { ...epochs[topic] } });
         }
       } catch (error) {
         if (!FINAL_SUBSCRIBE_ERRORS.has(error.code)) throw error;
@@ -847,10 +904,45 @@ class Session {
   }
 
   /**
-   * Subscribes; remembered, so a reconnect subscribes again (with a resume token). Without an
-   * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
+   * Subscribes; remembered once answered, so a reconnect subscribes again (with a resume token).
+   * While the session is not up (before connect(), connecting, reconnecting, or cut before the
+   * answer) it waits and goes out after the next welcome. It rejects with the gateway's refusal,
+   * `timeout` once sent, and `closed` at close() or a final close (at once after them).
    */
-  async subscribe(topic, { from, resume, epochs, group, order } = {}) {
+  subscribe(topic, options = {}) {
+    if (this.#closedForGood) return Promise.reject(new AckgateError("closed", "the client is closed for good"));
+    return new Promise((resolve, reject) => {
+      const entry = { topic, options, resolve, reject, sent: false };
+      this.#subscribes.add(entry);
+      this.#sendSubscribe(entry);
+    });
+  }
+
+  /** Sends a waiting subscribe if the session is up. */
+  #sendSubscribe(entry) {
+    if (entry.sent || this.#state !== "connected") return;
+    entry.sent = true;
+    this.#subscribe(entry.topic, entry.options).then(
+      (subscribed) => {
+        this.#subscribes.delete(entry);
+        entry.resolve(subscribed);
+      },
+      (error) => {
+        entry.sent = false;
+        // Cut by a lost connection: sent again after the reconnect (unless unsubscribed, or
+        // given up by close() or a final close, meanwhile).
+        if (error.code === "closed" && this.#subscribes.has(entry)) return;
+        this.#subscribes.delete(entry);
+        entry.reject(error);
+      },
+    );
+  }
+
+  /**
+   * Subscribes now (the session is open). Without an explicit `resume`, a token kept in `storage`
+   * (from before a page reload) is sent.
+   */
+  async #subscribe(topic, { from, resume, epochs, group, order } = {}) {
     const frame = { op: "subscribe", topic };
     if (from) frame.from = from;
     // A shared subscription: its token (from `ack_ok`s) is the group's floor, kept per topic.
@@ -895,6 +987,12 @@ class Session {
   unsubscribe(topic) {
     this.#subscriptions.delete(topic);
     this.#asked.delete(topic);
+    // Its subscribes waiting for a connection are not sent (one in flight gets its answer).
+    for (const entry of this.#subscribes) {
+      if (entry.topic !== topic) continue;
+      this.#subscribes.delete(entry);
+      if (!entry.sent) entry.reject(new AckgateError("closed", "unsubscribed before it was sent"));
+    }
     return this.#request({ op: "unsubscribe", topic });
   }
 
@@ -970,7 +1068,7 @@ class Session {
 
   /** Confirms, `every` ms from now, the partitions acked since their last confirmation. */
   #armTrailing(every) {
-    if (this.#trailing || this.#closedHere) return;
+    if (this.#trailing || this.#closedForGood) return;
     this.#trailing = setTimeout(() => this.#confirmNow(), every);
   }
 
@@ -1024,7 +1122,7 @@ class Session {
    * after the reconnect, under its idempotency key, so one sent again is never written twice.
    */
   publish(topic, events, { idempotencyKey } = {}) {
-    if (this.#closedHere || FINAL_CLOSES.has(this.#lastClose)) {
+    if (this.#closedForGood) {
       return Promise.reject(new AckgateError("closed", "the client is closed for good"));
     }
     const most = this.#options.maxQueuedPublishes ?? 100;
@@ -1085,7 +1183,7 @@ class Session {
         entry.sent = false;
         // Taken out of the outbox already (by close(), a final close, a 1009): settled there.
         if (!this.#outbox.includes(entry)) return;
-        if (error.code === "closed" && !this.#closedHere) return; // cut by a lost connection: sent again after the reconnect
+        if (error.code === "closed" && !this.#closedForGood) return; // cut by a lost connection: sent again after the reconnect
         done();
         entry.reject(error);
       },
@@ -1111,7 +1209,7 @@ class Session {
 
   /** Closes for good: no reconnect follows, and nothing waits any more. */
   close() {
-    this.#closedHere = true;
+    this.#closedForGood = true;
     // A reconnect in progress (or a connect waiting for its token) stops at its next step.
     this.#stop.abort();
     this.#stop = new AbortController();
@@ -1122,9 +1220,21 @@ class Session {
     clearInterval(this.#heartbeat);
     // While reconnecting no socket's close settles these: they end here.
     this.#failPending("the client is closed");
-    for (const entry of this.#outbox.splice(0)) entry.reject(new AckgateError("closed", "the client is closed"));
+    this.#giveUp("the client is closed");
     this.#transport?.close(1000, "bye");
     this.#setState("closed");
+  }
+
+  /**
+   * Closed for good (close(), a final close): what waits for a connection is rejected, and the
+   * subscriptions are forgotten (a later connect() starts without them, whichever attempt
+   * succeeds).
+   */
+  #giveUp(why) {
+    this.#closedForGood = true;
+    for (const entry of [...this.#outbox.splice(0), ...this.#subscribes]) entry.reject(new AckgateError("closed", why));
+    this.#subscribes.clear();
+    this.#subscriptions.clear();
   }
 
   /** Sends `frame` if the connection is open (a socket still connecting would throw); else it is
@@ -1281,6 +1391,9 @@ const HANDOVER_MS = 100;
 /** Requests sent without waiting for an answer, as on a session of one's own. */
 const silent = (method, args) => method === "nack" || method === "extend" || method === "term" || (method === "ack" && !args[1]?.confirm);
 
+/** Requests that wait for a leader (and go to the next one when it goes), as for a connection. */
+const waits = (method) => method === "publish" || method === "subscribe";
+
 /** The other requests a follower may ask of the leader's session. */
 const CALLS = ["ack", "nack", "extend", "term", "ping", "publish"];
 
@@ -1329,10 +1442,14 @@ class TabGroup {
     return this.#locksRefused;
   }
 
-  /** Joins the tabs of this client id; resolves with the welcome of the session they share. */
+  /**
+   * Joins the tabs of this client id; resolves with the welcome of the session they share. It
+   * waits as the leader's connect() does (which tries until a welcome); only with `reconnect:
+   * false` is it bounded by `connectTimeoutMs`.
+   */
   join() {
     const locks = globalThis.navigator.locks;
-    const limit = this.#options.connectTimeoutMs ?? 10000;
+    const limit = this.#options.reconnect === false ? (this.#options.connectTimeoutMs ?? 10000) : 0;
     return new Promise((resolve, reject) => {
       const why = `no session within ${limit} ms (connectTimeoutMs)`;
       this.#joining = { resolve, reject, timer: limit > 0 && setTimeout(() => this.#failJoin(new AckgateError("timeout", why)), limit) };
@@ -1551,20 +1668,21 @@ class TabGroup {
       if (this.#leader) this.#post({ t: "call", to: this.#leader, method, args });
       return undefined;
     }
-    if (!this.#leader && method !== "publish") return Promise.reject(new AckgateError("closed", "no leader tab"));
+    if (!this.#leader && !waits(method)) return Promise.reject(new AckgateError("closed", "no leader tab"));
     const most = this.#options.maxQueuedPublishes ?? 100;
     if (method === "publish" && [...this.#calls.values()].filter((call) => call.method === "publish").length >= most) {
       return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
     }
     return new Promise((resolve, reject) => {
       const id = this.#nextCall++;
-      // A publish waits for a leader, as for a connection; the rest are bounded like requests.
+      // A publish or a subscribe waits for a leader, as for a connection; the rest are bounded
+      // like requests.
       const limit = this.#options.requestTimeoutMs ?? 10000;
       const expire = () => {
         this.#calls.delete(id);
         reject(new AckgateError("timeout", `no answer from the leader tab within ${limit} ms (requestTimeoutMs)`));
       };
-      const timer = method !== "publish" && limit > 0 && setTimeout(expire, limit);
+      const timer = !waits(method) && limit > 0 && setTimeout(expire, limit);
       this.#calls.set(id, { method, args, resolve, reject, timer });
       if (this.#leader) this.#post({ t: "call", to: this.#leader, id, method, args });
     });
@@ -1572,17 +1690,19 @@ class TabGroup {
 
   /**
    * The leader changed: calls sent to the old one fail as on a lost connection, except
-   * publishes, which go to the new one (this tab, when it leads) under their idempotency key.
+   * publishes (under their idempotency key) and subscribes (of topics this tab still wants),
+   * which go to the new one (this tab, when it leads).
    */
   #recall() {
     for (const [id, call] of [...this.#calls]) {
-      if (call.method !== "publish") {
+      const unwanted = call.method === "subscribe" && !this.#local.topics.has(call.args[0]);
+      if (!waits(call.method) || unwanted) {
         this.#calls.delete(id);
         clearTimeout(call.timer);
-        call.reject(new AckgateError("closed", "the leader tab is gone"));
+        call.reject(new AckgateError("closed", unwanted ? "unsubscribed before it was sent" : "the leader tab is gone"));
       } else if (this.#session) {
         this.#calls.delete(id);
-        this.#handle(this.#id, "publish", call.args).then(call.resolve, call.reject);
+        this.#handle(this.#id, call.method, call.args).then(call.resolve, call.reject);
       } else if (this.#leader) {
         this.#post({ t: "call", to: this.#leader, id, method: call.method, args: call.args });
       }
@@ -1753,8 +1873,8 @@ export class AckgateClient {
   #held = new Map();
   #settledCount = 0; // acks, nacks and terms made: a stall is a full window with none of them
   #stallTimer = null; // the `stalled` check armed while the window is full (#watchStall)
-  #joined = false; // shared: the tabs joined (before that, a publish waits in #early)
-  #early = []; // shared: publishes made before the tabs joined: {args, resolve, reject}
+  #joined = false; // shared: the tabs joined (before that, publishes and subscribes wait in #early)
+  #early = []; // shared: publishes and subscribes made before the tabs joined: {method, args, resolve, reject}
   // In a page: back online, or shown again after a sleep, a reconnect waiting out its backoff
   // goes at once, and an open connection is checked.
   #online = () => this.#live()?.nudge();
@@ -1766,6 +1886,9 @@ export class AckgateClient {
    */
   constructor(url, options) {
     if (!options?.clientId) throw new TypeError("options.clientId is required");
+    // (The gateway refuses such an id at the handshake, which a page sees as an outage only, tried
+    // again for ever.)
+    if (!CLIENT_ID.test(options.clientId)) throw new TypeError(`options.clientId ${JSON.stringify(options.clientId)} breaks the client id rule ${CLIENT_ID.source}`);
     const transport = options.transport ?? "websocket";
     if (!TRANSPORTS.includes(transport)) {
       throw new TypeError(`options.transport is "websocket", "sse" or "auto", not ${JSON.stringify(options.transport)}`);
@@ -1822,7 +1945,12 @@ export class AckgateClient {
     this.#listeners.get(name)?.delete(listener);
   }
 
-  /** Opens the session (or joins the one tabs of this client id share); resolves with the welcome frame. */
+  /**
+   * Opens the session (or joins the one tabs of this client id share); resolves with the welcome
+   * frame. A gateway that cannot be reached is tried again with the reconnect backoff: it rejects
+   * only at close(), a final close (credentials refused: their code), or with `reconnect: false`
+   * at the first failure.
+   */
   async connect() {
     if (this.#main.ended) this.#main = new Feed(null); // connected again after a close
     globalThis.addEventListener?.("online", this.#online);
@@ -1864,9 +1992,13 @@ export class AckgateClient {
     }
   }
 
-  /** Sends on the publishes made before the tabs joined. */
+  /** Sends on the publishes and subscribes made before the tabs joined (not those of a topic
+   * unsubscribed meanwhile). */
   #flush() {
-    for (const { args, resolve, reject } of this.#early.splice(0)) this.#call("publish", args).then(resolve, reject);
+    for (const { method, args, resolve, reject } of this.#early.splice(0)) {
+      if (method === "subscribe" && !this.#topics.has(args[0])) reject(new AckgateError("closed", "unsubscribed before it was sent"));
+      else this.#call(method, args).then(resolve, reject);
+    }
   }
 
   #newSession(emit) {
@@ -1881,13 +2013,16 @@ export class AckgateClient {
   /** A request: to its own session, or through the tabs' leader. */
   #call(method, args) {
     if (!this.#shared) return this.#session[method](...args);
-    if (method === "publish" && !this.#joined) {
-      // Until the tabs joined (before connect(), say), a publish waits, as it waits for the
-      // connection on a session of its own; not after close() (the events() feed ended then).
+    if ((method === "publish" || method === "subscribe") && !this.#joined) {
+      // Until the tabs joined (before connect(), say), a publish or a subscribe waits, as it
+      // waits for the connection on a session of its own; not after close() (the events() feed
+      // ended then).
       if (this.#main.ended) return Promise.reject(new AckgateError("closed", "the client is closed for good"));
       const most = this.#options.maxQueuedPublishes ?? 100;
-      if (this.#early.length >= most) return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
-      return new Promise((resolve, reject) => this.#early.push({ args, resolve, reject }));
+      if (method === "publish" && this.#early.filter((call) => call.method === method).length >= most) {
+        return Promise.reject(new AckgateError("limit_exceeded", `${most} publishes are waiting (maxQueuedPublishes)`));
+      }
+      return new Promise((resolve, reject) => this.#early.push({ method, args, resolve, reject }));
     }
     if (this.#tabs) return this.#tabs.call(method, args);
     return silent(method, args) ? undefined : Promise.reject(new AckgateError("closed", "not connected"));
@@ -1895,7 +2030,9 @@ export class AckgateClient {
 
   /**
    * Subscribes; remembered, so a reconnect subscribes again (with a resume token). Without an
-   * explicit `resume`, a token kept in `storage` (from before a page reload) is sent.
+   * explicit `resume`, a token kept in `storage` (from before a page reload) is sent. Before
+   * connect(), or while (re)connecting, it waits for the session; it rejects when the gateway
+   * refuses it, and at close() or a final close.
    */
   async subscribe(topic, options = {}) {
     // Events that arrive before `events()` is iterated (during a second subscribe, say) wait

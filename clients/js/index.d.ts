@@ -169,9 +169,10 @@ export type ServerFrame<T = unknown> =
 export type Transport = "websocket" | "sse" | "auto";
 
 /**
- * `connecting`: connect() called, no welcome yet; `connected`: a session is open;
- * `reconnecting`: it was lost and the client is getting another; `closed`: before connect(),
- * after close(), after a final close or a failed connect().
+ * `connecting`: connect() called, no welcome yet (a first connect that fails is tried again in
+ * this state); `connected`: a session is open; `reconnecting`: it was lost and the client is
+ * getting another; `closed`: before connect(), after close(), after a final close or a
+ * connect() that failed for good.
  */
 export type ClientState = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -182,7 +183,7 @@ export interface CloseInfo {
   final: boolean;
 }
 
-/** Before each reconnect attempt `{attempt, delayMs, url}`, after a failed one `error` too, after a success `{attempt, url, welcome}`. */
+/** Before each reconnect attempt (also those that retry a first connect() that failed) `{attempt, delayMs, url}`, after a failed one `error` too, after a success `{attempt, url, welcome}`. */
 export interface ReconnectProgress {
   attempt: number;
   delayMs?: number;
@@ -233,7 +234,7 @@ export interface TokenStorage {
 }
 
 export interface AckgateClientOptions<T = unknown> {
-  /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`): see docs/clients.md for how to choose it. */
+  /** The client's durable identity (`^[A-Za-z0-9._:@-]{1,128}$`, else the constructor throws a TypeError), e.g. `deviceClientId()`: see docs/clients.md for how to choose it. */
   clientId: string;
   /** `websocket` (default), `sse` or `auto` (a WebSocket, else Server-Sent Events). `sse` without an EventSource throws. */
   transport?: Transport | undefined;
@@ -251,13 +252,13 @@ export interface AckgateClientOptions<T = unknown> {
   maxBatchFrames?: number | undefined;
   /** A JWT, when the gateway checks tokens (`auth.jwt_secret` or `auth.jwks_url`; in the URL; SSE POSTs send it as `Authorization: Bearer`). */
   token?: string | undefined;
-  /** Called before each connect (and reconnect), and when the gateway asks for a refresh, for a fresh JWT; wins over `token`. */
+  /** Called before each connect (and reconnect), and when the gateway asks for a refresh, for a fresh JWT; wins over `token`. One that throws at a connect fails that attempt: the next follows. */
   tokenProvider?: (() => string | Promise<string>) | undefined;
   /** Where the resume token survives a page reload (e.g. `sessionStorage`); off by default. */
   storage?: TokenStorage | undefined;
   /** At most one confirmed ack per partition this often (default 1000); the rest are plain. After a draining instance's `reconnect` frame every ack is confirmed. */
   confirmEveryMs?: number | undefined;
-  /** A connect (or reconnect attempt) without its welcome this long (default 10000 ms) is abandoned: a failed attempt. 0: no limit. */
+  /** An attempt to connect (the first or a reconnect) without its welcome this long (default 10000 ms) is abandoned: a failed attempt, the next follows (with `reconnect: false`, connect() rejects with `timeout`). 0: no limit. */
   connectTimeoutMs?: number | undefined;
   /** A request without its answer this long (default 10000 ms) rejects with `timeout`, and the connection is checked with a ping. 0: no limit. */
   requestTimeoutMs?: number | undefined;
@@ -267,11 +268,11 @@ export interface AckgateClientOptions<T = unknown> {
   heartbeatTimeoutMs?: number | undefined;
   /** Publishes that may wait for a connection (default 100; a follower tab's wait for the leader, too); more reject with `limit_exceeded`. A publish the gateway closes the session for (1009, over its `limits.max_frame_bytes`) rejects with `limit_exceeded`. */
   maxQueuedPublishes?: number | undefined;
-  /** Reconnect after a close that is not final (default true). */
+  /** Reconnect after a close that is not final, and try a first connect() that fails again (default true). false: connect() rejects at the first failure and a lost session is not replaced. */
   reconnect?: boolean | undefined;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
   peers?: string[] | undefined;
-  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. Back online (or the page shown again) ends the pause and starts the backoff over. */
+  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. The same for the retries of a first connect(). Back online (or the page shown again) ends the pause and starts the backoff over. */
   backoffMs?: number | undefined;
   maxBackoffMs?: number | undefined;
   /** With `autoAck`, a handler may return a promise: the event is acked once it resolves. */
@@ -324,6 +325,17 @@ export declare const FINAL_CLOSES: FrozenSet<number>;
 /** Errors after which a resubscribe drops its topic. Read-only. */
 export declare const FINAL_SUBSCRIBE_ERRORS: FrozenSet<ErrorCode>;
 
+/**
+ * A client id for this device (a browser profile): `prefix` and a random part made once and kept
+ * in `localStorage` under `"ackgate:device-id"` (where there is no localStorage, or the page may
+ * not use it: in memory, for this page load or process). Each device keeps its own offsets, and a
+ * second device does not take the first one's session over (as with `clientId: user.id`). A
+ * `prefix` such as `` `${user.id}:` `` keeps two users of one device apart; with JWTs the token's
+ * `sub` must be this id. Throws a TypeError when `prefix` would break the client id rule
+ * (`^[A-Za-z0-9._:@-]{1,128}$`; the random part is 32 of them).
+ */
+export declare function deviceClientId(prefix?: string): string;
+
 export declare class AckgateError extends Error {
   constructor(code: string, message: string);
   /**
@@ -343,8 +355,22 @@ export declare class AckgateClient<T = unknown> {
   /** Listens beside the `onX` options; returns a function that removes the listener. */
   on<K extends keyof AckgateEvents<T>>(name: K, listener: (value: AckgateEvents<T>[K]) => void): () => void;
   off<K extends keyof AckgateEvents<T>>(name: K, listener: (value: AckgateEvents<T>[K]) => void): void;
-  /** Opens the session over the `transport` (or joins the one its tabs share); resolves with its welcome (`ack_url` set when SSE carries it). */
+  /**
+   * Opens the session over the `transport` (or joins the one its tabs share); resolves with its
+   * welcome (`ack_url` set when SSE carries it). A gateway that cannot be reached (not up yet, no
+   * network) is tried again with the reconnect backoff (`reconnect` events, `state`
+   * `"connecting"`) until one answers: it rejects only at `close()` (`closed`), when the gateway
+   * refuses the credentials (`unauthorized`, `forbidden`: a final close), or with `reconnect:
+   * false` at the first failure.
+   */
   connect(): Promise<WelcomeFrame>;
+  /**
+   * Resolves with `subscribed`. Made before `connect()`, or while connecting or reconnecting, it
+   * waits and goes out once the session is up (and again after a reconnect when the connection
+   * was cut before its answer). Rejects with the gateway's refusal (an `error` frame), `timeout`
+   * once sent, and `closed` at `close()`, a final close, or an `unsubscribe` of the topic before it
+   * was sent.
+   */
   subscribe(topic: string, options?: SubscribeOptions): Promise<SubscribedFrame>;
   unsubscribe(topic: string): Promise<UnsubscribedFrame>;
   /**

@@ -1,6 +1,6 @@
 // A typed consumer: `tsc --noEmit -p .` checks index.d.ts against it (CI runs it). The lines
 // marked @ts-expect-error must stay errors: they are what the types exist to refuse.
-import { AckgateClient, AckgateError, FINAL_CLOSES, type AckOkFrame, type ClientState, type EventFrame, type GapFrame } from "ackgate-client";
+import { AckgateClient, AckgateError, FINAL_CLOSES, deviceClientId, type AckOkFrame, type ClientState, type EventFrame, type GapFrame } from "ackgate-client";
 
 interface Order {
   id: string;
@@ -9,7 +9,8 @@ interface Order {
 
 async function main(): Promise<void> {
   const client = new AckgateClient<Order>("ws://127.0.0.1:8080/ws", {
-    clientId: "alice",
+    // One id per browser: a second device does not take this one's session over.
+    clientId: deviceClientId("alice:"),
     tokenProvider: async () => "jwt",
     storage: globalThis.sessionStorage,
     confirmEveryMs: 500,
@@ -56,6 +57,8 @@ async function main(): Promise<void> {
   const published = await client.publish("orders", { key: "o-1", payload: { id: "o-1", total: 3 } }, { idempotencyKey: "o-1" });
   console.log(published.offsets[0]?.offset, published.replayed === true);
   console.log(FINAL_CLOSES.has(4001));
+  // @ts-expect-error a prefix is a string
+  deviceClientId(42);
   // @ts-expect-error FINAL_CLOSES is read-only
   FINAL_CLOSES.add(4004);
   // @ts-expect-error the state is read-only

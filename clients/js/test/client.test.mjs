@@ -803,9 +803,10 @@ test("publish goes over the session, waits through a reconnect and is written on
   await assert.rejects(client.publish("js-pub", { payload: {} }), (e) => e.code === "closed");
 });
 
-/** A TCP proxy to `base` that can black-hole its connections: bytes stop flowing both ways but
- * nothing is closed, as after a laptop sleep or a silent network switch. */
-async function blackHoleProxy(base) {
+/** A TCP proxy to `base` (on `port`, else one the OS picks) that can black-hole its connections:
+ * bytes stop flowing both ways but nothing is closed, as after a laptop sleep or a silent network
+ * switch. */
+async function blackHoleProxy(base, port = 0) {
   const target = new URL(base);
   const live = new Set();
   let holed = false;
@@ -819,7 +820,7 @@ async function blackHoleProxy(base) {
     client.on("close", end).on("error", end);
     upstream.on("close", end).on("error", end);
   });
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  await new Promise((r) => server.listen(port, "127.0.0.1", r));
   return {
     url: `ws://127.0.0.1:${server.address().port}/ws`,
     /** Black-holes the connections open now; new ones flow. */
@@ -847,6 +848,42 @@ test("a black-holed connection is found by the heartbeat and the client resumes 
   await call("POST", `${A}/topics/js-hole/events`, { partition: 0, payload: { n: 2 } });
   const [next] = await take(stream, 1);
   assert.equal(next.offset, 2, "resumed at its token on the new connection");
+  client.close();
+  proxy.close();
+});
+
+/** A port nothing listens on (the OS picks it, then it is let go). */
+async function freePort() {
+  const server = createServer();
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
+// Issue 61, item 2: a page loaded before its gateway was up failed for good (connect() rejected
+// at once and was never tried again), and a subscribe() before connect() rejected with `closed:
+// not connected`. Now the subscribe waits for the session, and the first connect is tried again
+// with the reconnect backoff until the gateway answers.
+test("a client started before its gateway is up: subscribe() before connect() waits, connect() is tried again until the gateway answers, and the events come", async () => {
+  await topicWith(A, "js-late", 3);
+  // A port nothing listens on yet: the gateway comes up there (a proxy to A) after a failed attempt.
+  const port = await freePort();
+  const attempts = [];
+  const client = new AckgateClient(`ws://127.0.0.1:${port}/ws`, { clientId: "js-late", backoffMs: 100, maxBackoffMs: 200, onReconnect: (r) => attempts.push(r) });
+  const stream = client.events();
+  const subscribed = client.subscribe("js-late");
+  const connecting = client.connect();
+  await until("a failed attempt", () => attempts.some((a) => a.error));
+  assert.equal(client.state, "connecting");
+  const proxy = await blackHoleProxy(A, port);
+  const welcome = await connecting;
+  assert.equal(welcome.client_id, "js-late");
+  assert.equal((await subscribed).topic, "js-late");
+  const events = await take(stream, 3);
+  assert.deepEqual(events.map((e) => e.offset), [0, 1, 2]);
+  const ok = await client.ack(events.map((e) => e.delivery_id), { confirm: true });
+  assert.deepEqual(ok.committed, { "js-late": { 0: 3 } });
   client.close();
   proxy.close();
 });

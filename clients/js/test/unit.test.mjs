@@ -300,17 +300,19 @@ test("a request without an answer rejects with timeout after requestTimeoutMs, a
   }
 });
 
-test("a connect whose welcome does not come within connectTimeoutMs rejects with timeout; in a reconnect it is a failed attempt and the next one follows", async () => {
+test("a connect whose welcome does not come within connectTimeoutMs is abandoned (with reconnect: false, connect() rejects with timeout); in a reconnect it is a failed attempt and the next one follows", async () => {
   const restore = recommendFake();
   try {
     const gateway = fakeGateway();
     const attempts = [];
     const options = { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, connectTimeoutMs: 30, backoffMs: 1, maxBackoffMs: 1 };
-    const client = new AckgateClient("ws://fake/ws", { ...options, onReconnect: (r) => attempts.push(r) });
-    await assert.rejects(client.connect(), (e) => e.code === "timeout" && /connectTimeoutMs/.test(e.message));
+    const once = new AckgateClient("ws://fake/ws", { ...options, reconnect: false });
+    await assert.rejects(once.connect(), (e) => e.code === "timeout" && /connectTimeoutMs/.test(e.message));
     assert.equal(gateway.sockets[0].closedWith, 4000, "the socket is abandoned");
-    assert.equal(client.state, "closed");
+    assert.equal(once.state, "closed");
+    assert.equal(gateway.sockets.length, 1, "reconnect: false: no second attempt");
 
+    const client = new AckgateClient("ws://fake/ws", { ...options, onReconnect: (r) => attempts.push(r) });
     const connecting = client.connect();
     gateway.socket().welcome();
     await connecting;
@@ -977,4 +979,251 @@ test("return() on an events() iterator ends its pending next()", async () => {
   await stream.return();
   assert.deepEqual(await settled(waiting), { value: { value: undefined, done: true } });
   client.close();
+});
+
+// ---- Issue 61, items 2 and 6: each test below failed on the client before its change.
+
+test("subscribe() before connect() waits for the session and goes out after its welcome; it settles with the gateway's answer, and unsubscribe() drops it unsent", async () => {
+  const gateway = fakeGateway();
+  const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+  const stream = client.events();
+  const subscribed = client.subscribe("t", { from: "earliest" });
+  const refused = client.subscribe("nope");
+  const dropped = client.subscribe("gone");
+  dropped.catch(() => {}); // (settled below)
+  client.unsubscribe("gone").catch(() => {}); // (not connected: there is nothing to tell the gateway)
+  assert.equal(await settled(subscribed, 5), "pending");
+  assert.equal(client.state, "closed");
+  const connecting = client.connect();
+  const socket = gateway.socket();
+  socket.welcome();
+  await connecting;
+  await until("the subscribes", () => socket.sent.length === 2);
+  assert.deepEqual(socket.sent.map((f) => `${f.op} ${f.topic} ${JSON.stringify(f.from)}`), ['subscribe t "earliest"', "subscribe nope undefined"]);
+  answerSubscribe(socket, "t");
+  answerSubscribe(socket, "nope", { type: "error", code: "unknown_topic", message: "no such topic" });
+  assert.equal((await subscribed).topic, "t");
+  assert.deepEqual(await settled(refused), { code: "unknown_topic" });
+  assert.deepEqual(await settled(dropped), { code: "closed" });
+  socket.send_(event("t", 0));
+  assert.equal((await stream.next()).value.delivery_id, "t.0");
+  client.close();
+});
+
+test("subscribe() while reconnecting goes out once after the next welcome; one cut before its answer goes again; close() rejects one still waiting, and one made after it at once", async () => {
+  const restore = recommendFake();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1, maxBackoffMs: 5 }, ["a"]);
+    socket.cut(1006);
+    assert.equal(client.state, "reconnecting");
+    const b = client.subscribe("b");
+    await until("the next socket", () => gateway.sockets.length === 2);
+    const second = gateway.socket();
+    second.welcome();
+    const topics = (s) => s.sent.filter((f) => f.op === "subscribe").map((f) => f.topic).sort();
+    await until("both subscribes", () => topics(second).length === 2);
+    assert.deepEqual(topics(second), ["a", "b"]);
+    // Cut before b's answer: b waits again (no rejection) and goes out on the next session.
+    answerSubscribe(second, "a");
+    await tick(); // (a close is a task of its own, after the answer's)
+    second.cut(1006);
+    assert.equal(await settled(b, 5), "pending");
+    await until("the third socket", () => gateway.sockets.length === 3);
+    const third = gateway.socket();
+    third.welcome();
+    await until("both subscribes again", () => topics(third).length === 2);
+    assert.deepEqual(topics(third), ["a", "b"]);
+    answerSubscribe(third, "a");
+    answerSubscribe(third, "b");
+    assert.equal((await b).topic, "b");
+    third.cut(1006);
+    const c = client.subscribe("c");
+    client.close();
+    assert.deepEqual(await settled(c), { code: "closed" });
+    assert.deepEqual(await settled(client.subscribe("d")), { code: "closed" });
+  } finally {
+    restore();
+  }
+});
+
+test("the first connect() to a gateway that is not up yet is tried again with the reconnect backoff until it answers: connect() resolves with that welcome, and what was subscribed before goes out", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const attempts = [];
+    const states = [];
+    const options = { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, maxBackoffMs: 5 };
+    const client = new AckgateClient("ws://fake/ws", { ...options, onReconnect: (r) => attempts.push(r), onState: (s) => states.push(s) });
+    const subscribed = client.subscribe("t");
+    const connecting = client.connect();
+    // The gateway is down: each attempt fails before a welcome.
+    for (let n = 1; n <= 3; n++) {
+      await until(`attempt ${n}`, () => gateway.sockets.length === n);
+      gateway.socket().cut(1006);
+    }
+    await until("attempt 4", () => gateway.sockets.length === 4);
+    assert.equal(await settled(connecting, 5), "pending", "connect() waits meanwhile");
+    assert.equal(client.state, "connecting");
+    assert.equal(attempts.filter((a) => a.error).length, 2, "the retries are reported as reconnects are");
+    gateway.socket().welcome();
+    assert.equal((await connecting).session_id, "s4");
+    assert.deepEqual(states, ["connecting", "connected"]);
+    await until("the subscribe", () => gateway.socket().last("subscribe"));
+    answerSubscribe(gateway.socket(), "t");
+    assert.equal((await subscribed).topic, "t");
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
+test("a first connect() being tried again rejects when the gateway refuses the credentials (a final close) and at close(); with reconnect: false at the first failure", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, maxBackoffMs: 5 };
+    const refused = new AckgateClient("ws://fake/ws", options);
+    const waiting = refused.subscribe("t");
+    const first = refused.connect();
+    await until("attempt 1", () => gateway.sockets.length === 1);
+    gateway.socket().cut(1006);
+    await until("attempt 2", () => gateway.sockets.length === 2);
+    // The gateway is up now but refuses the token: it says why, then closes with 1008.
+    gateway.socket().readyState = 1;
+    gateway.socket().send_({ type: "error", code: "unauthorized", message: "bad token" });
+    gateway.socket().cut(1008);
+    assert.deepEqual(await settled(first), { code: "unauthorized" });
+    assert.deepEqual(await settled(waiting), { code: "closed" });
+    assert.equal(refused.state, "closed");
+    await tick(20);
+    assert.equal(gateway.sockets.length, 2, "no attempt after a final close");
+
+    const closing = new AckgateClient("ws://fake/ws", { ...options, backoffMs: 200, maxBackoffMs: 200 });
+    const second = closing.connect();
+    await until("attempt 1", () => gateway.sockets.length === 3);
+    gateway.socket().cut(1006);
+    await tick(5); // waiting out the backoff
+    closing.close();
+    assert.deepEqual(await settled(second), { code: "closed" });
+    assert.equal(closing.state, "closed");
+    await tick(250);
+    assert.equal(gateway.sockets.length, 3, "no attempt after close()");
+
+    const once = new AckgateClient("ws://fake/ws", { ...options, reconnect: false });
+    const third = once.connect();
+    await until("attempt 1", () => gateway.sockets.length === 4);
+    gateway.socket().cut(1006);
+    assert.deepEqual(await settled(third), { code: "closed" });
+    await tick(20);
+    assert.equal(gateway.sockets.length, 4, "reconnect: false: one attempt");
+  } finally {
+    restore();
+  }
+});
+
+test("tabs: subscribe() before connect() waits for the tabs to join and goes out once on the shared session", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const one = new AckgateClient("ws://fake/ws", { clientId: "tabs18", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
+    const subscribed = one.subscribe("t");
+    assert.equal(await settled(subscribed, 5), "pending");
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await until("the subscribe", () => gateway.socket().last("subscribe"));
+    answerSubscribe(gateway.socket(), "t");
+    assert.equal((await subscribed).topic, "t");
+    await tick(5);
+    assert.equal(gateway.socket().sent.filter((f) => f.op === "subscribe").length, 1);
+    one.close();
+  } finally {
+    leave();
+  }
+});
+
+test("tabs: a follower's subscribe() while no tab leads waits for the next leader, which subscribes it once", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs19", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    one.close();
+    await until("the leader's bye", () => two.state === "reconnecting");
+    const subscribed = two.subscribe("t");
+    await until("the new leader's socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the subscribe", () => next.last("subscribe"));
+    answerSubscribe(next, "t");
+    assert.equal((await subscribed).topic, "t");
+    await tick(5);
+    assert.equal(next.sent.filter((f) => f.op === "subscribe").length, 1);
+    two.close();
+  } finally {
+    restore();
+    leave();
+  }
+});
+
+/** Runs `check` with `globalThis.localStorage` set to `storage` (undefined: none), then puts it back. */
+async function withLocalStorage(storage, check) {
+  const saved = Object.getOwnPropertyDescriptor(globalThis, "localStorage");
+  Object.defineProperty(globalThis, "localStorage", { value: storage, configurable: true, writable: true });
+  try {
+    await check();
+  } finally {
+    delete globalThis.localStorage;
+    if (saved) Object.defineProperty(globalThis, "localStorage", saved);
+  }
+}
+
+test("deviceClientId: one random id per device, kept in localStorage under ackgate:device-id, else in memory; a prefix keeps users apart; an id that breaks the client id rule throws, here and in the constructor", async () => {
+  // A fresh copy of the module, as a new page load (or process) has.
+  const load = async () => (await import(`../ackgate.js?load=${Math.random()}`)).deviceClientId;
+  await withLocalStorage(undefined, async () => {
+    const deviceClientId = await load();
+    const id = deviceClientId();
+    assert.match(id, /^[A-Za-z0-9._:@-]{1,128}$/);
+    assert.equal(deviceClientId(), id, "the same id while the process lives");
+    assert.equal(deviceClientId("alice:"), `alice:${id}`);
+    assert.notEqual((await load())(), id, "not kept across loads");
+    assert.equal(deviceClientId("x".repeat(128 - id.length)).length, 128);
+    assert.throws(() => deviceClientId("x".repeat(129 - id.length)), TypeError);
+    assert.throws(() => deviceClientId("a b"), (e) => e instanceof TypeError && e.message.includes("^[A-Za-z0-9._:@-]{1,128}$"));
+    assert.ok(new AckgateClient("ws://fake/ws", { clientId: id, WebSocket: fakeGateway().WebSocket }));
+    // An id the gateway would refuse at the handshake (which a page sees as an outage, tried
+    // again for ever) is refused by the constructor.
+    assert.throws(() => new AckgateClient("ws://fake/ws", { clientId: "a b", WebSocket: fakeGateway().WebSocket }), (e) => e instanceof TypeError && /client id rule/.test(e.message));
+  });
+  const storage = memoryStorage();
+  let kept;
+  await withLocalStorage(storage, async () => {
+    const id = (kept = (await load())("u:"));
+    assert.equal(id, `u:${storage.getItem("ackgate:device-id")}`);
+    assert.equal((await load())("u:"), id, "the next page load has the same id");
+    assert.equal((await load())("v:"), `v:${id.slice(2)}`);
+  });
+  await withLocalStorage(memoryStorage({ "ackgate:device-id": "bad id!" }), async () => {
+    assert.match((await load())(), /^[0-9a-f]{32}$/, "a kept value that is no id is replaced");
+  });
+  // A cleared storage: a new id (a new client, with its own start point).
+  await withLocalStorage(memoryStorage(), async () => {
+    assert.notEqual((await load())("u:"), kept);
+  });
+  // A storage the page may not use (a sandboxed frame): an id in memory all the same.
+  const denied = () => {
+    throw new DOMException("denied", "SecurityError");
+  };
+  await withLocalStorage({ getItem: denied, setItem: denied }, async () => {
+    const deviceClientId = await load();
+    assert.equal(deviceClientId(), deviceClientId());
+  });
 });
