@@ -831,16 +831,24 @@ impl Config {
     /// Loads `path` (a missing file is allowed only when `required` is false), applies the
     /// environment overrides in `env`, and validates the result.
     pub fn load(path: &Path, required: bool, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Self> {
-        let mut table = match std::fs::read_to_string(path) {
-            Ok(text) => text.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => toml::Table::new(),
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => String::new(),
             Err(e) => anyhow::bail!("cannot read config {}: {e}", path.display()),
         };
+        let mut table = text.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         environment::apply(&mut table, env)?;
         refuse_replaced_keys(&table)?;
         // Re-parsed from text so that a type error shows the offending `key = value` line.
         let merged = toml::to_string(&table)?;
-        let config: Config = toml::from_str(&merged).map_err(|e| anyhow::anyhow!("config (file merged with ACKGATE_* overrides): {e}"))?;
+        let config: Config = toml::from_str(&merged).map_err(|merged_error| {
+            // The merged text is written anew, so its line numbers are not the file's: an error
+            // the file has on its own is said with the file's name and line.
+            match toml::from_str::<Config>(&text) {
+                Err(e) => anyhow::anyhow!("{}: {e}", path.display()),
+                Ok(_) => anyhow::anyhow!("config (an ACKGATE_* environment override): {merged_error}"),
+            }
+        })?;
         config.validate()?;
         Ok(config)
     }

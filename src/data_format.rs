@@ -14,12 +14,25 @@ const PREFIX: &str = "ackgate data ";
 
 /// Checks `<data_dir>/FORMAT`, writing it (atomically) when absent.
 pub fn check_or_write(data_dir: &Path) -> anyhow::Result<()> {
+    if check(data_dir)? {
+        return Ok(());
+    }
+    // Fsynced, with its directory: written with a rename alone, a power loss right after the
+    // first start left an empty FORMAT, and the gateway refused to start again (found by
+    // tests/api/power_loss.rs).
+    let path = data_dir.join(FILE);
+    crate::backend::checkpoint::write_atomically(&path, format!("{PREFIX}{FORMAT_VERSION}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Checks `<data_dir>/FORMAT` without writing anything: true when it names this build's
+/// version, false when there is none yet (a first start writes it), an error otherwise.
+pub fn check(data_dir: &Path) -> anyhow::Result<bool> {
     let path = data_dir.join(FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let version = text.trim().strip_prefix(PREFIX).and_then(|v| v.parse::<u32>().ok());
             match version {
-                Some(FORMAT_VERSION) => Ok(()),
+                Some(FORMAT_VERSION) => Ok(true),
                 Some(other) => bail!(
                     "{} says data format {other}; this ackgate reads format {FORMAT_VERSION} (the data_dir was written by another version): run that version, or start with an empty data_dir",
                     path.display()
@@ -27,13 +40,7 @@ pub fn check_or_write(data_dir: &Path) -> anyhow::Result<()> {
                 None => bail!("{} is not a data format file (expected \"{PREFIX}<version>\", found {:?})", path.display(), text.trim()),
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Fsynced, with its directory: written with a rename alone, a power loss right after
-            // the first start left an empty FORMAT, and the gateway refused to start again
-            // (found by tests/api/power_loss.rs).
-            crate::backend::checkpoint::write_atomically(&path, format!("{PREFIX}{FORMAT_VERSION}\n").as_bytes())
-                .with_context(|| format!("writing {}", path.display()))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }

@@ -176,6 +176,22 @@ fn open_store(config: &Config, data_dir: &Path) -> anyhow::Result<Arc<dyn Offset
     })
 }
 
+/// What a start reads of the files a config names before it writes anything, and what
+/// `ackgate check` reads without starting: the data dir's format (when it has one) and the TLS
+/// certificate and key. A file that `ackgate check` passes can still stop a start only on what
+/// needs the running system: a port taken, a broker away, a store that does not open.
+pub fn check_start(config: &Config) -> anyhow::Result<Option<Arc<Tls>>> {
+    let data_dir = &config.storage.data_dir;
+    if data_dir.exists() {
+        anyhow::ensure!(data_dir.is_dir(), "storage.data_dir {} is not a directory", data_dir.display());
+        crate::data_format::check(data_dir)?;
+    }
+    Ok(match config.server.tls_cert.as_str() {
+        "" => None,
+        cert => Some(Arc::new(Tls::load(Path::new(cert), Path::new(&config.server.tls_key))?)),
+    })
+}
+
 impl Gateway {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         Self::build_with_clock(config, Arc::new(SystemClock)).await
@@ -189,6 +205,8 @@ impl Gateway {
     /// `build_with_clock` with an offset store opened by the caller (tests wrap the real RocksDB
     /// store to hold or fail its writes); `None` opens the one the config names.
     pub async fn build_with_store(config: Config, clock: Arc<dyn Clock>, store: Option<Arc<dyn OffsetStore>>) -> anyhow::Result<Self> {
+        // Read before anything is written: a bad certificate stops the start with the file named.
+        let tls = check_start(&config)?;
         let data_dir = config.storage.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
         crate::data_format::check_or_write(&data_dir)?;
@@ -225,11 +243,6 @@ impl Gateway {
         let inline_when_idle = config.storage.durability == Durability::Crash;
         let (writer, writer_thread) =
             OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle, Duration::from_millis(config.offsets.plain_ack_linger_ms));
-        // Read before binding: a bad certificate stops the start with the file named.
-        let tls = match config.server.tls_cert.as_str() {
-            "" => None,
-            cert => Some(Arc::new(Tls::load(Path::new(cert), Path::new(&config.server.tls_key))?)),
-        };
         let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
         let local_addr = listener.local_addr()?;
         let instance = match config.server.instance_id.as_str() {
@@ -331,6 +344,7 @@ impl Gateway {
             listed_bounds: Arc::new(BoundsCache::new(LISTED_BOUNDS_MAX_AGE)),
             token_keys,
             reload: reloader.clone(),
+            tls: tls.clone(),
         };
         Ok(Self { listener, tls, app, backend: opened, writer_thread, reloader, tracer })
     }
@@ -488,7 +502,13 @@ fn reload_on_sighup(tls: Option<Arc<Tls>>, reload: Arc<dyn ConfigReload>, cancel
             match tls.as_ref().map(|tls| tls.reload()) {
                 None => {}
                 Some(Ok(())) => tracing::info!("SIGHUP: TLS certificate and key reloaded; new connections use them"),
-                Some(Err(e)) => tracing::error!(error = format!("{e:#}"), "SIGHUP: TLS reload failed; the previous certificate stays in use"),
+                Some(Err(e)) => {
+                    crate::core::metrics::config_reloads(false).increment(1);
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "SIGHUP: TLS reload failed; the previous certificate stays in use, and a restart with these files would stop"
+                    )
+                }
             }
         }
     });

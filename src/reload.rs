@@ -67,6 +67,17 @@ pub struct ConfigFile {
     pub set_log_filter: Option<SetLogFilter>,
 }
 
+impl ConfigFile {
+    /// A reload refused for what the file says: the next start reads the same file, so it is
+    /// said now, not at that restart.
+    fn refused(&self, why: String) -> ReloadRefused {
+        ReloadRefused::Unreadable(format!(
+            "{why} (a restart with this file would stop with the same error; `ackgate --config {} check` checks a file without starting)",
+            self.path.display()
+        ))
+    }
+}
+
 pub struct Reloader {
     file: OnceLock<ConfigFile>,
     /// The settings in force: the start's, then each applied reload's. Locked for the whole of a
@@ -93,7 +104,8 @@ impl ConfigReload for Reloader {
     fn reload(&self) -> Result<Vec<String>, ReloadRefused> {
         let file = self.file.get().ok_or_else(|| ReloadRefused::Unreadable("this gateway was not started from a config file".into()))?;
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        let new = Config::load(&file.path, file.required, std::env::vars()).map_err(|e| ReloadRefused::Unreadable(format!("{e:#}")))?;
+        // A file refused here would stop the next start too: said now, not at that restart.
+        let new = Config::load(&file.path, file.required, std::env::vars()).map_err(|e| file.refused(format!("{e:#}")))?;
         let changed = changed_keys(&current, &new);
         let mut refused: Vec<String> = changed.iter().filter(|key| !is_live(key)).cloned().collect();
         // Whether tokens are required at all was decided at start (routes, warnings, the
@@ -108,7 +120,7 @@ impl ConfigReload for Reloader {
         // The log filter first: the one step that can still fail, before anything is replaced.
         if changed.iter().any(|key| key == "server.log_level") {
             match &file.set_log_filter {
-                Some(set) => set(&new.server.log_level).map_err(|e| ReloadRefused::Unreadable(format!("server.log_level: {e}")))?,
+                Some(set) => set(&new.server.log_level).map_err(|e| file.refused(format!("server.log_level: {e}")))?,
                 None => {
                     return Err(ReloadRefused::Unreadable(
                         "server.log_level changed, but RUST_LOG is set and wins over it: unset RUST_LOG to set the level from the file; nothing was applied"

@@ -117,7 +117,7 @@ pub async fn align_pull_offsets_to_ack(backend: &dyn LogBackend, store: &dyn Off
         for partition in evidence {
             let tp = TopicPartition::new(topic.clone(), partition);
             let log_end = bounds[partition as usize].log_end;
-            tracing::warn!(%tp, log_end, cursor = ?backend.pull_offset(&tp), "the log holds less than this instance pulled or its clients acknowledged: it lost its tail; its next log epoch starts at the end");
+            tracing::warn!(%tp, log_end, cursor = backend.pull_offset(&tp), "the log holds less than this instance pulled or its clients acknowledged: it lost its tail; its next log epoch starts at the end");
             let seen = store.log_epoch(&tp).map_err(|e| e.to_string())?.epoch;
             log_epochs.insert(partition, store.step_log_epoch(&tp, seen, log_end).map_err(|e| e.to_string())?);
             super::metrics::log_truncations().increment(1);

@@ -88,8 +88,10 @@ impl DeadLetterId {
 pub struct DeadLetterQuery {
     pub topic: Option<TopicName>,
     pub client_id: Option<ClientId>,
-    /// Only with `topic` and `client_id` (the redrive route's filter).
+    /// Only with `topic` and `client_id` (the redrive and delete routes' filter).
     pub partition: Option<u32>,
+    /// Only this offset (one dead letter with `partition`).
+    pub offset: Option<u64>,
     /// Start after this one (the previous page's `next`).
     pub after: Option<DeadLetterId>,
     pub limit: usize,
@@ -100,6 +102,7 @@ impl DeadLetterQuery {
         self.topic.as_ref().is_none_or(|t| *t == dead.topic)
             && self.client_id.as_ref().is_none_or(|c| *c == dead.client_id)
             && self.partition.is_none_or(|p| p == dead.partition)
+            && self.offset.is_none_or(|o| o == dead.offset)
     }
 
     /// True when the page is ordered by client first.

@@ -110,6 +110,8 @@ pub const DATA_DIR_FREE: &str = "ackgate_data_dir_free_bytes";
 pub const DATA_DIR_SIZE: &str = "ackgate_data_dir_size_bytes";
 pub const CONFIG_RELOADS: &str = "ackgate_config_reloads_total";
 pub const PEERS: &str = "ackgate_peers";
+pub const TLS_CERT_EXPIRY: &str = "ackgate_tls_cert_expiry_timestamp_seconds";
+pub const FSYNC: &str = "ackgate_fsync_seconds";
 
 /// The process's own figures, under the names Prometheus' client libraries give them (read from
 /// /proc at scrape).
@@ -146,7 +148,7 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 51] = [
+pub const ALL: [&str; 53] = [
     SESSIONS,
     SESSIONS_ENDED,
     STALLED_SESSIONS,
@@ -166,6 +168,8 @@ pub const ALL: [&str; 51] = [
     DATA_DIR_SIZE,
     CONFIG_RELOADS,
     PEERS,
+    TLS_CERT_EXPIRY,
+    FSYNC,
     DELIVERIES,
     REDELIVERIES,
     ACKS,
@@ -296,6 +300,21 @@ pub fn undecodable_records() -> Counter {
 
 /// `ackgate_config_reloads_total{result}`: config reloads (SIGHUP, `POST /admin/reload`), by
 /// result: `ok` or `refused` (the settings in force stayed).
+/// Runs `sync` (an fsync of `store`: "offsets" or "log") and records how long it took in
+/// `ackgate_fsync_seconds`. Looked up per call, not kept: stores open before the recorder is
+/// installed, and an fsync costs far more than the lookup.
+pub fn timed_fsync<T>(store: &'static str, sync: impl FnOnce() -> T) -> T {
+    let started = std::time::Instant::now();
+    let done = sync();
+    metrics::histogram!(FSYNC, "store" => store).record(started.elapsed().as_secs_f64());
+    done
+}
+
+/// `ackgate_tls_cert_expiry_timestamp_seconds`: the certificate in use expires at `at` (epoch s).
+pub fn tls_cert_expires_at(at: u64) {
+    metrics::gauge!(TLS_CERT_EXPIRY).set(at as f64);
+}
+
 pub fn config_reloads(ok: bool) -> Counter {
     metrics::counter!(CONFIG_RELOADS, "result" => if ok { "ok" } else { "refused" })
 }
@@ -347,6 +366,10 @@ impl Metrics {
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
         describe_gauge!(DATA_DIR_FREE, "Bytes free to this process on the file system of storage.data_dir (RocksDB, the embedded log), read at scrape");
         describe_gauge!(DATA_DIR_SIZE, "Size in bytes of the file system of storage.data_dir, read at scrape");
+        describe_gauge!(
+            TLS_CERT_EXPIRY,
+            "When the certificate of server.tls_cert in use expires (its notAfter, seconds since the epoch; a SIGHUP that loads another changes it); absent without TLS"
+        );
         describe_counter!(
             CONFIG_RELOADS,
             "Config reloads (SIGHUP, POST /admin/reload), by result: ok, refused (the settings in force stayed; the log says why)"
@@ -364,6 +387,11 @@ impl Metrics {
         describe_counter!(ACKS, "Deliveries acknowledged by clients");
         describe_counter!(DEAD_LETTERS, "Events given up on (max_attempts or term)");
         describe_histogram!(ACK_LATENCY, Unit::Seconds, "Time from a delivery to its ack");
+        describe_histogram!(
+            FSYNC,
+            Unit::Seconds,
+            "Time of each fsync that makes writes durable (storage.durability = \"power\"), by store: offsets (RocksDB: acks, dead letters), log (the embedded log: publishes); one fsync serves every write made meanwhile"
+        );
         describe_counter!(
             OFFSET_WRITES,
             "Committed-offset writes, by result: advanced, stale (CAS-max kept a larger value), obsolete (for a topic deleted since), failed (batches)"

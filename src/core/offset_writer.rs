@@ -451,6 +451,9 @@ mod tests {
         fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError> {
             self.inner.remove_dead_letters_before(at_ms)
         }
+        fn remove_dead_letter_ids(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+            self.inner.remove_dead_letter_ids(ids)
+        }
         fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
             self.inner.mark_redrive(ids)
         }

@@ -324,6 +324,10 @@ pub trait OffsetStore: Send + Sync + 'static {
     /// Removes the dead letters recorded before `at_ms` (their retention); returns how many.
     fn remove_dead_letters_before(&self, at_ms: u64) -> Result<usize, StoreError>;
 
+    /// Removes these dead letters with their redrive marks (`POST /admin/dead-letters/delete`);
+    /// returns how many there were.
+    fn remove_dead_letter_ids(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError>;
+
     /// Marks dead letters to be delivered again to their client (`POST /admin/dead-letters/redrive`):
     /// the mark stays until the redelivery is acknowledged (the dead letter goes) or given up
     /// on again (`settle_redrive`), so a client offline now gets them at its next subscribe, also

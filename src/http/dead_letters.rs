@@ -1,5 +1,6 @@
 //! `GET /admin/dead-letters?topic=&client_id=&limit=&after=`: one page of dead letters, and
-//! `POST /admin/dead-letters/redrive`: deliver some again.
+//! `POST /admin/dead-letters/redrive`: deliver some again, and `POST /admin/dead-letters/delete`:
+//! remove some for good.
 
 use std::collections::HashMap;
 
@@ -83,12 +84,14 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
         client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
         partition: None,
+        offset: None,
         after,
         limit,
     })
 }
 
-/// `{"topic", "client_id", "partition"?, "after"?, "limit"?}`.
+/// `{"topic", "client_id", "partition"?, "offset"?, "after"?, "limit"?}`: one page of a client's
+/// dead letters on a topic (one dead letter with `partition` and `offset`).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedriveBody {
@@ -96,6 +99,8 @@ pub struct RedriveBody {
     client_id: String,
     #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     partition: Option<u32>,
+    #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
+    offset: Option<u64>,
     after: Option<String>,
     #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     limit: Option<usize>,
@@ -123,11 +128,31 @@ pub struct RedriveBody {
     )
 )]
 pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<RedriveBody>) -> Result<Json<Value>, ApiError> {
+    let query = selection(&body)?;
+    let (topic, client_id) = (query.topic.clone().expect("selected"), query.client_id.clone().expect("selected"));
+    let (redriven, next) = on_selected_page(&app, query, |store, ids| store.mark_redrive(ids)).await?;
+    crate::core::metrics::dead_letters_redriven().increment(redriven as u64);
+    let live = redriven > 0 && app.dispatcher.redrive(&client_id, &topic);
+    tracing::info!(%topic, %client_id, partition = body.partition, offset = body.offset, redriven, live, "dead letters redriven by an operator");
+    let mut answer = json!({ "redriven": redriven });
+    if let Some(next) = next {
+        answer["next"] = json!(next.to_string());
+    }
+    Ok(Json(answer))
+}
+
+/// The dead letters a redrive or delete body names: one page of a client's dead letters on a
+/// topic, of one partition, at one offset (one dead letter with a partition).
+fn selection(body: &RedriveBody) -> Result<DeadLetterQuery, ApiError> {
     let topic = TopicName::parse(&body.topic).map_err(|e| ApiError::invalid_name(e.0))?;
     let client_id = ClientId::parse(&body.client_id).map_err(|e| ApiError::invalid_name(e.0))?;
     let limit = body.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {limit}")));
+    }
+    // Offsets are int64 in the API's schema (Kafka's and RocketMQ's offsets are signed 64-bit).
+    if body.offset.is_some_and(|offset| offset > i64::MAX as u64) {
+        return Err(ApiError::bad_request(format!("offset must be an integer from 0 to {}", i64::MAX)));
     }
     // Any dead letter's name is a position in the store's order: one of another topic or client
     // only starts the page before or after this client's dead letters.
@@ -139,19 +164,53 @@ pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<Redri
                 .ok_or_else(|| ApiError::bad_request(format!("after must be the `next` of a previous answer (topic#client_id#partition#offset), got {text:?}")))
         })
         .transpose()?;
-    let query = DeadLetterQuery { topic: Some(topic.clone()), client_id: Some(client_id.clone()), partition: body.partition, after, limit };
+    Ok(DeadLetterQuery { topic: Some(topic), client_id: Some(client_id), partition: body.partition, offset: body.offset, after, limit })
+}
+
+/// Reads the page `query` selects and applies `change` to its dead letters, on the blocking pool
+/// (RocksDB): how many it changed, and the `after` of the next page when more match.
+async fn on_selected_page(
+    app: &AppState,
+    query: DeadLetterQuery,
+    change: fn(&dyn crate::core::offsets::OffsetStore, &[DeadLetterId]) -> Result<usize, crate::core::offsets::StoreError>,
+) -> Result<(usize, Option<DeadLetterId>), ApiError> {
     let store = app.dispatcher.store.clone();
-    let (redriven, next) = tokio::task::spawn_blocking(move || -> Result<_, crate::core::offsets::StoreError> {
+    tokio::task::spawn_blocking(move || -> Result<_, crate::core::offsets::StoreError> {
         let page = store.dead_letters(&query)?;
         let ids: Vec<DeadLetterId> = page.dead_letters.iter().map(|d| d.id()).collect();
-        Ok((store.mark_redrive(&ids)?, page.next))
+        Ok((change(store.as_ref(), &ids)?, page.next))
     })
     .await
-    .map_err(|e| ApiError::from(crate::core::offsets::StoreError::Io(e.to_string())))??;
-    crate::core::metrics::dead_letters_redriven().increment(redriven as u64);
-    let live = redriven > 0 && app.dispatcher.redrive(&client_id, &topic);
-    tracing::info!(%topic, %client_id, partition = ?body.partition, redriven, live, "dead letters redriven by an operator");
-    let mut answer = json!({ "redriven": redriven });
+    .map_err(|e| ApiError::from(crate::core::offsets::StoreError::Io(e.to_string())))?
+    .map_err(ApiError::from)
+}
+
+/// `POST /admin/dead-letters/delete`: removes one page of a client's dead letters on a topic for
+/// good (with their redrive marks: a redriven copy in flight is then acknowledged for nothing).
+#[utoipa::path(
+    post,
+    path = "/admin/dead-letters/delete",
+    operation_id = "delete_dead_letters",
+    tag = "dead letters",
+    summary = "Remove a client's dead letters for good (one page, one partition, or one dead letter)",
+    params(("scope" = Option<String>, Query, description = "cluster: each cluster.peers instance deletes the dead letters it recorded too (their answers in peers, the silent ones in unreachable); local or absent: here only", pattern = r"^(local|cluster)$")),
+    request_body = crate::http::schemas::RedriveRequest,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = crate::http::schemas::DeadLettersDeleted),
+        (status = 400, description = "bad_request / invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
+        (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
+        (status = 413, description = "limit_exceeded: body over limits.max_body_bytes", body = crate::http::schemas::ErrorBody),
+        (status = 503, description = "unavailable: the offset store failed", body = crate::http::schemas::ErrorBody),
+    )
+)]
+pub async fn delete(State(app): State<AppState>, JsonBody(body): JsonBody<RedriveBody>) -> Result<Json<Value>, ApiError> {
+    let query = selection(&body)?;
+    let (topic, client_id) = (query.topic.clone().expect("selected"), query.client_id.clone().expect("selected"));
+    let (deleted, next) = on_selected_page(&app, query, |store, ids| store.remove_dead_letter_ids(ids)).await?;
+    tracing::info!(%topic, %client_id, partition = body.partition, offset = body.offset, deleted, "dead letters deleted by an operator");
+    let mut answer = json!({ "deleted": deleted });
     if let Some(next) = next {
         answer["next"] = json!(next.to_string());
     }

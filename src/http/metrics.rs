@@ -42,7 +42,8 @@ pub fn install_recorder() -> Option<&'static PrometheusHandle> {
                 .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
                 .set_buckets_for_metric(Matcher::Full(ACK_LATENCY.into()), &BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), &BUCKETS))
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PUBLISH_TO_DELIVERY.into()), &BUCKETS));
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PUBLISH_TO_DELIVERY.into()), &BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(crate::core::metrics::FSYNC.into()), &BUCKETS));
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => Some(handle),
                 Err(e) => {
@@ -104,6 +105,7 @@ pub async fn scrape(State(app): State<AppState>) -> Response {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let cpu_seconds = record_process();
     record_data_dir(&app.config.storage.data_dir);
+    record_certificate(app.tls.as_deref());
     let peers = app.cluster.peers();
     let ready = peers.iter().filter(|(_, instance)| instance.is_some()).count();
     metrics::gauge!(PEERS, "state" => "ready").set(ready as f64);
@@ -186,6 +188,13 @@ fn record_data_dir(data_dir: &std::path::Path) {
     metrics::gauge!(DATA_DIR_SIZE).set(stat.f_blocks as f64 * block);
 }
 
+/// When the certificate in use expires (set at each scrape: gauges not set are dropped).
+fn record_certificate(tls: Option<&super::tls::Tls>) {
+    if let Some(at) = tls.and_then(|tls| tls.not_after()) {
+        crate::core::metrics::tls_cert_expires_at(at);
+    }
+}
+
 /// The clients with the most committed lag that get a series of their own
 /// (`ackgate_client_committed_lag`): a bounded label set, however many clients there are.
 const TOP_LAGGING_CLIENTS: usize = 10;
@@ -247,7 +256,7 @@ async fn record_dead_letter_backlog(app: &AppState) {
     // Up to 100 pages of RocksDB reads: off the async workers.
     let counted = tokio::task::spawn_blocking(move || {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
-        let mut query = crate::core::dead_letters::DeadLetterQuery { topic: None, client_id: None, partition: None, after: None, limit: 1000 };
+        let mut query = crate::core::dead_letters::DeadLetterQuery { topic: None, client_id: None, partition: None, offset: None, after: None, limit: 1000 };
         let mut read = 0;
         loop {
             let page = store.dead_letters(&query).ok()?;

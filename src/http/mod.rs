@@ -5,6 +5,7 @@
 
 pub(crate) mod activity;
 pub(crate) mod auth;
+pub(crate) mod certificate_expiry;
 pub(crate) mod cluster_scope;
 pub(crate) mod connection_counts;
 pub(crate) mod connections;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub token_keys: Arc<auth::TokenKeys>,
     /// Reads the config file again (`POST /admin/reload`, SIGHUP).
     pub reload: Arc<dyn reload::ConfigReload>,
+    /// The certificate in use, with `server.tls_cert` (its expiry is a metric).
+    pub tls: Option<Arc<tls::Tls>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -81,7 +84,8 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/sessions", get(sessions::list).layer(scoped.clone()))
         .route("/admin/sessions/{session_id}", get(sessions::detail).delete(sessions::disconnect))
         .route("/admin/dead-letters", get(dead_letters::list).layer(scoped.clone()))
-        .route("/admin/dead-letters/redrive", post(dead_letters::redrive).layer(changed))
+        .route("/admin/dead-letters/redrive", post(dead_letters::redrive).layer(changed.clone()))
+        .route("/admin/dead-letters/delete", post(dead_letters::delete).layer(changed))
         .route("/admin/gaps", get(gaps::list).layer(scoped.clone()))
         .route("/admin/groups", get(groups::list).layer(scoped))
         .route("/admin/groups/{topic}/{group}", get(groups::view).delete(groups::delete))

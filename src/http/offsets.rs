@@ -227,7 +227,7 @@ pub(super) async fn reset_offset(app: &AppState, topic: TopicName, client_id: Cl
     let min_epoch = d.store.log_epoch(&tp)?.first_offset_epoch();
     let record =
         d.change_offline_client(&client_id, &topic, move || store.reset(&reset_key, offset, min_epoch, now_ms)).await.ok_or_else(|| live(&client_id))??;
-    tracing::info!(%key, offset, by_time = ?body.time, "offset reset by an operator");
+    tracing::info!(%key, offset, by_time = body.time, "offset reset by an operator");
     Ok(Json(row(&key, &record)))
 }
 

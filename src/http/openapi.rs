@@ -26,7 +26,7 @@ use super::{console, dead_letters, drain, gaps, groups, health, metrics, offsets
         topics::publish, topics::list, topics::create, topics::delete,
         offsets::list, offsets::client_view, offsets::reset, offsets::delete,
         sessions::list, sessions::detail, sessions::disconnect,
-        dead_letters::list, dead_letters::redrive, gaps::list, groups::list, groups::view, groups::reset, groups::delete, drain::drain, reload::reload, recommend::recommend,
+        dead_letters::list, dead_letters::redrive, dead_letters::delete, gaps::list, groups::list, groups::view, groups::reset, groups::delete, drain::drain, reload::reload, recommend::recommend,
         health::healthz, health::readyz, metrics::scrape, console::index, console::static_file, ws::upgrade, sse::open, sse::frames, document_route,
     ),
     components(schemas(ClientFrame, ServerFrame, SubscribedPartition, GapRange, StartFromSchema, ResumeSchema, ShareOrderSchema, Req)),

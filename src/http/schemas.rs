@@ -344,7 +344,7 @@ pub struct DeadLetterList {
     pub next: Option<String>,
 }
 
-/// Which dead letters to deliver again: one page of a client's dead letters on a topic.
+/// Which dead letters to deliver again (or delete): one page of a client's dead letters on a topic, of one partition, or one dead letter.
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedriveRequest {
@@ -355,12 +355,31 @@ pub struct RedriveRequest {
     /// Only this partition.
     #[schema(minimum = 0, maximum = 4294967295u64)]
     pub partition: Option<u32>,
+    /// Only dead letters at this offset (with `partition`: one dead letter).
+    #[schema(minimum = 0)]
+    pub offset: Option<u64>,
     /// The `next` of a previous answer (`topic#client_id#partition#offset`).
     #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$")]
     pub after: Option<String>,
     /// Dead letters in this page, 1 to 1000 (default 100).
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+pub struct DeadLettersDeleted {
+    /// Dead letters removed (with their redrive marks).
+    pub deleted: u64,
+    /// Present when more dead letters match: pass it as `after` to delete the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// With `?scope=cluster`: each peer's `url`, `status` and `answer` (its own `deleted` and
+    /// `next`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<Value>>,
+    /// With `?scope=cluster`: the peers that did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<Vec<String>>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

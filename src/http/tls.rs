@@ -13,6 +13,7 @@
 //! against given authorities.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -31,20 +32,34 @@ pub struct Tls {
     cert_path: PathBuf,
     key_path: PathBuf,
     acceptor: RwLock<TlsAcceptor>,
+    /// When the certificate in use expires (epoch seconds; 0: not read from it).
+    not_after: AtomicU64,
 }
 
 impl Tls {
     /// Reads both files; an error names the file and what is wrong with it.
     pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<Self> {
-        let config = server_config(cert_path, key_path)?;
-        Ok(Self { cert_path: cert_path.to_path_buf(), key_path: key_path.to_path_buf(), acceptor: RwLock::new(TlsAcceptor::from(Arc::new(config))) })
+        let (config, not_after) = server_config(cert_path, key_path)?;
+        Ok(Self {
+            cert_path: cert_path.to_path_buf(),
+            key_path: key_path.to_path_buf(),
+            acceptor: RwLock::new(TlsAcceptor::from(Arc::new(config))),
+            not_after: AtomicU64::new(not_after.unwrap_or(0)),
+        })
     }
 
     /// Reads the files again for new connections. On error the current certificate stays.
     pub fn reload(&self) -> anyhow::Result<()> {
-        let config = server_config(&self.cert_path, &self.key_path)?;
+        let (config, not_after) = server_config(&self.cert_path, &self.key_path)?;
         *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) = TlsAcceptor::from(Arc::new(config));
+        self.not_after.store(not_after.unwrap_or(0), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// When the certificate in use (the chain's first) expires, in seconds since the epoch;
+    /// `None` when its validity could not be read.
+    pub fn not_after(&self) -> Option<u64> {
+        Some(self.not_after.load(Ordering::Relaxed)).filter(|at| *at > 0)
     }
 
     fn acceptor(&self) -> TlsAcceptor {
@@ -52,11 +67,13 @@ impl Tls {
     }
 }
 
-fn server_config(cert_path: &Path, key_path: &Path) -> anyhow::Result<ServerConfig> {
+/// The server configuration of the two files, and when the certificate expires.
+fn server_config(cert_path: &Path, key_path: &Path) -> anyhow::Result<(ServerConfig, Option<u64>)> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
         .and_then(|certs| certs.collect())
         .with_context(|| format!("server.tls_cert {}: not a readable PEM certificate chain", cert_path.display()))?;
     anyhow::ensure!(!certs.is_empty(), "server.tls_cert {}: no CERTIFICATE block in the file", cert_path.display());
+    let not_after = super::certificate_expiry::not_after(&certs[0]);
     let key = PrivateKeyDer::from_pem_file(key_path).with_context(|| format!("server.tls_key {}: not a readable PEM private key", key_path.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -67,7 +84,7 @@ fn server_config(cert_path: &Path, key_path: &Path) -> anyhow::Result<ServerConf
         .with_context(|| format!("server.tls_key {} does not match server.tls_cert {}", key_path.display(), cert_path.display()))?;
     // The server speaks HTTP/1.1 only (WebSocket upgrades included).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, not_after))
 }
 
 impl Tls {

@@ -343,7 +343,7 @@ pub async fn delete(State(app): State<AppState>, Path(topic): Path<String>) -> R
         // An error may come after the log deleted the topic (a timeout): ask the log again.
         match d.backend.partitions(&topic).await {
             Ok(None) => {
-                tracing::warn!(%topic, answer = ?deleted, "the log answered the deletion with an error but no longer has the topic: finishing its removal")
+                tracing::warn!(%topic, answer = %match &deleted { Ok(_) => "no topic".to_string(), Err(e) => e.to_string() }, "the log answered the deletion with an error but no longer has the topic: finishing its removal")
             }
             Ok(Some(_)) => {
                 if let Err(e) = d.store.cancel_topic_removal(&topic) {

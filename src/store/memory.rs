@@ -265,6 +265,14 @@ impl OffsetStore for MemoryOffsetStore {
         Ok(before - inner.dead_letters.len())
     }
 
+    fn remove_dead_letter_ids(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.dead_letters.len();
+        inner.dead_letters.retain(|d| !ids.contains(&d.id()));
+        inner.drop_unmatched_marks();
+        Ok(before - inner.dead_letters.len())
+    }
+
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
         let mut inner = self.lock();
         let before = inner.dead_letters.len();

@@ -259,6 +259,14 @@ impl RocksOffsetStore {
         opts
     }
 
+    /// Writes a batch; with power-loss durability it is fsynced before this returns, and the
+    /// time it took is recorded (`ackgate_fsync_seconds{store="offsets"}`).
+    fn write_batch(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        let write = || self.db.write_opt(batch, &self.write_opts());
+        let written = if self.durable { crate::core::metrics::timed_fsync("offsets", write) } else { write() };
+        written.map_err(|e| io_err(self.stopped.check(e)))
+    }
+
     fn get_record(&self, key: &OffsetKey) -> Result<Option<OffsetRecord>, StoreError> {
         let cf = self.cf(CF_OFFSETS)?;
         match self.db.get_pinned_cf(&cf, key.encode()).map_err(|e| io_err(self.stopped.check_read(e)))? {
@@ -305,7 +313,7 @@ impl RocksOffsetStore {
                 }
                 removed += 1;
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            self.write_batch(batch)?;
             self.redrives.fetch_sub(unmarked, Ordering::Relaxed);
         }
         Ok(removed)
@@ -323,7 +331,7 @@ impl RocksOffsetStore {
             }
         }
         let dropped = batch.len();
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         self.redrives.fetch_sub(dropped, Ordering::Relaxed);
         Ok(())
     }
@@ -342,7 +350,7 @@ impl RocksOffsetStore {
             }
             Ok(())
         })?;
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))
+        self.write_batch(batch)
     }
 
     /// Up to `limit + 1` rows of one page in key order: the keys of `cf` under `prefix` after
@@ -670,7 +678,7 @@ impl OffsetStore for RocksOffsetStore {
         batch.put_cf(&self.cf(CF_BY_CLIENT)?, key.encode_by_client(), []);
         // Dropped before the write: a failed write must not leave a record nobody stored.
         serialized.forget(key);
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         serialized.remember(key, record);
         Ok(record)
     }
@@ -702,7 +710,7 @@ impl OffsetStore for RocksOffsetStore {
                 batch.delete_cf(&by_client_cf, key.encode_by_client());
                 batch.put_cf(&fences_cf, key.encode(), fence.to_be_bytes());
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            self.write_batch(batch)?;
         }
         Ok(removed)
     }
@@ -752,7 +760,7 @@ impl OffsetStore for RocksOffsetStore {
         })?;
         let next = serialized.generations.get(topic).copied().unwrap_or(0) + u64::from(!started);
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), next.to_be_bytes());
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         serialized.log_epochs.retain(|tp, _| tp.topic != *topic);
         serialized.incarnations.insert(topic.clone(), incarnation);
         serialized.generations.insert(topic.clone(), next);
@@ -785,7 +793,7 @@ impl OffsetStore for RocksOffsetStore {
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_TOPIC_GENERATIONS)?, topic.as_str(), value);
         batch.put_cf(&self.cf(CF_TOPIC_INCARNATIONS)?, topic.as_str(), encode_incarnation(&incarnation));
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         serialized.generations.insert(topic.clone(), next);
         serialized.incarnations.insert(topic.clone(), incarnation);
         serialized.removals_pending.insert(topic.clone(), TopicRemoval::LogDeleted);
@@ -855,7 +863,7 @@ impl OffsetStore for RocksOffsetStore {
                 batch.delete_cf(&offsets_cf, key.encode());
                 batch.delete_cf(&by_client_cf, key.encode_by_client());
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            self.write_batch(batch)?;
         }
         Ok(removed)
     }
@@ -875,7 +883,7 @@ impl OffsetStore for RocksOffsetStore {
                     removed += 1;
                 }
             }
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            self.write_batch(batch)?;
         }
         Ok(removed)
     }
@@ -885,7 +893,7 @@ impl OffsetStore for RocksOffsetStore {
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_DEAD_LETTERS)?, dead_letter_key(&id), encode_dead_letter(dead));
         batch.put_cf(&self.cf(CF_DEAD_LETTERS_BY_CLIENT)?, dead_letter_index_key(&id), []);
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))
+        self.write_batch(batch)
     }
 
     fn dead_letters(&self, query: &DeadLetterQuery) -> Result<DeadLetterPage, StoreError> {
@@ -933,6 +941,20 @@ impl OffsetStore for RocksOffsetStore {
         self.remove_dead_letter_keys(old.iter().map(Vec::as_slice))
     }
 
+    fn remove_dead_letter_ids(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        // Only those there: a dead letter settled meanwhile (its redrive acknowledged) is not
+        // counted as deleted.
+        let main_cf = self.cf(CF_DEAD_LETTERS)?;
+        let mut keys = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = dead_letter_key(id);
+            if self.db.get_pinned_cf(&main_cf, &key).map_err(io_err)?.is_some() {
+                keys.push(key);
+            }
+        }
+        self.remove_dead_letter_keys(keys.iter().map(Vec::as_slice))
+    }
+
     fn mark_redrive(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
         let _serialized = self.lock_writes();
         let (main_cf, redrives_cf) = (self.cf(CF_DEAD_LETTERS)?, self.cf(CF_REDRIVES)?);
@@ -949,7 +971,7 @@ impl OffsetStore for RocksOffsetStore {
                 new += 1;
             }
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         self.redrives.fetch_add(new, Ordering::Relaxed);
         Ok(marked)
     }
@@ -996,7 +1018,7 @@ impl OffsetStore for RocksOffsetStore {
                 batch.delete_cf(&index_cf, dead_letter_index_key(id));
             }
         }
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         self.redrives.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -1044,7 +1066,7 @@ impl OffsetStore for RocksOffsetStore {
             Ok(())
         })?;
         let removed = batch.len();
-        self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+        self.write_batch(batch)?;
         Ok(removed)
     }
 
@@ -1095,7 +1117,7 @@ impl OffsetStore for RocksOffsetStore {
                 }
             }
             let removed = batch.len();
-            self.db.write_opt(batch, &self.write_opts()).map_err(|e| io_err(self.stopped.check(e)))?;
+            self.write_batch(batch)?;
             self.publishes.fetch_sub(removed, Ordering::Relaxed);
             forgotten += removed;
         }
@@ -1112,7 +1134,7 @@ impl OffsetStore for RocksOffsetStore {
 
     fn make_durable(&self) -> Result<(), StoreError> {
         if self.durable {
-            self.db.flush_wal(true).map_err(|e| io_err(self.stopped.check(e)))?;
+            crate::core::metrics::timed_fsync("offsets", || self.db.flush_wal(true)).map_err(|e| io_err(self.stopped.check(e)))?;
         }
         Ok(())
     }

@@ -333,6 +333,10 @@ impl OffsetStore for ControlledStore {
         self.inner.remove_dead_letters_before(at_ms)
     }
 
+    fn remove_dead_letter_ids(&self, ids: &[DeadLetterId]) -> Result<usize, StoreError> {
+        self.inner.remove_dead_letter_ids(ids)
+    }
+
     fn remove_dead_letters(&self, topic: &TopicName) -> Result<usize, StoreError> {
         if self.dead_letter_removals_failing.load(Ordering::SeqCst) {
             return Err(StoreError::Io("injected: the disk failed while removing a topic's dead letters".into()));

@@ -245,11 +245,76 @@ async fn a_redrive_for_an_offline_client_comes_at_its_next_subscribe_after_a_res
     gw.stop().await;
 }
 
+/// Issue 62, item 6 (docs said "redrive or delete", and nothing deleted): `POST
+/// /admin/dead-letters/delete` removes one dead letter, a partition's, or a page, on the real
+/// binary; the backlog gauge (which the alert reads) follows; a redrive with `offset` sends that
+/// one only; a redriven copy deleted while in flight is acked for nothing and never comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_redrive_requests_are_refused_with_the_error_codes() {
+async fn dead_letters_are_deleted_one_by_partition_or_by_page() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "t", 2, 0, 3).await;
+    publish_numbered(&gw.base, "t", 2, 1, 3).await;
+    term_events(gw.addr, "c", "t", 6).await;
+    term_events(gw.addr, "other", "t", 6).await;
+    let delete_url = format!("{}/admin/dead-letters/delete", gw.base);
+    let delete = |body: Value| post_json(&delete_url, body);
+    let backlog = async || metric(&gw.base, "ackgate_dead_letter_backlog{topic=\"t\"}").await;
+    assert_eq!(backlog().await, 12.0);
+
+    let (status, answer) = delete(json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 1})).await;
+    assert_eq!((status, answer), (200, json!({"deleted": 1})));
+    let left: Vec<u64> = dead_letters_of(&gw.base, "t", "c").await.iter().map(|d| d.0).collect();
+    assert_eq!(left, vec![0, 2, 0, 1, 2], "partition 0 offset 1 went, partition 1's stay");
+    let (status, answer) = delete(json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 1})).await;
+    assert_eq!((status, answer), (200, json!({"deleted": 0})), "deleting it again deletes nothing");
+    assert_eq!(backlog().await, 11.0);
+
+    // A redrive of one dead letter: only it comes; deleted while in flight, its ack settles
+    // nothing and it is not delivered again.
+    let mut ws = TestClient::connect(gw.addr, "c").await;
+    ws.subscribe("t", json!({})).await;
+    let (status, answer) = redrive(&gw.base, "t", "c", json!({"partition": 1, "offset": 2})).await;
+    assert_eq!((status, answer), (200, json!({"redriven": 1})));
+    let again = ws.recv_type("event").await;
+    assert_eq!((again["partition"].as_u64(), again["offset"].as_u64(), again["redrive"].as_bool()), (Some(1), Some(2), Some(true)), "{again}");
+    ws.expect_silence(std::time::Duration::from_millis(300)).await;
+    let (status, answer) = delete(json!({"topic": "t", "client_id": "c", "partition": 1})).await;
+    assert_eq!((status, answer), (200, json!({"deleted": 3})));
+    let ok = ws.ack_confirmed(&[id(&again)], "late").await;
+    assert_eq!(ok["type"], "ack_ok", "{ok}");
+    ws.close().await;
+
+    // Pages: the rest of c's, one at a time; the other client's are untouched.
+    let (status, first) = delete(json!({"topic": "t", "client_id": "c", "limit": 1})).await;
+    assert_eq!((status, first["deleted"].as_u64()), (200, Some(1)), "{first}");
+    let next = first["next"].as_str().expect("more match").to_string();
+    let (_, rest) = delete(json!({"topic": "t", "client_id": "c", "after": next})).await;
+    assert_eq!(rest, json!({"deleted": 1}));
+    assert!(dead_letters_of(&gw.base, "t", "c").await.is_empty());
+    assert_eq!(dead_letters_of(&gw.base, "t", "other").await.len(), 6);
+    assert_eq!(backlog().await, 6.0);
+    // Nothing of c's comes back at its next subscribe.
+    let mut ws = TestClient::connect(gw.addr, "c").await;
+    ws.subscribe("t", json!({})).await;
+    ws.expect_silence(std::time::Duration::from_millis(300)).await;
+    ws.close().await;
+    gw.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_redrive_and_delete_requests_are_refused_with_the_error_codes() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
-    let url = format!("{}/admin/dead-letters/redrive", gw.base);
+    for route in ["redrive", "delete"] {
+        let url = format!("{}/admin/dead-letters/{route}", gw.base);
+        bad_requests_are_refused(&url, route).await;
+    }
+    gw.stop().await;
+}
+
+async fn bad_requests_are_refused(url: &str, route: &str) {
+    let url = url.to_string();
     let cases = [
         (json!({"client_id": "c"}), 400, "bad_request"),
         (json!({"topic": "t"}), 400, "bad_request"),
@@ -262,18 +327,25 @@ async fn bad_redrive_requests_are_refused_with_the_error_codes() {
         (json!({"topic": "t", "client_id": "c", "partition": -1}), 400, "bad_request"),
         (json!({"topic": "t", "client_id": "c", "partition": 4294967296u64}), 400, "bad_request"),
         (json!({"topic": "t", "client_id": "c", "after": "nope"}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 9223372036854775808u64}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 18446744073709551615u64}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": -1}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 1.5}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": "1"}), 400, "bad_request"),
     ];
     for (body, status, code) in cases {
         let (got, answer) = post_json(&url, body.clone()).await;
-        assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+        assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{route} {body}: {answer}");
     }
     let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "c", "partition": 18446744073709551615u64})).await;
     assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")), "{answer}");
+    let counted = if route == "redrive" { "redriven" } else { "deleted" };
     let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "nobody"})).await;
-    assert_eq!((status, answer), (200, json!({"redriven": 0})), "nothing matched is not an error");
+    assert_eq!((status, answer), (200, json!({ counted: 0 })), "nothing matched is not an error");
     let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "c", "after": "t#other#0#1"})).await;
-    assert_eq!((status, answer), (200, json!({"redriven": 0})), "another client's name is only a position");
-    gw.stop().await;
+    assert_eq!((status, answer), (200, json!({ counted: 0 })), "another client's name is only a position");
+    let (status, answer) = post_json(&url, json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 9223372036854775807u64})).await;
+    assert_eq!((status, answer), (200, json!({ counted: 0 })), "the largest offset is a valid name of nothing");
 }
 
 /// Review of the redrive: an ack with a sequence number not issued yet is `unknown_delivery`,

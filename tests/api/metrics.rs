@@ -110,6 +110,8 @@ async fn metrics_move_with_a_real_exchange() {
         // Labelled by topic: a series per topic that had a gap.
         GAPS,
         GAP_EVENTS,
+        // Only with TLS (tests/api/tls.rs reads it).
+        TLS_CERT_EXPIRY,
     ];
     for family in ALL.iter().filter(|f| !f.starts_with("ackgate_rocketmq_") && !first_counted_event.contains(f)) {
         assert!(
@@ -215,6 +217,19 @@ async fn the_data_dirs_free_bytes_and_the_peers_states_are_exported() {
     assert!(free > 0.0 && free <= size, "free {free} of {size}");
     wait_for("the peer counted unready", async || value(&scrape(&gw.base).await, r#"ackgate_peers{state="unready"}"#) == 1.0).await;
     assert_eq!(value(&scrape(&gw.base).await, r#"ackgate_peers{state="ready"}"#), 0.0);
+    // Each fsync is timed, by store: a publish waits for the log's, a confirmed ack for the
+    // offsets' (power-loss durability is the default). No TLS: no certificate expiry.
+    publish(&gw.base, "synced", json!({"payload": 1})).await;
+    let mut client = TestClient::connect(gw.addr, "synced").await;
+    client.subscribe("synced", json!({})).await;
+    let events = client.recv_events(1).await;
+    client.ack_confirmed(&ids(&events), "a").await;
+    let m = scrape(&gw.base).await;
+    assert!(value(&m, r#"ackgate_fsync_seconds_count{store="log"}"#) >= 1.0);
+    assert!(value(&m, r#"ackgate_fsync_seconds_count{store="offsets"}"#) >= 1.0);
+    assert!(value(&m, r#"ackgate_fsync_seconds_bucket{store="log",le="+Inf"}"#) >= 1.0);
+    assert!(!m.keys().any(|k| k.starts_with("ackgate_tls_cert_expiry")), "{:?}", m.keys());
+    client.close().await;
     gw.kill9();
 }
 

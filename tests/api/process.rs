@@ -25,6 +25,56 @@ fn a_bad_config_stops_the_start_and_names_the_key() {
     assert!(stderr.contains("reset_policy") && stderr.contains("sideways") && stderr.contains("earliest"), "environment overrides are validated too: {stderr}");
 }
 
+/// Issue 62, item 7: `ackgate check` says whether a config would start, without starting or
+/// writing anything; an unknown key's error names the file and its own line (it named line 3 of
+/// the re-written merged text for line 8 before), and an override's error says it came from the
+/// environment.
+#[test]
+fn check_validates_a_config_without_starting_and_names_the_files_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let run = |config: &std::path::Path, env: &[(&str, &str)]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(config).arg("check").envs(env.iter().copied()).output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, format!("[storage]\ndata_dir = {:?}\n[server]\nlisten = \"127.0.0.1:1\"\n", data.display().to_string())).unwrap();
+    let (code, out, err) = run(&good, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("is valid") && out.contains("127.0.0.1:1"), "{out}");
+    assert!(!data.exists(), "check writes nothing, not even the data dir");
+
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "# the gateway's settings\n\n[server]\nlisten = \"127.0.0.1:1\"\n\n[delivery]\nack_timeout_ms = 100\nmax_atempts = 3\n").unwrap();
+    for args in [&["check"][..], &[][..]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_ackgate")).arg("--config").arg(&typo).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(err.contains("typo.toml") && err.contains("line 8") && err.contains("max_atempts"), "the file's own line, {args:?}: {err}");
+    }
+    let (code, _, err) = run(&good, &[("ACKGATE_DELIVERY__ACK_TIMEOUT_MS", "soon")]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("ACKGATE_* environment override") && err.contains("soon"), "{err}");
+
+    let tls = dir.path().join("tls.toml");
+    std::fs::write(&tls, "[server]\nlisten = \"127.0.0.1:1\"\ntls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"\n").unwrap();
+    let (code, _, err) = run(&tls, &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("server.tls_cert") && err.contains("/nonexistent/cert.pem"), "{err}");
+
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("FORMAT"), "ackgate data 9\n").unwrap();
+    let (code, _, err) = run(&good, &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("data format 9"), "{err}");
+
+    let level = dir.path().join("level.toml");
+    std::fs::write(&level, "[server]\nlisten = \"127.0.0.1:1\"\nlog_level = \"info,[[\"\n").unwrap();
+    let (code, _, err) = run(&level, &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("server.log_level"), "{err}");
+}
+
 /// SIGTERM drains (issue 25): the session gets a `reconnect` frame and close 1012, then the
 /// process checkpoints, flushes and exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,6 +131,9 @@ async fn json_logs_are_one_object_per_line() {
     let gw = Process::start(&data, &[("ACKGATE_SERVER__LOG_FORMAT", "json")]);
     let client = TestClient::connect(gw.addr, "json-logs").await;
     client.close().await;
+    publish(&gw.base, "logged", json!({"payload": 1})).await;
+    let reset = http().put(format!("{}/admin/offsets/logged/nobody/0", gw.base)).json(&json!({"time": 1})).send().await.unwrap();
+    assert_eq!(reset.status(), 200, "{:?}", reset.text().await);
     let logs = gw.logs.clone();
     let status = gw.terminate();
     assert!(status.success(), "{status:?}; logs:\n{}", logs.lock().unwrap().join("\n"));
@@ -91,6 +144,15 @@ async fn json_logs_are_one_object_per_line() {
         assert!(parsed["fields"]["message"].is_string(), "{line}");
     }
     assert!(lines.iter().any(|l| l.contains("session ended") && l.contains("json-logs")));
+    // Issue 62, item 7: fields carry values, not Rust's `Some(...)`.
+    let started = lines.iter().find(|l| l.contains("session started")).expect("a session started line");
+    let started: serde_json::Value = serde_json::from_str(started).unwrap();
+    assert!(started["fields"]["remote"].as_str().is_some_and(|r| r.starts_with("127.0.0.1:")), "{started}");
+    let reset = lines.iter().find(|l| l.contains("offset reset by an operator")).expect("a reset line");
+    assert!(reset.contains(r#""by_time":1"#), "{reset}");
+    for line in &lines {
+        assert!(!line.contains("Some("), "{line}");
+    }
 }
 
 /// A SIGTERM while the gateway starts (here: waiting on a Kafka broker that takes connections

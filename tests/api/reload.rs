@@ -70,6 +70,7 @@ async fn sighup_and_admin_reload_apply_live_settings_and_refuse_the_rest() {
     std::fs::write(&config, "[delivery\nack_timeout_ms = 5").unwrap();
     let (status, answer) = reload(&gw.base).await;
     assert_eq!(status, 400, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("a restart with this file would stop"), "said before the restart: {answer}");
     write_config(&config, &data, "log_level = \"info,ackgate=notalevel\"", live_rest);
     let (status, answer) = reload(&gw.base).await;
     assert!(status == 400 && answer["error"]["message"].as_str().unwrap_or_default().contains("log_level"), "{answer}");

@@ -26,6 +26,24 @@ pub(crate) fn write_certificate(dir: &std::path::Path) -> CertificateDer<'static
     made.cert.der().clone()
 }
 
+/// `write_certificate` with a certificate valid until January 1st of `year`.
+fn write_certificate_until(dir: &std::path::Path, year: i32) -> CertificateDer<'static> {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    params.not_after = rcgen::date_time_ymd(year, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    cert.der().clone()
+}
+
+/// `ackgate_tls_cert_expiry_timestamp_seconds` as scraped over https.
+async fn cert_expiry(addr: SocketAddr, tls: &TlsConnector) -> Option<f64> {
+    let (status, text) = https(addr, tls, "GET", "/metrics", None).await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    text.lines().find_map(|l| l.strip_prefix("ackgate_tls_cert_expiry_timestamp_seconds ")).map(|v| v.trim().parse().unwrap())
+}
+
 /// A client that trusts exactly `trusted` (and verifies the name, as browsers do).
 pub(crate) fn trusting(trusted: &CertificateDer<'static>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
@@ -133,10 +151,13 @@ async fn https_and_wss_work_directly_and_sighup_rotates_the_certificate_without_
 
     // SIGHUP with a new certificate: new connections present it, the old one is refused by a
     // client that only trusts the new one, and the live session goes on receiving.
-    let second = write_certificate(dir.path());
+    // Issue 62: the certificate's expiry is exported, and follows a reload.
+    assert_eq!(cert_expiry(gw.addr, &trusts_first).await, Some(67_090_118_400.0), "rcgen's default: 4096-01-01");
+    let second = write_certificate_until(dir.path(), 2040);
     gw.signal("HUP");
     gw.wait_for_log("TLS certificate and key reloaded").await;
     let trusts_second = trusting(&second);
+    assert_eq!(cert_expiry(gw.addr, &trusts_second).await, Some(2_208_988_800.0), "2040-01-01");
     let (status, _) = https(gw.addr, &trusts_second, "GET", "/healthz", None).await.unwrap();
     assert_eq!(status, 200);
     assert!(connect(gw.addr, &trusts_first).await.is_err(), "new connections present the new certificate");
@@ -148,7 +169,8 @@ async fn https_and_wss_work_directly_and_sighup_rotates_the_certificate_without_
     // A broken file on SIGHUP: logged, and the current certificate stays in use.
     std::fs::write(dir.path().join("cert.pem"), "not a certificate").unwrap();
     gw.signal("HUP");
-    gw.wait_for_log("TLS reload failed").await;
+    let failed = gw.wait_for_log("TLS reload failed").await;
+    assert!(failed.contains("a restart with these files would stop"), "said before the restart: {failed}");
     let (status, _) = https(gw.addr, &trusts_second, "GET", "/healthz", None).await.unwrap();
     assert_eq!(status, 200, "the previous certificate still serves");
     ws.close(None).await.unwrap();

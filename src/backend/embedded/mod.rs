@@ -243,7 +243,9 @@ impl LogState {
         let writing = self.group_commit.writing();
         let assigned = self.append(topic, events, now, missing)?;
         let ticket = writing.done();
-        self.group_commit.wait_durable(ticket, || self.db.flush_wal(true).map_err(|e| self.stopped.check(e))).map_err(io_err)?;
+        self.group_commit
+            .wait_durable(ticket, || crate::core::metrics::timed_fsync("log", || self.db.flush_wal(true)).map_err(|e| self.stopped.check(e)))
+            .map_err(io_err)?;
         Ok(assigned)
     }
 

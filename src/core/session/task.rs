@@ -67,7 +67,7 @@ pub async fn run_session<I, O>(
     };
     s.expiry = s.expiry_of_token();
     s.refresh_notice_at = s.notice_for_current_token();
-    tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = ?info.remote_addr, "session started");
+    tracing::info!(session_id = %info.session_id, client_id = %info.client_id, remote = info.remote_addr.map(tracing::field::display), "session started");
     s.send(ServerFrame::Welcome {
         session_id: info.session_id.clone(),
         client_id: info.client_id.to_string(),
