@@ -89,7 +89,28 @@ function showEvent(event) {
 $("connect-form").onsubmit = async (e) => {
   e.preventDefault();
   const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
-  client = new AckgateClient(wsUrl, {
+  try {
+    client = makeClient(wsUrl);
+  } catch (err) {
+    // The client checks the id before it connects (the gateway would refuse it with 400).
+    setConnected(false, "invalid client id");
+    log(err.message);
+    return;
+  }
+  try {
+    const welcome = await client.connect();
+    setConnected(true, `connected as ${welcome.client_id}`);
+    $("session-info").textContent = `session ${welcome.session_id} on ${welcome.instance}, ack_timeout_ms ${welcome.ack_timeout_ms}, max_in_flight ${welcome.max_in_flight}`;
+    log(`welcome ${JSON.stringify(welcome)}`);
+  } catch (err) {
+    setConnected(false, "connection failed");
+    log(err.message);
+  }
+};
+
+/** The console's client for the form's settings (throws on an invalid client id). */
+function makeClient(wsUrl) {
+  return new AckgateClient(wsUrl, {
     clientId: $("client-id").value.trim(),
     // A session of its own, as an operator expects of a console: connecting (here or in another
     // tab) with a client id in use takes that session over.
@@ -116,16 +137,7 @@ $("connect-form").onsubmit = async (e) => {
       }
     },
   });
-  try {
-    const welcome = await client.connect();
-    setConnected(true, `connected as ${welcome.client_id}`);
-    $("session-info").textContent = `session ${welcome.session_id} on ${welcome.instance}, ack_timeout_ms ${welcome.ack_timeout_ms}, max_in_flight ${welcome.max_in_flight}`;
-    log(`welcome ${JSON.stringify(welcome)}`);
-  } catch (err) {
-    setConnected(false, "connection failed");
-    log(err.message);
-  }
-};
+}
 
 $("disconnect").onclick = () => client?.close();
 
