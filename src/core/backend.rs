@@ -89,6 +89,13 @@ pub struct PartitionBounds {
 }
 
 impl PartitionBounds {
+    /// The events a client whose committed offset is `committed` has still to acknowledge: from
+    /// it (or from the log start, when nothing is stored or retention removed what it had not
+    /// read: those are a gap, not lag) to the log end.
+    pub fn lag(&self, committed: Option<u64>) -> u64 {
+        self.log_end.saturating_sub(committed.unwrap_or(self.log_start).max(self.log_start))
+    }
+
     /// Bounds as a broker answered them, made consistent: negative values (Kafka's -1 for
     /// "unknown") count as 0, and a start above the end (a broker answering low > high for a
     /// moment) becomes an empty range at the start, so no caller ever sees `log_start > log_end`

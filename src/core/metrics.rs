@@ -96,6 +96,7 @@ pub const IN_FLIGHT: &str = "ackgate_in_flight";
 pub const PULL_LAG: &str = "ackgate_pull_lag";
 pub const COMMITTED_LAG: &str = "ackgate_committed_lag";
 pub const CLIENT_COMMITTED_LAG: &str = "ackgate_client_committed_lag";
+pub const COMMITTED_LAG_MAX: &str = "ackgate_committed_lag_max";
 pub const OLDEST_SESSION_AGE: &str = "ackgate_oldest_session_age_seconds";
 pub const DEAD_LETTER_BACKLOG: &str = "ackgate_dead_letter_backlog";
 pub const GROUP_MEMBERS: &str = "ackgate_group_members";
@@ -148,7 +149,7 @@ pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 53] = [
+pub const ALL: [&str; 54] = [
     SESSIONS,
     SESSIONS_ENDED,
     STALLED_SESSIONS,
@@ -157,6 +158,7 @@ pub const ALL: [&str; 53] = [
     PULL_LAG,
     COMMITTED_LAG,
     CLIENT_COMMITTED_LAG,
+    COMMITTED_LAG_MAX,
     OLDEST_SESSION_AGE,
     DEAD_LETTER_BACKLOG,
     GROUP_MEMBERS,
@@ -349,6 +351,14 @@ impl Metrics {
         describe_gauge!(
             COMMITTED_LAG,
             "Events the clients with a live session on this instance have not acknowledged (log end minus stored committed offset), summed per topic"
+        );
+        describe_gauge!(
+            CLIENT_COMMITTED_LAG,
+            "Events a client has not acknowledged on a topic (log end minus stored committed offset, summed over partitions), for the 10 clients with the most, live or offline"
+        );
+        describe_gauge!(
+            COMMITTED_LAG_MAX,
+            "The largest lag of one client on the topic, live or offline (stored offsets, at most 100000 records read per scrape); ackgate_client_committed_lag names the worst clients"
         );
         describe_gauge!(DEAD_LETTER_BACKLOG, "Dead letters stored per topic (counted at scrape, at most 100000 in all)");
         describe_gauge!(GROUP_MEMBERS, "Members of the shared subscriptions live on this instance");

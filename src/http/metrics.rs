@@ -16,11 +16,12 @@ use metrics_util::MetricKindMask;
 
 use super::AppState;
 use crate::core::metrics::{
-    ACK_LATENCY, BACKEND_UP, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, CONNECTIONS, DATA_DIR_FREE, DATA_DIR_SIZE, DEAD_LETTER_BACKLOG,
-    GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PEERS, PROCESS_CPU, PROCESS_MAX_FDS,
-    PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS, STALLED_SESSIONS,
+    ACK_LATENCY, BACKEND_UP, BROKER_ACKS, BUILD_INFO, CLIENT_COMMITTED_LAG, COMMITTED_LAG, COMMITTED_LAG_MAX, CONNECTIONS, DATA_DIR_FREE, DATA_DIR_SIZE,
+    DEAD_LETTER_BACKLOG, GROUP_MEMBERS, GROUP_WAITING, HTTP_DURATION, HTTP_REQUESTS, IN_FLIGHT, OFFSET_WRITES, OLDEST_SESSION_AGE, PEERS, PROCESS_CPU,
+    PROCESS_MAX_FDS, PROCESS_OPEN_FDS, PROCESS_RSS, PROCESS_START, PUBLISH_TO_DELIVERY, PULL_LAG, READY, SESSIONS, STALLED_SESSIONS,
 };
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use crate::core::offsets::OffsetFilter;
 use crate::core::session_registry::Transport;
 
 /// Histogram buckets in seconds: 50 us to 10 s.
@@ -201,8 +202,10 @@ const TOP_LAGGING_CLIENTS: usize = 10;
 
 /// Per topic, what the clients with a live session here have not acknowledged: `log_end -
 /// committed` over their partitions (stored committed offsets; none stored counts from the log
-/// start). One label, the topic; the `TOP_LAGGING_CLIENTS` (topic, client) pairs with the most
-/// lag also get `ackgate_client_committed_lag{topic, client_id}` (every client's own lag is in
+/// start). One label, the topic. Then every stored client's, live or offline
+/// (`stored_client_lags`): the worst per topic is `ackgate_committed_lag_max{topic}`, and the
+/// `TOP_LAGGING_CLIENTS` (topic, client) pairs with the most lag get
+/// `ackgate_client_committed_lag{topic, client_id}` (every client's own lag is in
 /// `GET /admin/offsets`). A series no longer set is dropped (`GAUGE_IDLE`). Also the age of the
 /// oldest live session.
 async fn record_committed_lag(app: &AppState) {
@@ -228,19 +231,94 @@ async fn record_committed_lag(app: &AppState) {
             let Ok(bounds) = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await else { continue };
             for client in &clients {
                 let key = OffsetKey::new(topic.clone(), client.clone(), partition);
-                let committed = d.store.read(&key).ok().flatten().map_or(bounds.log_start, |r| r.committed);
+                let committed = d.store.read(&key).ok().flatten().map(|r| r.committed);
                 let lag = lags.entry(client).or_default();
-                *lag = lag.saturating_add(bounds.log_end.saturating_sub(committed.max(bounds.log_start)));
+                *lag = lag.saturating_add(bounds.lag(committed));
             }
         }
         let total = lags.values().fold(0u64, |sum, lag| sum.saturating_add(*lag));
         metrics::gauge!(COMMITTED_LAG, "topic" => topic.to_string()).set(total as f64);
         per_client.extend(lags.into_iter().filter(|(_, lag)| *lag > 0).map(|(client, lag)| (lag, topic.clone(), client.clone())));
     }
-    per_client.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, &a.2).cmp(&(&b.1, &b.2))));
-    for (lag, topic, client) in per_client.into_iter().take(TOP_LAGGING_CLIENTS) {
-        metrics::gauge!(CLIENT_COMMITTED_LAG, "topic" => topic.to_string(), "client_id" => client.to_string()).set(lag as f64);
+    // Offline clients too: Kafka's and NATS's operators page on consumer lag first, and a client
+    // that went away is the one whose lag grows unseen.
+    let stored = stored_client_lags(app).await;
+    for (topic, worst) in worst_per_topic(stored.iter().chain(&per_client)) {
+        metrics::gauge!(COMMITTED_LAG_MAX, "topic" => topic.to_string()).set(worst as f64);
     }
+    let mut lags: std::collections::BTreeMap<(TopicName, ClientId), u64> = Default::default();
+    for (lag, topic, client) in stored.into_iter().chain(per_client) {
+        let kept = lags.entry((topic, client)).or_default();
+        *kept = (*kept).max(lag);
+    }
+    let mut per_client: Vec<(u64, TopicName, ClientId)> =
+        lags.into_iter().filter(|(_, lag)| *lag > 0).map(|((topic, client), lag)| (lag, topic, client)).collect();
+    per_client.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, &a.2).cmp(&(&b.1, &b.2))));
+    // A client that left the top (caught up, reset, deleted) reads 0 at once, then its series
+    // goes (`GAUGE_IDLE`), instead of its last lag lingering.
+    static EXPORTED: std::sync::Mutex<std::collections::BTreeSet<(String, String)>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut exported = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    let top: std::collections::BTreeSet<(String, String)> = per_client
+        .into_iter()
+        .take(TOP_LAGGING_CLIENTS)
+        .map(|(lag, topic, client)| {
+            metrics::gauge!(CLIENT_COMMITTED_LAG, "topic" => topic.to_string(), "client_id" => client.to_string()).set(lag as f64);
+            (topic.to_string(), client.to_string())
+        })
+        .collect();
+    for (topic, client) in exported.difference(&top) {
+        metrics::gauge!(CLIENT_COMMITTED_LAG, "topic" => topic.clone(), "client_id" => client.clone()).set(0.0);
+    }
+    *exported = top;
+}
+
+/// Offset records read at one scrape for the stored clients' lag: a store holding more is read
+/// this far (the scrape stays short; `GET /admin/offsets` lists every row's lag).
+const STORED_LAG_RECORDS: usize = 100_000;
+
+/// Every stored client's lag per topic, `(lag, topic, client)`, live or not: its stored
+/// committed offsets against the log ends (one read of the log per partition).
+async fn stored_client_lags(app: &AppState) -> Vec<(u64, TopicName, ClientId)> {
+    let store = app.dispatcher.store.clone();
+    let scanned = tokio::task::spawn_blocking(move || {
+        let (mut records, mut after) = (Vec::new(), None);
+        while records.len() < STORED_LAG_RECORDS {
+            let page = store.scan_page(&OffsetFilter::default(), after.as_ref(), 10_000).ok()?;
+            let full = page.len() == 10_000;
+            after = page.last().map(|(key, _)| key.clone());
+            records.extend(page.into_iter().map(|(key, record)| (key, record.committed)));
+            if !full {
+                break;
+            }
+        }
+        Some(records)
+    })
+    .await;
+    let Ok(Some(records)) = scanned else { return Vec::new() };
+    let mut bounds: std::collections::HashMap<TopicPartition, Option<crate::core::backend::PartitionBounds>> = Default::default();
+    let mut lags: std::collections::BTreeMap<(TopicName, ClientId), u64> = Default::default();
+    for (key, committed) in records {
+        let tp = TopicPartition::new(key.topic.clone(), key.partition);
+        if !bounds.contains_key(&tp) {
+            let read = app.dispatcher.backend.log_bounds(&tp).await.ok();
+            bounds.insert(tp.clone(), read);
+        }
+        // A partition the log no longer answers for (a topic deleted meanwhile): no lag.
+        let Some(partition) = bounds[&tp] else { continue };
+        let lag = lags.entry((key.topic, key.client_id)).or_default();
+        *lag = lag.saturating_add(partition.lag(Some(committed)));
+    }
+    lags.into_iter().map(|((topic, client), lag)| (lag, topic, client)).collect()
+}
+
+/// The largest lag of one client per topic.
+fn worst_per_topic<'a>(lags: impl Iterator<Item = &'a (u64, TopicName, ClientId)>) -> std::collections::BTreeMap<&'a TopicName, u64> {
+    let mut worst = std::collections::BTreeMap::new();
+    for (lag, topic, _) in lags {
+        let kept: &mut u64 = worst.entry(topic).or_default();
+        *kept = (*kept).max(*lag);
+    }
+    worst
 }
 
 /// Dead letters counted at one scrape, in all: a store holding more is counted this far (the

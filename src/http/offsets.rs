@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{AppState, JsonBody};
+use crate::core::backend::PartitionBounds;
 use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::{OffsetFilter, OffsetRecord};
 
@@ -95,7 +96,23 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
     let page = tokio::task::spawn_blocking(move || store.scan_page(&filter, after.as_ref(), limit))
         .await
         .map_err(|e| crate::core::offsets::StoreError::Io(e.to_string()))??;
-    let rows: Vec<Value> = page.iter().map(|(k, r)| row(k, r)).collect();
+    // Each row with its partition's log end and lag (one read of the log per partition of the
+    // page): an offline client's lag is seen here, not only a live one's. Not the listing's
+    // cache (`listed_bounds`): a bound read here would make `GET /topics` a second stale.
+    let mut bounds: HashMap<TopicPartition, Option<PartitionBounds>> = HashMap::new();
+    let mut rows = Vec::with_capacity(page.len());
+    for (key, record) in &page {
+        let tp = TopicPartition::new(key.topic.clone(), key.partition);
+        if !bounds.contains_key(&tp) {
+            let read = app.dispatcher.backend.log_bounds(&tp).await.ok();
+            bounds.insert(tp.clone(), read);
+        }
+        let mut row = row(key, record);
+        let known = bounds[&tp];
+        row["log_end"] = json!(known.map(|b| b.log_end));
+        row["lag"] = json!(known.map(|b| b.lag(Some(record.committed))));
+        rows.push(row);
+    }
     let mut body = json!({ "offsets": rows });
     if page.len() == limit {
         body["next"] = json!(page[limit - 1].0.to_string());
@@ -140,14 +157,13 @@ pub(super) async fn partitions_with_lag(app: &AppState, topic: &TopicName, clien
         let bounds = d.backend.log_bounds(&TopicPartition::new(topic.clone(), partition)).await?;
         let record = stored.get(&partition);
         let committed = record.map(|r| r.committed);
-        // Without a stored offset the lag is what the reset policy would deliver.
-        let lag_from = committed.unwrap_or(bounds.log_start).max(bounds.log_start);
         partitions.push(json!({
             "partition": partition,
             "committed": committed,
             "last_acked": record.and_then(|r| r.last_acked),
             "log_end": bounds.log_end,
-            "lag": bounds.log_end.saturating_sub(lag_from),
+            // Without a stored offset the lag is what the reset policy would deliver.
+            "lag": bounds.lag(committed),
         }));
     }
     Ok(partitions)

@@ -167,6 +167,11 @@ pub struct OffsetRow {
     /// The record's offset epoch (docs/semantics.md, "Offset epochs"): a peer of the cluster
     /// starts a client without a resume token from it as from a token's.
     pub epoch: u64,
+    /// The partition's log end; null when the log did not answer.
+    pub log_end: Option<u64>,
+    /// Events the client has still to acknowledge: `log_end - committed` (from `log_start` when
+    /// retention removed what it had not read), live or offline; null with `log_end`.
+    pub lag: Option<u64>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -200,6 +200,51 @@ async fn the_most_lagging_clients_and_the_oldest_session_age_are_exported() {
     gw.kill9();
 }
 
+/// Issue 62 item 3 (lag counted live sessions only, and `/admin/offsets` listed none): a client
+/// that acked 2 of 5 events and left keeps its lag, growing with each publish, in the offsets
+/// list (with the log end) and in the metrics (`ackgate_client_committed_lag` names it,
+/// `ackgate_committed_lag_max` is the topic's worst); an operator's reset to the end clears it.
+/// On the real binary. Failed on the old code: no lag in the rows, no series for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_clients_lag_is_listed_and_exported() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "orders", 1, 0, 5).await;
+    for (client_id, acked) in [("away", 2), ("caught-up", 5)] {
+        let mut client = TestClient::connect(gw.addr, client_id).await;
+        client.subscribe("orders", json!({})).await;
+        let events = client.recv_events(5).await;
+        client.ack_confirmed(&ids(&events[..acked]), "a").await;
+        client.close().await;
+    }
+    publish_numbered(&gw.base, "orders", 1, 0, 3).await;
+    let rows = |page: serde_json::Value| -> BTreeMap<String, (u64, u64, u64)> {
+        page["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (r["client_id"].as_str().unwrap().to_string(), (r["committed"].as_u64().unwrap(), r["log_end"].as_u64().unwrap(), r["lag"].as_u64().unwrap()))
+            })
+            .collect()
+    };
+    let listed = rows(get_json(&format!("{}/admin/offsets?topic=orders", gw.base)).await.1);
+    assert_eq!(listed["away"], (2, 8, 6), "committed, log end, lag: {listed:?}");
+    assert_eq!(listed["caught-up"], (5, 8, 3));
+    let m = scrape(&gw.base).await;
+    assert_eq!(value(&m, r#"ackgate_client_committed_lag{topic="orders",client_id="away"}"#), 6.0);
+    assert_eq!(value(&m, r#"ackgate_client_committed_lag{topic="orders",client_id="caught-up"}"#), 3.0);
+    assert_eq!(value(&m, r#"ackgate_committed_lag_max{topic="orders"}"#), 6.0);
+    for client_id in ["away", "caught-up"] {
+        // 409 while its session is still ending.
+        wait_for("the reset of an offline client", async || put_offset(&gw.base, "orders", client_id, 0, json!(8)).await == 200).await;
+    }
+    let m = scrape(&gw.base).await;
+    assert_eq!(value(&m, r#"ackgate_committed_lag_max{topic="orders"}"#), 0.0);
+    assert_eq!(value(&m, r#"ackgate_client_committed_lag{topic="orders",client_id="away"}"#), 0.0, "caught up: 0 at once (then the series goes)");
+    gw.kill9();
+}
+
 /// Issue 62 item 2: the figures the new alerts need, on the real binary: the data dir's file
 /// system (free at most its size, both above 0) and the peers by state (one that answers
 /// nothing is unready after a probe; none is ready).
