@@ -296,6 +296,9 @@ pub struct SessionGroup {
 #[derive(serde::Serialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<Session>,
+    /// Present when more sessions match: pass it as `after` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 #[derive(serde::Serialize, ToSchema)]

@@ -1,12 +1,17 @@
-//! `/admin/sessions`: live sessions, one session with its in-flight deliveries, disconnect.
+//! `/admin/sessions`: live sessions (filtered, in pages), one session with its in-flight
+//! deliveries, disconnect.
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::core::names::{ClientId, TopicName};
 use crate::core::session_control::SessionControl;
 use crate::core::session_registry::SessionInfo;
 
@@ -40,23 +45,66 @@ fn session_json(info: &SessionInfo) -> Value {
     path = "/admin/sessions",
     operation_id = "list_sessions",
     tag = "sessions",
-    summary = "Live sessions and their counters",
-    params(("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$")),
+    summary = "Live sessions and their counters, filtered, one page at a time (by session id)",
+    params(
+        ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
+        ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("topic" = Option<String>, Query, description = "sessions subscribed to this exact topic", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
+        ("transport" = Option<String>, Query, description = "websocket, sse, or group (a shared subscription's hub)", pattern = r"^(websocket|sse|group)$"),
+        ("limit" = Option<u32>, Query, description = "sessions per page, 1 to 10000 (default 1000)", minimum = 1, maximum = 10000),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (a session id)", min_length = 1, max_length = 128),
+    ),
     security(("admin_token" = [])),
     responses(
         (status = 200, body = crate::http::schemas::SessionList, links(
             ("GetSession" = (operation_id = "get_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
             ("DisconnectSession" = (operation_id = "disconnect_session", parameters(("session_id" = "$response.body#/sessions/0/session_id")))),
         )),
-        (status = 400, description = "bad_request: scope is neither local nor cluster", body = crate::http::schemas::ErrorBody),
+        (status = 400, description = "bad_request: an unknown parameter, a bad limit or transport, or scope neither local nor cluster; invalid_name: a bad client_id or topic", body = crate::http::schemas::ErrorBody),
         (status = 401, description = "no admin token (when auth.admin_token is set)", body = crate::http::schemas::ErrorBody),
         (status = 403, description = "wrong admin token", body = crate::http::schemas::ErrorBody),
     )
 )]
-pub async fn list(State(app): State<AppState>) -> Json<Value> {
-    let sessions: Vec<Value> = app.dispatcher.sessions().iter().map(|s| session_json(s)).collect();
-    Json(json!({ "sessions": sessions }))
+pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "client_id" | "topic" | "transport" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use client_id, topic, transport, limit or after")));
+    }
+    let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
+    let client_id = query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?;
+    let topic = query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?;
+    let transport = query.get("transport").map(String::as_str);
+    if let Some(unknown) = transport.filter(|t| !matches!(*t, "websocket" | "sse" | "group")) {
+        return Err(ApiError::bad_request(format!("transport must be websocket, sse or group, got {unknown:?}")));
+    }
+    let after = query.get("after").map(String::as_str);
+    if let Some(after) = after.filter(|a| a.is_empty() || a.len() > 128) {
+        return Err(ApiError::bad_request(format!("after must be the `next` of a previous page (a session id of 1 to 128 characters), got {after:?}")));
+    }
+    let mut sessions: Vec<_> = app
+        .dispatcher
+        .sessions()
+        .into_iter()
+        .filter(|s| client_id.as_ref().is_none_or(|c| *c == s.client_id))
+        .filter(|s| transport.is_none_or(|t| t == s.transport.as_str()))
+        .filter(|s| topic.as_ref().is_none_or(|t| s.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).contains(t)))
+        .filter(|s| after.is_none_or(|after| s.session_id.as_str() > after))
+        .collect();
+    // In session id order, so `after` pages through them.
+    sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+    let more = sessions.len() > limit;
+    sessions.truncate(limit);
+    let mut body = json!({ "sessions": sessions.iter().map(|s| session_json(s)).collect::<Vec<_>>() });
+    if more {
+        body["next"] = json!(sessions.last().map(|s| s.session_id.clone()));
+    }
+    Ok(Json(body))
 }
+
+/// Sessions per page of `GET /admin/sessions` unless `limit` says otherwise, and the most one
+/// page holds.
+const DEFAULT_PAGE: usize = 1000;
+const MAX_PAGE: usize = 10_000;
 
 fn missing(session_id: &str) -> ApiError {
     ApiError::not_found(format!("no live session {session_id}"))

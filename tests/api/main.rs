@@ -42,6 +42,7 @@ mod rocketmq;
 mod rocketmq_broker;
 mod rocketmq_lite;
 mod schemathesis;
+mod sessions;
 mod sse;
 mod structure;
 mod support;
