@@ -81,8 +81,11 @@ fn every_alert_fires_on_its_failure_and_stays_quiet_without_it() {
     // Every alert has a group of its own in the tests.
     let rules = read("deploy/prometheus/alerts.yml");
     let tests = read("deploy/prometheus/alerts_test.yml");
+    // And a runbook row in docs/operations.md (issue 62: what to do when it fires).
+    let runbook = read("docs/operations.md");
     for alert in rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")) {
         assert!(tests.contains(&format!("alertname: {alert}\n        exp_alerts:")), "no test in alerts_test.yml sees {alert} fire");
+        assert!(runbook.contains(&format!("| `{alert}` |")), "no runbook row for {alert} in docs/operations.md");
     }
 }
 
