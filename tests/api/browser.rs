@@ -37,6 +37,58 @@ async fn the_console_subscribes_receives_and_acks_in_a_real_browser() {
     drop(dir);
 }
 
+/// Issue 62 item 5: the console as an operator's tool, in a real Chromium
+/// (tests/browser/console_admin.mjs), against a gateway with `auth.admin_token` set. With no token
+/// entered the banner at the top says one is needed and the admin tables say so; once saved, the
+/// sessions table shows the page's session with its last ack time, the search by client id narrows
+/// it and paging turns through two sessions; a dead letter's Redrive delivers only that one and its
+/// Delete removes only that one; Disconnect ends a session (4002); Reset answers 409 while the
+/// client is live and sets the offset once it is not. The three screenshots' paths are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_an_operators_tool_in_a_real_browser() {
+    const ADMIN_TOKEN: &str = "console-test-admin-token-of-32-bytes!!";
+    let (dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.admin_token = ADMIN_TOKEN.into();
+    let gw = InProcess::start(config).await;
+    let shots: Vec<std::path::PathBuf> = ["token-needed", "admin", "narrow"]
+        .iter()
+        .map(|name| std::env::temp_dir().join(format!("ackgate-console-{name}-{}.png", std::process::id())))
+        .collect();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/console_admin.mjs");
+    let base = gw.base.clone();
+    let args = shots.clone();
+    let output = tokio::task::spawn_blocking(move || Command::new("node").arg(script).arg(&base).arg(ADMIN_TOKEN).args(&args).output().expect("node runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "browser test failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("console admin: ok"), "{stdout}");
+    use std::io::Write as _;
+    for shot in &shots {
+        let _ = writeln!(std::io::stderr(), "console screenshot: {}", shot.display());
+        let png = std::fs::read(shot).expect("the screenshot was written");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+
+    let offsets = admin_get(&gw.base, "/admin/offsets?topic=ops&client_id=ops-1&partition=0", ADMIN_TOKEN).await;
+    assert_eq!(offsets["offsets"][0]["committed"], 1, "the console's reset set the offset: {offsets}");
+    let dead = admin_get(&gw.base, "/admin/dead-letters?topic=ops&client_id=ops-1", ADMIN_TOKEN).await;
+    let left: Vec<u64> = dead["dead_letters"].as_array().unwrap().iter().map(|d| d["offset"].as_u64().unwrap()).collect();
+    assert_eq!(left, [1], "offset 2 redriven (and acked), offset 3 deleted, offset 1 left alone: {dead}");
+    let (status, _) = get_json(&format!("{}/admin/sessions", gw.base)).await;
+    assert_eq!(status, 401, "the admin routes need the token");
+    gw.stop().await;
+    drop(dir);
+}
+
+/// `GET {base}{path}` with the admin token; asserts 200 and returns the JSON.
+async fn admin_get(base: &str, path: &str, token: &str) -> serde_json::Value {
+    let response = http().get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{path}");
+    response.json().await.unwrap()
+}
+
 /// Issue 24: the JS client on `transport: "sse"` in headless Chromium, on the browser's own
 /// EventSource (tests/browser/sse.mjs): it receives and acks events, the console lists its
 /// session as `sse`, and after the gateway is killed (SIGKILL) and started again at the same

@@ -46,7 +46,7 @@ try {
   // The whole cluster (a gateway without peers: itself): the row again, named by its instance.
   await page.check("#cluster-scope");
   await page.waitForFunction(
-    () => [...document.querySelectorAll("#offsets tbody tr")].some((tr) => tr.cells[0].textContent.startsWith("web#browser-1#") && tr.cells[4].textContent !== ""),
+    () => [...document.querySelectorAll("#offsets tbody tr")].some((tr) => tr.cells[0].textContent.startsWith("web#browser-1#") && tr.querySelector("td.instance").textContent !== ""),
     null,
     { timeout: 10000 },
   );
