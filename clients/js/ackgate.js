@@ -157,9 +157,14 @@ function invoke(listener, value) {
   try {
     listener?.(value);
   } catch (error) {
-    if (globalThis.reportError) globalThis.reportError(error);
-    else console.error("ackgate-client: a listener threw:", error);
+    report(error, "a listener threw");
   }
+}
+
+/** An app's error, reported as `invoke` says. */
+function report(error, what) {
+  if (globalThis.reportError) globalThis.reportError(error);
+  else console.error(`ackgate-client: ${what}:`, error);
 }
 
 /**
@@ -320,7 +325,7 @@ export function deviceClientId(prefix = "") {
   }
   const id = `${prefix}${(deviceId ??= randomKey())}`;
   if (!CLIENT_ID.test(id)) {
-    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (the prefix takes at most ${128 - deviceId.length} of those characters)`);
+    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (a prefix takes at most ${128 - deviceId.length} of them)`);
   }
   return id;
 }
@@ -338,7 +343,6 @@ function webSocketTransport(url, query, hooks, WebSocketClass) {
   let endedNow;
   let abandoned = false;
   const transport = {
-    kind: "websocket",
     ended: new Promise((resolve) => (endedNow = resolve)),
     isOpen: () => !abandoned && socket?.readyState === (WebSocketClass?.OPEN ?? 1),
     send: (frame) => socket?.send(JSON.stringify(frame)),
@@ -443,7 +447,6 @@ function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) 
     schedule();
   }
   const transport = {
-    kind: "sse",
     ended: new Promise((resolve) => (endedNow = resolve)),
     isOpen: () => ackUrl !== null && !ended && !gone,
     send(frame) {
@@ -1202,7 +1205,7 @@ class Session {
     for (const [entry, bytes] of sent) {
       if (bytes < largest) continue;
       this.#outbox.splice(this.#outbox.indexOf(entry), 1);
-      const why = `the gateway closed the session with 1009 (a frame over its limits.max_frame_bytes): this publish (${bytes} bytes of events) was the largest frame in flight; it is not sent again`;
+      const why = `closed with 1009 (over limits.max_frame_bytes): this publish (${bytes} bytes) was the largest in flight; not sent again`;
       entry.reject(new AckgateError("limit_exceeded", why));
     }
   }
@@ -1462,9 +1465,10 @@ class TabGroup {
         locks.request(this.#name, { signal: this.#quit.signal }, () => this.#lead()).catch(() => {}); // aborted: left first
         this.#hello();
       };
-      const refused = (error) => {
+      const refused = () => {
         this.#locksRefused = true;
-        this.#failJoin(new AckgateError("unavailable", `tabs cannot share a session here (${error?.name ?? "Error"}: ${error?.message ?? error})`));
+        // (connect() then runs a session of its own: this error is not seen.)
+        this.#failJoin(new AckgateError("unavailable", "tabs cannot share a session here"));
       };
       try {
         locks.request(`${this.#name}:tab:${this.#id}`, () => new Promise(held)).catch(refused);
@@ -1895,11 +1899,11 @@ export class AckgateClient {
     }
     const hasEventSource = Boolean(options.EventSource ?? globalThis.EventSource);
     if (transport === "sse" && !hasEventSource) {
-      throw new TypeError('transport "sse" needs an EventSource: this runtime has none, pass options.EventSource');
+      throw new TypeError('transport "sse" needs an EventSource: pass options.EventSource');
     }
     if (transport !== "sse" && !(options.WebSocket ?? globalThis.WebSocket) && !(transport === "auto" && hasEventSource)) {
       throw new TypeError(
-        "this runtime has no WebSocket: on Node.js 20 run `node --experimental-websocket`, use Node.js 22 or later, or pass options.WebSocket (e.g. the ws package's WebSocket)",
+        "no WebSocket here: use Node.js 22+ (20: --experimental-websocket) or pass options.WebSocket",
       );
     }
     if (options.tabs !== undefined && options.tabs !== "shared" && options.tabs !== "own") {
@@ -2262,8 +2266,7 @@ export class AckgateClient {
       () => frame.ack().catch(() => {}), // closed meanwhile: the event comes again
       (error) => {
         frame.nack();
-        if (globalThis.reportError) globalThis.reportError(error);
-        else console.error("ackgate-client: an event handler threw; the event is nacked:", error);
+        report(error, "an event handler threw; the event is nacked");
       },
     );
   }
