@@ -27,6 +27,10 @@
 // topic, and per topic and group for a shared subscription). A partition acked since its last confirmation gets a
 // trailing confirmation `confirmEveryMs` later, so the token trails the acks by about that much.
 //
+// Refused for good (1008: credentials refused, the reason in an `error` frame before it; 4001:
+// taken over by a newer session of the client id) the client fails: the state "failed", with
+// `failure` {code, message, closeCode} and a `failed` event; `connect()` starts over.
+//
 // Following a takeover: on any close that is not final (final: 1008, 4001, or close() called
 // here; 4004, an expired token, is not) the client reconnects by itself, with exponential backoff
 // and jitter (or after the pause a draining instance names); a first connect() that fails is tried
@@ -120,7 +124,7 @@ const MAX_SSE_QUERY = 6000;
 const GONE_GRACE_MS = 1000;
 
 /** What `on(name)` takes, and the option called for each (`onEvent`, ...). */
-const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame", stalled: "onStalled" };
+const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame", stalled: "onStalled", failed: "onFailed" };
 
 /** "ws://host:8080/ws" -> "http://host:8080". */
 function httpBase(wsUrl) {
@@ -576,6 +580,8 @@ class Session {
    */
   async connect() {
     this.#closedForGood = false;
+    // (The close that ended the last run, final maybe, must not end this one's retries.)
+    this.#lastClose = undefined;
     const stop = this.#stop.signal;
     this.#setState("connecting");
     try {
@@ -693,10 +699,21 @@ class Session {
           this.#unconfirmed.clear();
           if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
           const final = this.#closedForGood || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
+          // Refused for good by the gateway (not closed here): a failure, with the code of the
+          // refusal's `error` frame, else the one the close code means. (The client reports it
+          // before the state "closed", which then does not replace "failed".)
+          const failure = !this.#closedForGood &&
+            FINAL_CLOSES.has(close.code) && {
+              code: refusal?.code ?? (close.code === 4001 ? "taken_over" : "unauthorized"),
+              message: refusal?.message ?? close.reason,
+              closeCode: close.code,
+            };
+          if (failure) this.#emit("failed", failure);
           if (final) this.#setState("closed");
           else if (welcomed) this.#setState("reconnecting");
           this.#emit("close", { code: close.code, reason: close.reason, final });
-          if (!welcomed) reject(refusal ? new AckgateError(refusal.code, refusal.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
+          const why = failure || refusal;
+          if (!welcomed) reject(why ? new AckgateError(why.code, why.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
           else if (!final) this.#reconnect().catch(() => {}); // a final close: reported as such
           if (final) this.#giveUp(`closed for good (${close.code})`);
         },
@@ -1865,6 +1882,7 @@ export class AckgateClient {
   #session = null; // the session of its own (not shared)
   #tabs = null; // shared: the TabGroup, from connect() to close()
   #state = "closed";
+  #failure = null; // while "failed": {code, message, closeCode}
   #welcome = null;
   #tokens; // {committed, epochs}: topic -> partition -> durable committed offset / its offset epoch
   #listeners = new Map(); // event name -> Set of listeners
@@ -1927,9 +1945,15 @@ export class AckgateClient {
     if (!this.#shared) this.#session = this.#newSession((kind, data) => this.#receive(kind, data));
   }
 
-  /** "connecting", "connected", "reconnecting" or "closed" (also before connect()). */
+  /** "connecting", "connected", "reconnecting", "closed" (also before connect()) or "failed"
+   * (the gateway refused this client for good: see `failure`). */
   get state() {
     return this.#state;
+  }
+
+  /** While `state` is "failed", why: `{code, message, closeCode}`; else null. */
+  get failure() {
+    return this.#failure;
   }
 
   /** The welcome of the current (or last) session. */
@@ -1956,6 +1980,7 @@ export class AckgateClient {
    * at the first failure.
    */
   async connect() {
+    this.#failure = null; // (a failed client starts over)
     if (this.#main.ended) this.#main = new Feed(null); // connected again after a close
     globalThis.addEventListener?.("online", this.#online);
     globalThis.document?.addEventListener?.("visibilitychange", this.#visible);
@@ -2144,6 +2169,7 @@ export class AckgateClient {
 
   /** Closes for good: no reconnect follows. */
   close() {
+    this.#failure = null; // (a failed client closes too: "closed" from now on)
     if (this.#shared) {
       const connected = this.#tabs !== null;
       this.#tabs?.leave();
@@ -2188,6 +2214,9 @@ export class AckgateClient {
 
   /** A report of the session (its own, or the one tabs share): see Session. */
   #receive(kind, data) {
+    // A state it has already, or "closed" while a failure stands (until close() or connect(): the
+    // final close's "closed" does not replace "failed"), is no change.
+    if (kind === "state" && (data === this.#state || (this.#failure && data === "closed"))) return;
     if (kind === "frame") return this.#frame(data);
     if (kind === "tokens") {
       // Another tab's tokens (the leader's; a follower's hello, at the leader): merged.
@@ -2195,7 +2224,6 @@ export class AckgateClient {
     } else if (kind === "welcome") {
       this.#welcome = data;
     } else if (kind === "state") {
-      if (data === this.#state) return;
       this.#state = data;
       this.#emit("state", data);
     } else if (kind === "dropped") {
@@ -2203,6 +2231,10 @@ export class AckgateClient {
       this.#drop(data.topic);
       invoke(this.#options.onSubscriptionDropped, data);
     } else {
+      if (kind === "failed") {
+        this.#failure = data;
+        this.#receive("state", kind);
+      }
       this.#emit(kind, data);
       if (kind === "close" && data.final) this.#finish();
     }

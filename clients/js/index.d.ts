@@ -171,16 +171,32 @@ export type Transport = "websocket" | "sse" | "auto";
 /**
  * `connecting`: connect() called, no welcome yet (a first connect that fails is tried again in
  * this state); `connected`: a session is open; `reconnecting`: it was lost and the client is
- * getting another; `closed`: before connect(), after close(), after a final close or a
- * connect() that failed for good.
+ * getting another; `closed`: before connect(), after close(), or after a final close that is not
+ * a refusal (with `reconnect: false`, a lost connection or a first connect() that failed);
+ * `failed`: the gateway refused this client for good (credentials refused, 1008; taken over by a
+ * newer session of its client id, 4001): `failure` says why, no reconnect follows, and
+ * `connect()` starts over.
  */
-export type ClientState = "connecting" | "connected" | "reconnecting" | "closed";
+export type ClientState = "connecting" | "connected" | "reconnecting" | "closed" | "failed";
 
 /** A close of the session; `final`: no reconnect follows. */
 export interface CloseInfo {
   code: number;
   reason: string;
   final: boolean;
+}
+
+/**
+ * Why the client failed (`state` `"failed"`): `code` is the gateway's `error` frame's before the
+ * close (`unauthorized`: no credentials, or invalid or expired ones; `forbidden`: valid ones that
+ * do not allow this client id), else the close code's meaning (1008: `unauthorized`; 4001:
+ * `taken_over`, by a newer session of the same client id); `message` the frame's (else the close
+ * reason); `closeCode` the close code (1008 or 4001).
+ */
+export interface Failure {
+  code: ErrorCode | "taken_over";
+  message: string;
+  closeCode: number;
 }
 
 /** Before each reconnect attempt (also those that retry a first connect() that failed) `{attempt, delayMs, url}`, after a failed one `error` too, after a success `{attempt, url, welcome}`. */
@@ -208,6 +224,8 @@ export interface AckgateEvents<T = unknown> {
   frame: ServerFrame<T>;
   /** The window is full and nothing was settled for `stalledAfterMs`: the app is not acking. */
   stalled: StalledInfo;
+  /** The gateway refused the client for good: `state` is `"failed"` (that `state` event comes first, the `close` after). */
+  failed: Failure;
 }
 
 /** What the client uses of an EventSource (the browser's, or one passed as `EventSource`). */
@@ -289,6 +307,8 @@ export interface AckgateClientOptions<T = unknown> {
   onClose?: ((close: CloseInfo) => void) | undefined;
   onFrame?: ((frame: ServerFrame<T>) => void) | undefined;
   onReconnect?: ((progress: ReconnectProgress) => void) | undefined;
+  /** The gateway refused the client for good (see `failure`): a bad token, another client's, a takeover. */
+  onFailed?: ((failure: Failure) => void) | undefined;
   /** A subscription refused for good at a resubscribe (unknown_topic, forbidden, invalid_name). */
   onSubscriptionDropped?: ((dropped: { topic: string; code: ErrorCode; message: string }) => void) | undefined;
 }
@@ -320,7 +340,7 @@ export interface FrozenSet<T> extends Iterable<T> {
   [Symbol.iterator](): IterableIterator<T>;
 }
 
-/** Closes after which the client does not reconnect by itself (1008, 4001). Read-only. */
+/** Closes after which the client does not reconnect by itself (1008, 4001): the state `failed`. Read-only. */
 export declare const FINAL_CLOSES: FrozenSet<number>;
 /** Errors after which a resubscribe drops its topic. Read-only. */
 export declare const FINAL_SUBSCRIBE_ERRORS: FrozenSet<ErrorCode>;
@@ -340,9 +360,10 @@ export declare class AckgateError extends Error {
   constructor(code: string, message: string);
   /**
    * An error code of the protocol (over SSE also of a refused POST), `closed` when the session
-   * closed or was not open, or `timeout` when no answer (or no welcome) came in time.
+   * closed or was not open, `timeout` when no answer (or no welcome) came in time, or
+   * `taken_over` when connect() lost its session to a newer one of its client id (4001).
    */
-  code: ErrorCode | "closed" | "timeout";
+  code: ErrorCode | "closed" | "timeout" | "taken_over";
 }
 
 /** `T`: the payload type of this client's events (not checked at run time). */
@@ -350,6 +371,8 @@ export declare class AckgateClient<T = unknown> {
   constructor(url: string, options: AckgateClientOptions<T>);
   /** Where the session stands; a `state` event comes at each change. */
   readonly state: ClientState;
+  /** While `state` is `"failed"`, why; else null. */
+  readonly failure: Failure | null;
   /** The welcome of the current (or last) session. */
   readonly welcome: WelcomeFrame | null;
   /** Listens beside the `onX` options; returns a function that removes the listener. */
@@ -360,8 +383,9 @@ export declare class AckgateClient<T = unknown> {
    * welcome (`ack_url` set when SSE carries it). A gateway that cannot be reached (not up yet, no
    * network) is tried again with the reconnect backoff (`reconnect` events, `state`
    * `"connecting"`) until one answers: it rejects only at `close()` (`closed`), when the gateway
-   * refuses the credentials (`unauthorized`, `forbidden`: a final close), or with `reconnect:
-   * false` at the first failure.
+   * refuses the credentials (`unauthorized`, `forbidden`: a final close, the state `"failed"`), or
+   * with `reconnect: false` at the first failure. Called again (after a failure, or after
+   * `close()`), it starts over.
    */
   connect(): Promise<WelcomeFrame>;
   /**

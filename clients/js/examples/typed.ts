@@ -29,6 +29,9 @@ async function main(): Promise<void> {
   });
   const off = client.on("state", (state: ClientState) => console.log("now", state, client.state));
   client.on("close", ({ code, final }) => console.log(code, final));
+  // Refused for good (a bad token, another device took the session): tell the user, don't retry.
+  client.on("failed", ({ code, closeCode }) => console.warn(code === "taken_over" ? "opened elsewhere" : `sign in again (${code}, ${closeCode})`));
+  if (client.state === "failed") console.log(client.failure?.message);
   off();
   const welcome = await client.connect();
   console.log(welcome.session_id, welcome.max_in_flight, welcome.ack_url ? "over SSE" : "over a WebSocket");

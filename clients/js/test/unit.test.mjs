@@ -363,7 +363,8 @@ test("FINAL_CLOSES and FINAL_SUBSCRIBE_ERRORS are read-only; 4004 (token expired
     gateway.socket().welcome();
     gateway.socket().cut(4001, "taken over");
     assert.deepEqual(closes.at(-1), { code: 4001, reason: "taken over", final: true });
-    assert.equal(client.state, "closed");
+    assert.equal(client.state, "failed");
+    assert.deepEqual(client.failure, { code: "taken_over", message: "taken over", closeCode: 4001 });
   } finally {
     restore();
   }
@@ -389,7 +390,7 @@ test("the client's internals are private: its public surface is its methods and 
   assert.deepEqual(Object.keys(client), []);
   for (const name of ["url", "options", "transport", "pending", "queue", "inFlight", "subscriptions", "committed"]) assert.equal(client[name], undefined, name);
   const surface = Object.getOwnPropertyNames(AckgateClient.prototype).sort();
-  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "issuedToken", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
+  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "failure", "issuedToken", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
   assert.throws(() => (client.state = "connected"), TypeError);
   client.close();
 });
@@ -1094,7 +1095,7 @@ test("a first connect() being tried again rejects when the gateway refuses the c
     gateway.socket().cut(1008);
     assert.deepEqual(await settled(first), { code: "unauthorized" });
     assert.deepEqual(await settled(waiting), { code: "closed" });
-    assert.equal(refused.state, "closed");
+    assert.equal(refused.state, "failed");
     await tick(20);
     assert.equal(gateway.sockets.length, 2, "no attempt after a final close");
 
@@ -1226,4 +1227,149 @@ test("deviceClientId: one random id per device, kept in localStorage under ackga
     const deviceClientId = await load();
     assert.equal(deviceClientId(), deviceClientId());
   });
+});
+
+// ---- Issue 61 item 4 (client side): a refusal for good was the state "closed", as after close():
+// a page could not tell a bad token from its own close() without reading close codes. Each test
+// below failed on the client before the state "failed".
+
+/** An EventSource as the client uses it (named events with `data`), played by the test. */
+function fakeEventSources() {
+  const sources = [];
+  class FakeEventSource {
+    readyState = 0;
+    listeners = {};
+    constructor(url) {
+      this.url = url;
+      sources.push(this);
+    }
+    addEventListener(name, listener) {
+      this.listeners[name] = listener;
+    }
+    close() {
+      this.readyState = 2;
+    }
+    /** The gateway writes `event: <name>` with the frame as its data. */
+    emit(name, frame) {
+      this.listeners[name]({ data: JSON.stringify(frame), lastEventId: "" });
+    }
+  }
+  return { EventSource: FakeEventSource, sources };
+}
+
+test("credentials refused for good: state failed, client.failure, a failed event (onFailed and on); no reconnect follows, and connect() starts over; taken over (4001) fails too", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const seen = [];
+    const failures = [];
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, onFailed: (f) => failures.push(["option", f]) });
+    client.on("failed", (f) => failures.push(["on", f, client.state]));
+    client.on("state", (s) => seen.push(s));
+    client.on("close", (c) => seen.push(`close ${c.code} ${c.final}`));
+    const stream = client.events();
+    const connecting = client.connect();
+    // The gateway accepts the upgrade, says why in an error frame, and closes with 1008.
+    gateway.socket().readyState = 1;
+    gateway.socket().send_({ type: "error", code: "unauthorized", message: "bad token" });
+    gateway.socket().cut(1008);
+    await assert.rejects(connecting, (e) => e instanceof AckgateError && e.code === "unauthorized");
+    const failure = { code: "unauthorized", message: "bad token", closeCode: 1008 };
+    assert.equal(client.state, "failed");
+    assert.deepEqual(client.failure, failure);
+    assert.deepEqual(failures, [["option", failure], ["on", failure, "failed"]]);
+    assert.deepEqual(seen, ["connecting", "failed", "close 1008 true"], "failed stays: the final close's closed does not replace it");
+    assert.deepEqual(await stream.next(), { value: undefined, done: true }, "events() ended");
+    await tick(20);
+    assert.equal(gateway.sockets.length, 1, "no reconnect after a failure");
+    // connect() starts over: the state leaves failed, and the failure goes with it.
+    const again = client.connect();
+    assert.deepEqual([client.state, client.failure], ["connecting", null]);
+    gateway.socket().welcome();
+    await again;
+    assert.equal(client.state, "connected");
+    // Taken over by a newer session of this client id: failed as well, its code from the close.
+    gateway.socket().cut(4001, "taken over by a newer session");
+    assert.deepEqual([client.state, client.failure], ["failed", { code: "taken_over", message: "taken over by a newer session", closeCode: 4001 }]);
+    await tick(20);
+    assert.equal(gateway.sockets.length, 2, "no reconnect after a takeover");
+    // close() of a failed client: closed, without a failure.
+    client.close();
+    assert.deepEqual([client.state, client.failure], ["closed", null]);
+    assert.deepEqual(seen.slice(3), ["connecting", "connected", "failed", "close 4001 true", "closed"]);
+  } finally {
+    restore();
+  }
+});
+
+test("failed is for the gateway's refusals only: close() and a lost connection with reconnect: false are closed, 4002 reconnects; over SSE a refusal fails as on a WebSocket; a 1008 without its error frame is unauthorized", async () => {
+  const restore = recommendFake();
+  try {
+    const states = (client) => {
+      const seen = [];
+      client.on("state", (s) => seen.push(s));
+      return seen;
+    };
+    // close(): closed, never failed.
+    const { client: closing } = await connected();
+    const closingStates = states(closing);
+    closing.close();
+    assert.deepEqual([closingStates, closing.failure], [["closed"], null]);
+    // reconnect: false and a lost connection: final, but an outage, not a refusal.
+    const { client: once, socket: onceSocket } = await connected({ reconnect: false });
+    onceSocket.cut(1006);
+    assert.deepEqual([once.state, once.failure], ["closed", null]);
+    // 4002, an operator's disconnect: the client reconnects.
+    const { client: kicked, gateway, socket } = await connected({ backoffMs: 1 });
+    socket.cut(4002, "operator");
+    assert.deepEqual([kicked.state, kicked.failure], ["reconnecting", null]);
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    // A 1008 mid-session, without an error frame: unauthorized (what 1008 means), its reason kept.
+    gateway.socket().welcome();
+    await until("connected again", () => kicked.state === "connected");
+    gateway.socket().cut(1008, "token revoked");
+    assert.deepEqual([kicked.state, kicked.failure], ["failed", { code: "unauthorized", message: "token revoked", closeCode: 1008 }]);
+    kicked.close();
+
+    // Over SSE: an `event: error` then an `event: close` with 1008.
+    const { EventSource, sources } = fakeEventSources();
+    const sse = new AckgateClient("ws://fake/ws", { clientId: "unit", transport: "sse", EventSource, heartbeatMs: 0, backoffMs: 1 });
+    const connecting = sse.connect();
+    await until("the stream", () => sources.length === 1);
+    sources[0].emit("error", { type: "error", code: "forbidden", message: "another client's token" });
+    sources[0].emit("close", { code: 1008, reason: "" });
+    await assert.rejects(connecting, (e) => e.code === "forbidden");
+    assert.deepEqual([sse.state, sse.failure], ["failed", { code: "forbidden", message: "another client's token", closeCode: 1008 }]);
+    await tick(20);
+    assert.equal(sources.length, 1, "no stream after a failure");
+  } finally {
+    restore();
+  }
+});
+
+test("tabs: a refusal of the shared session fails every tab, with the leader's failure", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs20", WebSocket: gateway.WebSocket, heartbeatMs: 0 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    const failed = [];
+    two.on("failed", (f) => failed.push(f.code));
+    gateway.socket().cut(4001, "taken over");
+    const failure = { code: "taken_over", message: "taken over", closeCode: 4001 };
+    assert.deepEqual([one.state, one.failure], ["failed", failure]);
+    await until("the follower's failure", () => two.state === "failed");
+    assert.deepEqual([two.failure, failed], [failure, ["taken_over"]]);
+    await tick(120);
+    assert.deepEqual([one.state, two.state, gateway.sockets.length], ["failed", "failed", 1], "no tab takes the lead again");
+    one.close();
+    two.close();
+  } finally {
+    leave();
+  }
 });
