@@ -43,8 +43,11 @@
 // its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped. (Without an
 // issued token, its own subscription only: the confirmed offsets, a claim the gateway clamps.)
 // After an operator's disconnect (4002) no token is sent: the operator may have reset the offsets.
-// Back online (or the page shown again), a reconnect waiting out its backoff goes at once. The
-// deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
+// Back online (or the page shown again), a reconnect waiting out its backoff goes at once;
+// offline, or in the back/forward cache (pagehide, `persisted`; where a page with an open
+// connection or a Web Lock is not kept), the connection is closed and no attempt is made until
+// online or pageshow. The heartbeat goes by the wall clock and any frame: a throttled or frozen
+// tab's late timer does not give a live connection up. The deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
 // earlier session are not sent (the gateway delivers them again, and an id is unique on one
 // instance only). A close 1009 (a frame too large) rejects the largest publish in flight with
 // `limit_exceeded` instead of sending it again after every reconnect.
@@ -116,6 +119,9 @@ const TRANSPORTS = ["websocket", "sse", "auto"];
 
 /** The frames an SSE stream names (`event:`); EventSource hands a listener only the names it asked for. */
 const SSE_EVENTS = ["welcome", "subscribed", "event", "gap", "reconnect", "error", "pong", "ack_ok", "unsubscribed", "close", "message"];
+
+/** The window's events the client follows in a page (with document's visibilitychange). */
+const PAGE_EVENTS = ["online", "offline", "pagehide", "pageshow"];
 
 /** A longer query than this reopens a stream without its topics (they are subscribed by POST). */
 const MAX_SSE_QUERY = 6000;
@@ -345,20 +351,27 @@ export function deviceClientId(prefix = "") {
 function webSocketTransport(url, query, hooks, WebSocketClass) {
   let socket = null;
   let endedNow;
-  let abandoned = false;
+  let ended = false;
+  // The close is reported once: the socket's, or an abandon's (which does not wait for the
+  // socket's), so abandon() after the end (offline, the page hidden) is a no-op.
+  const end = (close) => {
+    if (ended) return;
+    ended = true;
+    hooks.close(close);
+    endedNow();
+  };
   const transport = {
     ended: new Promise((resolve) => (endedNow = resolve)),
-    isOpen: () => !abandoned && socket?.readyState === (WebSocketClass?.OPEN ?? 1),
+    // (Closed or abandoned, the socket is no longer OPEN: abandon() closes it.)
+    isOpen: () => socket?.readyState === (WebSocketClass?.OPEN ?? 1),
     send: (frame) => socket?.send(JSON.stringify(frame)),
     close: (code, reason) => socket?.close(code, reason),
     abandon: (reason) => {
-      if (abandoned) return;
-      abandoned = true;
+      if (ended) return;
       try {
         socket?.close(4000, "abandoned");
       } catch {}
-      hooks.close({ code: 1006, reason });
-      endedNow();
+      end({ code: 1006, reason });
     },
   };
   try {
@@ -367,19 +380,14 @@ function webSocketTransport(url, query, hooks, WebSocketClass) {
     // Refused at once (no WebSocket here, a URL the page may not open): a failed connection.
     setTimeout(() => {
       hooks.error(error.message);
-      hooks.close({ code: 1006, reason: error.message });
-      endedNow();
+      end({ code: 1006, reason: error.message });
     });
     return transport;
   }
   // An abandoned socket may still bring frames: they belong to a session given up for dead.
-  socket.onmessage = (message) => !abandoned && hooks.frame(JSON.parse(message.data));
+  socket.onmessage = (message) => !ended && hooks.frame(JSON.parse(message.data));
   socket.onerror = () => hooks.error();
-  socket.onclose = (close) => {
-    if (abandoned) return; // reported already
-    hooks.close({ code: close.code, reason: close.reason });
-    endedNow();
-  };
+  socket.onclose = (close) => end({ code: close.code, reason: close.reason });
   return transport;
 }
 
@@ -542,7 +550,8 @@ class Session {
   // session was up, or cut by a lost connection, they go out after the next welcome.
   #subscribes = new Set();
   #heartbeat = null; // the timer of the pings that find a dead connection
-  #checking = false; // a ping that checks the connection waits for its pong
+  #checking = null; // the timer of a ping that checks the connection: any frame clears it
+  #paused = false; // the page is in the back/forward cache: no attempt until it is shown again
 
   constructor(url, options, tokens, emit) {
     this.#url = url;
@@ -623,7 +632,7 @@ class Session {
       return await this.#openWith("websocket", url, token, resubscribing, stop);
     } catch (error) {
       await this.#transport?.ended; // the failed socket's close is handled first
-      if (stop.aborted || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
+      if (stop.aborted || this.#held() || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
       const welcome = await this.#openWith("sse", url, token, resubscribing, stop);
       this.#sseChosen = true;
       return welcome;
@@ -655,6 +664,9 @@ class Session {
       const hooks = {
         frame: (frame) => {
           if (!current()) return;
+          // Any frame proves the connection, as a pong would (see #checkAlive). (clearTimeout
+          // returns undefined: the check is over.)
+          this.#checking = clearTimeout(this.#checking);
           if (stop.aborted) {
             // close() came first (while the connection opened, or before its close arrived):
             // this session must not come back, nor hand out more events.
@@ -810,6 +822,9 @@ class Session {
         const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
         // Woken early (back online, the page shown again): the backoff starts over.
         if (await this.#sleep(delayMs)) attempt = 1;
+        // Offline, or in the back/forward cache, no attempt could work (or should start): none is
+        // made, nor counted, until online or the page shown again (nudge) wakes it.
+        while (this.#held() && !stop.aborted) await this.#sleep();
         if (stop.aborted) return;
         let url = this.#url;
         try {
@@ -825,7 +840,7 @@ class Session {
           } catch (error) {
             // The instance named is unreachable (the one that answered may not have noticed it
             // died yet): the instance that answered is alive, so use it. Not after a final close.
-            if (answered === named || FINAL_CLOSES.has(this.#lastClose) || stop.aborted) throw error;
+            if (answered === named || this.#held() || FINAL_CLOSES.has(this.#lastClose) || stop.aborted) throw error;
             url = answered;
             welcome = await this.#open(answered, true, stop);
           }
@@ -847,13 +862,15 @@ class Session {
     }
   }
 
-  /** Waits `ms`; true when woken before (nudge(), close()). */
+  /** Waits `ms` (undefined: until woken); true when woken before (nudge(), close()). */
   #sleep(ms) {
     return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        this.#wake = null;
-        resolve(false);
-      }, ms);
+      const timer =
+        ms >= 0 &&
+        setTimeout(() => {
+          this.#wake = null;
+          resolve(false);
+        }, ms);
       this.#wake = () => {
         clearTimeout(timer);
         this.#wake = null;
@@ -862,11 +879,27 @@ class Session {
     });
   }
 
-  /** Back online, or the page shown again: a reconnect waiting out its backoff goes at once;
-   * an open connection is checked with a ping. */
-  nudge() {
-    if (this.#wake) this.#wake();
-    else this.checkAlive();
+  /** Back online, or the page visible again: a reconnect waiting out its backoff goes at once;
+   * an open connection is checked with a ping. `offline`: the connection is given up at once (it
+   * cannot work), and the reconnect waits for online (#held). */
+  nudge(offline) {
+    if (offline) this.#transport?.abandon("offline");
+    else if (this.#wake) this.#wake();
+    else this.#checkAlive();
+  }
+
+  /** Whether an attempt must wait: offline (no attempt could work) or in the back/forward cache. */
+  #held() {
+    return this.#paused || globalThis.navigator?.onLine === false;
+  }
+
+  /** The page went into the back/forward cache (`on`), where a page with an open connection is
+   * not kept: the connection closes and the reconnect waits, holding what it resumes with; or
+   * it came back: the reconnect goes at once. */
+  pause(on) {
+    this.#paused = on;
+    if (on) this.#transport?.abandon("pagehide");
+    else this.nudge();
   }
 
   /** Subscribes again to every topic; one refused for good is dropped and reported. */
@@ -1166,24 +1199,28 @@ class Session {
     clearInterval(this.#heartbeat);
     const every = this.#options.heartbeatMs ?? 20000;
     if (!every) return;
-    this.#heartbeat = setInterval(() => this.checkAlive(transport), every);
+    this.#heartbeat = setInterval(() => this.#checkAlive(transport), every);
     this.#heartbeat.unref?.(); // never keeps node alive by itself
   }
 
-  /** Pings now; no answer within `heartbeatTimeoutMs` (0: no limit) abandons `transport`. */
-  checkAlive(transport = this.#transport) {
+  /**
+   * Pings now; nothing heard within `heartbeatTimeoutMs` (0: no limit) abandons `transport`. Any
+   * frame answers it (the pong may come behind a slow client's events), and the time is the
+   * wall clock's: a timer that ran late (a background tab's throttled timers, a frozen tab, a
+   * device asleep) may run before the frames that came meanwhile, so the verdict then waits one
+   * more period from now. A connection that went silent is given up all the same.
+   */
+  #checkAlive(transport = this.#transport) {
     if (!transport?.isOpen() || transport !== this.#transport || this.#checking) return;
-    this.#checking = true;
     const limit = this.#options.heartbeatTimeoutMs ?? 10000;
-    const dead = () => limit > 0 && transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`);
-    const timer = limit > 0 && setTimeout(dead, limit);
-    this.#request({ op: "ping" })
-      // (A shorter requestTimeoutMs than heartbeatTimeoutMs gives up on the pong first.)
-      .catch((error) => error.code === "timeout" && dead())
-      .finally(() => {
-        clearTimeout(timer);
-        this.#checking = false;
-      });
+    const sent = Date.now();
+    let late = 0;
+    // Dead, unless this timer ran late (twice the limit or more after the ping) for the first
+    // time: then once more, `limit` from now.
+    const check = () =>
+      (this.#checking = Date.now() - sent < 2 * limit || late++ ? transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`) : setTimeout(check, limit));
+    if (limit > 0) this.#checking = setTimeout(check, limit);
+    this.#send({ op: "ping" });
   }
 
   /** Sends a waiting publish if the session is open; one cut by a closed socket waits again. */
@@ -1238,6 +1275,8 @@ class Session {
     clearTimeout(this.#trailing);
     this.#trailing = null;
     clearInterval(this.#heartbeat);
+    // (A check's timer must not report its verdict as the close of close()'s connection.)
+    this.#checking = clearTimeout(this.#checking);
     // While reconnecting no socket's close settles these: they end here.
     this.#failPending("the client is closed");
     this.#giveUp("the client is closed");
@@ -1280,7 +1319,7 @@ class Session {
         setTimeout(() => {
           this.#pending.delete(req);
           reject(new AckgateError("timeout", `no answer to ${frame.op} within ${limit} ms (requestTimeoutMs)`));
-          this.checkAlive();
+          this.#checkAlive();
         }, limit);
       const settle = (done) => (value) => {
         clearTimeout(timer);
@@ -1517,8 +1556,9 @@ class TabGroup {
     joining.reject(error);
   }
 
-  /** Leaves: a leader closes its session and hands the lock on; every call waiting fails. */
-  leave() {
+  /** Leaves: a leader closes its session and hands the lock on; every call waiting fails. `now`:
+   * the locks go at once (a page that holds one is not kept in the back/forward cache). */
+  leave(now) {
     if (this.#left) return;
     this.#left = true;
     this.#failJoin(new AckgateError("closed", "closed before it connected"));
@@ -1533,6 +1573,10 @@ class TabGroup {
     this.#session = null; // its reports are no longer passed on
     session?.close();
     this.#post({ t: "bye" });
+    if (now) {
+      this.#stopLeading?.();
+      this.#releaseTab?.();
+    }
     setTimeout(
       () => {
         this.#stopLeading?.();
@@ -1540,7 +1584,7 @@ class TabGroup {
         this.#channel?.close();
         this.#channel = null;
       },
-      session ? HANDOVER_MS : 0,
+      session && !now ? HANDOVER_MS : 0,
     );
   }
 
@@ -1745,7 +1789,8 @@ class TabGroup {
       for (const [topic, options] of Object.entries(m.topics)) this.#want(m.from, topic, options);
       if (!this.#watched.has(m.from)) {
         this.#watched.add(m.from);
-        globalThis.navigator.locks.request(`${this.#name}:tab:${m.from}`, () => this.#tabGone(m.from));
+        // (Given up when this tab leaves: a page waiting for a lock is not kept in the back/forward cache.)
+        globalThis.navigator.locks.request(`${this.#name}:tab:${m.from}`, { signal: this.#quit.signal }, () => this.#tabGone(m.from)).catch(() => {});
       }
       this.#post({ t: "leader", to: m.from, ...this.#status() });
       this.#sync();
@@ -1897,10 +1942,14 @@ export class AckgateClient {
   #stallTimer = null; // the `stalled` check armed while the window is full (#watchStall)
   #joined = false; // shared: the tabs joined (before that, publishes and subscribes wait in #early)
   #early = []; // shared: publishes and subscribes made before the tabs joined: {method, args, resolve, reject}
-  // In a page: back online, or shown again after a sleep, a reconnect waiting out its backoff
-  // goes at once, and an open connection is checked.
-  #online = () => this.#live()?.nudge();
-  #visible = () => globalThis.document.visibilityState === "visible" && this.#online();
+  // A page's network and lifecycle events (Node.js has none): back online, or visible again after
+  // a sleep, a reconnect waiting out its backoff goes at once and an open connection is checked;
+  // offline, the connection is given up and no attempt is made until online; into the
+  // back/forward cache and out of it (pagehide and pageshow, `persisted`): #cache.
+  #page = ({ type, persisted }) => {
+    if (type.startsWith("page")) persisted && this.#cache(type === "pagehide");
+    else if (type !== "visibilitychange" || globalThis.document.visibilityState === "visible") this.#live()?.nudge(type === "offline");
+  };
 
   /**
    * @param {string} url the /ws URL without query, e.g. "ws://host:8080/ws"
@@ -1982,8 +2031,8 @@ export class AckgateClient {
   async connect() {
     this.#failure = null; // (a failed client starts over)
     if (this.#main.ended) this.#main = new Feed(null); // connected again after a close
-    globalThis.addEventListener?.("online", this.#online);
-    globalThis.document?.addEventListener?.("visibilitychange", this.#visible);
+    for (const name of PAGE_EVENTS) globalThis.addEventListener?.(name, this.#page);
+    globalThis.document?.addEventListener?.("visibilitychange", this.#page);
     if (!this.#shared) return this.#session.connect();
     this.#tabs?.leave();
     this.#joined = false;
@@ -2019,6 +2068,22 @@ export class AckgateClient {
       this.#receive("state", "closed");
       throw error;
     }
+  }
+
+  /**
+   * Into the back/forward cache (`hidden`) and out of it. A page with an open connection, or one
+   * that holds a Web Lock, is not kept there: its connection closes, its session waiting with what
+   * it resumes from; a tab that shares its session leaves the tabs at once (its locks go, and the
+   * lead to another tab). Shown again, it reconnects, or joins the tabs again, with the resume
+   * tokens it holds, as after a lost connection.
+   */
+  #cache(hidden) {
+    if (!this.#shared) return this.#session.pause(hidden);
+    if (!hidden) return this.connect().catch(() => {}); // (a failure is reported as such)
+    this.#tabs?.leave(true);
+    this.#tabs = null;
+    this.#joined = false;
+    this.#receive("state", "reconnecting");
   }
 
   /** Sends on the publishes and subscribes made before the tabs joined (not those of a topic
@@ -2353,8 +2418,8 @@ export class AckgateClient {
   #finish() {
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
-    globalThis.removeEventListener?.("online", this.#online);
-    globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
+    for (const name of PAGE_EVENTS) globalThis.removeEventListener?.(name, this.#page);
+    globalThis.document?.removeEventListener?.("visibilitychange", this.#page);
     this.#joined = false;
     for (const { reject } of this.#early.splice(0)) reject(new AckgateError("closed", "the client is closed"));
     this.#receive("state", "closed");

@@ -280,9 +280,14 @@ export interface AckgateClientOptions<T = unknown> {
   connectTimeoutMs?: number | undefined;
   /** A request without its answer this long (default 10000 ms) rejects with `timeout`, and the connection is checked with a ping. 0: no limit. */
   requestTimeoutMs?: number | undefined;
-  /** A ping every this many ms (default 20000; 0: none) finds a dead connection. */
+  /** A ping every this many ms (default 20000; 0: none) finds a dead connection. In a page, back online or visible again pings at once. */
   heartbeatMs?: number | undefined;
-  /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. 0: no limit. */
+  /**
+   * Nothing heard this long after a heartbeat ping (default 10000 ms; any frame answers it, not
+   * only the pong) abandons the connection: the client reconnects. 0: no limit. Wall-clock time:
+   * a check whose timer ran late (a throttled or frozen tab, a device asleep) waits one more
+   * period for the frames that came meanwhile, so it never gives a live connection up for that.
+   */
   heartbeatTimeoutMs?: number | undefined;
   /** Publishes that may wait for a connection (default 100; a follower tab's wait for the leader, too); more reject with `limit_exceeded`. A publish the gateway closes the session for (1009, over its `limits.max_frame_bytes`) rejects with `limit_exceeded`. */
   maxQueuedPublishes?: number | undefined;
@@ -290,7 +295,7 @@ export interface AckgateClientOptions<T = unknown> {
   reconnect?: boolean | undefined;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
   peers?: string[] | undefined;
-  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. The same for the retries of a first connect(). Back online (or the page shown again) ends the pause and starts the backoff over. */
+  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. The same for the retries of a first connect(). Back online (or the page shown again) ends the pause and starts the backoff over; offline, or in the back/forward cache, no attempt is made (nor counted). */
   backoffMs?: number | undefined;
   maxBackoffMs?: number | undefined;
   /** With `autoAck`, a handler may return a promise: the event is acked once it resolves. */

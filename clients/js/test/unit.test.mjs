@@ -455,6 +455,7 @@ function memoryLocks() {
     waiting.get(name).shift()();
   };
   return {
+    held, // (for the tests)
     request(name, options, callback = options) {
       return new Promise((resolve, reject) => {
         const grant = async () => {
@@ -1371,5 +1372,182 @@ test("tabs: a refusal of the shared session fails every tab, with the leader's f
     two.close();
   } finally {
     leave();
+  }
+});
+
+// ---- Issue 61 item 7, the page's lifecycle: a tab holding a Web Lock (or an open socket) for
+// its whole life never entered the back/forward cache, offline went unnoticed until the
+// heartbeat, and the heartbeat's timers, late in a throttled or frozen tab, could give up a live
+// connection. Each test below failed on the client before.
+
+/** A page's window (an EventTarget) in place of the global addEventListener the client uses in a
+ * page; `dispatch(type, fields)` fires an event with those fields (`persisted`, ...). */
+function fakeWindow() {
+  const target = new EventTarget();
+  globalThis.addEventListener = target.addEventListener.bind(target);
+  globalThis.removeEventListener = target.removeEventListener.bind(target);
+  return {
+    dispatch: (type, fields = {}) => target.dispatchEvent(Object.assign(new Event(type), fields)),
+    restore: () => {
+      delete globalThis.addEventListener;
+      delete globalThis.removeEventListener;
+    },
+  };
+}
+
+test("into the back/forward cache (pagehide, persisted) the connection closes and no attempt is made; shown again (pageshow) the client reconnects at once and resumes with the token it holds", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1, maxBackoffMs: 1 }, ["t"]);
+    const stream = client.events();
+    socket.send_(event("t", 0));
+    assert.equal((await stream.next()).value.offset, 0);
+    const acked = client.ack("t.0", { confirm: true });
+    socket.answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } }, tokens: { t: "token-1" } });
+    await acked;
+    const states = [];
+    client.on("state", (s) => states.push(s));
+    page.dispatch("pagehide", { persisted: true });
+    assert.equal(socket.closedWith, 4000, "closed at once");
+    assert.equal(client.state, "reconnecting");
+    await tick(30);
+    assert.equal(gateway.sockets.length, 1, "no attempt while the page is in the cache");
+    page.dispatch("pageshow", { persisted: true });
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the resubscribe", () => next.last("subscribe"));
+    assert.equal(next.last("subscribe").resume, "token-1", "resumed with the token it holds");
+    answerSubscribe(next, "t");
+    next.send_(event("t", 1));
+    assert.equal((await stream.next()).value.offset, 1, "the iterators go on");
+    assert.deepEqual(states, ["reconnecting", "connected"]);
+    // A pagehide that does not go into the cache (the page unloads) and a first pageshow: nothing.
+    page.dispatch("pagehide", { persisted: false });
+    page.dispatch("pageshow", { persisted: false });
+    assert.deepEqual([next.closedWith, client.state], [undefined, "connected"]);
+    client.close();
+  } finally {
+    page.restore();
+    restore();
+  }
+});
+
+test("offline: the connection is given up at once and no attempt is made (nor counted) until online, which reconnects at once", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  const navigator = { onLine: true };
+  Object.defineProperty(globalThis, "navigator", { value: navigator, configurable: true });
+  try {
+    const attempts = [];
+    const { client, gateway, socket } = await connected({ backoffMs: 1, maxBackoffMs: 1, onReconnect: (r) => attempts.push(r) });
+    navigator.onLine = false;
+    page.dispatch("offline");
+    assert.deepEqual([socket.closedWith, client.state], [4000, "reconnecting"]);
+    await tick(30);
+    assert.deepEqual([gateway.sockets.length, attempts.length], [1, 0], "no attempt while offline");
+    navigator.onLine = true;
+    page.dispatch("online");
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    assert.equal(attempts[0].attempt, 1);
+    gateway.socket().welcome();
+    await until("connected", () => client.state === "connected");
+    client.close();
+  } finally {
+    delete globalThis.navigator;
+    page.restore();
+    restore();
+  }
+});
+
+test("tabs: a leader going into the back/forward cache leaves the tabs at once (its locks go: another tab leads without waiting); shown again, it joins the tabs again and gets its topic back", async () => {
+  const restore = recommendFake();
+  const locks = memoryLocks();
+  const leave = inPage(locks);
+  const pages = [];
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs21", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    // Each tab its own window (connect() starts listening to it).
+    pages.push(fakeWindow());
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const first = gateway.socket();
+    first.welcome();
+    await connecting;
+    pages.push(fakeWindow());
+    await two.connect();
+    for (const [client, topic] of [[one, "a"], [two, "b"]]) {
+      const subscribed = client.subscribe(topic);
+      await until(`the subscribe to ${topic}`, () => first.last("subscribe")?.topic === topic);
+      answerSubscribe(first, topic);
+      await subscribed;
+    }
+    assert.equal(locks.held.size, 3, "the lead and each tab's own");
+    pages[0].dispatch("pagehide", { persisted: true });
+    assert.equal(first.closedWith, 1000, "the leader's session closed");
+    assert.equal(one.state, "reconnecting");
+    // The locks went at once, not after a timer (a frozen page runs none): the other tab leads,
+    // and holds its own lock; tab one holds none.
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(locks.held.size, 2, "tab one's locks went at once");
+    await until("the other tab's socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("b subscribed again", () => next.last("subscribe")?.topic === "b");
+    answerSubscribe(next, "b");
+    pages[0].dispatch("pageshow", { persisted: true });
+    await until("a subscribed for the tab back from the cache", () => next.last("subscribe")?.topic === "a");
+    answerSubscribe(next, "a");
+    await until("connected", () => one.state === "connected");
+    next.send_(event("a", 5));
+    assert.equal((await one.events().next()).value.offset, 5);
+    assert.equal(gateway.sockets.length, 2);
+    one.close();
+    two.close();
+  } finally {
+    for (const page of pages) page.restore();
+    leave();
+    restore();
+  }
+});
+
+test("heartbeat: any frame answers its ping; a check whose timer ran late (a throttled or frozen tab) waits one more period for the frames queued meanwhile; a silent connection is still given up", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  // The page frozen (or its timers held back) for `ms`: nothing runs meanwhile.
+  const freeze = (ms) => {
+    const end = Date.now() + ms;
+    while (Date.now() < end);
+  };
+  try {
+    const closes = [];
+    const { client, gateway, socket } = await connected({ heartbeatTimeoutMs: 100, backoffMs: 1, onClose: (c) => closes.push(c) });
+    // (Back online checks the connection at once: a ping.)
+    page.dispatch("online");
+    assert.equal(socket.sent.filter((f) => f.op === "ping").length, 1);
+    // An event comes, the pong does not (it waits behind the events): the connection is alive.
+    socket.send_(event("t", 0));
+    await tick(200);
+    assert.deepEqual(closes, []);
+    // The page is frozen 300 ms; the pong came meanwhile and waits behind the check's timer.
+    page.dispatch("online");
+    setTimeout(() => socket.send_({ type: "pong" }), 150);
+    freeze(300);
+    await tick(200);
+    assert.deepEqual(closes, [], "a live connection is kept");
+    // Frozen again, and nothing comes: given up one period after the late check.
+    page.dispatch("online");
+    freeze(300);
+    await until("the verdict", () => closes.length === 1);
+    assert.deepEqual(closes[0], { code: 1006, reason: "no pong within 100 ms (heartbeatTimeoutMs)", final: false });
+    assert.equal(socket.closedWith, 4000);
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    client.close();
+  } finally {
+    page.restore();
+    restore();
   }
 });
