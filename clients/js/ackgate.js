@@ -1,6 +1,7 @@
-// ackgate-client 0.2.0: the JavaScript client of ackgate (https://github.com/ackgate/ackgate), an
-// ES module without dependencies for browsers and Node.js 20+ (`node --experimental-websocket`, or
-// Node 22). Licensed under the Apache License, Version 2.0 (LICENSE in the ackgate repository).
+// ackgate-client 0.3.0: the JavaScript client of ackgate (https://github.com/ackgate/ackgate), an
+// ES module without dependencies for browsers and Node.js 20.10+ (`node --experimental-websocket`
+// before Node 22, or `options.WebSocket`). Licensed under the Apache License, Version 2.0 (LICENSE
+// in the ackgate repository). Its changes: CHANGELOG.md; `version` says which this is.
 //
 //   import { AckgateClient } from "ackgate-client";   // or "/static/ackgate.js" from a gateway
 //   const client = new AckgateClient("ws://127.0.0.1:8080/ws", { clientId: "alice" });
@@ -62,6 +63,19 @@
 // `topics=` and `resume=` (that id) so the session subscribes again as it starts. "auto" tries a WebSocket and falls back
 // to SSE when the socket fails before its welcome; once it fell back, the client stays on SSE.
 // The rest of the client only sees a transport: `isOpen()`, `send(frame)`, `close(code, reason)`.
+//
+// `debug` (true: console.debug; or a function) logs what the session reports to the client
+// (frames received, states, closes, reconnects, ...) and each frame it sends; off, a test a frame.
+
+/** This package's version (package.json's; a unit test keeps them equal). */
+export const version = "0.3.0";
+
+/** Logs for the `debug` option (true: to console.debug), called only when it is set: off, a
+ * frame costs one test. */
+function log(debug, what, data) {
+  if (debug === true) console.debug("ackgate", what, data);
+  else debug(what, data);
+}
 
 /** A random idempotency key (128 bits, hex). */
 function randomKey() {
@@ -1299,7 +1313,10 @@ class Session {
   /** Sends `frame` if the connection is open (a socket still connecting would throw); else it is
    * lost, as it would be with the connection: the gateway redelivers what was not acked. */
   #send(frame) {
-    if (this.#transport?.isOpen()) this.#transport.send(frame);
+    if (this.#transport?.isOpen()) {
+      if (this.#options.debug) log(this.#options.debug, "send", frame); // (the client logs what comes)
+      this.#transport.send(frame);
+    }
   }
 
   /**
@@ -2282,6 +2299,7 @@ export class AckgateClient {
     // A state it has already, or "closed" while a failure stands (until close() or connect(): the
     // final close's "closed" does not replace "failed"), is no change.
     if (kind === "state" && (data === this.#state || (this.#failure && data === "closed"))) return;
+    if (this.#options.debug) log(this.#options.debug, kind, data);
     if (kind === "frame") return this.#frame(data);
     if (kind === "tokens") {
       // Another tab's tokens (the leader's; a follower's hello, at the leader): merged.

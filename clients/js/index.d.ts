@@ -314,6 +314,13 @@ export interface AckgateClientOptions<T = unknown> {
   onReconnect?: ((progress: ReconnectProgress) => void) | undefined;
   /** The gateway refused the client for good (see `failure`): a bad token, another client's, a takeover. */
   onFailed?: ((failure: Failure) => void) | undefined;
+  /**
+   * Logs what the session reports (`frame`: each frame received; `state`, `close`, `reconnect`,
+   * `error`, `failed`, `tokens`, ...) and each frame sent (`send`): `true` to
+   * `console.debug("ackgate", what, data)`, or to this function. Off by default, when it costs
+   * one test per frame. (In a tab that shares its session, the leader tab logs the frames sent.)
+   */
+  debug?: boolean | ((what: string, data: unknown) => void) | undefined;
   /** A subscription refused for good at a resubscribe (unknown_topic, forbidden, invalid_name). */
   onSubscriptionDropped?: ((dropped: { topic: string; code: ErrorCode; message: string }) => void) | undefined;
 }
@@ -344,6 +351,9 @@ export interface FrozenSet<T> extends Iterable<T> {
   entries(): IterableIterator<[T, T]>;
   [Symbol.iterator](): IterableIterator<T>;
 }
+
+/** This package's version, e.g. `"0.3.0"` (package.json's). */
+export declare const version: string;
 
 /** Closes after which the client does not reconnect by itself (1008, 4001): the state `failed`. Read-only. */
 export declare const FINAL_CLOSES: FrozenSet<number>;

@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS } from "../ackgate.js";
+import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS, version } from "../ackgate.js";
 import { build } from "../build.mjs";
 
 /**
@@ -442,6 +442,8 @@ test("the minified build (dist/ackgate.min.js and its source map) is the same cl
   gateway.socket().answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } } });
   assert.deepEqual((await ok).committed, { t: { 0: 1 } });
   assert.throws(() => minified.FINAL_CLOSES.add(1), TypeError);
+  assert.equal(minified.version, version);
+  assert.ok(readFileSync(file, "utf8").startsWith(`// ackgate-client ${version} `), "the banner names the version");
   client.close();
 });
 
@@ -1549,5 +1551,50 @@ test("heartbeat: any frame answers its ping; a check whose timer ran late (a thr
   } finally {
     page.restore();
     restore();
+  }
+});
+
+// ---- Issue 61 item 8, the package: no changelog, no version a program could read, and no way to
+// see what the client sends and receives. Each test below failed on the client before.
+
+test("the version: the module's `version` export, package.json's, ackgate.js's header and CHANGELOG.md's newest entry agree, and the changelog ships", () => {
+  const read = (path) => readFileSync(new URL(path, import.meta.url), "utf8");
+  const pkg = JSON.parse(read("../package.json"));
+  assert.equal(version, pkg.version);
+  assert.ok(read("../ackgate.js").startsWith(`// ackgate-client ${pkg.version}: `), "the header of ackgate.js");
+  assert.equal(read("../CHANGELOG.md").match(/^## (\S+)/m)?.[1], pkg.version, "CHANGELOG.md's newest entry");
+  assert.ok(pkg.files.includes("CHANGELOG.md"), "in the package's files");
+  assert.equal(JSON.parse(read("../package-lock.json")).version, pkg.version, "package-lock.json");
+});
+
+test("debug: a function gets what the session reports (frames received, states, closes) and each frame sent; true logs them on console.debug; off, nothing is logged", async () => {
+  const lines = [];
+  const name = (data) => data.type ?? data.op ?? data.code ?? data;
+  const { client, socket } = await connected({ debug: (what, data) => lines.push(`${what} ${name(data)}`) });
+  const pong = client.ping();
+  socket.answer("ping", { type: "pong" });
+  await pong;
+  client.close();
+  await tick(5);
+  assert.deepEqual(lines, ["state connecting", "frame welcome", "state connected", "send ping", "frame pong", "state closed", "close 1000"]);
+
+  const saved = console.debug;
+  const logged = [];
+  console.debug = (...args) => logged.push(args);
+  try {
+    const on = await connected({ debug: true });
+    assert.deepEqual(logged.slice(0, 2).map(([prefix, what, data]) => [prefix, what, name(data)]), [["ackgate", "state", "connecting"], ["ackgate", "frame", "welcome"]]);
+    on.client.close();
+    await tick(5); // (its close comes from the socket)
+    logged.length = 0;
+    const off = await connected();
+    const ping = off.client.ping();
+    off.socket.answer("ping", { type: "pong" });
+    await ping;
+    off.client.close();
+    await tick(5);
+    assert.deepEqual(logged, [], "off by default");
+  } finally {
+    console.debug = saved;
   }
 });
