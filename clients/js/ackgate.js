@@ -2096,6 +2096,8 @@ export class AckgateClient {
    */
   #cache(hidden) {
     if (!this.#shared) return this.#session.pause(hidden);
+    // (Closed: a connect() that failed, whose listeners stay; there are no tabs to leave or join.)
+    if (this.#state === "closed") return;
     if (!hidden) return this.connect().catch(() => {}); // (a failure is reported as such)
     this.#tabs?.leave(true);
     this.#tabs = null;

@@ -1516,6 +1516,36 @@ test("tabs: a leader going into the back/forward cache leaves the tabs at once (
   }
 });
 
+test("tabs: a client whose connect() failed stays closed through a pagehide and a pageshow (its page listeners stay, but there is nothing to leave or join again)", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  const pages = [];
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs22", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    // The leader never gets its welcome; the other tab gives up waiting for it (reconnect: false).
+    const one = new AckgateClient("ws://fake/ws", options);
+    pages.push(fakeWindow());
+    one.connect().catch(() => {});
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const two = new AckgateClient("ws://fake/ws", { ...options, reconnect: false, connectTimeoutMs: 20 });
+    pages.push(fakeWindow());
+    await assert.rejects(two.connect(), (e) => e.code === "timeout");
+    assert.equal(two.state, "closed");
+    const states = [];
+    two.on("state", (state) => states.push(state));
+    pages[1].dispatch("pagehide", { persisted: true });
+    pages[1].dispatch("pageshow", { persisted: true });
+    await tick(50);
+    assert.deepEqual([two.state, states], ["closed", []], "not revived");
+    one.close();
+  } finally {
+    for (const page of pages) page.restore();
+    leave();
+    restore();
+  }
+});
+
 test("heartbeat: any frame answers its ping; a check whose timer ran late (a throttled or frozen tab) waits one more period for the frames queued meanwhile; a silent connection is still given up", async () => {
   const restore = recommendFake();
   const page = fakeWindow();
