@@ -1,6 +1,7 @@
-// ackgate-client 0.2.0: the JavaScript client of ackgate (https://github.com/ackgate/ackgate), an
-// ES module without dependencies for browsers and Node.js 20+ (`node --experimental-websocket`, or
-// Node 22). Licensed under the Apache License, Version 2.0 (LICENSE in the ackgate repository).
+// ackgate-client 0.3.0: the JavaScript client of ackgate (https://github.com/ackgate/ackgate), an
+// ES module without dependencies for browsers and Node.js 20.10+ (`node --experimental-websocket`
+// before Node 22, or `options.WebSocket`). Licensed under the Apache License, Version 2.0 (LICENSE
+// in the ackgate repository). Its changes: CHANGELOG.md; `version` says which this is.
 //
 //   import { AckgateClient } from "ackgate-client";   // or "/static/ackgate.js" from a gateway
 //   const client = new AckgateClient("ws://127.0.0.1:8080/ws", { clientId: "alice" });
@@ -27,6 +28,10 @@
 // topic, and per topic and group for a shared subscription). A partition acked since its last confirmation gets a
 // trailing confirmation `confirmEveryMs` later, so the token trails the acks by about that much.
 //
+// Refused for good (1008: credentials refused, the reason in an `error` frame before it; 4001:
+// taken over by a newer session of the client id) the client fails: the state "failed", with
+// `failure` {code, message, closeCode} and a `failed` event; `connect()` starts over.
+//
 // Following a takeover: on any close that is not final (final: 1008, 4001, or close() called
 // here; 4004, an expired token, is not) the client reconnects by itself, with exponential backoff
 // and jitter (or after the pause a draining instance names); a first connect() that fails is tried
@@ -39,8 +44,11 @@
 // its own stored offset: nothing confirmed comes back, nothing unconfirmed is skipped. (Without an
 // issued token, its own subscription only: the confirmed offsets, a claim the gateway clamps.)
 // After an operator's disconnect (4002) no token is sent: the operator may have reset the offsets.
-// Back online (or the page shown again), a reconnect waiting out its backoff goes at once. The
-// deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
+// Back online (or the page shown again), a reconnect waiting out its backoff goes at once;
+// offline, or in the back/forward cache (pagehide, `persisted`; where a page with an open
+// connection or a Web Lock is not kept), the connection is closed and no attempt is made until
+// online or pageshow. The heartbeat goes by the wall clock and any frame: a throttled or frozen
+// tab's late timer does not give a live connection up. The deliveries of a session end with it: acks (nacks, terms, extends) of events that came in an
 // earlier session are not sent (the gateway delivers them again, and an id is unique on one
 // instance only). A close 1009 (a frame too large) rejects the largest publish in flight with
 // `limit_exceeded` instead of sending it again after every reconnect.
@@ -55,6 +63,19 @@
 // `topics=` and `resume=` (that id) so the session subscribes again as it starts. "auto" tries a WebSocket and falls back
 // to SSE when the socket fails before its welcome; once it fell back, the client stays on SSE.
 // The rest of the client only sees a transport: `isOpen()`, `send(frame)`, `close(code, reason)`.
+//
+// `debug` (true: console.debug; or a function) logs what the session reports to the client
+// (frames received, states, closes, reconnects, ...) and each frame it sends; off, a test a frame.
+
+/** This package's version (package.json's; a unit test keeps them equal). */
+export const version = "0.3.0";
+
+/** Logs for the `debug` option (true: to console.debug), called only when it is set: off, a
+ * frame costs one test. */
+function log(debug, what, data) {
+  if (debug === true) console.debug("ackgate", what, data);
+  else debug(what, data);
+}
 
 /** A random idempotency key (128 bits, hex). */
 function randomKey() {
@@ -113,6 +134,9 @@ const TRANSPORTS = ["websocket", "sse", "auto"];
 /** The frames an SSE stream names (`event:`); EventSource hands a listener only the names it asked for. */
 const SSE_EVENTS = ["welcome", "subscribed", "event", "gap", "reconnect", "error", "pong", "ack_ok", "unsubscribed", "close", "message"];
 
+/** The window's events the client follows in a page (with document's visibilitychange). */
+const PAGE_EVENTS = ["online", "offline", "pagehide", "pageshow"];
+
 /** A longer query than this reopens a stream without its topics (they are subscribed by POST). */
 const MAX_SSE_QUERY = 6000;
 
@@ -120,7 +144,7 @@ const MAX_SSE_QUERY = 6000;
 const GONE_GRACE_MS = 1000;
 
 /** What `on(name)` takes, and the option called for each (`onEvent`, ...). */
-const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame", stalled: "onStalled" };
+const LISTENED = { event: "onEvent", state: "onState", gap: "onGap", error: "onError", close: "onClose", reconnect: "onReconnect", frame: "onFrame", stalled: "onStalled", failed: "onFailed" };
 
 /** "ws://host:8080/ws" -> "http://host:8080". */
 function httpBase(wsUrl) {
@@ -157,9 +181,14 @@ function invoke(listener, value) {
   try {
     listener?.(value);
   } catch (error) {
-    if (globalThis.reportError) globalThis.reportError(error);
-    else console.error("ackgate-client: a listener threw:", error);
+    report(error, "a listener threw");
   }
+}
+
+/** An app's error, reported as `invoke` says. */
+function report(error, what) {
+  if (globalThis.reportError) globalThis.reportError(error);
+  else console.error(`ackgate-client: ${what}:`, error);
 }
 
 /**
@@ -320,7 +349,7 @@ export function deviceClientId(prefix = "") {
   }
   const id = `${prefix}${(deviceId ??= randomKey())}`;
   if (!CLIENT_ID.test(id)) {
-    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (the prefix takes at most ${128 - deviceId.length} of those characters)`);
+    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (a prefix takes at most ${128 - deviceId.length} of them)`);
   }
   return id;
 }
@@ -336,21 +365,27 @@ export function deviceClientId(prefix = "") {
 function webSocketTransport(url, query, hooks, WebSocketClass) {
   let socket = null;
   let endedNow;
-  let abandoned = false;
+  let ended = false;
+  // The close is reported once: the socket's, or an abandon's (which does not wait for the
+  // socket's), so abandon() after the end (offline, the page hidden) is a no-op.
+  const end = (close) => {
+    if (ended) return;
+    ended = true;
+    hooks.close(close);
+    endedNow();
+  };
   const transport = {
-    kind: "websocket",
     ended: new Promise((resolve) => (endedNow = resolve)),
-    isOpen: () => !abandoned && socket?.readyState === (WebSocketClass?.OPEN ?? 1),
+    // (Closed or abandoned, the socket is no longer OPEN: abandon() closes it.)
+    isOpen: () => socket?.readyState === (WebSocketClass?.OPEN ?? 1),
     send: (frame) => socket?.send(JSON.stringify(frame)),
     close: (code, reason) => socket?.close(code, reason),
     abandon: (reason) => {
-      if (abandoned) return;
-      abandoned = true;
+      if (ended) return;
       try {
         socket?.close(4000, "abandoned");
       } catch {}
-      hooks.close({ code: 1006, reason });
-      endedNow();
+      end({ code: 1006, reason });
     },
   };
   try {
@@ -359,19 +394,14 @@ function webSocketTransport(url, query, hooks, WebSocketClass) {
     // Refused at once (no WebSocket here, a URL the page may not open): a failed connection.
     setTimeout(() => {
       hooks.error(error.message);
-      hooks.close({ code: 1006, reason: error.message });
-      endedNow();
+      end({ code: 1006, reason: error.message });
     });
     return transport;
   }
   // An abandoned socket may still bring frames: they belong to a session given up for dead.
-  socket.onmessage = (message) => !abandoned && hooks.frame(JSON.parse(message.data));
+  socket.onmessage = (message) => !ended && hooks.frame(JSON.parse(message.data));
   socket.onerror = () => hooks.error();
-  socket.onclose = (close) => {
-    if (abandoned) return; // reported already
-    hooks.close({ code: close.code, reason: close.reason });
-    endedNow();
-  };
+  socket.onclose = (close) => end({ code: close.code, reason: close.reason });
   return transport;
 }
 
@@ -443,7 +473,6 @@ function sseTransport(url, query, hooks, { EventSourceClass, token, maxBatch }) 
     schedule();
   }
   const transport = {
-    kind: "sse",
     ended: new Promise((resolve) => (endedNow = resolve)),
     isOpen: () => ackUrl !== null && !ended && !gone,
     send(frame) {
@@ -535,7 +564,8 @@ class Session {
   // session was up, or cut by a lost connection, they go out after the next welcome.
   #subscribes = new Set();
   #heartbeat = null; // the timer of the pings that find a dead connection
-  #checking = false; // a ping that checks the connection waits for its pong
+  #checking = null; // the timer of a ping that checks the connection: any frame clears it
+  #paused = false; // the page is in the back/forward cache: no attempt until it is shown again
 
   constructor(url, options, tokens, emit) {
     this.#url = url;
@@ -573,6 +603,8 @@ class Session {
    */
   async connect() {
     this.#closedForGood = false;
+    // (The close that ended the last run, final maybe, must not end this one's retries.)
+    this.#lastClose = undefined;
     const stop = this.#stop.signal;
     this.#setState("connecting");
     try {
@@ -614,7 +646,7 @@ class Session {
       return await this.#openWith("websocket", url, token, resubscribing, stop);
     } catch (error) {
       await this.#transport?.ended; // the failed socket's close is handled first
-      if (stop.aborted || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
+      if (stop.aborted || this.#held() || FINAL_CLOSES.has(this.#lastClose) || !(this.#options.EventSource ?? globalThis.EventSource)) throw error;
       const welcome = await this.#openWith("sse", url, token, resubscribing, stop);
       this.#sseChosen = true;
       return welcome;
@@ -646,6 +678,9 @@ class Session {
       const hooks = {
         frame: (frame) => {
           if (!current()) return;
+          // Any frame proves the connection, as a pong would (see #checkAlive). (clearTimeout
+          // returns undefined: the check is over.)
+          this.#checking = clearTimeout(this.#checking);
           if (stop.aborted) {
             // close() came first (while the connection opened, or before its close arrived):
             // this session must not come back, nor hand out more events.
@@ -690,10 +725,21 @@ class Session {
           this.#unconfirmed.clear();
           if (close.code === OPERATOR_CLOSE) this.#forgetTokens();
           const final = this.#closedForGood || FINAL_CLOSES.has(close.code) || this.#options.reconnect === false;
+          // Refused for good by the gateway (not closed here): a failure, with the code of the
+          // refusal's `error` frame, else the one the close code means. (The client reports it
+          // before the state "closed", which then does not replace "failed".)
+          const failure = !this.#closedForGood &&
+            FINAL_CLOSES.has(close.code) && {
+              code: refusal?.code ?? (close.code === 4001 ? "taken_over" : "unauthorized"),
+              message: refusal?.message ?? close.reason,
+              closeCode: close.code,
+            };
+          if (failure) this.#emit("failed", failure);
           if (final) this.#setState("closed");
           else if (welcomed) this.#setState("reconnecting");
           this.#emit("close", { code: close.code, reason: close.reason, final });
-          if (!welcomed) reject(refusal ? new AckgateError(refusal.code, refusal.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
+          const why = failure || refusal;
+          if (!welcomed) reject(why ? new AckgateError(why.code, why.message) : new AckgateError("closed", `socket closed (${close.code}) before the welcome`));
           else if (!final) this.#reconnect().catch(() => {}); // a final close: reported as such
           if (final) this.#giveUp(`closed for good (${close.code})`);
         },
@@ -790,6 +836,9 @@ class Session {
         const delayMs = told ?? Math.round(Math.min(max, base * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2));
         // Woken early (back online, the page shown again): the backoff starts over.
         if (await this.#sleep(delayMs)) attempt = 1;
+        // Offline, or in the back/forward cache, no attempt could work (or should start): none is
+        // made, nor counted, until online or the page shown again (nudge) wakes it.
+        while (this.#held() && !stop.aborted) await this.#sleep();
         if (stop.aborted) return;
         let url = this.#url;
         try {
@@ -805,7 +854,7 @@ class Session {
           } catch (error) {
             // The instance named is unreachable (the one that answered may not have noticed it
             // died yet): the instance that answered is alive, so use it. Not after a final close.
-            if (answered === named || FINAL_CLOSES.has(this.#lastClose) || stop.aborted) throw error;
+            if (answered === named || this.#held() || FINAL_CLOSES.has(this.#lastClose) || stop.aborted) throw error;
             url = answered;
             welcome = await this.#open(answered, true, stop);
           }
@@ -827,13 +876,15 @@ class Session {
     }
   }
 
-  /** Waits `ms`; true when woken before (nudge(), close()). */
+  /** Waits `ms` (undefined: until woken); true when woken before (nudge(), close()). */
   #sleep(ms) {
     return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        this.#wake = null;
-        resolve(false);
-      }, ms);
+      const timer =
+        ms >= 0 &&
+        setTimeout(() => {
+          this.#wake = null;
+          resolve(false);
+        }, ms);
       this.#wake = () => {
         clearTimeout(timer);
         this.#wake = null;
@@ -842,11 +893,27 @@ class Session {
     });
   }
 
-  /** Back online, or the page shown again: a reconnect waiting out its backoff goes at once;
-   * an open connection is checked with a ping. */
-  nudge() {
-    if (this.#wake) this.#wake();
-    else this.checkAlive();
+  /** Back online, or the page visible again: a reconnect waiting out its backoff goes at once;
+   * an open connection is checked with a ping. `offline`: the connection is given up at once (it
+   * cannot work), and the reconnect waits for online (#held). */
+  nudge(offline) {
+    if (offline) this.#transport?.abandon("offline");
+    else if (this.#wake) this.#wake();
+    else this.#checkAlive();
+  }
+
+  /** Whether an attempt must wait: offline (no attempt could work) or in the back/forward cache. */
+  #held() {
+    return this.#paused || globalThis.navigator?.onLine === false;
+  }
+
+  /** The page went into the back/forward cache (`on`), where a page with an open connection is
+   * not kept: the connection closes and the reconnect waits, holding what it resumes with; or
+   * it came back: the reconnect goes at once. */
+  pause(on) {
+    this.#paused = on;
+    if (on) this.#transport?.abandon("pagehide");
+    else this.nudge();
   }
 
   /** Subscribes again to every topic; one refused for good is dropped and reported. */
@@ -1146,24 +1213,28 @@ class Session {
     clearInterval(this.#heartbeat);
     const every = this.#options.heartbeatMs ?? 20000;
     if (!every) return;
-    this.#heartbeat = setInterval(() => this.checkAlive(transport), every);
+    this.#heartbeat = setInterval(() => this.#checkAlive(transport), every);
     this.#heartbeat.unref?.(); // never keeps node alive by itself
   }
 
-  /** Pings now; no answer within `heartbeatTimeoutMs` (0: no limit) abandons `transport`. */
-  checkAlive(transport = this.#transport) {
+  /**
+   * Pings now; nothing heard within `heartbeatTimeoutMs` (0: no limit) abandons `transport`. Any
+   * frame answers it (the pong may come behind a slow client's events), and the time is the
+   * wall clock's: a timer that ran late (a background tab's throttled timers, a frozen tab, a
+   * device asleep) may run before the frames that came meanwhile, so the verdict then waits one
+   * more period from now. A connection that went silent is given up all the same.
+   */
+  #checkAlive(transport = this.#transport) {
     if (!transport?.isOpen() || transport !== this.#transport || this.#checking) return;
-    this.#checking = true;
     const limit = this.#options.heartbeatTimeoutMs ?? 10000;
-    const dead = () => limit > 0 && transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`);
-    const timer = limit > 0 && setTimeout(dead, limit);
-    this.#request({ op: "ping" })
-      // (A shorter requestTimeoutMs than heartbeatTimeoutMs gives up on the pong first.)
-      .catch((error) => error.code === "timeout" && dead())
-      .finally(() => {
-        clearTimeout(timer);
-        this.#checking = false;
-      });
+    const sent = Date.now();
+    let late = 0;
+    // Dead, unless this timer ran late (twice the limit or more after the ping) for the first
+    // time: then once more, `limit` from now.
+    const check = () =>
+      (this.#checking = Date.now() - sent < 2 * limit || late++ ? transport.abandon(`no pong within ${limit} ms (heartbeatTimeoutMs)`) : setTimeout(check, limit));
+    if (limit > 0) this.#checking = setTimeout(check, limit);
+    this.#send({ op: "ping" });
   }
 
   /** Sends a waiting publish if the session is open; one cut by a closed socket waits again. */
@@ -1202,7 +1273,7 @@ class Session {
     for (const [entry, bytes] of sent) {
       if (bytes < largest) continue;
       this.#outbox.splice(this.#outbox.indexOf(entry), 1);
-      const why = `the gateway closed the session with 1009 (a frame over its limits.max_frame_bytes): this publish (${bytes} bytes of events) was the largest frame in flight; it is not sent again`;
+      const why = `closed with 1009 (over limits.max_frame_bytes): this publish (${bytes} bytes) was the largest in flight; not sent again`;
       entry.reject(new AckgateError("limit_exceeded", why));
     }
   }
@@ -1218,6 +1289,8 @@ class Session {
     clearTimeout(this.#trailing);
     this.#trailing = null;
     clearInterval(this.#heartbeat);
+    // (A check's timer must not report its verdict as the close of close()'s connection.)
+    this.#checking = clearTimeout(this.#checking);
     // While reconnecting no socket's close settles these: they end here.
     this.#failPending("the client is closed");
     this.#giveUp("the client is closed");
@@ -1240,7 +1313,10 @@ class Session {
   /** Sends `frame` if the connection is open (a socket still connecting would throw); else it is
    * lost, as it would be with the connection: the gateway redelivers what was not acked. */
   #send(frame) {
-    if (this.#transport?.isOpen()) this.#transport.send(frame);
+    if (this.#transport?.isOpen()) {
+      if (this.#options.debug) log(this.#options.debug, "send", frame); // (the client logs what comes)
+      this.#transport.send(frame);
+    }
   }
 
   /**
@@ -1260,7 +1336,7 @@ class Session {
         setTimeout(() => {
           this.#pending.delete(req);
           reject(new AckgateError("timeout", `no answer to ${frame.op} within ${limit} ms (requestTimeoutMs)`));
-          this.checkAlive();
+          this.#checkAlive();
         }, limit);
       const settle = (done) => (value) => {
         clearTimeout(timer);
@@ -1462,9 +1538,10 @@ class TabGroup {
         locks.request(this.#name, { signal: this.#quit.signal }, () => this.#lead()).catch(() => {}); // aborted: left first
         this.#hello();
       };
-      const refused = (error) => {
+      const refused = () => {
         this.#locksRefused = true;
-        this.#failJoin(new AckgateError("unavailable", `tabs cannot share a session here (${error?.name ?? "Error"}: ${error?.message ?? error})`));
+        // (connect() then runs a session of its own: this error is not seen.)
+        this.#failJoin(new AckgateError("unavailable", "tabs cannot share a session here"));
       };
       try {
         locks.request(`${this.#name}:tab:${this.#id}`, () => new Promise(held)).catch(refused);
@@ -1496,8 +1573,9 @@ class TabGroup {
     joining.reject(error);
   }
 
-  /** Leaves: a leader closes its session and hands the lock on; every call waiting fails. */
-  leave() {
+  /** Leaves: a leader closes its session and hands the lock on; every call waiting fails. `now`:
+   * the locks go at once (a page that holds one is not kept in the back/forward cache). */
+  leave(now) {
     if (this.#left) return;
     this.#left = true;
     this.#failJoin(new AckgateError("closed", "closed before it connected"));
@@ -1512,6 +1590,10 @@ class TabGroup {
     this.#session = null; // its reports are no longer passed on
     session?.close();
     this.#post({ t: "bye" });
+    if (now) {
+      this.#stopLeading?.();
+      this.#releaseTab?.();
+    }
     setTimeout(
       () => {
         this.#stopLeading?.();
@@ -1519,7 +1601,7 @@ class TabGroup {
         this.#channel?.close();
         this.#channel = null;
       },
-      session ? HANDOVER_MS : 0,
+      session && !now ? HANDOVER_MS : 0,
     );
   }
 
@@ -1724,7 +1806,8 @@ class TabGroup {
       for (const [topic, options] of Object.entries(m.topics)) this.#want(m.from, topic, options);
       if (!this.#watched.has(m.from)) {
         this.#watched.add(m.from);
-        globalThis.navigator.locks.request(`${this.#name}:tab:${m.from}`, () => this.#tabGone(m.from));
+        // (Given up when this tab leaves: a page waiting for a lock is not kept in the back/forward cache.)
+        globalThis.navigator.locks.request(`${this.#name}:tab:${m.from}`, { signal: this.#quit.signal }, () => this.#tabGone(m.from)).catch(() => {});
       }
       this.#post({ t: "leader", to: m.from, ...this.#status() });
       this.#sync();
@@ -1861,6 +1944,7 @@ export class AckgateClient {
   #session = null; // the session of its own (not shared)
   #tabs = null; // shared: the TabGroup, from connect() to close()
   #state = "closed";
+  #failure = null; // while "failed": {code, message, closeCode}
   #welcome = null;
   #tokens; // {committed, epochs}: topic -> partition -> durable committed offset / its offset epoch
   #listeners = new Map(); // event name -> Set of listeners
@@ -1875,10 +1959,14 @@ export class AckgateClient {
   #stallTimer = null; // the `stalled` check armed while the window is full (#watchStall)
   #joined = false; // shared: the tabs joined (before that, publishes and subscribes wait in #early)
   #early = []; // shared: publishes and subscribes made before the tabs joined: {method, args, resolve, reject}
-  // In a page: back online, or shown again after a sleep, a reconnect waiting out its backoff
-  // goes at once, and an open connection is checked.
-  #online = () => this.#live()?.nudge();
-  #visible = () => globalThis.document.visibilityState === "visible" && this.#online();
+  // A page's network and lifecycle events (Node.js has none): back online, or visible again after
+  // a sleep, a reconnect waiting out its backoff goes at once and an open connection is checked;
+  // offline, the connection is given up and no attempt is made until online; into the
+  // back/forward cache and out of it (pagehide and pageshow, `persisted`): #cache.
+  #page = ({ type, persisted }) => {
+    if (type.startsWith("page")) persisted && this.#cache(type === "pagehide");
+    else if (type !== "visibilitychange" || globalThis.document.visibilityState === "visible") this.#live()?.nudge(type === "offline");
+  };
 
   /**
    * @param {string} url the /ws URL without query, e.g. "ws://host:8080/ws"
@@ -1895,11 +1983,11 @@ export class AckgateClient {
     }
     const hasEventSource = Boolean(options.EventSource ?? globalThis.EventSource);
     if (transport === "sse" && !hasEventSource) {
-      throw new TypeError('transport "sse" needs an EventSource: this runtime has none, pass options.EventSource');
+      throw new TypeError('transport "sse" needs an EventSource: pass options.EventSource');
     }
     if (transport !== "sse" && !(options.WebSocket ?? globalThis.WebSocket) && !(transport === "auto" && hasEventSource)) {
       throw new TypeError(
-        "this runtime has no WebSocket: on Node.js 20 run `node --experimental-websocket`, use Node.js 22 or later, or pass options.WebSocket (e.g. the ws package's WebSocket)",
+        "no WebSocket here: use Node.js 22+ (20: --experimental-websocket) or pass options.WebSocket",
       );
     }
     if (options.tabs !== undefined && options.tabs !== "shared" && options.tabs !== "own") {
@@ -1923,9 +2011,15 @@ export class AckgateClient {
     if (!this.#shared) this.#session = this.#newSession((kind, data) => this.#receive(kind, data));
   }
 
-  /** "connecting", "connected", "reconnecting" or "closed" (also before connect()). */
+  /** "connecting", "connected", "reconnecting", "closed" (also before connect()) or "failed"
+   * (the gateway refused this client for good: see `failure`). */
   get state() {
     return this.#state;
+  }
+
+  /** While `state` is "failed", why: `{code, message, closeCode}`; else null. */
+  get failure() {
+    return this.#failure;
   }
 
   /** The welcome of the current (or last) session. */
@@ -1952,9 +2046,10 @@ export class AckgateClient {
    * at the first failure.
    */
   async connect() {
+    this.#failure = null; // (a failed client starts over)
     if (this.#main.ended) this.#main = new Feed(null); // connected again after a close
-    globalThis.addEventListener?.("online", this.#online);
-    globalThis.document?.addEventListener?.("visibilitychange", this.#visible);
+    for (const name of PAGE_EVENTS) globalThis.addEventListener?.(name, this.#page);
+    globalThis.document?.addEventListener?.("visibilitychange", this.#page);
     if (!this.#shared) return this.#session.connect();
     this.#tabs?.leave();
     this.#joined = false;
@@ -1990,6 +2085,24 @@ export class AckgateClient {
       this.#receive("state", "closed");
       throw error;
     }
+  }
+
+  /**
+   * Into the back/forward cache (`hidden`) and out of it. A page with an open connection, or one
+   * that holds a Web Lock, is not kept there: its connection closes, its session waiting with what
+   * it resumes from; a tab that shares its session leaves the tabs at once (its locks go, and the
+   * lead to another tab). Shown again, it reconnects, or joins the tabs again, with the resume
+   * tokens it holds, as after a lost connection.
+   */
+  #cache(hidden) {
+    if (!this.#shared) return this.#session.pause(hidden);
+    // (Closed: a connect() that failed, whose listeners stay; there are no tabs to leave or join.)
+    if (this.#state === "closed") return;
+    if (!hidden) return this.connect().catch(() => {}); // (a failure is reported as such)
+    this.#tabs?.leave(true);
+    this.#tabs = null;
+    this.#joined = false;
+    this.#receive("state", "reconnecting");
   }
 
   /** Sends on the publishes and subscribes made before the tabs joined (not those of a topic
@@ -2140,6 +2253,7 @@ export class AckgateClient {
 
   /** Closes for good: no reconnect follows. */
   close() {
+    this.#failure = null; // (a failed client closes too: "closed" from now on)
     if (this.#shared) {
       const connected = this.#tabs !== null;
       this.#tabs?.leave();
@@ -2184,6 +2298,10 @@ export class AckgateClient {
 
   /** A report of the session (its own, or the one tabs share): see Session. */
   #receive(kind, data) {
+    // A state it has already, or "closed" while a failure stands (until close() or connect(): the
+    // final close's "closed" does not replace "failed"), is no change.
+    if (kind === "state" && (data === this.#state || (this.#failure && data === "closed"))) return;
+    if (this.#options.debug) log(this.#options.debug, kind, data);
     if (kind === "frame") return this.#frame(data);
     if (kind === "tokens") {
       // Another tab's tokens (the leader's; a follower's hello, at the leader): merged.
@@ -2191,7 +2309,6 @@ export class AckgateClient {
     } else if (kind === "welcome") {
       this.#welcome = data;
     } else if (kind === "state") {
-      if (data === this.#state) return;
       this.#state = data;
       this.#emit("state", data);
     } else if (kind === "dropped") {
@@ -2199,6 +2316,10 @@ export class AckgateClient {
       this.#drop(data.topic);
       invoke(this.#options.onSubscriptionDropped, data);
     } else {
+      if (kind === "failed") {
+        this.#failure = data;
+        this.#receive("state", kind);
+      }
       this.#emit(kind, data);
       if (kind === "close" && data.final) this.#finish();
     }
@@ -2262,8 +2383,7 @@ export class AckgateClient {
       () => frame.ack().catch(() => {}), // closed meanwhile: the event comes again
       (error) => {
         frame.nack();
-        if (globalThis.reportError) globalThis.reportError(error);
-        else console.error("ackgate-client: an event handler threw; the event is nacked:", error);
+        report(error, "an event handler threw; the event is nacked");
       },
     );
   }
@@ -2318,8 +2438,8 @@ export class AckgateClient {
   #finish() {
     clearTimeout(this.#stallTimer);
     this.#stallTimer = null;
-    globalThis.removeEventListener?.("online", this.#online);
-    globalThis.document?.removeEventListener?.("visibilitychange", this.#visible);
+    for (const name of PAGE_EVENTS) globalThis.removeEventListener?.(name, this.#page);
+    globalThis.document?.removeEventListener?.("visibilitychange", this.#page);
     this.#joined = false;
     for (const { reject } of this.#early.splice(0)) reject(new AckgateError("closed", "the client is closed"));
     this.#receive("state", "closed");

@@ -171,16 +171,32 @@ export type Transport = "websocket" | "sse" | "auto";
 /**
  * `connecting`: connect() called, no welcome yet (a first connect that fails is tried again in
  * this state); `connected`: a session is open; `reconnecting`: it was lost and the client is
- * getting another; `closed`: before connect(), after close(), after a final close or a
- * connect() that failed for good.
+ * getting another; `closed`: before connect(), after close(), or after a final close that is not
+ * a refusal (with `reconnect: false`, a lost connection or a first connect() that failed);
+ * `failed`: the gateway refused this client for good (credentials refused, 1008; taken over by a
+ * newer session of its client id, 4001): `failure` says why, no reconnect follows, and
+ * `connect()` starts over.
  */
-export type ClientState = "connecting" | "connected" | "reconnecting" | "closed";
+export type ClientState = "connecting" | "connected" | "reconnecting" | "closed" | "failed";
 
 /** A close of the session; `final`: no reconnect follows. */
 export interface CloseInfo {
   code: number;
   reason: string;
   final: boolean;
+}
+
+/**
+ * Why the client failed (`state` `"failed"`): `code` is the gateway's `error` frame's before the
+ * close (`unauthorized`: no credentials, or invalid or expired ones; `forbidden`: valid ones that
+ * do not allow this client id), else the close code's meaning (1008: `unauthorized`; 4001:
+ * `taken_over`, by a newer session of the same client id); `message` the frame's (else the close
+ * reason); `closeCode` the close code (1008 or 4001).
+ */
+export interface Failure {
+  code: ErrorCode | "taken_over";
+  message: string;
+  closeCode: number;
 }
 
 /** Before each reconnect attempt (also those that retry a first connect() that failed) `{attempt, delayMs, url}`, after a failed one `error` too, after a success `{attempt, url, welcome}`. */
@@ -208,6 +224,8 @@ export interface AckgateEvents<T = unknown> {
   frame: ServerFrame<T>;
   /** The window is full and nothing was settled for `stalledAfterMs`: the app is not acking. */
   stalled: StalledInfo;
+  /** The gateway refused the client for good: `state` is `"failed"` (that `state` event comes first, the `close` after). */
+  failed: Failure;
 }
 
 /** What the client uses of an EventSource (the browser's, or one passed as `EventSource`). */
@@ -262,9 +280,14 @@ export interface AckgateClientOptions<T = unknown> {
   connectTimeoutMs?: number | undefined;
   /** A request without its answer this long (default 10000 ms) rejects with `timeout`, and the connection is checked with a ping. 0: no limit. */
   requestTimeoutMs?: number | undefined;
-  /** A ping every this many ms (default 20000; 0: none) finds a dead connection. */
+  /** A ping every this many ms (default 20000; 0: none) finds a dead connection. In a page, back online or visible again pings at once. */
   heartbeatMs?: number | undefined;
-  /** A heartbeat ping unanswered this long (default 10000 ms) abandons the connection: the client reconnects. 0: no limit. */
+  /**
+   * Nothing heard this long after a heartbeat ping (default 10000 ms; any frame answers it, not
+   * only the pong) abandons the connection: the client reconnects. 0: no limit. Wall-clock time:
+   * a check whose timer ran late (a throttled or frozen tab, a device asleep) waits one more
+   * period for the frames that came meanwhile, so it never gives a live connection up for that.
+   */
   heartbeatTimeoutMs?: number | undefined;
   /** Publishes that may wait for a connection (default 100; a follower tab's wait for the leader, too); more reject with `limit_exceeded`. A publish the gateway closes the session for (1009, over its `limits.max_frame_bytes`) rejects with `limit_exceeded`. */
   maxQueuedPublishes?: number | undefined;
@@ -272,7 +295,7 @@ export interface AckgateClientOptions<T = unknown> {
   reconnect?: boolean | undefined;
   /** Other instances' http(s) base URLs, asked for `/session/recommend`. */
   peers?: string[] | undefined;
-  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. The same for the retries of a first connect(). Back online (or the page shown again) ends the pause and starts the backoff over. */
+  /** First reconnect pause (default 250); doubles up to `maxBackoffMs` (default 10000), with jitter. The same for the retries of a first connect(). Back online (or the page shown again) ends the pause and starts the backoff over; offline, or in the back/forward cache, no attempt is made (nor counted). */
   backoffMs?: number | undefined;
   maxBackoffMs?: number | undefined;
   /** With `autoAck`, a handler may return a promise: the event is acked once it resolves. */
@@ -289,6 +312,15 @@ export interface AckgateClientOptions<T = unknown> {
   onClose?: ((close: CloseInfo) => void) | undefined;
   onFrame?: ((frame: ServerFrame<T>) => void) | undefined;
   onReconnect?: ((progress: ReconnectProgress) => void) | undefined;
+  /** The gateway refused the client for good (see `failure`): a bad token, another client's, a takeover. */
+  onFailed?: ((failure: Failure) => void) | undefined;
+  /**
+   * Logs what the session reports (`frame`: each frame received; `state`, `close`, `reconnect`,
+   * `error`, `failed`, `tokens`, ...) and each frame sent (`send`): `true` to
+   * `console.debug("ackgate", what, data)`, or to this function. Off by default, when it costs
+   * one test per frame. (In a tab that shares its session, the leader tab logs the frames sent.)
+   */
+  debug?: boolean | ((what: string, data: unknown) => void) | undefined;
   /** A subscription refused for good at a resubscribe (unknown_topic, forbidden, invalid_name). */
   onSubscriptionDropped?: ((dropped: { topic: string; code: ErrorCode; message: string }) => void) | undefined;
 }
@@ -320,7 +352,10 @@ export interface FrozenSet<T> extends Iterable<T> {
   [Symbol.iterator](): IterableIterator<T>;
 }
 
-/** Closes after which the client does not reconnect by itself (1008, 4001). Read-only. */
+/** This package's version, e.g. `"0.3.0"` (package.json's). */
+export declare const version: string;
+
+/** Closes after which the client does not reconnect by itself (1008, 4001): the state `failed`. Read-only. */
 export declare const FINAL_CLOSES: FrozenSet<number>;
 /** Errors after which a resubscribe drops its topic. Read-only. */
 export declare const FINAL_SUBSCRIBE_ERRORS: FrozenSet<ErrorCode>;
@@ -340,9 +375,10 @@ export declare class AckgateError extends Error {
   constructor(code: string, message: string);
   /**
    * An error code of the protocol (over SSE also of a refused POST), `closed` when the session
-   * closed or was not open, or `timeout` when no answer (or no welcome) came in time.
+   * closed or was not open, `timeout` when no answer (or no welcome) came in time, or
+   * `taken_over` when connect() lost its session to a newer one of its client id (4001).
    */
-  code: ErrorCode | "closed" | "timeout";
+  code: ErrorCode | "closed" | "timeout" | "taken_over";
 }
 
 /** `T`: the payload type of this client's events (not checked at run time). */
@@ -350,6 +386,8 @@ export declare class AckgateClient<T = unknown> {
   constructor(url: string, options: AckgateClientOptions<T>);
   /** Where the session stands; a `state` event comes at each change. */
   readonly state: ClientState;
+  /** While `state` is `"failed"`, why; else null. */
+  readonly failure: Failure | null;
   /** The welcome of the current (or last) session. */
   readonly welcome: WelcomeFrame | null;
   /** Listens beside the `onX` options; returns a function that removes the listener. */
@@ -360,8 +398,9 @@ export declare class AckgateClient<T = unknown> {
    * welcome (`ack_url` set when SSE carries it). A gateway that cannot be reached (not up yet, no
    * network) is tried again with the reconnect backoff (`reconnect` events, `state`
    * `"connecting"`) until one answers: it rejects only at `close()` (`closed`), when the gateway
-   * refuses the credentials (`unauthorized`, `forbidden`: a final close), or with `reconnect:
-   * false` at the first failure.
+   * refuses the credentials (`unauthorized`, `forbidden`: a final close, the state `"failed"`), or
+   * with `reconnect: false` at the first failure. Called again (after a failure, or after
+   * `close()`), it starts over.
    */
   connect(): Promise<WelcomeFrame>;
   /**

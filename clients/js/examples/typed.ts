@@ -1,6 +1,6 @@
 // A typed consumer: `tsc --noEmit -p .` checks index.d.ts against it (CI runs it). The lines
 // marked @ts-expect-error must stay errors: they are what the types exist to refuse.
-import { AckgateClient, AckgateError, FINAL_CLOSES, deviceClientId, type AckOkFrame, type ClientState, type EventFrame, type GapFrame } from "ackgate-client";
+import { AckgateClient, AckgateError, FINAL_CLOSES, deviceClientId, version, type AckOkFrame, type ClientState, type EventFrame, type GapFrame } from "ackgate-client";
 
 interface Order {
   id: string;
@@ -26,9 +26,13 @@ async function main(): Promise<void> {
     onEvent: (event) => console.log(event.payload?.total),
     onGap: ({ topic, partition, from, to }) => console.warn(`${topic}/${partition}: ${from}..${to} are gone`),
     onSubscriptionDropped: ({ topic, code }) => console.warn(`no longer subscribed to ${topic}: ${code}`),
+    debug: (what, data) => console.log(`ackgate-client ${version}`, what, data),
   });
   const off = client.on("state", (state: ClientState) => console.log("now", state, client.state));
   client.on("close", ({ code, final }) => console.log(code, final));
+  // Refused for good (a bad token, another device took the session): tell the user, don't retry.
+  client.on("failed", ({ code, closeCode }) => console.warn(code === "taken_over" ? "opened elsewhere" : `sign in again (${code}, ${closeCode})`));
+  if (client.state === "failed") console.log(client.failure?.message);
   off();
   const welcome = await client.connect();
   console.log(welcome.session_id, welcome.max_in_flight, welcome.ack_url ? "over SSE" : "over a WebSocket");

@@ -625,7 +625,7 @@ test("a token that expires mid-stream is refreshed in band: the same session goe
 // ("unavailable: WebSocket connection ... failed", retried forever), because a page cannot read
 // a refused handshake's status. The gateway says why in the socket or the stream now; connect()
 // rejects with that code, the close is final (1008) and the client does not come back.
-test("refused credentials reject connect() with their code, over WebSocket and SSE, and the client stops", async () => {
+test("refused credentials reject connect() with their code, over WebSocket and SSE, and the client fails", async () => {
   if (!C) throw new Error("set ACKGATE_DEV_C and ACKGATE_DEV_C_SECRET");
   const cases = [
     ["a made-up token", "not.a.jwt", "unauthorized"],
@@ -648,8 +648,11 @@ test("refused credentials reject connect() with their code, over WebSocket and S
       await new Promise((r) => setTimeout(r, 300));
       assert.deepEqual(closes.map((c) => [c.code, c.final]), [[1008, true]], `${transport}, ${what}`);
       assert.deepEqual(reconnects, [], `${transport}, ${what}: no reconnect after a final close`);
-      assert.equal(client.state, "closed");
+      // The state says refused for good (not an outage, not close()), with the refusal's code.
+      assert.equal(client.state, "failed", `${transport}, ${what}`);
+      assert.deepEqual([client.failure?.code, client.failure?.closeCode], [code, 1008], `${transport}, ${what}`);
       client.close();
+      assert.equal(client.state, "closed");
     }
   }
 });

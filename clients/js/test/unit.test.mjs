@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS } from "../ackgate.js";
+import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS, version } from "../ackgate.js";
 import { build } from "../build.mjs";
 
 /**
@@ -363,7 +363,8 @@ test("FINAL_CLOSES and FINAL_SUBSCRIBE_ERRORS are read-only; 4004 (token expired
     gateway.socket().welcome();
     gateway.socket().cut(4001, "taken over");
     assert.deepEqual(closes.at(-1), { code: 4001, reason: "taken over", final: true });
-    assert.equal(client.state, "closed");
+    assert.equal(client.state, "failed");
+    assert.deepEqual(client.failure, { code: "taken_over", message: "taken over", closeCode: 4001 });
   } finally {
     restore();
   }
@@ -389,7 +390,7 @@ test("the client's internals are private: its public surface is its methods and 
   assert.deepEqual(Object.keys(client), []);
   for (const name of ["url", "options", "transport", "pending", "queue", "inFlight", "subscriptions", "committed"]) assert.equal(client[name], undefined, name);
   const surface = Object.getOwnPropertyNames(AckgateClient.prototype).sort();
-  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "issuedToken", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
+  assert.deepEqual(surface, ["ack", "close", "connect", "constructor", "events", "extend", "failure", "issuedToken", "nack", "off", "on", "ping", "publish", "resumeEpochs", "resumeToken", "state", "subscribe", "term", "topic", "unsubscribe", "welcome"]);
   assert.throws(() => (client.state = "connected"), TypeError);
   client.close();
 });
@@ -441,6 +442,8 @@ test("the minified build (dist/ackgate.min.js and its source map) is the same cl
   gateway.socket().answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } } });
   assert.deepEqual((await ok).committed, { t: { 0: 1 } });
   assert.throws(() => minified.FINAL_CLOSES.add(1), TypeError);
+  assert.equal(minified.version, version);
+  assert.ok(readFileSync(file, "utf8").startsWith(`// ackgate-client ${version} `), "the banner names the version");
   client.close();
 });
 
@@ -454,6 +457,7 @@ function memoryLocks() {
     waiting.get(name).shift()();
   };
   return {
+    held, // (for the tests)
     request(name, options, callback = options) {
       return new Promise((resolve, reject) => {
         const grant = async () => {
@@ -1094,7 +1098,7 @@ test("a first connect() being tried again rejects when the gateway refuses the c
     gateway.socket().cut(1008);
     assert.deepEqual(await settled(first), { code: "unauthorized" });
     assert.deepEqual(await settled(waiting), { code: "closed" });
-    assert.equal(refused.state, "closed");
+    assert.equal(refused.state, "failed");
     await tick(20);
     assert.equal(gateway.sockets.length, 2, "no attempt after a final close");
 
@@ -1226,4 +1230,401 @@ test("deviceClientId: one random id per device, kept in localStorage under ackga
     const deviceClientId = await load();
     assert.equal(deviceClientId(), deviceClientId());
   });
+});
+
+// ---- Issue 61 item 4 (client side): a refusal for good was the state "closed", as after close():
+// a page could not tell a bad token from its own close() without reading close codes. Each test
+// below failed on the client before the state "failed".
+
+/** An EventSource as the client uses it (named events with `data`), played by the test. */
+function fakeEventSources() {
+  const sources = [];
+  class FakeEventSource {
+    readyState = 0;
+    listeners = {};
+    constructor(url) {
+      this.url = url;
+      sources.push(this);
+    }
+    addEventListener(name, listener) {
+      this.listeners[name] = listener;
+    }
+    close() {
+      this.readyState = 2;
+    }
+    /** The gateway writes `event: <name>` with the frame as its data. */
+    emit(name, frame) {
+      this.listeners[name]({ data: JSON.stringify(frame), lastEventId: "" });
+    }
+  }
+  return { EventSource: FakeEventSource, sources };
+}
+
+test("credentials refused for good: state failed, client.failure, a failed event (onFailed and on); no reconnect follows, and connect() starts over; taken over (4001) fails too", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const seen = [];
+    const failures = [];
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1, onFailed: (f) => failures.push(["option", f]) });
+    client.on("failed", (f) => failures.push(["on", f, client.state]));
+    client.on("state", (s) => seen.push(s));
+    client.on("close", (c) => seen.push(`close ${c.code} ${c.final}`));
+    const stream = client.events();
+    const connecting = client.connect();
+    // The gateway accepts the upgrade, says why in an error frame, and closes with 1008.
+    gateway.socket().readyState = 1;
+    gateway.socket().send_({ type: "error", code: "unauthorized", message: "bad token" });
+    gateway.socket().cut(1008);
+    await assert.rejects(connecting, (e) => e instanceof AckgateError && e.code === "unauthorized");
+    const failure = { code: "unauthorized", message: "bad token", closeCode: 1008 };
+    assert.equal(client.state, "failed");
+    assert.deepEqual(client.failure, failure);
+    assert.deepEqual(failures, [["option", failure], ["on", failure, "failed"]]);
+    assert.deepEqual(seen, ["connecting", "failed", "close 1008 true"], "failed stays: the final close's closed does not replace it");
+    assert.deepEqual(await stream.next(), { value: undefined, done: true }, "events() ended");
+    await tick(20);
+    assert.equal(gateway.sockets.length, 1, "no reconnect after a failure");
+    // connect() starts over: the state leaves failed, and the failure goes with it.
+    const again = client.connect();
+    assert.deepEqual([client.state, client.failure], ["connecting", null]);
+    gateway.socket().welcome();
+    await again;
+    assert.equal(client.state, "connected");
+    // Taken over by a newer session of this client id: failed as well, its code from the close.
+    gateway.socket().cut(4001, "taken over by a newer session");
+    assert.deepEqual([client.state, client.failure], ["failed", { code: "taken_over", message: "taken over by a newer session", closeCode: 4001 }]);
+    await tick(20);
+    assert.equal(gateway.sockets.length, 2, "no reconnect after a takeover");
+    // close() of a failed client: closed, without a failure.
+    client.close();
+    assert.deepEqual([client.state, client.failure], ["closed", null]);
+    assert.deepEqual(seen.slice(3), ["connecting", "connected", "failed", "close 4001 true", "closed"]);
+  } finally {
+    restore();
+  }
+});
+
+test("failed is for the gateway's refusals only: close() and a lost connection with reconnect: false are closed, 4002 reconnects; over SSE a refusal fails as on a WebSocket; a 1008 without its error frame is unauthorized", async () => {
+  const restore = recommendFake();
+  try {
+    const states = (client) => {
+      const seen = [];
+      client.on("state", (s) => seen.push(s));
+      return seen;
+    };
+    // close(): closed, never failed.
+    const { client: closing } = await connected();
+    const closingStates = states(closing);
+    closing.close();
+    assert.deepEqual([closingStates, closing.failure], [["closed"], null]);
+    // reconnect: false and a lost connection: final, but an outage, not a refusal.
+    const { client: once, socket: onceSocket } = await connected({ reconnect: false });
+    onceSocket.cut(1006);
+    assert.deepEqual([once.state, once.failure], ["closed", null]);
+    // 4002, an operator's disconnect: the client reconnects.
+    const { client: kicked, gateway, socket } = await connected({ backoffMs: 1 });
+    socket.cut(4002, "operator");
+    assert.deepEqual([kicked.state, kicked.failure], ["reconnecting", null]);
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    // A 1008 mid-session, without an error frame: unauthorized (what 1008 means), its reason kept.
+    gateway.socket().welcome();
+    await until("connected again", () => kicked.state === "connected");
+    gateway.socket().cut(1008, "token revoked");
+    assert.deepEqual([kicked.state, kicked.failure], ["failed", { code: "unauthorized", message: "token revoked", closeCode: 1008 }]);
+    kicked.close();
+
+    // Over SSE: an `event: error` then an `event: close` with 1008.
+    const { EventSource, sources } = fakeEventSources();
+    const sse = new AckgateClient("ws://fake/ws", { clientId: "unit", transport: "sse", EventSource, heartbeatMs: 0, backoffMs: 1 });
+    const connecting = sse.connect();
+    await until("the stream", () => sources.length === 1);
+    sources[0].emit("error", { type: "error", code: "forbidden", message: "another client's token" });
+    sources[0].emit("close", { code: 1008, reason: "" });
+    await assert.rejects(connecting, (e) => e.code === "forbidden");
+    assert.deepEqual([sse.state, sse.failure], ["failed", { code: "forbidden", message: "another client's token", closeCode: 1008 }]);
+    await tick(20);
+    assert.equal(sources.length, 1, "no stream after a failure");
+  } finally {
+    restore();
+  }
+});
+
+test("tabs: a refusal of the shared session fails every tab, with the leader's failure", async () => {
+  const leave = inPage();
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs20", WebSocket: gateway.WebSocket, heartbeatMs: 0 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    gateway.socket().welcome();
+    await connecting;
+    await two.connect();
+    const failed = [];
+    two.on("failed", (f) => failed.push(f.code));
+    gateway.socket().cut(4001, "taken over");
+    const failure = { code: "taken_over", message: "taken over", closeCode: 4001 };
+    assert.deepEqual([one.state, one.failure], ["failed", failure]);
+    await until("the follower's failure", () => two.state === "failed");
+    assert.deepEqual([two.failure, failed], [failure, ["taken_over"]]);
+    await tick(120);
+    assert.deepEqual([one.state, two.state, gateway.sockets.length], ["failed", "failed", 1], "no tab takes the lead again");
+    one.close();
+    two.close();
+  } finally {
+    leave();
+  }
+});
+
+// ---- Issue 61 item 7, the page's lifecycle: a tab holding a Web Lock (or an open socket) for
+// its whole life never entered the back/forward cache, offline went unnoticed until the
+// heartbeat, and the heartbeat's timers, late in a throttled or frozen tab, could give up a live
+// connection. Each test below failed on the client before.
+
+/** A page's window (an EventTarget) in place of the global addEventListener the client uses in a
+ * page; `dispatch(type, fields)` fires an event with those fields (`persisted`, ...). */
+function fakeWindow() {
+  const target = new EventTarget();
+  globalThis.addEventListener = target.addEventListener.bind(target);
+  globalThis.removeEventListener = target.removeEventListener.bind(target);
+  return {
+    dispatch: (type, fields = {}) => target.dispatchEvent(Object.assign(new Event(type), fields)),
+    restore: () => {
+      delete globalThis.addEventListener;
+      delete globalThis.removeEventListener;
+    },
+  };
+}
+
+test("into the back/forward cache (pagehide, persisted) the connection closes and no attempt is made; shown again (pageshow) the client reconnects at once and resumes with the token it holds", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  try {
+    const { client, gateway, socket } = await connected({ backoffMs: 1, maxBackoffMs: 1 }, ["t"]);
+    const stream = client.events();
+    socket.send_(event("t", 0));
+    assert.equal((await stream.next()).value.offset, 0);
+    const acked = client.ack("t.0", { confirm: true });
+    socket.answer("ack", { type: "ack_ok", committed: { t: { 0: 1 } }, tokens: { t: "token-1" } });
+    await acked;
+    const states = [];
+    client.on("state", (s) => states.push(s));
+    page.dispatch("pagehide", { persisted: true });
+    assert.equal(socket.closedWith, 4000, "closed at once");
+    assert.equal(client.state, "reconnecting");
+    await tick(30);
+    assert.equal(gateway.sockets.length, 1, "no attempt while the page is in the cache");
+    page.dispatch("pageshow", { persisted: true });
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("the resubscribe", () => next.last("subscribe"));
+    assert.equal(next.last("subscribe").resume, "token-1", "resumed with the token it holds");
+    answerSubscribe(next, "t");
+    next.send_(event("t", 1));
+    assert.equal((await stream.next()).value.offset, 1, "the iterators go on");
+    assert.deepEqual(states, ["reconnecting", "connected"]);
+    // A pagehide that does not go into the cache (the page unloads) and a first pageshow: nothing.
+    page.dispatch("pagehide", { persisted: false });
+    page.dispatch("pageshow", { persisted: false });
+    assert.deepEqual([next.closedWith, client.state], [undefined, "connected"]);
+    client.close();
+  } finally {
+    page.restore();
+    restore();
+  }
+});
+
+test("offline: the connection is given up at once and no attempt is made (nor counted) until online, which reconnects at once", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  const navigator = { onLine: true };
+  Object.defineProperty(globalThis, "navigator", { value: navigator, configurable: true });
+  try {
+    const attempts = [];
+    const { client, gateway, socket } = await connected({ backoffMs: 1, maxBackoffMs: 1, onReconnect: (r) => attempts.push(r) });
+    navigator.onLine = false;
+    page.dispatch("offline");
+    assert.deepEqual([socket.closedWith, client.state], [4000, "reconnecting"]);
+    await tick(30);
+    assert.deepEqual([gateway.sockets.length, attempts.length], [1, 0], "no attempt while offline");
+    navigator.onLine = true;
+    page.dispatch("online");
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    assert.equal(attempts[0].attempt, 1);
+    gateway.socket().welcome();
+    await until("connected", () => client.state === "connected");
+    client.close();
+  } finally {
+    delete globalThis.navigator;
+    page.restore();
+    restore();
+  }
+});
+
+test("tabs: a leader going into the back/forward cache leaves the tabs at once (its locks go: another tab leads without waiting); shown again, it joins the tabs again and gets its topic back", async () => {
+  const restore = recommendFake();
+  const locks = memoryLocks();
+  const leave = inPage(locks);
+  const pages = [];
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs21", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    const [one, two] = [new AckgateClient("ws://fake/ws", options), new AckgateClient("ws://fake/ws", options)];
+    // Each tab its own window (connect() starts listening to it).
+    pages.push(fakeWindow());
+    const connecting = one.connect();
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const first = gateway.socket();
+    first.welcome();
+    await connecting;
+    pages.push(fakeWindow());
+    await two.connect();
+    for (const [client, topic] of [[one, "a"], [two, "b"]]) {
+      const subscribed = client.subscribe(topic);
+      await until(`the subscribe to ${topic}`, () => first.last("subscribe")?.topic === topic);
+      answerSubscribe(first, topic);
+      await subscribed;
+    }
+    assert.equal(locks.held.size, 3, "the lead and each tab's own");
+    pages[0].dispatch("pagehide", { persisted: true });
+    assert.equal(first.closedWith, 1000, "the leader's session closed");
+    assert.equal(one.state, "reconnecting");
+    // The locks went at once, not after a timer (a frozen page runs none): the other tab leads,
+    // and holds its own lock; tab one holds none.
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(locks.held.size, 2, "tab one's locks went at once");
+    await until("the other tab's socket", () => gateway.sockets.length === 2);
+    const next = gateway.socket();
+    next.welcome();
+    await until("b subscribed again", () => next.last("subscribe")?.topic === "b");
+    answerSubscribe(next, "b");
+    pages[0].dispatch("pageshow", { persisted: true });
+    await until("a subscribed for the tab back from the cache", () => next.last("subscribe")?.topic === "a");
+    answerSubscribe(next, "a");
+    await until("connected", () => one.state === "connected");
+    next.send_(event("a", 5));
+    assert.equal((await one.events().next()).value.offset, 5);
+    assert.equal(gateway.sockets.length, 2);
+    one.close();
+    two.close();
+  } finally {
+    for (const page of pages) page.restore();
+    leave();
+    restore();
+  }
+});
+
+test("tabs: a client whose connect() failed stays closed through a pagehide and a pageshow (its page listeners stay, but there is nothing to leave or join again)", async () => {
+  const restore = recommendFake();
+  const leave = inPage();
+  const pages = [];
+  try {
+    const gateway = fakeGateway();
+    const options = { clientId: "tabs22", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 };
+    // The leader never gets its welcome; the other tab gives up waiting for it (reconnect: false).
+    const one = new AckgateClient("ws://fake/ws", options);
+    pages.push(fakeWindow());
+    one.connect().catch(() => {});
+    await until("the leader's socket", () => gateway.sockets.length === 1);
+    const two = new AckgateClient("ws://fake/ws", { ...options, reconnect: false, connectTimeoutMs: 20 });
+    pages.push(fakeWindow());
+    await assert.rejects(two.connect(), (e) => e.code === "timeout");
+    assert.equal(two.state, "closed");
+    const states = [];
+    two.on("state", (state) => states.push(state));
+    pages[1].dispatch("pagehide", { persisted: true });
+    pages[1].dispatch("pageshow", { persisted: true });
+    await tick(50);
+    assert.deepEqual([two.state, states], ["closed", []], "not revived");
+    one.close();
+  } finally {
+    for (const page of pages) page.restore();
+    leave();
+    restore();
+  }
+});
+
+test("heartbeat: any frame answers its ping; a check whose timer ran late (a throttled or frozen tab) waits one more period for the frames queued meanwhile; a silent connection is still given up", async () => {
+  const restore = recommendFake();
+  const page = fakeWindow();
+  // The page frozen (or its timers held back) for `ms`: nothing runs meanwhile.
+  const freeze = (ms) => {
+    const end = Date.now() + ms;
+    while (Date.now() < end);
+  };
+  try {
+    const closes = [];
+    const { client, gateway, socket } = await connected({ heartbeatTimeoutMs: 100, backoffMs: 1, onClose: (c) => closes.push(c) });
+    // (Back online checks the connection at once: a ping.)
+    page.dispatch("online");
+    assert.equal(socket.sent.filter((f) => f.op === "ping").length, 1);
+    // An event comes, the pong does not (it waits behind the events): the connection is alive.
+    socket.send_(event("t", 0));
+    await tick(200);
+    assert.deepEqual(closes, []);
+    // The page is frozen 300 ms; the pong came meanwhile and waits behind the check's timer.
+    page.dispatch("online");
+    setTimeout(() => socket.send_({ type: "pong" }), 150);
+    freeze(300);
+    await tick(200);
+    assert.deepEqual(closes, [], "a live connection is kept");
+    // Frozen again, and nothing comes: given up one period after the late check.
+    page.dispatch("online");
+    freeze(300);
+    await until("the verdict", () => closes.length === 1);
+    assert.deepEqual(closes[0], { code: 1006, reason: "no pong within 100 ms (heartbeatTimeoutMs)", final: false });
+    assert.equal(socket.closedWith, 4000);
+    await until("the reconnect", () => gateway.sockets.length === 2);
+    client.close();
+  } finally {
+    page.restore();
+    restore();
+  }
+});
+
+// ---- Issue 61 item 8, the package: no changelog, no version a program could read, and no way to
+// see what the client sends and receives. Each test below failed on the client before.
+
+test("the version: the module's `version` export, package.json's, ackgate.js's header and CHANGELOG.md's newest entry agree, and the changelog ships", () => {
+  const read = (path) => readFileSync(new URL(path, import.meta.url), "utf8");
+  const pkg = JSON.parse(read("../package.json"));
+  assert.equal(version, pkg.version);
+  assert.ok(read("../ackgate.js").startsWith(`// ackgate-client ${pkg.version}: `), "the header of ackgate.js");
+  assert.equal(read("../CHANGELOG.md").match(/^## (\S+)/m)?.[1], pkg.version, "CHANGELOG.md's newest entry");
+  assert.ok(pkg.files.includes("CHANGELOG.md"), "in the package's files");
+  assert.equal(JSON.parse(read("../package-lock.json")).version, pkg.version, "package-lock.json");
+});
+
+test("debug: a function gets what the session reports (frames received, states, closes) and each frame sent; true logs them on console.debug; off, nothing is logged", async () => {
+  const lines = [];
+  const name = (data) => data.type ?? data.op ?? data.code ?? data;
+  const { client, socket } = await connected({ debug: (what, data) => lines.push(`${what} ${name(data)}`) });
+  const pong = client.ping();
+  socket.answer("ping", { type: "pong" });
+  await pong;
+  client.close();
+  await tick(5);
+  assert.deepEqual(lines, ["state connecting", "frame welcome", "state connected", "send ping", "frame pong", "state closed", "close 1000"]);
+
+  const saved = console.debug;
+  const logged = [];
+  console.debug = (...args) => logged.push(args);
+  try {
+    const on = await connected({ debug: true });
+    assert.deepEqual(logged.slice(0, 2).map(([prefix, what, data]) => [prefix, what, name(data)]), [["ackgate", "state", "connecting"], ["ackgate", "frame", "welcome"]]);
+    on.client.close();
+    await tick(5); // (its close comes from the socket)
+    logged.length = 0;
+    const off = await connected();
+    const ping = off.client.ping();
+    off.socket.answer("ping", { type: "pong" });
+    await ping;
+    off.client.close();
+    await tick(5);
+    assert.deepEqual(logged, [], "off by default");
+  } finally {
+    console.debug = saved;
+  }
 });
