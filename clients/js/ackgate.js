@@ -349,7 +349,7 @@ export function deviceClientId(prefix = "") {
   }
   const id = `${prefix}${(deviceId ??= randomKey())}`;
   if (!CLIENT_ID.test(id)) {
-    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source} (a prefix takes at most ${128 - deviceId.length} of them)`);
+    throw new TypeError(`deviceClientId: ${JSON.stringify(id)} breaks the client id rule ${CLIENT_ID.source}`);
   }
   return id;
 }
@@ -1487,6 +1487,7 @@ class TabGroup {
   #id = randomKey().slice(0, 16);
   #channel = null;
   #left = false;
+  #failed = null; // the failure (credentials refused, taken over) that ended the session this tab led
   #quit = new AbortController(); // ends the wait for the leader's lock
   #releaseTab = null; // ends this tab's own lock
   #joining = null; // {resolve, reject, timer} of the connect() in progress
@@ -1578,7 +1579,7 @@ class TabGroup {
   leave(now) {
     if (this.#left) return;
     this.#left = true;
-    this.#failJoin(new AckgateError("closed", "closed before it connected"));
+    this.#failJoin(this.#failed ?? new AckgateError("closed", "closed before it connected"));
     this.#quit.abort();
     for (const { reject, timer } of this.#calls.values()) {
       clearTimeout(timer);
@@ -1644,6 +1645,9 @@ class TabGroup {
       this.#unsubscribe(data.topic).catch(() => {});
     }
     if (kind === "dropped") this.#wanted.delete(data.topic);
+    // A join the failure ends rejects with its code, not "closed" (the client leaves the tabs
+    // at the failure's final close, before the session's connect() rejects).
+    if (kind === "failed") this.#failed = new AckgateError(data.code, data.message);
     if (kind === "state" && data === "connected") this.#unwanted.clear(); // a new session: none of them
     // A failed first connect is no news to the others: the next leader tries its own.
     if (kind !== "state" || data !== "closed") this.#post({ t: "up", kind, data });
@@ -1973,10 +1977,9 @@ export class AckgateClient {
    * @param {import("./index.d.ts").AckgateClientOptions} options
    */
   constructor(url, options) {
-    if (!options?.clientId) throw new TypeError("options.clientId is required");
-    // (The gateway refuses such an id at the handshake, which a page sees as an outage only, tried
-    // again for ever.)
-    if (!CLIENT_ID.test(options.clientId)) throw new TypeError(`options.clientId ${JSON.stringify(options.clientId)} breaks the client id rule ${CLIENT_ID.source}`);
+    // Missing or not what the gateway takes (it refuses such an id at the handshake, which a page
+    // sees as an outage only, tried again for ever).
+    if (!CLIENT_ID.test(options?.clientId ?? "")) throw new TypeError(`options.clientId ${JSON.stringify(options?.clientId)} breaks the client id rule ${CLIENT_ID.source}`);
     const transport = options.transport ?? "websocket";
     if (!TRANSPORTS.includes(transport)) {
       throw new TypeError(`options.transport is "websocket", "sse" or "auto", not ${JSON.stringify(options.transport)}`);

@@ -42,6 +42,22 @@ async fn a_token_that_expires_mid_stream_is_refreshed_in_a_real_browser() {
     gw.stop().await;
 }
 
+/// Issue 61 item 4: refused credentials are a final `failed` state with the code in a real
+/// browser, on a WebSocket and on Server-Sent Events, and nothing is tried again (the page saw
+/// "unavailable: WebSocket connection ... failed" and reconnected forever before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_fail_for_good_with_their_code_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.auth.jwt_secret = JWT_SECRET.into();
+    let gw = InProcess::start(config).await;
+    let out = run_script("refused.mjs", vec![gw.base.clone(), JWT_SECRET.to_string()]).await;
+    for case in ["websocket unauthorized", "websocket forbidden", "sse unauthorized"] {
+        assert!(out.contains(&format!("refused: {case}, failed with close 1008, one connection, no retry")), "{case}: {out}");
+    }
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_events_from_last_and_publish_work_in_a_real_browser() {
     let (_dir, data) = temp_dir();

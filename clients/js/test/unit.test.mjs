@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { gzipSync } from "node:zlib";
 
 import { AckgateClient, AckgateError, FINAL_CLOSES, FINAL_SUBSCRIBE_ERRORS, version } from "../ackgate.js";
 import { build } from "../build.mjs";
@@ -426,6 +427,9 @@ test("the minified build (dist/ackgate.min.js and its source map) is the same cl
   const { file, map } = await build(join(dir, "ackgate.min.js"));
   assert.ok(existsSync(file) && existsSync(map));
   assert.ok(JSON.parse(readFileSync(map, "utf8")).sources.some((s) => s.endsWith("ackgate.js")));
+  // The package's promise (README): under 12 KB minified and gzipped.
+  const gzipped = gzipSync(readFileSync(file)).length;
+  assert.ok(gzipped < 12_000, `${gzipped} bytes min+gz`);
   const minified = await import(`${new URL(`file://${file}`)}?${Date.now()}`);
   const gateway = fakeGateway();
   const client = new minified.AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0 });
