@@ -1,7 +1,8 @@
 //! The browser console (`GET /`) and its files under `/static/`: plain HTML, CSS and JS from the
 //! repository's `static/`, and the JS client (`/static/ackgate.js`) from its package in
-//! `clients/js/` (one source), compiled into the binary so it serves them without any other file
-//! and loads nothing from the internet.
+//! `clients/js/` (one source), with its minified build beside it (`/static/ackgate.min.js` and its
+//! source map, made by `node clients/js/build.mjs --served` into `static/`), compiled into the
+//! binary so it serves them without any other file and loads nothing from the internet.
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -13,12 +14,17 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 
 /// `(name, content type, content)` of every file served under `/static/`.
-const FILES: [(&str, &str, &str); 4] = [
+const FILES: [(&str, &str, &str); 6] = [
     ("index.html", "text/html; charset=utf-8", include_str!("../../static/index.html")),
     ("console.js", "text/javascript; charset=utf-8", include_str!("../../static/console.js")),
     ("ackgate.js", "text/javascript; charset=utf-8", include_str!("../../clients/js/ackgate.js")),
+    ("ackgate.min.js", "text/javascript; charset=utf-8", include_str!("../../static/ackgate.min.js")),
+    ("ackgate.min.js.map", "application/json; charset=utf-8", include_str!("../../static/ackgate.min.js.map")),
     ("console.css", "text/css; charset=utf-8", include_str!("../../static/console.css")),
 ];
+
+/// The client's files, which pages of other origins import (CORS: `http::exposure`).
+pub const CLIENT_FILES: [&str; 3] = ["ackgate.js", "ackgate.min.js", "ackgate.min.js.map"];
 
 /// A file as served: its gzip form and its ETag, made once.
 struct Prepared {
@@ -75,7 +81,7 @@ fn serve(name: &str, request: &HeaderMap) -> Response {
         (header::CACHE_CONTROL, "no-cache"),
         (header::ETAG, etag.as_str()),
         // The client's answer names the requesting origin (CORS): caches must key on it too.
-        (header::VARY, if name == "ackgate.js" { "accept-encoding, origin" } else { "accept-encoding" }),
+        (header::VARY, if CLIENT_FILES.contains(&name) { "accept-encoding, origin" } else { "accept-encoding" }),
         // Only its own files, never framed by another site (clickjacking the ack and term
         // buttons), and no content sniffing. Connections may go to other instances: the
         // page follows a takeover to wherever /session/recommend names.
@@ -114,7 +120,7 @@ pub async fn index(headers: HeaderMap) -> Response {
     path = "/static/{file}",
     operation_id = "static_file",
     tag = "console",
-    summary = "A file of the console: index.html, console.js, console.css, or ackgate.js (the JS client, clients/js)",
+    summary = "A file of the console: index.html, console.js, console.css, ackgate.js (the JS client, clients/js), or ackgate.min.js and ackgate.min.js.map (its minified build and source map)",
     params(("file" = String, Path, description = "file name", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 64, example = "ackgate.js")),
     responses(
         (status = 200, description = "the file", body = String, content_type = "text/javascript"),

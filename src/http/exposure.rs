@@ -138,11 +138,13 @@ fn can_act(method: &Method, path: &str) -> bool {
 
 /// The routes a page of an allowed origin other than the gateway's uses cross-origin, which the
 /// browser allows only with CORS: `GET /sse` and `POST /sse/{id}/frames` (a stream and its
-/// frames), `POST /topics/{topic}/events` (publishing from a page), and `GET /static/ackgate.js`
-/// (the client, imported by `<script type="module">`, always a CORS request).
+/// frames), `POST /topics/{topic}/events` (publishing from a page), and the client's files
+/// (`GET /static/ackgate.js`, `ackgate.min.js` and its map: imported by `<script type="module">`,
+/// always a CORS request).
 fn is_cross_origin_route(path: &str) -> bool {
     let publish = path.strip_prefix("/topics/").and_then(|rest| rest.strip_suffix("/events")).is_some_and(|topic| !topic.is_empty() && !topic.contains('/'));
-    path == "/sse" || path.starts_with("/sse/") || publish || path == "/static/ackgate.js"
+    let client_file = path.strip_prefix("/static/").is_some_and(|file| super::console::CLIENT_FILES.contains(&file));
+    path == "/sse" || path.starts_with("/sse/") || publish || client_file
 }
 
 /// CORS for those routes, for an Origin the check allows: the preflight of a POST (JSON with

@@ -17,9 +17,10 @@ fn package_dir() -> PathBuf {
 }
 
 /// Runs `program args` in the package directory; panics with its output unless it succeeds.
-async fn run(program: &'static str, args: &'static [&'static str], env: Vec<(&'static str, String)>) -> String {
+async fn run(program: &'static str, args: &[&str], env: Vec<(&'static str, String)>) -> String {
+    let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let output =
-        tokio::task::spawn_blocking(move || Command::new(program).args(args).envs(env).current_dir(package_dir()).output().expect("it runs")).await.unwrap();
+        tokio::task::spawn_blocking(move || Command::new(program).args(owned).envs(env).current_dir(package_dir()).output().expect("it runs")).await.unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
     assert!(output.status.success(), "{program} {args:?} failed:\n{stdout}\n{stderr}");
     stdout + &stderr
@@ -59,6 +60,33 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     a.stop().await;
     b.stop().await;
     c.stop().await;
+}
+
+/// Issue 61 item 8: every gateway serves the minified client beside the source, with a source
+/// map that names the source it serves (`/static/ackgate.js`) and holds its text; the copy in
+/// static/ (compiled into the binary) is the build of today's clients/js/ackgate.js.
+#[tokio::test]
+async fn the_gateway_serves_the_minified_client_built_from_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let script = format!("import('./build.mjs').then((m) => m.buildServed({out:?}))");
+    run("node", &["-e", &script], vec![]).await;
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for file in ["ackgate.min.js", "ackgate.min.js.map"] {
+        let built = std::fs::read(dir.path().join(file)).unwrap();
+        let committed = std::fs::read(repo.join("static").join(file)).unwrap();
+        assert!(built == committed, "static/{file} is not the build of clients/js/ackgate.js: run `node clients/js/build.mjs --served`");
+    }
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let get = async |file: &str| http().get(format!("{}/static/{file}", gw.base)).send().await.unwrap().text().await.unwrap();
+    let (source, minified, map) = (get("ackgate.js").await, get("ackgate.min.js").await, get("ackgate.min.js.map").await);
+    assert!(minified.len() * 2 < source.len(), "minified: {} bytes of {}", minified.len(), source.len());
+    assert!(minified.trim_end().ends_with("//# sourceMappingURL=ackgate.min.js.map"));
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    assert_eq!(map["sources"], serde_json::json!(["ackgate.js"]));
+    assert_eq!(map["sourcesContent"][0].as_str(), Some(source.as_str()), "the map holds the source the gateway serves");
+    gw.stop().await;
 }
 
 #[tokio::test]

@@ -287,5 +287,15 @@ async fn recommend_names_the_proxys_url_and_cross_origin_pages_get_cors() {
     let etag = head.lines().find_map(|l| l.strip_prefix("etag: ")).expect("an ETag").to_string();
     let (status, _, body) = raw(addr, &format!("GET /static/ackgate.js HTTP/1.1\r\nHost: {addr}\r\nAccept-Encoding: gzip\r\nIf-None-Match: {etag}")).await;
     assert_eq!((status, body.as_str()), (304, ""));
+    // Its minified build and source map too (issue 61 item 8).
+    for file in ["ackgate.min.js", "ackgate.min.js.map"] {
+        let (status, head, _) =
+            raw(addr, &format!("GET /static/{file} HTTP/1.1\r\nHost: {addr}\r\nOrigin: https://app.example\r\nAccept-Encoding: gzip")).await;
+        assert_eq!(status, 200, "{file}");
+        assert!(
+            head.contains("access-control-allow-origin: https://app.example") && head.contains("content-encoding: gzip") && head.contains("etag: "),
+            "{file}: {head}"
+        );
+    }
     gw.stop().await;
 }

@@ -1,6 +1,6 @@
 // The minimal app (clients/js/examples/minimal.html) on its own origin, as docs/clients.md sets
 // it up: a page served by another server (here a node http server on its own port) imports the
-// client from the gateway (/static/ackgate.js, CORS), opens a session there, lists the events
+// client from the gateway (/static/ackgate.min.js, CORS), opens a session there, lists the events
 // published through the REST API and acks each one: the client's committed offset reaches the
 // last. The gateway must list this page's origin in server.allowed_origins: the Rust test passes
 // the port it reserved for it.
