@@ -8,8 +8,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { createServer, connect as tcpConnect } from "node:net";
 
+import * as ackgate from "../ackgate.js";
 import { AckgateClient, AckgateError } from "../ackgate.js";
 
 const A = process.env.ACKGATE_DEV_A;
@@ -889,4 +891,39 @@ test("a client started before its gateway is up: subscribe() before connect() wa
   assert.deepEqual(ok.committed, { "js-late": { 0: 3 } });
   client.close();
   proxy.close();
+});
+
+test("the quickstart of docs/clients.md runs as written against a fresh topic: it subscribes before anything was published, renders and acks", async () => {
+  const guide = readFileSync(new URL("../../../docs/clients.md", import.meta.url), "utf8");
+  const block = guide.match(/```js\n([\s\S]*?)```/)[1];
+  // Only the package name (the module is this checkout's) and the gateway's address change.
+  assert.ok(block.includes('from "ackgate-client"') && block.includes('"ws://127.0.0.1:8080/ws"'), block);
+  const body = block.replace(/^import \{([^}]*)\} from "ackgate-client";.*$/m, "const {$1} = ackgate;").replace('"ws://127.0.0.1:8080/ws"', JSON.stringify(ws(A)));
+  // What the page has: a signed-in user, a render function, sessionStorage. The second event's
+  // render ends the loop (the block runs for ever otherwise).
+  const rendered = [];
+  const stop = new Error("enough");
+  const render = (payload) => {
+    rendered.push(payload);
+    if (rendered.length === 2) throw stop;
+  };
+  const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+  const running = new AsyncFunction("ackgate", "user", "render", "sessionStorage", body)(ackgate, { id: "docs-reader" }, render, memoryStorage());
+  // Its end is awaited below; handled from now on (it may end before that await).
+  const ended = running.then(
+    () => "the loop ended by itself",
+    (error) => error,
+  );
+  const subscribed = await until("the quickstart's subscription", async () => {
+    const sessions = await call("GET", `${A}/admin/sessions?topic=orders`);
+    return sessions.sessions.find((s) => s.client_id.startsWith("docs-reader:"));
+  });
+  await call("POST", `${A}/topics/orders/events`, { events: [{ payload: { n: 1 } }, { payload: { n: 2 } }] });
+  assert.equal(await ended, stop);
+  assert.deepEqual(rendered.map((p) => p.n).sort(), [1, 2]);
+  // The first one's ack lands (a plain ack: written within offsets.plain_ack_linger_ms).
+  await until("the first event's ack", async () => {
+    const rows = (await call("GET", `${A}/admin/offsets?topic=orders&client_id=${subscribed.client_id}`)).offsets;
+    return rows.reduce((sum, r) => sum + r.committed, 0) >= 1;
+  });
 });
