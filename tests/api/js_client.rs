@@ -1,6 +1,8 @@
 //! The JavaScript client package (`clients/js`) against three real gateways: node's test runner
 //! runs `clients/js/test/`: `unit.test.mjs` on a fake socket (ack overloads, states, listeners,
 //! iterators, gaps, timeouts, read-only sets, tabs on in-memory Web Locks, the minified build), and
+//! `react.test.mjs` on the same fake socket (ackgate-client/react's per-topic store: one
+//! subscription for every component, the limit, acks of rendered and dropped events), and
 //! `client.test.mjs` against the gateways (plain acks with a confirmation per period, rejected requests when
 //! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, an
 //! operator's reset over a kept token (fenced by its epoch), a drained instance followed to its peer; over SSE: acks, a dropped stream resumed with its
@@ -56,7 +58,7 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     // A failed test may leave a stream open, which would keep node (and this test) waiting:
     // the runner exits when its tests are done, and no test runs longer than two minutes.
     let out = run("node", &["--experimental-websocket", "--test", "--test-force-exit", "--test-timeout=120000", "test/"], env).await;
-    assert!(out.contains("# fail 0") && out.contains("# pass 72"), "{out}");
+    assert!(out.contains("# fail 0") && out.contains("# pass 77"), "{out}");
     a.stop().await;
     b.stop().await;
     c.stop().await;
@@ -93,7 +95,7 @@ async fn the_gateway_serves_the_minified_client_built_from_its_source() {
 async fn the_js_client_types_check_and_it_packs_offline() {
     run("node_modules/.bin/tsc", &["--noEmit", "-p", "."], vec![]).await;
     let packed = run("npm", &["pack", "--dry-run", "--offline"], vec![]).await;
-    for file in ["ackgate.js", "index.d.ts", "README.md", "LICENSE", "examples/minimal.html", "package.json"] {
+    for file in ["ackgate.js", "index.d.ts", "react.js", "react.d.ts", "README.md", "LICENSE", "examples/minimal.html", "package.json"] {
         assert!(packed.contains(file), "{file} is in the package:\n{packed}");
     }
     assert!(!packed.contains("node_modules") && !packed.contains("test/"), "only what a user needs:\n{packed}");
