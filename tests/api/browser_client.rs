@@ -10,8 +10,11 @@
 //!   other takes over with its resume token, nothing lost.
 //! - blackhole.mjs: a connection that stops carrying bytes is noticed (request timeout, heartbeat)
 //!   and replaced.
-//! - react.mjs: the React example's `useAckgate` hook renders events and acks each after render
-//!   (React and esbuild from clients/js/node_modules: `npm ci` there).
+//! - react.mjs: ackgate-client/react through the React example, under StrictMode: a counter and
+//!   a list on one topic share one subscription, render the events and ack each after render;
+//!   paused, the last one unsubscribes; resumed, what came meanwhile comes, past the limit only
+//!   the newest are kept and the dropped ones are acked too (React and esbuild from
+//!   clients/js/node_modules: `npm ci` there).
 
 use std::process::Command;
 
@@ -96,7 +99,11 @@ async fn the_react_example_acks_what_it_rendered_in_a_real_browser() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     let out = run_script("react.mjs", vec![gw.base.clone()]).await;
-    assert!(out.contains("react: 5 events rendered and acked after render (committed 5)"), "{out}");
+    assert!(out.contains("react: 5 events rendered by both components and acked after render (committed 5), one subscription for both"), "{out}");
+    assert!(
+        out.contains("react: paused (one unsubscribe), resumed under StrictMode (one subscribe): limit 10 of 25 events, the list kept 15..24, the dropped acked too (committed 25)"),
+        "{out}"
+    );
     gw.stop().await;
 }
 

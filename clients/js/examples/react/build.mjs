@@ -1,23 +1,25 @@
-// Bundles the React example (main.tsx, React, react-dom and the client) into one ES module with
-// esbuild. `npm run example:react` (in clients/js) writes dist/app.js next to index.html;
-// tests/browser/react.mjs takes the bundle in memory.
+// Bundles the React example (main.tsx, React, react-dom, the client and ackgate-client/react)
+// into one ES module with esbuild. `npm run example:react` (in clients/js) writes dist/app.js
+// next to index.html; tests/browser/react.mjs takes the bundle in memory, React's development
+// build (StrictMode mounts each component twice there).
 import { fileURLToPath } from "node:url";
 import * as esbuild from "esbuild";
 
 const here = (path) => fileURLToPath(new URL(path, import.meta.url));
 
-/** The bundle: `{js}` (written to dist/app.js too when `write`). */
-export async function bundle({ write = false } = {}) {
+/** The bundle: `{js}` (written to dist/app.js too when `write`); `development`: React's checks on. */
+export async function bundle({ write = false, development = false } = {}) {
   const result = await esbuild.build({
     entryPoints: [here("main.tsx")],
     outfile: here("dist/app.js"),
     bundle: true,
-    minify: true,
+    minify: !development,
     format: "esm",
     target: "es2022",
     jsx: "automatic",
-    alias: { "ackgate-client": here("../../ackgate.js") }, // this checkout's client, as the package would be
-    define: { "process.env.NODE_ENV": '"production"' },
+    // This checkout's package, as its `exports` name it.
+    alias: { "ackgate-client": here("../../ackgate.js"), "ackgate-client/react": here("../../react.js") },
+    define: { "process.env.NODE_ENV": development ? '"development"' : '"production"' },
     write,
     logLevel: "warning",
   });
