@@ -61,6 +61,22 @@ async fn refused_credentials_fail_for_good_with_their_code_in_a_real_browser() {
     gw.stop().await;
 }
 
+/// Issue 61 items 1, 2, 3 and 7 in a real browser, on the minified client: a subscribe before
+/// connect() to a topic that does not exist yet, autoAck acking and a throwing handler's event
+/// coming again, `stalled` on a full window (3 events here), and offline / online.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_minutes_of_a_page_work_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let mut config = test_config(&data);
+    config.delivery.max_in_flight = 3;
+    let gw = InProcess::start(config).await;
+    let out = run_script("lifecycle.mjs", vec![gw.base.clone()]).await;
+    assert!(out.contains("the throwing handler's 1 came again as attempt 2 and was acked (committed 3)"), "{out}");
+    assert!(out.contains("filled the window of 3 and stalled was emitted once"), "{out}");
+    assert!(out.contains("online reconnected at once: 2 events published meanwhile arrived"), "{out}");
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_events_from_last_and_publish_work_in_a_real_browser() {
     let (_dir, data) = temp_dir();
