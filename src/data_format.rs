@@ -21,7 +21,7 @@ pub fn check_or_write(data_dir: &Path) -> anyhow::Result<()> {
     // first start left an empty FORMAT, and the gateway refused to start again (found by
     // tests/api/power_loss.rs).
     let path = data_dir.join(FILE);
-    crate::backend::checkpoint::write_atomically(&path, format!("{PREFIX}{FORMAT_VERSION}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))
+    crate::durable_files::write_atomically(&path, format!("{PREFIX}{FORMAT_VERSION}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Checks `<data_dir>/FORMAT` without writing anything: true when it names this build's

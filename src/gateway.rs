@@ -208,7 +208,7 @@ impl Gateway {
         // Read before anything is written: a bad certificate stops the start with the file named.
         let tls = check_start(&config)?;
         let data_dir = config.storage.data_dir.clone();
-        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
+        crate::durable_files::create_dir_all(&data_dir).with_context(|| format!("creating data_dir {}", data_dir.display()))?;
         crate::data_format::check_or_write(&data_dir)?;
         // The resume tokens' key: the cluster's, else this data dir's own (made once, kept).
         let resume_token_key = match config.cluster.token_key.as_str() {

@@ -59,6 +59,7 @@ pub(crate) mod cluster;
 pub mod config;
 pub mod core;
 pub(crate) mod data_format;
+pub mod durable_files;
 pub mod gateway;
 pub mod http;
 pub mod reload;

@@ -29,7 +29,7 @@ pub fn load_or_create(data_dir: &Path) -> anyhow::Result<TokenKey> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = TokenKey::random_bytes();
             let text: String = key.iter().map(|b| format!("{b:02x}")).collect();
-            crate::backend::checkpoint::write_atomically(&path, format!("{text}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+            crate::durable_files::write_atomically(&path, format!("{text}\n").as_bytes()).with_context(|| format!("writing {}", path.display()))?;
             #[cfg(unix)]
             {
                 use std::os::unix::fs::PermissionsExt;

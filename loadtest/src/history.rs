@@ -17,6 +17,11 @@
 //! - *divergence*: one offset with two payloads (two publish answers, or a delivery that differs
 //!   from the answer).
 //!
+//! - *replays by time*: a `subscribe` with `from: {"time": T}` (a fresh client) started a
+//!   partition above its first event stamped at or after `T` (a skip), or below it at an event
+//!   that was answered before the subscribe was sent (replayed too much, the log start at worst),
+//!   judged by the `timestamp` of every delivery.
+//!
 //! Payloads carry a run-unique id (`{"id": N}`), which is how a delivery is matched to its publish.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -62,6 +67,22 @@ pub struct History {
     deliveries: u64,
     /// Committed offsets stored at the end (`GET /admin/offsets`), per client.
     stored: BTreeMap<String, BTreeMap<Partition, u64>>,
+    /// Each event's `timestamp` as delivered (the gateway's clock when it was written).
+    stamps: BTreeMap<Partition, BTreeMap<u64, u64>>,
+    /// When each publish answer came (this machine's true clock, ms).
+    answered_at: BTreeMap<Partition, BTreeMap<u64, u64>>,
+    time_replays: Vec<TimeReplay>,
+}
+
+/// A `subscribe` with `from: {"time": time}` sent at `sent_at` (ms, the true clock) and the start
+/// its `subscribed` named for one partition.
+#[derive(Debug, Clone)]
+struct TimeReplay {
+    client: String,
+    partition: Partition,
+    time: u64,
+    sent_at: u64,
+    from: u64,
 }
 
 /// A count per anomaly class, and the first few examples of each.
@@ -85,6 +106,16 @@ pub struct Report {
     /// Duplicates above the bound the workload summed (`apply_duplicate_bound`): at least once
     /// allows duplicates, but only of what was in flight when something ended.
     pub duplicates_over_bound: u64,
+    /// Sessions closed at their token's expiry (4004) while the token was valid by more than the
+    /// clocks' bound (set by `loadtest chaos`).
+    pub closed_with_valid_token: u64,
+    /// Partitions started by a `from: {"time": ...}` subscribe (not an anomaly: how many were
+    /// checked).
+    pub time_replays: u64,
+    /// ... above the partition's first event stamped at or after the time.
+    pub time_replay_skips: u64,
+    /// ... below it, at an event answered before the subscribe was sent.
+    pub time_replay_too_early: u64,
     pub examples: Vec<String>,
 }
 
@@ -103,6 +134,9 @@ impl Report {
             + self.divergence
             + self.tokens_refused
             + self.duplicates_over_bound
+            + self.closed_with_valid_token
+            + self.time_replay_skips
+            + self.time_replay_too_early
     }
 
     /// Counts the duplicates above `bound` (what was in flight at each session's end, clock jump
@@ -142,6 +176,10 @@ impl Report {
             ("divergence", self.divergence),
             ("tokens refused", self.tokens_refused),
             ("duplicates above the bound", self.duplicates_over_bound),
+            ("closed with a valid token", self.closed_with_valid_token),
+            ("replays by time (partitions)", self.time_replays),
+            ("replay by time skipped", self.time_replay_skips),
+            ("replay by time too early", self.time_replay_too_early),
         ]
     }
 }
@@ -154,6 +192,22 @@ impl History {
     pub fn published(&mut self, partition: Partition, offset: u64, payload: u64) {
         self.attempted.insert(payload);
         self.published.entry(partition).or_default().entry(offset).or_default().insert(payload);
+    }
+
+    /// When the publish answer for `offset` came, in ms of the true clock.
+    pub fn answered_at(&mut self, partition: Partition, offset: u64, at_ms: u64) {
+        self.answered_at.entry(partition).or_default().insert(offset, at_ms);
+    }
+
+    /// A delivery's `timestamp`.
+    pub fn stamped(&mut self, partition: Partition, offset: u64, timestamp_ms: u64) {
+        self.stamps.entry(partition).or_default().insert(offset, timestamp_ms);
+    }
+
+    /// A fresh `client`'s `subscribe` with `from: {"time": time}`, sent at `sent_at` (ms, the true
+    /// clock), started `partition` at `from`.
+    pub fn time_replay(&mut self, client: &str, partition: Partition, time: u64, sent_at: u64, from: u64) {
+        self.time_replays.push(TimeReplay { client: client.to_string(), partition, time, sent_at, from });
     }
 
     fn seen(&mut self, client: &str, seen: Seen) {
@@ -239,7 +293,36 @@ impl History {
         for (client, seen) in &self.clients {
             self.check_client(client, seen, &known, &mut report);
         }
+        self.check_time_replays(&mut report);
         report
+    }
+
+    /// Each replay by time started at the partition's first event stamped at or after its time,
+    /// as far as the stamps delivered show: not above it (a skip), and not below it at an event
+    /// that was already answered when the subscribe went out (events answered later may lawfully
+    /// come first: they were not there to be passed over).
+    fn check_time_replays(&self, report: &mut Report) {
+        let none = BTreeMap::new();
+        for replay in &self.time_replays {
+            report.time_replays += 1;
+            let stamps = self.stamps.get(&replay.partition).unwrap_or(&none);
+            let first = stamps.iter().find(|(_, stamp)| **stamp >= replay.time).map(|(offset, _)| *offset);
+            let TimeReplay { client, partition, time, from, .. } = replay;
+            if let Some(first) = first.filter(|first| *first < *from) {
+                report.time_replay_skips += 1;
+                report.example(format!(
+                    "replay by time skipped: {client} {partition:?} from {time} started at {from}, above offset {first} stamped {}",
+                    stamps[&first]
+                ));
+            }
+            let answered = self.answered_at.get(partition).unwrap_or(&none);
+            let too_early = answered.range(*from..first.unwrap_or(u64::MAX).max(*from)).find(|(_, at)| **at < replay.sent_at);
+            if let Some((offset, _)) = too_early {
+                report.time_replay_too_early += 1;
+                let stamp = stamps.get(offset).map_or("unknown".to_string(), u64::to_string);
+                report.example(format!("replay by time too early: {client} {partition:?} from {time} started at {from}, below offset {offset} stamped {stamp}, answered before the subscribe"));
+            }
+        }
     }
 
     fn check_client(&self, client: &str, seen: &[Seen], known: &BTreeMap<Partition, BTreeMap<u64, u64>>, report: &mut Report) {
@@ -477,5 +560,38 @@ mod tests {
         // Offset 3 answered twice; 5 delivered with an attempted (written, unanswered) payload
         // that differs from the answer; 6 with a payload nobody published.
         assert_eq!((r.divergence, r.unexpected), (3, 1), "{r:?}");
+    }
+
+    /// Ten events stamped 1000, 1010, ... 1090 (offsets 0-9), answered at 2000 + offset.
+    fn ten_stamped() -> History {
+        let mut h = ten_published();
+        for offset in 0..10 {
+            h.stamped(p(0), offset, 1000 + 10 * offset);
+            h.answered_at(p(0), offset, 2000 + offset);
+        }
+        h
+    }
+
+    #[test]
+    fn a_replay_by_time_must_start_at_the_first_event_stamped_at_or_after_the_time() {
+        // From 1035: offset 4 (stamped 1040) is the first at or after it.
+        let mut h = ten_stamped();
+        h.time_replay("exact", p(0), 1035, 3000, 4);
+        h.time_replay("at a stamp", p(0), 1040, 3000, 4);
+        // Nothing stamped at or after 5000 yet: the log end, 10.
+        h.time_replay("future", p(0), 5000, 3000, 10);
+        // Offsets 6.. answered after the subscribe was sent (at 2005): they could not be passed over.
+        h.time_replay("raced", p(0), 1095, 2005, 6);
+        let r = h.check();
+        assert_eq!((r.anomalies(), r.time_replays), (0, 4), "{r:?}");
+
+        let mut h = ten_stamped();
+        h.time_replay("skipped", p(0), 1035, 3000, 5);
+        h.time_replay("from the log start", p(0), 1035, 3000, 0);
+        h.time_replay("before the end", p(0), 5000, 3000, 9);
+        let r = h.check();
+        assert_eq!((r.time_replay_skips, r.time_replay_too_early, r.anomalies()), (1, 2, 3), "{r:?}");
+        assert!(r.examples.iter().any(|e| e.contains("skipped: skipped") && e.contains("above offset 4 stamped 1040")), "{:?}", r.examples);
+        assert!(r.examples.iter().any(|e| e.contains("too early: from the log start") && e.contains("below offset 0")), "{:?}", r.examples);
     }
 }

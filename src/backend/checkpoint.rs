@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -84,26 +84,7 @@ fn write_checkpoint(path: &Path, cursors: &BTreeMap<TopicPartition, u64>) -> io:
     for (tp, offset) in cursors {
         text.push_str(&format!("{}={offset}\n", tp.pull_key()));
     }
-    write_atomically(path, text.as_bytes())
-}
-
-/// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new one:
-/// a temp file, fsynced, renamed over it, the directory fsynced.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        // Make the rename itself durable.
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::durable_files::write_atomically(path, text.as_bytes())
 }
 
 #[cfg(test)]

@@ -177,6 +177,8 @@ impl RocksOffsetStore {
         .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
         let dir = data_dir.join("offsets");
         refuse_if_marked_damaged(&dir).map_err(StoreError::Io)?;
+        // RocksDB makes the directory without syncing its entry in data_dir.
+        crate::durable_files::create_dir_all(&dir).map_err(|e| StoreError::Io(e.to_string()))?;
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| StoreError::Io(open_error(&dir, e)))?;
         let store = Self {
             db,

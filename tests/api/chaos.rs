@@ -17,10 +17,25 @@ fn two_minutes_of_faults_on_the_embedded_log_lose_nothing_and_never_move_a_commi
     let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}\n{stderr}"));
     assert!(output.status.success(), "chaos found anomalies or failed: {report:#}\n{stderr}");
     let checked = &report["report"];
-    for class in ["lost_prefix", "lost_middle", "lost_suffix", "unexpected", "non_monotonic", "skips", "committed_went_back", "divergence"] {
+    for class in [
+        "lost_prefix",
+        "lost_middle",
+        "lost_suffix",
+        "unexpected",
+        "non_monotonic",
+        "skips",
+        "committed_went_back",
+        "divergence",
+        "tokens_refused",
+        "duplicates_over_bound",
+        "closed_with_valid_token",
+        "time_replay_skips",
+        "time_replay_too_early",
+    ] {
         assert_eq!(checked[class], 0, "{class}: {report:#}");
     }
     assert!(checked["published"].as_u64().unwrap() > 1000, "the workload published: {report:#}");
+    assert!(checked["time_replays"].as_u64().unwrap() >= 10, "the workload replayed by time: {report:#}");
     assert!(checked["first_deliveries"].as_u64() >= checked["published"].as_u64(), "every client received: {report:#}");
     for fault in ["kill", "pause", "restart", "power", "disk-full", "clock"] {
         assert!(report["faults"]["injected"][fault].as_u64().unwrap_or(0) >= 1, "fault {fault} never injected: {report:#}");

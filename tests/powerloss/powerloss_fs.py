@@ -8,8 +8,16 @@ Files live in BACKING. What a program writes to a file stays in this process's m
 since the last fsync). A power loss is this
 process dying (SIGKILL, or SIGTERM, which exits without writing anything): the cached writes are
 gone, and a new mount of BACKING shows each file as of its last fsync, as a machine that lost
-power shows it (LazyFS does the same for Jepsen). Creating, renaming and removing files and
-directories reach BACKING at once (they are not what this models).
+power shows it (LazyFS does the same for Jepsen).
+
+Directory entries are volatile too, as on ext4 mounted without `dirsync`: creating, renaming and
+removing a file or a directory is undone by a power loss until the directory that holds the entry
+is fsynced (`fsyncdir`; for a rename, either of its two directories). A new file that was fsynced
+but whose directory was not is gone after the power comes back; so is everything under a new
+directory whose parent was not fsynced. The operations are applied to BACKING at once and written
+first to an undo journal beside it (BACKING.unsynced-dir-ops, removed files kept in
+BACKING.graveyard until their removal is synced); the next mount undoes, newest first, what the
+journal still holds.
 
 While the file FULL_FLAG exists, the disk is full: writes, file creation and growing a file fail
 with ENOSPC (the fault suite's full disk, `loadtest chaos`).
@@ -22,7 +30,9 @@ power, and mount it again. Debian's `fuse` and `python3-fusepy` packages (script
 """
 
 import errno
+import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -42,6 +52,13 @@ class PowerLossFs(Operations):
         # path -> the lowest offset written (or truncated to) since the file's last fsync: an
         # fsync writes from there on, not the whole file again.
         self.dirty_from = {}
+        # Directory operations no fsyncdir covered yet, oldest first: {"dirs": [...], "undo":
+        # [...]}, each also a line of the journal file, written before the operation is applied.
+        self.journal_path = self.backing + ".unsynced-dir-ops"
+        self.graveyard = self.backing + ".graveyard"
+        os.makedirs(self.graveyard, exist_ok=True)
+        self.unsynced = []
+        self.buried = 0
 
     def _refuse_when_full(self):
         if self.full_flag is not None and os.path.exists(self.full_flag):
@@ -91,10 +108,17 @@ class PowerLossFs(Operations):
 
     def mkdir(self, path, mode):
         self._refuse_when_full()
-        self._errno(os.mkdir, self._real(path), mode)
+        with self.mutex:
+            if os.path.lexists(self._real(path)):
+                raise FuseOSError(errno.EEXIST)
+            self._journal([path], [["remove", path]])
+            self._errno(os.mkdir, self._real(path), mode)
 
     def rmdir(self, path):
-        self._errno(os.rmdir, self._real(path))
+        with self.mutex:
+            if self._errno(os.listdir, self._real(path)):
+                raise FuseOSError(errno.ENOTEMPTY)
+            self._bury(path, [path])
 
     def chmod(self, path, mode):
         self._errno(os.chmod, self._real(path), mode)
@@ -107,12 +131,23 @@ class PowerLossFs(Operations):
 
     def unlink(self, path):
         with self.mutex:
-            self._errno(os.unlink, self._real(path))
+            self._bury(path, [path])
             self.cache.pop(path, None)
             self.dirty_from.pop(path, None)
 
     def rename(self, old, new):
         with self.mutex:
+            if not os.path.lexists(self._real(old)):
+                raise FuseOSError(errno.ENOENT)
+            undo = [["rename", new, old]]
+            if os.path.lexists(self._real(new)):
+                if os.path.isdir(self._real(new)) and os.listdir(self._real(new)):
+                    raise FuseOSError(errno.ENOTEMPTY)
+                # The replaced entry comes back with the undone rename.
+                undo.append(["restore", self._buried_name(), new])
+            self._journal([old, new], undo)
+            if len(undo) > 1:
+                self._errno(os.rename, self._real(new), os.path.join(self.graveyard, undo[1][1]))
             self._errno(os.rename, self._real(old), self._real(new))
             self.cache.pop(new, None)
             self.dirty_from.pop(new, None)
@@ -126,6 +161,8 @@ class PowerLossFs(Operations):
     def create(self, path, mode, fi=None):
         self._refuse_when_full()
         with self.mutex:
+            if not os.path.lexists(self._real(path)):
+                self._journal([path], [["remove", path]])
             fd = self._errno(os.open, self._real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             os.close(fd)
             self.cache.pop(path, None)
@@ -194,7 +231,79 @@ class PowerLossFs(Operations):
         return 0
 
     def fsyncdir(self, path, datasync, fh):
+        """Makes durable every directory operation on an entry of `path`."""
+        with self.mutex:
+            kept = [op for op in self.unsynced if path not in op["dirs"]]
+            if len(kept) == len(self.unsynced):
+                return 0
+            for op in self.unsynced:
+                if path in op["dirs"]:
+                    for action in op["undo"]:
+                        if action[0] == "restore":
+                            _remove_tree(os.path.join(self.graveyard, action[1]))
+            self.unsynced = kept
+            tmp = self.journal_path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(op) + "\n" for op in kept)
+            os.replace(tmp, self.journal_path)
         return 0
+
+    # The undo journal of directory operations.
+
+    def _journal(self, paths, undo):
+        """Records, before it is applied, an operation on the entries `paths` that `undo` reverses."""
+        op = {"dirs": sorted({os.path.dirname(p) or "/" for p in paths}), "undo": undo}
+        self.unsynced.append(op)
+        with open(self.journal_path, "a") as f:
+            f.write(json.dumps(op) + "\n")
+
+    def _buried_name(self):
+        self.buried += 1
+        return "%d-%d" % (os.getpid(), self.buried)
+
+    def _bury(self, path, paths):
+        """Removes `path` into the graveyard, where it waits until the removal is synced."""
+        if not os.path.lexists(self._real(path)):
+            raise FuseOSError(errno.ENOENT)
+        name = self._buried_name()
+        self._journal(paths, [["restore", name, path]])
+        self._errno(os.rename, self._real(path), os.path.join(self.graveyard, name))
+
+
+def _remove_tree(real):
+    if os.path.isdir(real) and not os.path.islink(real):
+        shutil.rmtree(real, ignore_errors=True)
+    elif os.path.lexists(real):
+        os.unlink(real)
+
+
+def undo_unsynced_dir_ops(backing):
+    """At mount: the power came back, so every directory operation no fsyncdir covered is undone,
+    newest first. Each undo tolerates what a kill halfway through an operation left."""
+    backing = os.path.realpath(backing)
+    journal, graveyard = backing + ".unsynced-dir-ops", backing + ".graveyard"
+    real = lambda path: os.path.join(backing, path.lstrip("/"))
+    ops = []
+    if os.path.exists(journal):
+        with open(journal) as f:
+            for line in f:
+                try:
+                    ops.append(json.loads(line))
+                except ValueError:
+                    break  # a line cut by the kill: its operation was never applied
+    for op in reversed(ops):
+        for action in op["undo"]:
+            if action[0] == "remove":
+                _remove_tree(real(action[1]))
+            elif action[0] == "rename" and os.path.lexists(real(action[1])):
+                _remove_tree(real(action[2]))
+                os.rename(real(action[1]), real(action[2]))
+            elif action[0] == "restore" and os.path.lexists(os.path.join(graveyard, action[1])):
+                _remove_tree(real(action[2]))
+                os.rename(os.path.join(graveyard, action[1]), real(action[2]))
+    if os.path.exists(journal):
+        os.unlink(journal)
+    shutil.rmtree(graveyard, ignore_errors=True)
 
 
 def main():
@@ -202,6 +311,7 @@ def main():
     full_flag = sys.argv[3] if len(sys.argv) > 3 else None
     # SIGTERM is a power loss too: exit at once, writing nothing.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    undo_unsynced_dir_ops(backing)
     FUSE(PowerLossFs(backing, full_flag), mountpoint, foreground=True, nothreads=False)
 
 

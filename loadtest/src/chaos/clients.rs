@@ -71,6 +71,11 @@ pub(super) struct Counters {
     /// Tokens refused (a session closed with 1008, a POST answered 401/403, a `refresh` answered `error`): the
     /// workload's tokens are fresh and within the clocks' bound, so each is an anomaly.
     pub(super) auth_refusals: AtomicU64,
+    /// Sessions closed at their token's expiry (4004) sooner than the token's `exp` less the
+    /// clocks' bound: the gateway cut a session whose token is valid (a clock step must not).
+    pub(super) closed_with_valid_token: AtomicU64,
+    /// Replays by time that got no `subscribed` (a fault in the way).
+    pub(super) time_replays_failed: AtomicU64,
     /// Deliveries that may come again: what was in flight when each session ended and at each
     /// clock jump, plus the nacks.
     pub(super) duplicate_bound: AtomicU64,
@@ -141,7 +146,13 @@ impl ClientPlan {
     pub(super) fn delivered(&self, frame: &Value) -> String {
         let (partition, offset) = partition_of(frame);
         let payload = frame["payload"]["id"].as_u64().unwrap_or(u64::MAX);
-        self.history.lock().unwrap().delivered(&self.id, key(partition), offset, payload);
+        {
+            let mut history = self.history.lock().unwrap();
+            history.delivered(&self.id, key(partition), offset, payload);
+            if let Some(stamp) = frame["timestamp"].as_u64() {
+                history.stamped(key(partition), offset, stamp);
+            }
+        }
         self.progress.lock().unwrap().delivered(partition, offset);
         frame["delivery_id"].as_str().unwrap_or_default().to_string()
     }
@@ -200,15 +211,29 @@ impl ClientPlan {
         }
     }
 
-    /// A fresh HS256 token for this client, good for `TOKEN_LIFETIME_SECS` by this machine's clock.
-    pub(super) fn token(&self) -> String {
-        let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) + TOKEN_LIFETIME_SECS;
-        let claims = json!({"sub": self.id, "exp": exp});
-        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes())).expect("HS256 signs")
+    /// A fresh HS256 token for this client, good for `TOKEN_LIFETIME_SECS` by this machine's
+    /// clock, and its `exp`.
+    pub(super) fn token(&self) -> (String, u64) {
+        token_for(&self.id)
+    }
+
+    /// A session ended with 4004 (its token expired): by the true clock the token's `exp` must be
+    /// within the clocks' bound, else the gateway cut a valid session.
+    fn expired(&self, exp: u64) {
+        self.counters.expired.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms() / 1000;
+        // A second of slack: libfaketime reads its offset file at most once a second.
+        if now + MAX_CLOCK_SKEW_SECS as u64 + 1 < exp {
+            self.counters.closed_with_valid_token.fetch_add(1, Ordering::Relaxed);
+            eprintln!("chaos: {} closed with 4004 at {now}, its token valid until {exp}", self.id);
+        }
     }
 
     pub(super) async fn websocket_session(&mut self, base: &str, style: AckStyle) -> anyhow::Result<Ended> {
-        let url = format!("{}/ws?client_id={}&token={}", base.replacen("http", "ws", 1), self.id, self.token());
+        let (token, mut token_exp) = self.token();
+        // The `exp` of a `refresh` sent, until `refreshed` says the session holds it.
+        let mut refreshing_exp = token_exp;
+        let url = format!("{}/ws?client_id={}&token={token}", base.replacen("http", "ws", 1), self.id);
         let connected = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")?;
         if let Err(tokio_tungstenite::tungstenite::Error::Http(response)) = &connected {
             if matches!(response.status().as_u16(), 401 | 403) {
@@ -257,7 +282,10 @@ impl ClientPlan {
                 Ok(Some(Ok(Message::Text(text)))) => text,
                 Ok(Some(Ok(Message::Close(close)))) => {
                     match close.map(|c| u16::from(c.code)) {
-                        Some(4004) => self.counters.expired.fetch_add(1, Ordering::Relaxed),
+                        Some(4004) => {
+                            self.expired(token_exp);
+                            0
+                        }
                         // Credentials refused: said in the socket (an `error`, then 1008).
                         Some(1008) => self.counters.auth_refusals.fetch_add(1, Ordering::Relaxed),
                         _ => 0,
@@ -306,8 +334,13 @@ impl ClientPlan {
                 Some("ack_ok") => self.confirmed(&frame),
                 Some("gap") => self.gap(&frame),
                 // The token expires soon: a new one replaces it in the same session.
-                Some("refresh_needed") => ws.send(Message::Text(json!({"op": "refresh", "token": self.token(), "req": "refresh"}).to_string().into())).await?,
+                Some("refresh_needed") => {
+                    let (token, exp) = self.token();
+                    refreshing_exp = exp;
+                    ws.send(Message::Text(json!({"op": "refresh", "token": token, "req": "refresh"}).to_string().into())).await?
+                }
                 Some("refreshed") => {
+                    token_exp = refreshing_exp;
                     self.counters.refreshed.fetch_add(1, Ordering::Relaxed);
                 }
                 Some("error") => {
@@ -347,7 +380,8 @@ impl ClientPlan {
         let http = reqwest::Client::new();
         // SSE sessions do not refresh: at the token's expiry the stream closes (4004) and the
         // client comes back with a new one, resuming by its Last-Event-ID.
-        let mut request = http.get(format!("{base}/sse?client_id={}&topics={TOPIC}&token={}", self.id, self.token()));
+        let (token, token_exp) = self.token();
+        let mut request = http.get(format!("{base}/sse?client_id={}&topics={TOPIC}&token={token}", self.id));
         if let Some(id) = last_event_id.as_ref() {
             request = request.header("Last-Event-ID", id.clone());
         }
@@ -410,7 +444,7 @@ impl ClientPlan {
                     "gap" => self.gap(&frame),
                     "close" => {
                         if frame["code"] == 4004 {
-                            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                            self.expired(token_exp);
                         }
                         // Credentials refused: said in the stream (an `error`, then 1008).
                         if frame["code"] == 1008 {
@@ -427,7 +461,7 @@ impl ClientPlan {
             let Some(url) = frames_url.as_ref() else { bail!("an event before the welcome") };
             req += 1;
             let body = json!([{"op": "ack", "delivery_ids": acks, "req": req}]);
-            let answered = tokio::time::timeout(Duration::from_secs(5), http.post(url).bearer_auth(self.token()).json(&body).send())
+            let answered = tokio::time::timeout(Duration::from_secs(5), http.post(url).bearer_auth(self.token().0).json(&body).send())
                 .await
                 .context("POST of acks timed out")??;
             if !answered.status().is_success() {
@@ -456,6 +490,79 @@ impl ClientPlan {
             if let (Ok(p), Some(o)) = (p.parse::<u32>(), offset) {
                 progress.raise_floor(p, o);
             }
+        }
+    }
+}
+
+/// Milliseconds since the epoch by this machine's clock: the true one (the nemesis steps only the
+/// gateways' clocks).
+pub(super) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A fresh HS256 token for `client_id`, good for `TOKEN_LIFETIME_SECS` by the true clock, and its
+/// `exp` (seconds).
+fn token_for(client_id: &str) -> (String, u64) {
+    let exp = now_ms() / 1000 + TOKEN_LIFETIME_SECS;
+    let claims = json!({"sub": client_id, "exp": exp});
+    let token =
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes())).expect("HS256 signs");
+    (token, exp)
+}
+
+/// Replays by time: every few seconds a fresh client subscribes with `from: {"time": T}`, `T` up
+/// to 40 s before and 5 s after the true now (the gateways' clocks are up to 30 s off, so `T` lands
+/// before, among and after what their stamps say), and records where each partition started.
+/// The history checks each start against the stamps every delivery showed.
+pub(super) async fn replay_by_time(
+    urls: Arc<Vec<String>>,
+    history: Arc<Mutex<History>>,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+    mut rng: Rng,
+) {
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = tokio::time::sleep(rng.millis(2_000, 6_000)) => {}
+            _ = stop.changed() => return,
+        }
+        n += 1;
+        let client = format!("chaos-time-{n}");
+        let base = &urls[rng.below(urls.len() as u64) as usize];
+        let time = (now_ms() + 5_000).saturating_sub(rng.below(45_000));
+        // A replay cut off by a fault is counted, not judged: it recorded nothing.
+        if replay_once(base, &client, time, &history).await.is_err() {
+            counters.time_replays_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn replay_once(base: &str, client: &str, time: u64, history: &Mutex<History>) -> anyhow::Result<()> {
+    let url = format!("{}/ws?client_id={client}&token={}", base.replacen("http", "ws", 1), token_for(client).0);
+    let (mut ws, _) = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await.context("connect timed out")??;
+    let sent_at = now_ms();
+    ws.send(Message::Text(json!({"op": "subscribe", "topic": TOPIC, "from": {"time": time}, "req": "time"}).to_string().into())).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let next = tokio::time::timeout_at(deadline, ws.next()).await.context("no subscribed")?;
+        let Some(Ok(Message::Text(text))) = next else { bail!("closed before subscribed") };
+        let frame: Value = serde_json::from_str(text.as_str())?;
+        match frame["type"].as_str() {
+            Some("subscribed") => {
+                {
+                    let mut history = history.lock().unwrap();
+                    for p in frame["partitions"].as_array().into_iter().flatten() {
+                        if let (Some(partition), Some(from)) = (p["partition"].as_u64(), p["from"].as_u64()) {
+                            history.time_replay(client, key(partition as u32), time, sent_at, from);
+                        }
+                    }
+                }
+                let _ = ws.close(None).await;
+                return Ok(());
+            }
+            Some("error") => bail!("an error frame: {frame}"),
+            _ => {}
         }
     }
 }
@@ -493,9 +600,11 @@ pub(super) async fn publish(
             let mut history = history.lock().unwrap();
             match offsets {
                 Some(offsets) => {
+                    let answered_at = now_ms();
                     for (id, at) in ids.iter().zip(offsets) {
                         let (partition, offset) = partition_of(at);
                         history.published(key(partition), offset, *id);
+                        history.answered_at(key(partition), offset, answered_at);
                     }
                 }
                 None => {

@@ -37,7 +37,7 @@ use crate::takeover::{backoff, free_port};
 mod clients;
 mod nemesis;
 
-use clients::{key, publish, AckStyle, ClientPlan, Counters, Progress, Transport};
+use clients::{key, publish, replay_by_time, AckStyle, ClientPlan, Counters, Progress, Transport};
 use nemesis::{nemesis, Broker, Cluster, FaultLog};
 
 const TOPIC: &str = "chaos";
@@ -295,6 +295,9 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     for dir in &data {
         std::fs::create_dir_all(dir.parent().expect("a parent"))?;
     }
+    // Each instance's directory (its config file's home) as an installer leaves it: synced into
+    // the mount's root, so a power loss does not take it.
+    std::fs::File::open(mount.mountpoint())?.sync_all()?;
     let mut cluster = Cluster { launches, data, gateways: (0..instances).map(|_| None).collect(), mount, broker, clocks, logs: Vec::new() };
     tokio::task::block_in_place(|| (0..instances).try_for_each(|i| cluster.start(i)))?;
     let http = reqwest::Client::new();
@@ -331,9 +334,10 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
         };
         clients.push((plan.id.clone(), tokio::spawn(plan.run())));
     }
-    let publishers: Vec<_> = (0..2)
+    let mut publishers: Vec<_> = (0..2)
         .map(|_| tokio::spawn(publish(urls.clone(), cli.rate.div_ceil(2), history.clone(), counters.clone(), stop_publishing_rx.clone(), rng.fork())))
         .collect();
+    publishers.push(tokio::spawn(replay_by_time(urls.clone(), history.clone(), counters.clone(), stop_publishing_rx.clone(), rng.fork())));
 
     let stop_faults = Arc::new(AtomicBool::new(false));
     let nemesis_thread = {
@@ -419,11 +423,13 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     report.apply_duplicate_bound(bound);
     // Every token the workload presents is fresh and within the clocks' bound: a refusal is a bug.
     report.tokens_refused = counters.auth_refusals.load(Ordering::Relaxed);
+    report.closed_with_valid_token = counters.closed_with_valid_token.load(Ordering::Relaxed);
     eprintln!(
-        "chaos: {} reconnects ({} voluntary, {} at a token's expiry), {} tokens refreshed in band, {} nacks, {} error frames, {} publish errors, duplicate bound {bound}",
+        "chaos: {} reconnects ({} voluntary, {} at a token's expiry), {} replays by time cut off, {} tokens refreshed in band, {} nacks, {} error frames, {} publish errors, duplicate bound {bound}",
         counters.reconnects.load(Ordering::Relaxed),
         counters.voluntary_reconnects.load(Ordering::Relaxed),
         counters.expired.load(Ordering::Relaxed),
+        counters.time_replays_failed.load(Ordering::Relaxed),
         counters.refreshed.load(Ordering::Relaxed),
         counters.nacks.load(Ordering::Relaxed),
         counters.error_frames.load(Ordering::Relaxed),

@@ -129,6 +129,8 @@ impl EmbeddedLog {
         let cfs = [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let dir = data_dir.join("log");
         crate::store::damage::refuse_if_marked_damaged(&dir).map_err(io_err)?;
+        // RocksDB makes the directory without syncing its entry in data_dir.
+        crate::durable_files::create_dir_all(&dir).map_err(io_err)?;
         let db = Db::open_cf_descriptors(&opts, &dir, cfs).map_err(|e| io_err(crate::store::damage::open_error(&dir, e)))?;
         let cursors = PullCursors::load(data_dir.join(CHECKPOINT_FILE)).map_err(io_err)?;
         let log = LogState {

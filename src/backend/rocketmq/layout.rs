@@ -203,7 +203,7 @@ impl Layouts {
             let brokers: Vec<String> = layout.iter().map(|(b, q)| format!("{b}:{q}")).collect();
             text.push_str(&format!("{topic}={}\n", brokers.join(",")));
         }
-        super::super::checkpoint::write_atomically(&self.path, text.as_bytes())
+        crate::durable_files::write_atomically(&self.path, text.as_bytes())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<TopicName, Layout>> {

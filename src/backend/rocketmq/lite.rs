@@ -152,7 +152,7 @@ impl LiteState {
 }
 
 fn write_client_id(path: &Path, id: &str) -> std::io::Result<String> {
-    super::super::checkpoint::write_atomically(path, id.as_bytes())?;
+    crate::durable_files::write_atomically(path, id.as_bytes())?;
     Ok(id.to_string())
 }
 
