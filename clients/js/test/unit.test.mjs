@@ -1309,6 +1309,33 @@ test("credentials refused for good: state failed, client.failure, a failed event
   }
 });
 
+// docs/clients.md's `failed` listener signs in and calls connect() again at once. The first
+// connect() then went on trying beside it (its run saw the state "connecting" the listener set)
+// and opened a second session, which took the listener's over.
+test("a failed listener that calls connect() at once: the first connect() rejects with the refusal, and only the listener's run connects", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 });
+    let again;
+    client.on("failed", () => Promise.resolve().then(() => (again = client.connect())));
+    const first = client.connect();
+    gateway.socket().readyState = 1;
+    gateway.socket().send_({ type: "error", code: "unauthorized", message: "bad token" });
+    gateway.socket().cut(1008);
+    assert.deepEqual(await settled(first), { code: "unauthorized" });
+    await until("the listener's connect", () => gateway.sockets.length === 2);
+    gateway.socket().welcome();
+    assert.equal((await again).session_id, "s2");
+    await tick(20);
+    assert.equal(gateway.sockets.length, 2, "no other attempt");
+    assert.equal(client.state, "connected");
+    client.close();
+  } finally {
+    restore();
+  }
+});
+
 test("failed is for the gateway's refusals only: close() and a lost connection with reconnect: false are closed, 4002 reconnects; over SSE a refusal fails as on a WebSocket; a 1008 without its error frame is unauthorized", async () => {
   const restore = recommendFake();
   try {
