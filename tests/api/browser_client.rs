@@ -15,6 +15,9 @@
 //!   paused, the last one unsubscribes; resumed, what came meanwhile comes, past the limit only
 //!   the newest are kept and the dropped ones are acked too (React and esbuild from
 //!   clients/js/node_modules: `npm ci` there).
+//! - docs_react.mjs: docs/clients.md's "A React app" block, read from the guide and bundled as
+//!   written (only the gateway's address changes): Status shows the state, Orders lists at most
+//!   its limit and every event is acked, a takeover shows `failed: taken_over`.
 
 use std::process::Command;
 
@@ -134,5 +137,19 @@ async fn the_minimal_app_on_its_own_origin_receives_and_acks_in_a_real_browser()
     let gw = InProcess::start(config).await;
     let out = run_script("own_origin.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
     assert!(out.contains("listed 4 events and acked them (committed 0 -> 4)"), "{out}");
+    gw.stop().await;
+}
+
+/// docs/clients.md's "A React app" runs as written (issue 61): the block, read from the guide, is
+/// bundled with React and runs against a fresh gateway, whose topic its subscribe makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_react_app_runs_as_written_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("docs_react.mjs", vec![gw.base.clone()]).await;
+    assert!(
+        out.contains("docs react: the guide's app listed 50 of 60 events (limit 50) and acked all of them (committed 60 of 60); Status showed connected, then failed: taken_over"),
+        "{out}"
+    );
     gw.stop().await;
 }
