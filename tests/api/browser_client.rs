@@ -126,17 +126,26 @@ async fn the_react_example_acks_what_it_rendered_in_a_real_browser() {
     gw.stop().await;
 }
 
-/// docs/clients.md's walk-through: the minimal app on its own origin (a server of its own,
-/// listed in `server.allowed_origins`) imports the client from the gateway, receives and acks.
+/// docs/clients.md's walk-through, "A minimal browser app", its steps as written: the minimal app
+/// on its own origin (step 3's `python3 -m http.server`, listed in `server.allowed_origins` as
+/// step 1 says) imports the client from the gateway, lists the event step 4's curl publishes and
+/// acks it. Step 1 is read here: the gateway gets the origins of its
+/// `ACKGATE_SERVER__ALLOWED_ORIGINS`, the app's port 9000 made the one reserved for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_app_on_its_own_origin_receives_and_acks_in_a_real_browser() {
     let (_dir, data) = temp_dir();
     let app_port = free_port();
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/clients.md")).unwrap();
+    let origins = guide
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("ACKGATE_SERVER__ALLOWED_ORIGINS='"))
+        .and_then(|rest| rest.split('\'').next())
+        .expect("step 1 of \"A minimal browser app\" sets ACKGATE_SERVER__ALLOWED_ORIGINS");
     let mut config = test_config(&data);
-    config.server.allowed_origins = vec![format!("http://127.0.0.1:{app_port}")];
+    config.server.allowed_origins = serde_json::from_str(&origins.replace("9000", &app_port.to_string())).expect("step 1's origins are a JSON list");
     let gw = InProcess::start(config).await;
     let out = run_script("own_origin.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
-    assert!(out.contains("listed 4 events and acked them (committed 0 -> 4)"), "{out}");
+    assert!(out.contains("own origin: the guide's steps: a page of http://localhost:") && out.contains("and acked it (committed 0 -> 1)"), "{out}");
     gw.stop().await;
 }
 
