@@ -15,6 +15,10 @@
 //!   paused, the last one unsubscribes; resumed, what came meanwhile comes, past the limit only
 //!   the newest are kept and the dropped ones are acked too (React and esbuild from
 //!   clients/js/node_modules: `npm ci` there).
+//! - bfcache.mjs: with Chromium's back/forward cache on (Playwright turns it off by default), a
+//!   page whose client is connected and subscribed is cached when it navigates away (no session,
+//!   no Web Lock held meanwhile) and, restored by going back, reconnects and gets what was
+//!   published while it was away.
 //! - docs_react.mjs: docs/clients.md's "A React app" block, read from the guide and bundled as
 //!   written (only the gateway's address changes): Status shows the state, Orders lists at most
 //!   its limit and every event is acked, a takeover shows `failed: taken_over`.
@@ -160,5 +164,22 @@ async fn the_guides_react_app_runs_as_written_in_a_real_browser() {
         out.contains("docs react: the guide's app listed 50 of 60 events (limit 50) and acked all of them (committed 60 of 60); Status showed connected, then failed: taken_over"),
         "{out}"
     );
+    gw.stop().await;
+}
+
+/// Issue 61 item 7 in a real browser: the back/forward cache. The page (its own origin, listed in
+/// `server.allowed_origins`) is cached when it navigates away: its client closed the connection
+/// and released its Web Lock at `pagehide`. Going back restores it (`pageshow` persisted, no new
+/// load), and its client reconnects and gets the events published meanwhile, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_in_the_back_forward_cache_lets_its_session_go_and_resumes_when_restored_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let app_port = free_port();
+    let mut config = test_config(&data);
+    config.server.allowed_origins = vec![format!("http://127.0.0.1:{app_port}")];
+    let gw = InProcess::start(config).await;
+    let out = run_script("bfcache.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
+    assert!(out.contains("bfcache: restored from the back/forward cache (pageshow persisted, one load); away, no session and no lock ackgate:"), "{out}");
+    assert!(out.contains("the 3 events published meanwhile received: every offset 0..5") && out.contains("all acked (committed 6)"), "{out}");
     gw.stop().await;
 }
