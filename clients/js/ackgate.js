@@ -566,6 +566,7 @@ class Session {
   #heartbeat = null; // the timer of the pings that find a dead connection
   #checking = null; // the timer of a ping that checks the connection: any frame clears it
   #paused = false; // the page is in the back/forward cache: no attempt until it is shown again
+  #run; // the latest connect() call's: a run that failed after another began leaves the session to it
 
   constructor(url, options, tokens, emit) {
     this.#url = url;
@@ -606,10 +607,14 @@ class Session {
     // (The close that ended the last run, final maybe, must not end this one's retries.)
     this.#lastClose = undefined;
     const stop = this.#stop.signal;
+    const run = (this.#run = {});
     this.#setState("connecting");
     try {
       return await this.#open(this.#url, false, stop);
     } catch (error) {
+      // connect() was called again meanwhile (a `failed` listener that signs in again): that run
+      // has the session, and this one rejects with its own failure instead of opening another.
+      if (run !== this.#run) throw error;
       // (A failed attempt's close set the state "closed" when it was final.)
       if (this.#state !== "connecting" || stop.aborted) {
         this.#setState("closed");

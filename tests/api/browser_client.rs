@@ -15,6 +15,13 @@
 //!   paused, the last one unsubscribes; resumed, what came meanwhile comes, past the limit only
 //!   the newest are kept and the dropped ones are acked too (React and esbuild from
 //!   clients/js/node_modules: `npm ci` there).
+//! - bfcache.mjs: with Chromium's back/forward cache on (Playwright turns it off by default), a
+//!   page whose client is connected and subscribed is cached when it navigates away (no session,
+//!   no Web Lock held meanwhile) and, restored by going back, reconnects and gets what was
+//!   published while it was away.
+//! - docs_react.mjs: docs/clients.md's "A React app" block, read from the guide and bundled as
+//!   written (only the gateway's address changes): Status shows the state, Orders lists at most
+//!   its limit and every event is acked, a takeover shows `failed: taken_over`.
 
 use std::process::Command;
 
@@ -123,16 +130,56 @@ async fn the_react_example_acks_what_it_rendered_in_a_real_browser() {
     gw.stop().await;
 }
 
-/// docs/clients.md's walk-through: the minimal app on its own origin (a server of its own,
-/// listed in `server.allowed_origins`) imports the client from the gateway, receives and acks.
+/// docs/clients.md's walk-through, "A minimal browser app", its steps as written: the minimal app
+/// on its own origin (step 3's `python3 -m http.server`, listed in `server.allowed_origins` as
+/// step 1 says) imports the client from the gateway, lists the event step 4's curl publishes and
+/// acks it. Step 1 is read here: the gateway gets the origins of its
+/// `ACKGATE_SERVER__ALLOWED_ORIGINS`, the app's port 9000 made the one reserved for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_app_on_its_own_origin_receives_and_acks_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let app_port = free_port();
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/clients.md")).unwrap();
+    let origins = guide
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("ACKGATE_SERVER__ALLOWED_ORIGINS='"))
+        .and_then(|rest| rest.split('\'').next())
+        .expect("step 1 of \"A minimal browser app\" sets ACKGATE_SERVER__ALLOWED_ORIGINS");
+    let mut config = test_config(&data);
+    config.server.allowed_origins = serde_json::from_str(&origins.replace("9000", &app_port.to_string())).expect("step 1's origins are a JSON list");
+    let gw = InProcess::start(config).await;
+    let out = run_script("own_origin.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
+    assert!(out.contains("own origin: the guide's steps: a page of http://localhost:") && out.contains("and acked it (committed 0 -> 1)"), "{out}");
+    gw.stop().await;
+}
+
+/// docs/clients.md's "A React app" runs as written (issue 61): the block, read from the guide, is
+/// bundled with React and runs against a fresh gateway, whose topic its subscribe makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_react_app_runs_as_written_in_a_real_browser() {
+    let (_dir, data) = temp_dir();
+    let gw = InProcess::start(test_config(&data)).await;
+    let out = run_script("docs_react.mjs", vec![gw.base.clone()]).await;
+    assert!(
+        out.contains("docs react: the guide's app listed 50 of 60 events (limit 50) and acked all of them (committed 60 of 60); Status showed connected, then failed: taken_over"),
+        "{out}"
+    );
+    gw.stop().await;
+}
+
+/// Issue 61 item 7 in a real browser: the back/forward cache. The page (its own origin, listed in
+/// `server.allowed_origins`) is cached when it navigates away: its client closed the connection
+/// and released its Web Lock at `pagehide`. Going back restores it (`pageshow` persisted, no new
+/// load), and its client reconnects and gets the events published meanwhile, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_in_the_back_forward_cache_lets_its_session_go_and_resumes_when_restored_in_a_real_browser() {
     let (_dir, data) = temp_dir();
     let app_port = free_port();
     let mut config = test_config(&data);
     config.server.allowed_origins = vec![format!("http://127.0.0.1:{app_port}")];
     let gw = InProcess::start(config).await;
-    let out = run_script("own_origin.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
-    assert!(out.contains("listed 4 events and acked them (committed 0 -> 4)"), "{out}");
+    let out = run_script("bfcache.mjs", vec![gw.base.clone(), app_port.to_string()]).await;
+    assert!(out.contains("bfcache: restored from the back/forward cache (pageshow persisted, one load); away, no session and no lock ackgate:"), "{out}");
+    assert!(out.contains("the 3 events published meanwhile received: every offset 0..5") && out.contains("all acked (committed 6)"), "{out}");
     gw.stop().await;
 }

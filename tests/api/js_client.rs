@@ -6,7 +6,8 @@
 //! `client.test.mjs` against the gateways (plain acks with a confirmation per period, rejected requests when
 //! disconnected, no token after 4002, a dropped subscription, a token kept across a reload, an
 //! operator's reset over a kept token (fenced by its epoch), a drained instance followed to its peer; over SSE: acks, a dropped stream resumed with its
-//! token, 4002, takeover both ways with a WebSocket client, `auto` falling back); `tsc --noEmit` checks `index.d.ts` against
+//! token, 4002, takeover both ways with a WebSocket client, `auto` falling back; docs/clients.md's quickstart, `failed` and
+//! `state` listeners and ackgate-client page, run as written); `tsc --noEmit` checks `index.d.ts` against
 //! `examples/typed.ts`; `npm pack --dry-run` packs it offline.
 
 use std::path::PathBuf;
@@ -58,7 +59,7 @@ async fn the_js_client_passes_its_tests_against_real_gateways() {
     // A failed test may leave a stream open, which would keep node (and this test) waiting:
     // the runner exits when its tests are done, and no test runs longer than two minutes.
     let out = run("node", &["--experimental-websocket", "--test", "--test-force-exit", "--test-timeout=120000", "test/"], env).await;
-    assert!(out.contains("# fail 0") && out.contains("# pass 77"), "{out}");
+    assert!(out.contains("# fail 0") && out.contains("# pass 81"), "{out}");
     a.stop().await;
     b.stop().await;
     c.stop().await;

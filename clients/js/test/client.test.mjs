@@ -893,12 +893,29 @@ test("a client started before its gateway is up: subscribe() before connect() wa
   proxy.close();
 });
 
-test("the quickstart of docs/clients.md runs as written against a fresh topic: it subscribes before anything was published, renders and acks", async () => {
+/** The one `js` block of docs/clients.md that contains `marker` (none or two: the test fails). */
+function guideBlock(marker) {
   const guide = readFileSync(new URL("../../../docs/clients.md", import.meta.url), "utf8");
-  const block = guide.match(/```js\n([\s\S]*?)```/)[1];
+  const blocks = [...guide.matchAll(/^```js\n([\s\S]*?)^```$/gm)].map((m) => m[1]).filter((text) => text.includes(marker));
+  assert.equal(blocks.length, 1, `docs/clients.md has one js block with ${marker}`);
+  return blocks[0];
+}
+
+/**
+ * Runs a block of docs/clients.md as the body of an async function of `names` (the page's free
+ * names, which the test defines) with `values`; its import of "ackgate-client" reads this
+ * checkout's module instead. The promise of its end.
+ */
+function runBlock(block, names, values) {
+  const body = block.replace(/^import \{([^}]*)\} from "ackgate-client";.*$/m, "const {$1} = ackgate;");
+  const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+  return new AsyncFunction("ackgate", ...names, body)(ackgate, ...values);
+}
+
+test("the quickstart of docs/clients.md runs as written against a fresh topic: it subscribes before anything was published, renders and acks", async () => {
+  const block = guideBlock("for await (const event of client.events())");
   // Only the package name (the module is this checkout's) and the gateway's address change.
   assert.ok(block.includes('from "ackgate-client"') && block.includes('"ws://127.0.0.1:8080/ws"'), block);
-  const body = block.replace(/^import \{([^}]*)\} from "ackgate-client";.*$/m, "const {$1} = ackgate;").replace('"ws://127.0.0.1:8080/ws"', JSON.stringify(ws(A)));
   // What the page has: a signed-in user, a render function, sessionStorage. The second event's
   // render ends the loop (the block runs for ever otherwise).
   const rendered = [];
@@ -907,8 +924,7 @@ test("the quickstart of docs/clients.md runs as written against a fresh topic: i
     rendered.push(payload);
     if (rendered.length === 2) throw stop;
   };
-  const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
-  const running = new AsyncFunction("ackgate", "user", "render", "sessionStorage", body)(ackgate, { id: "docs-reader" }, render, memoryStorage());
+  const running = runBlock(block.replace('"ws://127.0.0.1:8080/ws"', JSON.stringify(ws(A))), ["user", "render", "sessionStorage"], [{ id: "docs-reader" }, render, memoryStorage()]);
   // Its end is awaited below; handled from now on (it may end before that await).
   const ended = running.then(
     () => "the loop ended by itself",
@@ -926,4 +942,118 @@ test("the quickstart of docs/clients.md runs as written against a fresh topic: i
     const rows = (await call("GET", `${A}/admin/offsets?topic=orders&client_id=${subscribed.client_id}`)).offsets;
     return rows.reduce((sum, r) => sum + r.committed, 0) >= 1;
   });
+});
+
+// docs/clients.md's answer to "refused for good, or an outage" (its `failed` and `state`
+// listeners), run as written on gateway C (JWTs). A page follows it to sign in again after a
+// refused token, to offer the session back after a takeover, and to show that it is offline.
+test("docs/clients.md's failed and state listeners run as written: a refused token signs in and connects again, a takeover shows the banner whose action takes the session back, offline while connecting or reconnecting", async () => {
+  if (!C) throw new Error("set ACKGATE_DEV_C and ACKGATE_DEV_C_SECRET");
+  const block = guideBlock('client.on("failed"');
+  const clientId = "js-docs-failed";
+  const valid = () => jwt({ sub: clientId, exp: Math.floor(Date.now() / 1000) + 3600 });
+  // The page's token until it signs in is one the gateway refuses (unauthorized).
+  let token = "not.a.jwt";
+  const reconnects = [];
+  const client = new AckgateClient(ws(C), { clientId, tokenProvider: async () => token, onReconnect: (r) => reconnects.push(r) });
+  const signedIn = [];
+  const banners = [];
+  const offline = [];
+  const signIn = async () => {
+    signedIn.push(token);
+    token = valid();
+  };
+  const showBanner = (text, action) => banners.push({ text, action });
+  const setOffline = (value) => offline.push(value);
+  await runBlock(block, ["client", "showBanner", "signIn", "setOffline"], [client, showBanner, signIn, setOffline]);
+
+  // Refused: signIn, then connect() again with the token it got; no banner. The first connect()
+  // rejects with the refusal (it opened a second session beside the listener's before).
+  await assert.rejects(client.connect(), (error) => error.code === "unauthorized");
+  await until("the connect after signIn", () => client.state === "connected");
+  assert.deepEqual(signedIn, ["not.a.jwt"]);
+  assert.deepEqual(banners, []);
+  // connecting, failed, connecting, connected
+  assert.deepEqual(offline, [true, false, true, false]);
+  await new Promise((r) => setTimeout(r, 500)); // (a second attempt would be out by now)
+  assert.deepEqual(reconnects, [], "one connect after signIn, no other attempt");
+  assert.equal((await sessionsOf(C, clientId)).length, 1);
+  assert.equal((await sessionsOf(C, clientId))[0].session_id, client.welcome.session_id);
+
+  // An outage (an operator's disconnect, 4002): offline while reconnecting, back by itself.
+  const [session] = await sessionsOf(C, clientId);
+  await disconnect(C, session.session_id);
+  await until("the reconnect after 4002", () => offline.length === 6 && client.state === "connected");
+  assert.deepEqual(offline.slice(4), [true, false]);
+
+  // Taken over by another device: the banner, no signIn; its action connects again and takes
+  // the session back (the other one fails in turn).
+  const other = new AckgateClient(ws(C), { clientId, token: valid() });
+  await other.connect();
+  await until("the takeover", () => client.state === "failed");
+  assert.equal(client.failure.code, "taken_over");
+  assert.deepEqual(signedIn, ["not.a.jwt"], "a takeover does not sign in");
+  assert.deepEqual(banners.map((b) => b.text), ["Open in another window"]);
+  assert.equal(offline.at(-1), false, "failed is not offline");
+  await banners[0].action();
+  assert.equal(client.state, "connected");
+  await until("the other device's failure", () => other.state === "failed");
+  assert.equal(other.failure.code, "taken_over");
+  assert.deepEqual(offline.slice(6), [false, true, false]);
+  other.close();
+  client.close();
+});
+
+// docs/clients.md's "coming from centrifuge-js" page, the ackgate-client half, run as written on
+// gateway C (JWTs: its tokenProvider is what the page's server issues). Only the gateway's
+// address changes; the page's user, token server, render, reloadOrders and sessionStorage are
+// the test's.
+test("docs/clients.md's ackgate-client page beside centrifuge-js runs as written: a token per client id, each event rendered and acked, the resume token kept in sessionStorage", async () => {
+  if (!C) throw new Error("set ACKGATE_DEV_C and ACKGATE_DEV_C_SECRET");
+  const block = guideBlock('client.topic("orders")');
+  assert.ok(block.includes('"wss://gw.example.com/ws"'), block);
+  // The deployment made the topic: a JWT session may not create one (embedded.auto_create_topics).
+  const created = await fetch(`${C}/topics`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name: "orders", partitions: 1 }) });
+  assert.ok(created.ok || created.status === 409, `creating orders on C: ${created.status}`);
+  const user = { id: "docs-comparer" };
+  const asked = [];
+  const fetchGatewayToken = async (clientId) => {
+    asked.push(clientId);
+    return jwt({ sub: clientId, exp: Math.floor(Date.now() / 1000) + 3600 });
+  };
+  const rendered = [];
+  const stop = new Error("enough");
+  const render = (payload) => {
+    rendered.push(payload);
+    if (rendered.length === 3) throw stop;
+  };
+  let reloads = 0;
+  const reloadOrders = () => reloads++;
+  const sessionStorage = memoryStorage();
+  const running = runBlock(
+    block.replace('"wss://gw.example.com/ws"', JSON.stringify(ws(C))),
+    ["user", "fetchGatewayToken", "render", "reloadOrders", "sessionStorage"],
+    [user, fetchGatewayToken, render, reloadOrders, sessionStorage],
+  );
+  const ended = running.then(
+    () => "the loop ended by itself",
+    (error) => error,
+  );
+  const subscribed = await until("the page's subscription", async () => {
+    const sessions = await call("GET", `${C}/admin/sessions?topic=orders`);
+    return sessions.sessions.find((s) => s.client_id.startsWith("docs-comparer:"));
+  });
+  assert.deepEqual(asked, [subscribed.client_id], "the token was asked for the device's client id");
+  await call("POST", `${C}/topics/orders/events`, { events: [1, 2, 3].map((n) => ({ partition: 0, payload: { n } })) });
+  assert.equal(await ended, stop);
+  assert.deepEqual(rendered.map((p) => p.n), [1, 2, 3]);
+  // The first two rendered were acked (the third's render ended the loop before its ack).
+  const committed = await until("the acks of the rendered events", async () => {
+    const [row] = (await call("GET", `${C}/admin/offsets?topic=orders&client_id=${subscribed.client_id}`)).offsets;
+    return row?.committed >= 2 && row.committed;
+  });
+  assert.ok(committed >= 2, `committed ${committed}`);
+  // The resume token the gateway issued is kept in the page's sessionStorage for a reload.
+  await until("the resume token in sessionStorage", () => sessionStorage.getItem(`ackgate:${subscribed.client_id}:tokens`));
+  assert.equal(reloads, 0, "nothing was missing: no gap, no reload");
 });

@@ -421,6 +421,38 @@ test("publish waits for the connection and carries an idempotency key; a publish
   }
 });
 
+// client.test.mjs and tests/browser/docs_react.mjs run docs/clients.md's blocks against a
+// gateway; centrifuge-js's half of the comparison cannot run here (it needs a Centrifugo server
+// and the centrifuge package, which the suite does not install). This is what is checked of
+// every block, that one too: it is a module esbuild parses, and what it imports from the package
+// exists (esbuild refuses an import the module does not export).
+test("every js and jsx block of docs/clients.md and the package README parses as an ES module and imports only what ackgate-client exports", async () => {
+  const esbuild = await import("esbuild");
+  const here = new URL("..", import.meta.url).pathname;
+  const checked = [];
+  for (const doc of ["../../docs/clients.md", "README.md"]) {
+    const text = readFileSync(join(here, doc), "utf8");
+    for (const [, , lang, block] of text.matchAll(/^( *)```(js|jsx)\n([\s\S]*?)^\1```$/gm)) {
+      const line = text.slice(0, text.indexOf(block)).split("\n").length;
+      await esbuild
+        .build({
+          stdin: { contents: block, loader: lang, resolveDir: here, sourcefile: `${doc}:${line}` },
+          bundle: true,
+          write: false,
+          format: "esm",
+          jsx: "automatic",
+          alias: { "ackgate-client": join(here, "ackgate.js"), "ackgate-client/react": join(here, "react.js") },
+          external: ["centrifuge"],
+          logLevel: "silent",
+        })
+        .catch((error) => assert.fail(`${doc}, the ${lang} block at line ${line}: ${error.message}`));
+      checked.push(`${doc}:${line}`);
+    }
+  }
+  // docs/clients.md: the quickstart, the failed listeners, centrifuge-js, ackgate-client, React.
+  assert.equal(checked.filter((c) => c.includes("clients.md")).length, 5, checked.join(", "));
+});
+
 test("the minified build (dist/ackgate.min.js and its source map) is the same client", async (t) => {
   const dir = mkdtempSync(join(tmpdir(), "ackgate-build-"));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -1304,6 +1336,33 @@ test("credentials refused for good: state failed, client.failure, a failed event
     client.close();
     assert.deepEqual([client.state, client.failure], ["closed", null]);
     assert.deepEqual(seen.slice(3), ["connecting", "connected", "failed", "close 4001 true", "closed"]);
+  } finally {
+    restore();
+  }
+});
+
+// docs/clients.md's `failed` listener signs in and calls connect() again at once. The first
+// connect() then went on trying beside it (its run saw the state "connecting" the listener set)
+// and opened a second session, which took the listener's over.
+test("a failed listener that calls connect() at once: the first connect() rejects with the refusal, and only the listener's run connects", async () => {
+  const restore = recommendFake();
+  try {
+    const gateway = fakeGateway();
+    const client = new AckgateClient("ws://fake/ws", { clientId: "unit", WebSocket: gateway.WebSocket, heartbeatMs: 0, backoffMs: 1 });
+    let again;
+    client.on("failed", () => Promise.resolve().then(() => (again = client.connect())));
+    const first = client.connect();
+    gateway.socket().readyState = 1;
+    gateway.socket().send_({ type: "error", code: "unauthorized", message: "bad token" });
+    gateway.socket().cut(1008);
+    assert.deepEqual(await settled(first), { code: "unauthorized" });
+    await until("the listener's connect", () => gateway.sockets.length === 2);
+    gateway.socket().welcome();
+    assert.equal((await again).session_id, "s2");
+    await tick(20);
+    assert.equal(gateway.sockets.length, 2, "no other attempt");
+    assert.equal(client.state, "connected");
+    client.close();
   } finally {
     restore();
   }
