@@ -119,6 +119,24 @@ fn stop_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// The fault suite's clock fault on Kafka (`loadtest chaos`): the gateway's wall clock steps by
+/// the offset the file `ACKGATE_DEV_CLOCK_STEP_FILE` holds (`+30s`, `-12s`: libfaketime's
+/// form), read every 200 ms, as an NTP step would move it. Not a setting: unset, nothing runs.
+fn follow_clock_step_file() {
+    let Some(path) = std::env::var_os("ACKGATE_DEV_CLOCK_STEP_FILE") else { return };
+    tracing::warn!(file = %Path::new(&path).display(), "the wall clock follows a fault-injection step file (ACKGATE_DEV_CLOCK_STEP_FILE)");
+    let step = move || {
+        if let Some(secs) = std::fs::read_to_string(&path).ok().and_then(|text| ackgate::core::clock::parse_step_secs(&text)) {
+            ackgate::core::clock::step_wall_clock(secs.saturating_mul(1000));
+        }
+    };
+    step();
+    let _ = std::thread::Builder::new().name("clock-step".into()).spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        step();
+    });
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -152,6 +170,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    follow_clock_step_file();
     let config_file = ackgate::reload::ConfigFile { path: cli.config.clone(), required, set_log_filter };
     let mut stop = Box::pin(stop_signal());
     // SIGHUP reloads once the gateway serves; until then (a start can take long) it must not

@@ -53,6 +53,8 @@ struct Claims {
     /// Epoch seconds; optional (unless `auth.jwt_max_lifetime_secs` is set), but when present
     /// the session ends with 4004 at that time unless a `refresh` replaced the token.
     exp: Option<u64>,
+    /// Epoch seconds before which the token is refused; optional.
+    nbf: Option<u64>,
     /// Allowed topic patterns (`*` suffix wildcard); absent allows every topic.
     topics: Option<Vec<String>>,
     /// Topic patterns the holder may publish to without the admin token; absent allows none.
@@ -245,8 +247,10 @@ fn decode_token(auth: &AuthConfig, keys: &TokenKeys, token: &str, now_secs: u64)
     validation.required_spec_claims.clear();
     validation.required_spec_claims.insert("sub".into());
     validation.leeway = 0;
-    // A token that is not valid yet is refused like an expired one.
-    validation.validate_nbf = true;
+    // `exp` and `nbf` are checked below against the gateway's wall clock (the library reads the
+    // system's): a token that is not valid yet is refused like an expired one.
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
     if auth.jwt_audience.is_empty() {
         validation.validate_aud = false;
     } else {
@@ -261,6 +265,13 @@ fn decode_token(auth: &AuthConfig, keys: &TokenKeys, token: &str, now_secs: u64)
         validation.required_spec_claims.insert("exp".into());
     }
     let claims = decode::<Claims>(token, &key, &validation).map_err(|e| format!("invalid token: {e}"))?.claims;
+    // As jsonwebtoken's own checks with no leeway, in its words.
+    if claims.exp.is_some_and(|exp| exp < now_secs) {
+        return Err("invalid token: ExpiredSignature".into());
+    }
+    if claims.nbf.is_some_and(|nbf| nbf > now_secs) {
+        return Err("invalid token: ImmatureSignature".into());
+    }
     if auth.jwt_max_lifetime_secs > 0 {
         let exp = claims.exp.unwrap_or(u64::MAX);
         if exp.saturating_sub(now_secs) > auth.jwt_max_lifetime_secs {
@@ -271,7 +282,7 @@ fn decode_token(auth: &AuthConfig, keys: &TokenKeys, token: &str, now_secs: u64)
 }
 
 fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    crate::core::clock::wall_now_ms() / 1000
 }
 
 /// The token of a session handshake: the `token` query parameter or `Authorization: Bearer`.

@@ -660,3 +660,40 @@ async fn a_key_set_over_https_is_verified_against_the_given_authorities() {
     connect_with(gw.addr(), "hugo", &token(json!({"sub": "hugo", "exp": exp}))).await.close().await;
     gw.stop().await;
 }
+
+/// The fault suite's clock fault on Kafka steps the gateway's own wall clock
+/// (`ACKGATE_DEV_CLOCK_STEP_FILE`, issue 60 item 3): every check of a token's `exp` and `nbf`
+/// reads it (jsonwebtoken's own checks read the system's clock, so the gateway makes them), and so
+/// do the events' stamps. An hour ahead, a token valid for ten more minutes is expired and one not
+/// valid for half an hour is; stepped back, the first is valid again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_times_are_read_from_the_gateways_own_wall_clock() {
+    let (_dir, data) = temp_dir();
+    let step = data.with_extension("step");
+    std::fs::write(&step, "+3600s").unwrap();
+    // The binary refuses a secret under 32 bytes (in-process tests skip that check).
+    const LONG_SECRET: &str = "jwt-test-secret-of-at-least-32-bytes";
+    let token = |claims: Value| encode(&Header::default(), &claims, &EncodingKey::from_secret(LONG_SECRET.as_bytes())).unwrap();
+    let gw = Process::start(&data, &[("ACKGATE_AUTH__JWT_SECRET", LONG_SECRET), ("ACKGATE_DEV_CLOCK_STEP_FILE", step.to_str().unwrap())]);
+    let ws = format!("{}/ws?client_id=alice", gw.base);
+    let ten_minutes = token(json!({"sub": "alice", "exp": now_secs() + 600}));
+    assert_eq!(refused(format!("{ws}&token={ten_minutes}"), None).await, (1008, "unauthorized".into()));
+    let not_yet = token(json!({"sub": "alice", "nbf": now_secs() + 1800, "exp": now_secs() + 7200}));
+    let client = connect_with(gw.addr, "alice", &not_yet).await;
+    client.close().await;
+    let published: Value = http().post(format!("{}/topics/t/events", gw.base)).json(&json!({"payload": 1})).send().await.unwrap().json().await.unwrap();
+    assert_eq!(published["offsets"][0]["offset"], 0, "{published}");
+    let mut reader = connect_with(gw.addr, "alice", &not_yet).await;
+    reader.subscribe("t", json!({"from": "earliest"})).await;
+    let stamp = reader.recv_events(1).await[0]["timestamp"].as_u64().unwrap();
+    assert!(stamp / 1000 >= now_secs() + 3500, "stamped {stamp} by the stepped clock");
+    reader.close().await;
+
+    std::fs::write(&step, "+0s").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(refused(format!("{ws}&token={not_yet}"), None).await, (1008, "unauthorized".into()), "not valid yet by the true clock");
+    let client = connect_with(gw.addr, "alice", &ten_minutes).await;
+    assert_eq!(client.welcome["client_id"], "alice");
+    client.close().await;
+    gw.kill9();
+}

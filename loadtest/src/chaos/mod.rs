@@ -13,8 +13,11 @@
 //! than the pong timeout, then SIGCONT: a zombie that wakes after its clients moved), `restart`
 //! (SIGTERM: a drain), `power` (SIGKILL every instance, drop every write no fsync covered, start
 //! again), `disk-full` (writes fail with ENOSPC for a while), `clock` (an instance's wall clock
-//! steps 30 s back to 45 s ahead, through Debian's libfaketime), `broker-kill` and
-//! `broker-pause` (Kafka, RocketMQ).
+//! steps 30 s back to 45 s ahead, through Debian's libfaketime, or on Kafka the gateway's own
+//! wall clock through `ACKGATE_DEV_CLOCK_STEP_FILE`), `broker-kill` and `broker-pause` (Kafka,
+//! RocketMQ), `broker-cut`, `broker-black-hole` and `broker-slow` (Kafka: the connections between
+//! the gateways and tansu reset at once, carrying nothing for 2-8 s, or 50-500 ms late for 3-10 s,
+//! in the run's proxy).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -70,6 +73,9 @@ pub enum Fault {
     Clock,
     BrokerKill,
     BrokerPause,
+    BrokerCut,
+    BrokerBlackHole,
+    BrokerSlow,
 }
 
 impl Fault {
@@ -158,25 +164,25 @@ impl Rng {
 }
 
 /// Every fault the backend has: the embedded log has no broker, and libfaketime must be there
-/// for `clock`. tansu 0.6, the Kafka stand-in, is not killed by default: after a SIGKILL under
-/// load its SQLite storage panics at every metadata request ("more or less than one row",
-/// tansu-storage's lite.rs) and it never serves again, which is tansu's fault, not ackgate's.
-/// Nor is the clock stepped on Kafka by default: libfaketime moves the wall clock of one process
-/// only, and librdkafka's timed waits hand the kernel absolute deadlines in that clock
-/// (`FUTEX_CLOCK_REALTIME`), which the kernel compares with the real one. A clock set back
-/// turns every wait into an immediate timeout: each librdkafka thread spins (seen on 2026-12-05:
-/// 19 threads, both cores in system time, `futex ... = -1 ETIMEDOUT` in a loop), the other
-/// instances and the broker starve and their starts time out. A clock set ahead makes each wait
-/// last that much longer. A real NTP step moves the kernel's clock for every process, so neither
-/// happens; the steps are run on the embedded log and RocketMQ, whose clients wait on monotonic
-/// time (`--faults clock` still runs them on Kafka).
+/// for `clock` (except on Kafka). tansu 0.6, the Kafka stand-in, is not killed by default: after a
+/// SIGKILL under load its SQLite storage panics at every metadata request ("more or less than one
+/// row", tansu-storage's lite.rs) and it never serves again, which is tansu's fault, not
+/// ackgate's; its network is what fails on Kafka instead (`broker-cut`, `broker-black-hole`,
+/// `broker-slow`). The clock steps on Kafka move the gateway's own wall clock (every read of it:
+/// tokens, offset times, record stamps; `ACKGATE_DEV_CLOCK_STEP_FILE`), not the process's:
+/// libfaketime moves the wall clock of one process only, and librdkafka's timed waits hand the
+/// kernel absolute deadlines in that clock (`FUTEX_CLOCK_REALTIME`), which the kernel compares
+/// with the real one. A clock set back turned every wait into an immediate timeout: each
+/// librdkafka thread spun (seen on 2026-12-05: 19 threads, both cores in system time, `futex ...
+/// = -1 ETIMEDOUT` in a loop). A real NTP step moves the kernel's clock for every process, so
+/// that never happens.
 fn default_faults(broker: Option<&Broker>) -> Vec<Fault> {
     let mut faults = vec![Fault::Kill, Fault::Pause, Fault::Restart, Fault::Power, Fault::DiskFull];
-    if Path::new(LIBFAKETIME).exists() && !matches!(broker, Some(Broker::Tansu { .. })) {
+    if Path::new(LIBFAKETIME).exists() || matches!(broker, Some(Broker::Tansu { .. })) {
         faults.push(Fault::Clock);
     }
     match broker {
-        Some(Broker::Tansu { .. }) => faults.push(Fault::BrokerPause),
+        Some(Broker::Tansu { .. }) => faults.extend([Fault::BrokerPause, Fault::BrokerCut, Fault::BrokerBlackHole, Fault::BrokerSlow]),
         Some(Broker::RocketMq { .. }) => faults.extend([Fault::BrokerKill, Fault::BrokerPause]),
         None => {}
     }
@@ -239,6 +245,9 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     if !brokered && cli.faults.iter().any(|f| matches!(f, Fault::BrokerKill | Fault::BrokerPause)) {
         bail!("broker faults need a broker: --tansu PATH or --rocketmq-script PATH");
     }
+    if cli.tansu.is_none() && cli.faults.iter().any(|f| matches!(f, Fault::BrokerCut | Fault::BrokerBlackHole | Fault::BrokerSlow)) {
+        bail!("network faults need the Kafka run's proxy: --tansu PATH");
+    }
     let mut rng = Rng(cli.seed);
     let temp = tempfile::tempdir()?;
     let script = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/powerloss/powerloss_fs.py"));
@@ -278,7 +287,10 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
         }
         let clock = temp.path().join(format!("clock-{i}"));
         std::fs::write(&clock, "+0s")?;
-        if faults.contains(&Fault::Clock) {
+        if faults.contains(&Fault::Clock) && matches!(broker, Some(Broker::Tansu { .. })) {
+            // The gateway's own wall clock (default_faults says why not libfaketime's here).
+            env.push(("ACKGATE_DEV_CLOCK_STEP_FILE".into(), clock.display().to_string()));
+        } else if faults.contains(&Fault::Clock) {
             env.push(("LD_PRELOAD".into(), LIBFAKETIME.into()));
             env.push(("FAKETIME_TIMESTAMP_FILE".into(), clock.display().to_string()));
             // Read the offset file at most once a second, not at every clock read.
@@ -347,6 +359,10 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
             let outcome = nemesis(&mut cluster, &faults, every, &stop_faults, rng);
             // Heal: every instance running, the broker up, room on the disk.
             let _ = cluster.mount.set_full(false);
+            if let Some(link) = cluster.broker.as_ref().and_then(Broker::link) {
+                link.black_hole(false);
+                link.slow(Duration::ZERO);
+            }
             if let Some(broker) = cluster.broker.as_mut() {
                 broker.signal(libc::SIGCONT);
                 if broker.is_down() {

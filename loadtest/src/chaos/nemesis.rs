@@ -14,6 +14,7 @@ pub(super) enum Broker {
         port: u16,
         target: Arc<Mutex<u16>>,
         child: Option<std::process::Child>,
+        link: Arc<Link>,
     },
     RocketMq {
         script: PathBuf,
@@ -31,8 +32,9 @@ impl Broker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let target = Arc::new(Mutex::new(0u16));
-        tokio::spawn(proxy(listener, target.clone()));
-        let mut broker = Self::Tansu { binary: binary.to_path_buf(), dir: tempfile::tempdir()?, port, target, child: None };
+        let link = Arc::new(Link::new());
+        tokio::spawn(proxy(listener, target.clone(), link.clone()));
+        let mut broker = Self::Tansu { binary: binary.to_path_buf(), dir: tempfile::tempdir()?, port, target, child: None, link };
         tokio::task::block_in_place(|| broker.run())?;
         Ok(broker)
     }
@@ -78,7 +80,7 @@ impl Broker {
     /// Starts the broker again after `kill` (same data).
     pub(super) fn run(&mut self) -> anyhow::Result<()> {
         match self {
-            Self::Tansu { binary, dir, port, target, child } => {
+            Self::Tansu { binary, dir, port, target, child, .. } => {
                 let own = free_port()?;
                 *target.lock().unwrap() = own;
                 let url = Self::tansu_url(own);
@@ -112,6 +114,15 @@ impl Broker {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// The network between the gateways and the broker, where this run has one of its own
+    /// (tansu's proxy).
+    pub(super) fn link(&self) -> Option<&Arc<Link>> {
+        match self {
+            Self::Tansu { link, .. } => Some(link),
+            Self::RocketMq { .. } => None,
         }
     }
 
@@ -167,13 +178,79 @@ impl Drop for Broker {
     }
 }
 
-/// Forwards each connection to `127.0.0.1:target` as it is when the connection comes.
-pub(super) async fn proxy(listener: tokio::net::TcpListener, target: Arc<Mutex<u16>>) {
+/// The network between the gateways and the broker, as the proxy carries it, with the faults a
+/// Kafka cluster's network shows: connections cut, a path that black-holes every byte for a
+/// while (TCP holds them, nothing arrives), a broker that answers slowly.
+pub(super) struct Link {
+    /// Bumped by a cut: every connection open then is reset.
+    cuts: watch::Sender<u64>,
+    black_holed: AtomicBool,
+    /// Added before each chunk goes through, either way.
+    delay_ms: AtomicU64,
+}
+
+impl Link {
+    fn new() -> Self {
+        Self { cuts: watch::channel(0).0, black_holed: AtomicBool::new(false), delay_ms: AtomicU64::new(0) }
+    }
+
+    /// Every connection between the gateways and the broker is reset at once.
+    pub(super) fn cut(&self) {
+        self.cuts.send_modify(|cuts| *cuts += 1);
+    }
+
+    pub(super) fn black_hole(&self, on: bool) {
+        self.black_holed.store(on, Ordering::Relaxed);
+    }
+
+    pub(super) fn slow(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Carries what `from` reads to `to` until either side ends, through the link's faults.
+    async fn pump(&self, mut from: impl tokio::io::AsyncRead + Unpin, mut to: impl tokio::io::AsyncWrite + Unpin) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while self.black_holed.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let delay = self.delay_ms.load(Ordering::Relaxed);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            if to.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Forwards each connection to `127.0.0.1:target` as it is when the connection comes, through
+/// `link`.
+pub(super) async fn proxy(listener: tokio::net::TcpListener, target: Arc<Mutex<u16>>, link: Arc<Link>) {
     while let Ok((mut inbound, _)) = listener.accept().await {
         let port = *target.lock().unwrap();
+        let link = link.clone();
+        let mut cuts = link.cuts.subscribe();
         tokio::spawn(async move {
-            if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return };
+            let cut = {
+                let ((from_client, to_client), (from_broker, to_broker)) = (inbound.split(), outbound.split());
+                tokio::select! {
+                    _ = link.pump(from_client, to_broker) => false,
+                    _ = link.pump(from_broker, to_client) => false,
+                    changed = cuts.changed() => changed.is_ok(),
+                }
+            };
+            if cut {
+                // A reset, not a goodbye: both ends see the connection fail.
+                let _ = inbound.set_zero_linger();
+                let _ = outbound.set_zero_linger();
             }
         });
     }
@@ -365,6 +442,25 @@ pub(super) fn nemesis(cluster: &mut Cluster, faults: &[Fault], mean_every: Durat
                     broker.kill();
                     std::thread::sleep(rng.millis(500, 3000));
                     broker.run()?;
+                }
+            }
+            Fault::BrokerCut => {
+                if let Some(link) = cluster.broker.as_ref().and_then(Broker::link) {
+                    link.cut();
+                }
+            }
+            Fault::BrokerBlackHole => {
+                if let Some(link) = cluster.broker.as_ref().and_then(Broker::link) {
+                    link.black_hole(true);
+                    std::thread::sleep(rng.millis(2000, 8000));
+                    link.black_hole(false);
+                }
+            }
+            Fault::BrokerSlow => {
+                if let Some(link) = cluster.broker.as_ref().and_then(Broker::link) {
+                    link.slow(rng.millis(50, 500));
+                    std::thread::sleep(rng.millis(3000, 10_000));
+                    link.slow(Duration::ZERO);
                 }
             }
             Fault::BrokerPause => {

@@ -385,7 +385,9 @@ impl LogBackend for KafkaLog {
             for (key, value) in &event.headers {
                 headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
             }
-            let mut record = FutureRecord::<str, [u8]>::to(topic.as_str()).payload(&event.payload).headers(headers);
+            // Stamped by the gateway's wall clock, as the embedded log stamps its events.
+            let mut record =
+                FutureRecord::<str, [u8]>::to(topic.as_str()).payload(&event.payload).headers(headers).timestamp(crate::core::clock::wall_now_ms() as i64);
             if let Some(key) = &event.key {
                 record = record.key(key.as_str());
             }
