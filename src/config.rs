@@ -389,6 +389,10 @@ pub struct DeliveryConfig {
     /// Unacknowledged deliveries of one shared subscription (a `group`) on its instance, across its
     /// members (each member also keeps within max_in_flight). At most 1000000.
     pub group_max_in_flight: usize,
+    /// The longest a group member's `nack` may pause its event (a larger `delay_ms` is cut to
+    /// this; one day at most). Meanwhile the event holds a slot of the nacking member's window,
+    /// and the group's window grows by it, so a member that pauses events stalls only itself.
+    pub group_max_nack_delay_ms: u64,
     /// Deliveries of one event to one client before it becomes a dead letter.
     pub max_attempts: u32,
     /// Where a client with no stored offset starts: "earliest" or "latest".
@@ -439,6 +443,7 @@ impl Default for DeliveryConfig {
             max_in_flight: 1000,
             max_in_flight_bytes: 64 << 20,
             group_max_in_flight: 10_000,
+            group_max_nack_delay_ms: 60_000,
             max_attempts: 16,
             reset_policy: ResetPolicy::Earliest,
             slow_client_timeout_ms: 300_000,
@@ -1028,6 +1033,9 @@ impl Config {
         }
         if self.delivery.group_max_in_flight > 1_000_000 {
             problems.push("delivery.group_max_in_flight must be at most 1000000".into());
+        }
+        if self.delivery.group_max_nack_delay_ms > crate::core::protocol::MAX_NACK_DELAY_MS {
+            problems.push(format!("delivery.group_max_nack_delay_ms must be at most {} (one day)", crate::core::protocol::MAX_NACK_DELAY_MS));
         }
 
         if problems.is_empty() {

@@ -5,7 +5,7 @@
 //!
 //! What a reload changes, and where it takes effect:
 //! - the delivery settings (`delivery.ack_timeout_ms`, `max_attempts`, `redelivery_backoff_ms`,
-//!   `topics`, `max_in_flight`, `max_in_flight_bytes`, `group_max_in_flight`, `reset_policy`,
+//!   `topics`, `max_in_flight`, `max_in_flight_bytes`, `group_max_in_flight`, `group_max_nack_delay_ms`, `reset_policy`,
 //!   `progress_interval_ms`) and
 //!   the session limits (`limits.max_sessions`, `max_subscriptions_per_session`,
 //!   `max_subscribes_per_sec`, `max_rewind_events`, `max_clients_per_topic`): the next session,
@@ -42,6 +42,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "delivery.max_in_flight",
     "delivery.max_in_flight_bytes",
     "delivery.group_max_in_flight",
+    "delivery.group_max_nack_delay_ms",
     "delivery.reset_policy",
     "delivery.progress_interval_ms",
     "limits.max_sessions",
@@ -188,6 +189,7 @@ pub fn delivery_settings(config: &Config) -> DeliverySettings {
         max_in_flight: d.max_in_flight,
         max_in_flight_bytes: d.max_in_flight_bytes,
         group_max_in_flight: d.group_max_in_flight,
+        group_max_nack_delay: Duration::from_millis(d.group_max_nack_delay_ms),
         reset_policy: d.reset_policy,
         slow_client_timeout: Duration::from_millis(d.slow_client_timeout_ms),
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,

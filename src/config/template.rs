@@ -134,7 +134,10 @@ TOML (numbers, `true`, `[100, 1000]`). `ACKGATE_KAFKA__PROPERTIES__<NAME>` sets 
 property, its dots written as `_` (`ACKGATE_KAFKA__PROPERTIES__SASL_PASSWORD` is `sasl.password`),
 so secrets come from the environment one by one. Every other `ACKGATE_` variable is an error that
 names it (a section and a key joined by one underscore gets the right spelling), except
-`ACKGATE_DEV_*`, which the repository's scripts and tests use.
+`ACKGATE_DEV_*`, which the repository's scripts and tests use. One of them reaches the gateway
+itself: `ACKGATE_DEV_CLOCK_STEP_FILE`, the fault suite's clock fault on Kafka, steps the gateway's
+wall clock by the offset that file holds (`+30s`); the gateway logs a warning when it is set.
+Never set it in production.
 
 **Checks.** Unknown keys, values of the wrong type and values out of bounds stop the start (exit
 code 2) with a message naming each key. The bounds are in the descriptions below.

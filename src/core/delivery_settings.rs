@@ -23,6 +23,8 @@ pub struct DeliverySettings {
     pub max_in_flight_bytes: u32,
     /// Unacknowledged deliveries of one shared subscription across its members (its hub's window).
     pub group_max_in_flight: usize,
+    /// The longest a group member's nack may pause its event.
+    pub group_max_nack_delay: Duration,
     pub reset_policy: ResetPolicy,
     /// A session whose window stays full this long is closed with 4003; zero disables.
     pub slow_client_timeout: Duration,

@@ -190,7 +190,7 @@ impl From<StartFromWire> for StartFrom {
 }
 
 /// Longest redelivery delay a `nack` may ask for: one day.
-const MAX_NACK_DELAY_MS: u64 = 86_400_000;
+pub const MAX_NACK_DELAY_MS: u64 = 86_400_000;
 /// Longest `term` reason kept with a dead letter (docs/protocol.md: at most 1 KiB).
 const MAX_TERM_REASON_BYTES: usize = 1024;
 

@@ -603,3 +603,55 @@ async fn on_a_rocketmq_lite_topic_members_share_its_events() {
     floor_reaches_log_end(&gw.base, "rooms@r1").await;
     gw.stop().await;
 }
+
+/// Issue 59, item 1 (tried on the old binary: the group delivered nothing more for a day): a
+/// member that nacks every event it gets with a one-day `delay_ms` filled the hub's window with
+/// paused events, so with a window of 4 nobody got anything, also after that member left. Now a
+/// paused event holds a slot of the member that paused it and the hub's window grows by it (the
+/// member stalls only itself), and a group's pause is cut to `delivery.group_max_nack_delay_ms`.
+/// The real binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_pauses_its_events_stalls_itself_not_its_group() {
+    let (_dir, data) = temp_dir();
+    // A cap long enough that the paused events do not come back before the other member took the
+    // new ones, on a loaded machine too.
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__MAX_IN_FLIGHT", "4"), ("ACKGATE_DELIVERY__GROUP_MAX_NACK_DELAY_MS", "12000")]);
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "paused", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let publish_n = |from: u64, n: u64| {
+        let events: Vec<Value> = (from..from + n).map(|i| json!({"payload": {"n": i}})).collect();
+        publish(&gw.base, "paused", json!({"events": events}))
+    };
+    let mut pauser = TestClient::connect(gw.addr, "pauser").await;
+    pauser.subscribe("paused", json!({"group": "g"})).await;
+    publish_n(0, 4).await;
+    for event in pauser.recv_events(4).await {
+        pauser.send(json!({"op": "nack", "delivery_id": event["delivery_id"], "delay_ms": 86_400_000})).await;
+    }
+    publish_n(4, 4).await;
+    // The pauser holds its four slots with the paused events: the new ones wait for a member.
+    assert!(pauser.try_recv(Duration::from_millis(500)).await.is_none(), "a member full of paused events got more");
+    let mut worker = TestClient::connect(gw.addr, "worker").await;
+    worker.subscribe("paused", json!({"group": "g"})).await;
+    let events = worker.recv_events(4).await;
+    let got: Vec<u64> = events.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+    assert_eq!(got, [4, 5, 6, 7], "the other member gets the new events while the first ones are paused");
+    pauser.close().await;
+    publish_n(8, 4).await;
+    worker.ack_confirmed(&ids(&events), "a").await;
+    // After the pauser left: the next events come, and the paused ones come back after the
+    // group's cap (12 s), not a day.
+    let mut offsets = Vec::new();
+    while offsets.len() < 8 {
+        let frame = worker.try_recv(Duration::from_secs(30)).await.unwrap_or_else(|| panic!("only {offsets:?} came"));
+        if frame["type"] != "event" {
+            continue;
+        }
+        let event = frame;
+        offsets.push(event["offset"].as_u64().unwrap());
+        worker.send(json!({"op": "ack", "delivery_id": event["delivery_id"]})).await;
+    }
+    offsets.sort_unstable();
+    assert_eq!(offsets, [0, 1, 2, 3, 8, 9, 10, 11]);
+    gw.kill9();
+}

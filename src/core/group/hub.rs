@@ -63,6 +63,8 @@ struct Distributor {
     resume_again: bool,
     /// The first member's `from`: where the hub starts a partition the group has no floor of.
     from: StartFrom,
+    /// The paused events the hub's window was last sized for.
+    paused: usize,
 }
 
 pub(super) async fn distribute(
@@ -94,6 +96,7 @@ pub(super) async fn distribute(
         cap,
         resume_again: false,
         from: StartFrom::Committed,
+        paused: 0,
     };
     loop {
         tokio::select! {
@@ -114,6 +117,9 @@ pub(super) async fn distribute(
             Some((asker, frames)) = g.answers.next() => g.on_answer(asker, frames),
         }
         g.share_out();
+        if g.sharing.paused() != g.paused && g.hub.is_some() {
+            g.resize_window();
+        }
         if g.hub.is_some() && g.joined_once && g.members.is_empty() && g.joining.is_empty() {
             g.stop();
             groups.forget(&topic, &group, generation);
@@ -263,9 +269,12 @@ impl Distributor {
         self.resize_window();
     }
 
-    /// The hub may have in flight what its members can hold together, within its cap.
-    fn resize_window(&self) {
-        self.window.set_max_events(self.sharing.capacity().min(self.cap));
+    /// The hub may have in flight what its members can hold together, within its cap, and the
+    /// events members paused besides (they wait at the hub, not at a member): a member that nacks
+    /// with a delay takes no room from the others (issue 59).
+    fn resize_window(&mut self) {
+        self.paused = self.sharing.paused();
+        self.window.set_max_events(self.sharing.capacity().min(self.cap) + self.paused.min(self.cap));
     }
 
     /// Sends frames to the hub; their answers come back to `asker`.

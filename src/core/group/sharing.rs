@@ -50,6 +50,10 @@ pub enum Settled {
     Done,
     /// Nacked: it comes back from the hub, for another member.
     Released,
+    /// Nacked with a delay: it comes back from the hub when the delay is over, and until then
+    /// it holds a slot of the member that nacked it (so that a member pausing events stalls
+    /// itself, not its group: issue 59).
+    Paused,
 }
 
 #[derive(Debug)]
@@ -103,6 +107,10 @@ pub struct Sharing {
     /// since when): the key's later events wait for them, so that a key's events reach members
     /// in offset order even when the hub redelivers them in another.
     returning: FastMap<String, Vec<Returning>>,
+    /// Events a member paused (`Settled::Paused`), until the hub offers them again: each holds a
+    /// slot of that member while it is a member, and one of the hub's window as long as it waits
+    /// there (also after its member left).
+    paused: FastMap<(u32, u64), MemberId>,
 }
 
 impl Sharing {
@@ -118,6 +126,21 @@ impl Sharing {
             keys: FastMap::default(),
             avoid: FastMap::default(),
             returning: FastMap::default(),
+            paused: FastMap::default(),
+        }
+    }
+
+    /// Events paused by members and not offered again yet: the hub holds them in its window.
+    pub fn paused(&self) -> usize {
+        self.paused.len()
+    }
+
+    /// A paused event came back (or the hub settled it): its member's slot is free again.
+    fn unpause(&mut self, event: (u32, u64)) {
+        if let Some(member) = self.paused.remove(&event) {
+            if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
+                m.held = m.held.saturating_sub(1);
+            }
         }
     }
 
@@ -157,6 +180,7 @@ impl Sharing {
     /// replaces its older delivery in the queue.
     pub fn offer(&mut self, offered: Offered) -> Option<TakenBack> {
         let event = offered.event();
+        self.unpause(event);
         if let Some(key) = offered.key.as_ref().filter(|_| self.order == ShareOrder::Key) {
             if let Some(returning) = self.returning.get_mut(key) {
                 returning.retain(|(e, _)| *e != event);
@@ -215,6 +239,7 @@ impl Sharing {
     /// The hub settled `event` itself (a dead letter): it is forgotten, waiting or held; answers
     /// the member it is taken from.
     pub fn forget(&mut self, event: (u32, u64)) -> Option<TakenBack> {
+        self.unpause(event);
         if self.waiting_events.remove(&event) {
             self.waiting[event.0 as usize].retain(|w| w.event() != event);
         }
@@ -238,12 +263,20 @@ impl Sharing {
             _ => return false,
         }
         let held = self.out.remove(&event).expect("checked above");
-        self.release_room(&held);
         match how {
             Settled::Done => {
+                self.release_room(&held);
                 self.avoid.remove(&event);
             }
             Settled::Released => {
+                self.release_room(&held);
+                self.avoid.insert(event, member);
+                self.await_return(event, held.key.as_deref());
+            }
+            Settled::Paused => {
+                // The member's slot stays taken until the event comes back.
+                self.release_key(&held);
+                self.paused.insert(event, member);
                 self.avoid.insert(event, member);
                 self.await_return(event, held.key.as_deref());
             }
@@ -255,6 +288,10 @@ impl Sharing {
         if let Some(m) = self.members.iter_mut().find(|m| m.id == held.member) {
             m.held = m.held.saturating_sub(1);
         }
+        self.release_key(held);
+    }
+
+    fn release_key(&mut self, held: &Held) {
         if let Some(key) = &held.key {
             if let Some(hold) = self.keys.get_mut(key) {
                 hold.in_flight = hold.in_flight.saturating_sub(1);
@@ -419,6 +456,32 @@ mod tests {
         assert!(s.settle(first, DeliveryRef { seq: 3, slot: 0, partition: 0, offset: 7 }, Settled::Released));
         s.offer(offered(4, 0, 7, None));
         assert_eq!(s.assign().pop().unwrap().0, first);
+    }
+
+    #[test]
+    fn a_paused_event_holds_its_members_slot_until_it_comes_back_also_after_the_member_left() {
+        let mut s = Sharing::new(ShareOrder::None);
+        s.join(1, 2);
+        s.offer(offered(1, 0, 0, None));
+        s.offer(offered(2, 0, 1, None));
+        assert_eq!(s.assign().len(), 2);
+        let first = DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 0 };
+        assert!(s.settle(1, first, Settled::Paused));
+        assert_eq!(s.paused(), 1);
+        // Member 1 is still full: the paused event holds its slot, so the next goes to member 2.
+        s.offer(offered(3, 0, 2, None));
+        assert!(s.assign().is_empty(), "member 1 paused one and holds another: no room");
+        s.join(2, 2);
+        assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 2)]);
+        // Member 1 leaves: the paused event still waits at the hub, counted until it comes back.
+        assert_eq!(s.leave(1).len(), 1, "the event it held, not the paused one");
+        assert_eq!(s.paused(), 1);
+        s.offer(offered(4, 0, 0, None));
+        assert_eq!(s.paused(), 0);
+        assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 0)]);
+        // A Released nack frees the slot at once.
+        assert!(s.settle(2, DeliveryRef { seq: 4, slot: 0, partition: 0, offset: 0 }, Settled::Released));
+        assert_eq!(s.paused(), 0);
     }
 
     #[test]

@@ -305,13 +305,22 @@ impl Session {
 
     /// A nack, extend or term of a group delivery goes to its group as the client sent it; false
     /// when `delivery_id` is not a group delivery of this session.
-    pub(super) fn forward_to_group(&mut self, delivery_id: &str, frame: Value) -> bool {
+    pub(super) fn forward_to_group(&mut self, delivery_id: &str, mut frame: Value) -> bool {
         let Some(groups) = self.groups.as_mut() else { return false };
         let Some(delivery) = DeliveryRef::parse(delivery_id) else { return false };
         let Some(topic) = groups.held.get(&delivery).cloned() else { return false };
         let Some((_, handle)) = groups.joined.get(&topic) else { return false };
         let settles = match frame["op"].as_str() {
-            Some("nack") => vec![(delivery, Settled::Released)],
+            Some("nack") => {
+                // A pause is capped for a group (`delivery.group_max_nack_delay_ms`), and holds a
+                // slot of this member until the event comes back.
+                let cap = self.d.settings().group_max_nack_delay.as_millis() as u64;
+                if frame["delay_ms"].as_u64().is_some_and(|delay| delay > cap) {
+                    frame["delay_ms"] = cap.into();
+                }
+                let paused = frame["delay_ms"].as_u64().is_some_and(|delay| delay > 0);
+                vec![(delivery, if paused { Settled::Paused } else { Settled::Released })]
+            }
             Some("term") => vec![(delivery, Settled::Done)],
             _ => Vec::new(),
         };
