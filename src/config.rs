@@ -467,6 +467,12 @@ pub struct LimitsConfig {
     pub ws_read_buffer_bytes: usize,
     /// Events in one publish request (more: 413 limit_exceeded).
     pub max_batch_events: usize,
+    /// Bytes of an event's key at publish (more: 400 bad_request). Keys order a group's events
+    /// (`order: key`) and route them to partitions; a group remembers a key as an 8-byte hash,
+    /// whatever its length, so events from other producers are not bound by this.
+    pub max_key_bytes: usize,
+    /// Bytes of an event header's name at publish (more: 400 bad_request).
+    pub max_header_name_bytes: usize,
     /// Size of one REST request body (more: 413 limit_exceeded).
     pub max_body_bytes: usize,
     /// Largest body of POST /sse/{session_id}/frames (an SSE client's acks and other frames: an ack
@@ -514,6 +520,8 @@ impl Default for LimitsConfig {
             max_frame_bytes: 1_048_576,
             ws_read_buffer_bytes: 1024,
             max_batch_events: 10_000,
+            max_key_bytes: 4096,
+            max_header_name_bytes: 256,
             max_body_bytes: 16_777_216,
             max_frames_body_bytes: 1_048_576,
             max_sessions: 100_000,
@@ -723,6 +731,8 @@ impl Config {
             ("limits.max_frame_bytes", self.limits.max_frame_bytes as u64),
             ("limits.ws_read_buffer_bytes", self.limits.ws_read_buffer_bytes as u64),
             ("limits.max_batch_events", self.limits.max_batch_events as u64),
+            ("limits.max_key_bytes", self.limits.max_key_bytes as u64),
+            ("limits.max_header_name_bytes", self.limits.max_header_name_bytes as u64),
             ("limits.max_body_bytes", self.limits.max_body_bytes as u64),
             ("limits.max_frames_body_bytes", self.limits.max_frames_body_bytes as u64),
             ("limits.max_sessions", self.limits.max_sessions as u64),

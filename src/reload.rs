@@ -195,7 +195,11 @@ pub fn delivery_settings(config: &Config) -> DeliverySettings {
         max_subscriptions_per_session: config.limits.max_subscriptions_per_session,
         max_subscribes_per_sec: config.limits.max_subscribes_per_sec,
         max_rewind_events: config.limits.max_rewind_events,
-        max_batch_events: config.limits.max_batch_events,
+        event_bounds: crate::core::published_event::EventBounds {
+            max_batch_events: config.limits.max_batch_events,
+            max_key_bytes: config.limits.max_key_bytes,
+            max_header_name_bytes: config.limits.max_header_name_bytes,
+        },
         publish_creates_topics: (!crate::http::topics::must_exist_before_publish(config, false), !crate::http::topics::must_exist_before_publish(config, true)),
         subscribe_creates_partitions: (config.storage.backend == crate::config::BackendKind::Embedded).then_some(config.embedded.default_partitions),
         max_sessions: config.limits.max_sessions,

@@ -33,8 +33,8 @@ pub struct DeliverySettings {
     pub max_subscribes_per_sec: usize,
     /// The most a `from: {"last": n}` may ask for per partition.
     pub max_rewind_events: u64,
-    /// Events one publish may carry (`limits.max_batch_events`).
-    pub max_batch_events: usize,
+    /// What one publish may carry (`limits.max_batch_events`, `max_key_bytes`, `max_header_name_bytes`).
+    pub event_bounds: crate::core::published_event::EventBounds,
     /// Whether a `publish` frame may create a missing topic (the embedded log's
     /// `embedded.auto_create_topics`): for a session without a JWT, and for one with.
     pub publish_creates_topics: (bool, bool),

@@ -39,7 +39,22 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&
 pub(crate) const LENIENT_BASE64: base64::engine::GeneralPurpose =
     base64::engine::GeneralPurpose::new(&base64::alphabet::STANDARD, base64::engine::general_purpose::PAD.with_decode_allow_trailing_bits(true));
 
-pub fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
+/// What one publish may carry (`limits.max_batch_events`, `max_key_bytes`,
+/// `max_header_name_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub struct EventBounds {
+    pub max_batch_events: usize,
+    pub max_key_bytes: usize,
+    pub max_header_name_bytes: usize,
+}
+
+pub fn to_new_event(event: PublishedEvent, bounds: &EventBounds) -> Result<NewEvent, String> {
+    if let Some(key) = event.key.as_ref().filter(|key| key.len() > bounds.max_key_bytes) {
+        return Err(format!("key is {} bytes; at most {} (limits.max_key_bytes)", key.len(), bounds.max_key_bytes));
+    }
+    if let Some(name) = event.headers.iter().flatten().map(|(name, _)| name).find(|name| name.len() > bounds.max_header_name_bytes) {
+        return Err(format!("a header name is {} bytes; at most {} (limits.max_header_name_bytes)", name.len(), bounds.max_header_name_bytes));
+    }
     let (payload, payload_is_json) = match (event.payload, event.payload_base64) {
         (Some(raw), None) => (raw.get().as_bytes().to_vec(), true),
         (None, Some(b64)) => {
@@ -53,8 +68,9 @@ pub fn to_new_event(event: PublishedEvent) -> Result<NewEvent, String> {
     Ok(NewEvent { key: event.key, partition: event.partition, headers: event.headers.unwrap_or_default().into_iter().collect(), payload, payload_is_json })
 }
 
-/// A publish's `events` list (JSON text) as events to write: at least one, at most `max`.
-pub fn parse_events(events: &str, max: usize) -> Result<Vec<NewEvent>, String> {
+/// A publish's `events` list (JSON text) as events to write: at least one, within `bounds`.
+pub fn parse_events(events: &str, bounds: &EventBounds) -> Result<Vec<NewEvent>, String> {
+    let max = bounds.max_batch_events;
     let raw: Vec<PublishedEvent> = serde_json::from_str(events).map_err(|e| format!("\"events\" is not a list of events: {e}"))?;
     if raw.is_empty() {
         return Err("\"events\" is empty".into());
@@ -62,5 +78,5 @@ pub fn parse_events(events: &str, max: usize) -> Result<Vec<NewEvent>, String> {
     if raw.len() > max {
         return Err(format!("{} events in one publish; at most {max} (limits.max_batch_events)", raw.len()));
     }
-    raw.into_iter().enumerate().map(|(i, e)| to_new_event(e).map_err(|m| format!("event {i}: {m}"))).collect()
+    raw.into_iter().enumerate().map(|(i, e)| to_new_event(e, bounds).map_err(|m| format!("event {i}: {m}"))).collect()
 }

@@ -52,9 +52,13 @@ pub enum PublishEvent {
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishJsonEvent {
+    /// At most `limits.max_key_bytes` (4096) bytes of UTF-8 (this document's bound, 1024
+    /// characters, is always within it).
+    #[schema(max_length = 1024)]
     pub key: Option<String>,
     /// Explicit partition; otherwise by key hash, or spread without a key.
     pub partition: Option<u32>,
+    /// Header names at most `limits.max_header_name_bytes` (256) bytes each.
     pub headers: Option<BTreeMap<String, String>>,
     /// Any JSON value (`null` included), stored as sent.
     pub payload: Value,
@@ -64,9 +68,13 @@ pub struct PublishJsonEvent {
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishBytesEvent {
+    /// At most `limits.max_key_bytes` (4096) bytes of UTF-8 (this document's bound, 1024
+    /// characters, is always within it).
+    #[schema(max_length = 1024)]
     pub key: Option<String>,
     /// Explicit partition; otherwise by key hash, or spread without a key.
     pub partition: Option<u32>,
+    /// Header names at most `limits.max_header_name_bytes` (256) bytes each.
     pub headers: Option<BTreeMap<String, String>>,
     /// Standard base64 with padding.
     #[schema(pattern = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")]

@@ -19,7 +19,7 @@ use crate::core::idempotency::{IdempotencyKey, IdempotentPublishError, PublishOu
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{StoreError, TopicRemoval};
 use crate::core::protocol::ErrorCode;
-use crate::core::published_event::{to_new_event, PublishedEvent};
+use crate::core::published_event::{to_new_event, EventBounds, PublishedEvent};
 use crate::core::topic_removal;
 use crate::core::trace::{PublishTrace, TraceParent, TRACEPARENT};
 
@@ -76,7 +76,9 @@ pub async fn publish(
     let bytes = to_bytes(body, limits.max_body_bytes)
         .await
         .map_err(|_| too_large(format!("request body is over {} bytes (limits.max_body_bytes)", limits.max_body_bytes)))?;
-    let mut events = parse_publish_body(&bytes, limits.max_batch_events)?;
+    let bounds =
+        EventBounds { max_batch_events: limits.max_batch_events, max_key_bytes: limits.max_key_bytes, max_header_name_bytes: limits.max_header_name_bytes };
+    let mut events = parse_publish_body(&bytes, &bounds)?;
     // The request's `traceparent` (or its first event's) is the trace this publish continues.
     let mut trace = app.dispatcher.tracer.get().and_then(|t| {
         let parent = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceParent::parse);
@@ -157,7 +159,8 @@ pub(crate) fn must_exist_before_publish(config: &crate::config::Config, by_jwt: 
 /// The request header that makes a publish idempotent.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, ApiError> {
+fn parse_publish_body(bytes: &[u8], bounds: &EventBounds) -> Result<Vec<NewEvent>, ApiError> {
+    let max_events = bounds.max_batch_events;
     // The top level is read as raw fields first, so `{"events": [...]}` and a single event can
     // be told apart without parsing payloads.
     let top: BTreeMap<String, &RawValue> = serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("body is not a JSON object: {e}")))?;
@@ -172,7 +175,7 @@ fn parse_publish_body(bytes: &[u8], max_events: usize) -> Result<Vec<NewEvent>, 
     if raw_events.len() > max_events {
         return Err(too_large(format!("{} events in one request; at most {max_events} (limits.max_batch_events)", raw_events.len())));
     }
-    raw_events.into_iter().enumerate().map(|(i, e)| to_new_event(e).map_err(|m| ApiError::bad_request(format!("event {i}: {m}")))).collect()
+    raw_events.into_iter().enumerate().map(|(i, e)| to_new_event(e, bounds).map_err(|m| ApiError::bad_request(format!("event {i}: {m}")))).collect()
 }
 
 #[utoipa::path(
@@ -386,12 +389,16 @@ mod tests {
     use crate::core::published_event::LENIENT_BASE64;
     use base64::Engine as _;
 
+    fn bounds(max_batch_events: usize) -> EventBounds {
+        EventBounds { max_batch_events, max_key_bytes: 8, max_header_name_bytes: 4 }
+    }
+
     proptest::proptest! {
         /// Any body gives events or a 4xx, never a panic.
         #[test]
         fn publish_parsing_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..200), key in "[a-z_]{1,10}", value in "(1|null|\"x\"|\\[\\]|\\{\\}|\\[\\{\\}\\])") {
             for bytes in [body, format!(r#"{{"{key}":{value}}}"#).into_bytes(), format!(r#"{{"events":[{{"{key}":{value}}}]}}"#).into_bytes()] {
-                if let Err(e) = parse_publish_body(&bytes, 10) {
+                if let Err(e) = parse_publish_body(&bytes, &bounds(10)) {
                     proptest::prop_assert!(e.status.is_client_error());
                 }
             }
@@ -400,12 +407,12 @@ mod tests {
 
     #[test]
     fn publish_bodies() {
-        let one = parse_publish_body(br#"{"key":"k","payload":{"a": [1, 2]}}"#, 10).unwrap();
+        let one = parse_publish_body(br#"{"key":"k","payload":{"a": [1, 2]}}"#, &bounds(10)).unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!((one[0].key.as_deref(), one[0].payload.as_slice(), one[0].payload_is_json), (Some("k"), br#"{"a": [1, 2]}"#.as_slice(), true));
-        let batch = parse_publish_body(br#"{"events":[{"payload":1},{"payload_base64":"/wA=","partition":2}]}"#, 10).unwrap();
+        let batch = parse_publish_body(br#"{"events":[{"payload":1},{"payload_base64":"/wA=","partition":2}]}"#, &bounds(10)).unwrap();
         assert_eq!((batch.len(), batch[1].partition, batch[1].payload_is_json), (2, Some(2), false));
-        let code = |body: &[u8], max| parse_publish_body(body, max).err().map(|e| (e.status.as_u16(), e.code));
+        let code = |body: &[u8], max| parse_publish_body(body, &bounds(max)).err().map(|e| (e.status.as_u16(), e.code));
         assert_eq!(code(b"{", 10), Some((400, ErrorCode::BadRequest)));
         assert_eq!(code(br#"{"key":"k"}"#, 10), Some((400, ErrorCode::BadRequest)));
         assert_eq!(code(br#"{"events":[]}"#, 10), Some((400, ErrorCode::BadRequest)));
@@ -414,14 +421,23 @@ mod tests {
         assert_eq!(code(br#"{"payload":1,"partition":-1}"#, 10), Some((400, ErrorCode::BadRequest)));
         // What schemathesis sends from the document: integral floats are integers, and base64
         // with stray low bits in its last character decodes (the bits carry nothing).
-        let generated = parse_publish_body(br#"{"events":[{"payload":1,"partition":3.0},{"payload_base64":"SvNBpBGZN2=="}]}"#, 10).unwrap();
+        let generated = parse_publish_body(br#"{"events":[{"payload":1,"partition":3.0},{"payload_base64":"SvNBpBGZN2=="}]}"#, &bounds(10)).unwrap();
         assert_eq!(generated[0].partition, Some(3));
         assert_eq!(generated[1].payload, LENIENT_BASE64.decode("SvNBpBGZNw==").unwrap());
         assert_eq!(code(br#"{"payload":1,"partition":3.5}"#, 10), Some((400, ErrorCode::BadRequest)));
         assert_eq!(code(br#"{"payload_base64":"SvNBpBGZN"}"#, 10), Some((400, ErrorCode::BadRequest)));
         // `null` is a JSON payload like any other; an absent payload is not.
-        let null = parse_publish_body(br#"{"payload":null}"#, 10).unwrap();
+        let null = parse_publish_body(br#"{"payload":null}"#, &bounds(10)).unwrap();
         assert_eq!((null[0].payload.as_slice(), null[0].payload_is_json), (b"null".as_slice(), true));
         assert_eq!(code(br#"{"payload":null,"payload_base64":"AA=="}"#, 10), Some((400, ErrorCode::BadRequest)));
+        // Keys and header names within their bounds (8 and 4 bytes here), counted in bytes.
+        assert!(parse_publish_body(br#"{"key":"12345678","headers":{"abcd":"a long value is fine"},"payload":1}"#, &bounds(10)).is_ok());
+        let over = |body: &[u8]| parse_publish_body(body, &bounds(10)).err().map(|e| (e.status.as_u16(), e.message));
+        let (status, message) = over(br#"{"key":"123456789","payload":1}"#).unwrap();
+        assert_eq!((status, message.as_str()), (400, "event 0: key is 9 bytes; at most 8 (limits.max_key_bytes)"));
+        let (status, message) = over("{\"events\":[{\"payload\":1},{\"key\":\"é1234567\",\"payload\":1}]}".as_bytes()).unwrap();
+        assert_eq!((status, message.as_str()), (400, "event 1: key is 9 bytes; at most 8 (limits.max_key_bytes)"));
+        let (status, message) = over(br#"{"headers":{"abcde":"x"},"payload":1}"#).unwrap();
+        assert_eq!((status, message.as_str()), (400, "event 0: a header name is 5 bytes; at most 4 (limits.max_header_name_bytes)"));
     }
 }

@@ -266,3 +266,34 @@ async fn a_session_over_the_limit_gets_limit_exceeded_then_close_1013() {
     assert!(admitted.is_some(), "a freed place admits the next session");
     gw.stop().await;
 }
+
+/// Issue 59, item 4: keys and header names are bounded at publish (`limits.max_key_bytes`,
+/// `limits.max_header_name_bytes`), over REST (400) and in a `publish` frame (`bad_frame`), with
+/// the limit named; nothing of a refused batch is written. Before, any size went in, and a
+/// key-ordered group kept each idle key as a full string (now an 8-byte hash).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_header_names_are_bounded_at_publish() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_LIMITS__MAX_KEY_BYTES", "16"), ("ACKGATE_LIMITS__MAX_HEADER_NAME_BYTES", "8")]);
+    let post = |body: serde_json::Value| http().post(format!("{}/topics/bounded/events", gw.base)).json(&body).send();
+    let ok = post(json!({"key": "k".repeat(16), "headers": {"h".repeat(8): "any length of value"}, "payload": 1})).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let refused = post(json!({"events": [{"payload": 2}, {"key": "k".repeat(17), "payload": 3}]})).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("limits.max_key_bytes"), "{body}");
+    let refused = post(json!({"headers": {"h".repeat(9): "x"}, "payload": 4})).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    assert!(refused.text().await.unwrap().contains("limits.max_header_name_bytes"));
+    let mut client = TestClient::connect(gw.addr, "publisher").await;
+    client.send(json!({"op": "publish", "topic": "bounded", "events": [{"key": "é".repeat(9), "payload": 5}], "req": "p"})).await;
+    let error = client.recv_type("error").await;
+    assert_eq!((error["code"].as_str(), error["req"].as_str()), (Some("bad_frame"), Some("p")), "{error}");
+    assert!(error["message"].as_str().unwrap().contains("key is 18 bytes; at most 16"), "{error}");
+    client.close().await;
+    let (_, topics) = get_json(&format!("{}/topics", gw.base)).await;
+    let log_end: u64 = topics["topics"][0]["partitions"].as_array().unwrap().iter().map(|p| p["log_end"].as_u64().unwrap()).sum();
+    assert_eq!(log_end, 1, "only the event within the bounds was written: {topics}");
+    gw.kill9();
+}

@@ -11,6 +11,7 @@
 //!   key stays with its member while it lives and has room, and moves when it has none left.
 
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
 use crate::core::client_state::DeliveryRef;
@@ -22,6 +23,11 @@ pub type MemberId = u64;
 
 /// Keys remembered with no event in flight (for stickiness) before the idle ones are forgotten.
 const IDLE_KEYS_KEPT: usize = 100_000;
+
+/// A key as the group remembers it: a hash (SipHash with this group's random keys, so a
+/// publisher cannot make other keys collide with its own), 8 bytes however long the key is.
+/// Two keys that collide anyway are only ordered as one.
+type KeyHash = u64;
 
 /// How long a key's later events wait for an earlier one released to the hub (a member's end, a
 /// nack) to come back: longer, and they go on (a nack's long `delay_ms`, an event the hub made a
@@ -70,7 +76,7 @@ type Returning = ((u32, u64), Instant);
 struct Held {
     member: MemberId,
     delivery: DeliveryRef,
-    key: Option<String>,
+    key: Option<KeyHash>,
 }
 
 #[derive(Debug)]
@@ -100,17 +106,18 @@ pub struct Sharing {
     next_partition: usize,
     /// Every event given to a member and not settled, by `(partition, offset)`.
     out: FastMap<(u32, u64), Held>,
-    keys: FastMap<String, KeyHold>,
+    keys: FastMap<KeyHash, KeyHold>,
     /// The member an event was last taken from: it goes to another one when it can.
     avoid: FastMap<(u32, u64), MemberId>,
     /// With `order: key`: per key, its events released to the hub and not offered again yet (and
     /// since when): the key's later events wait for them, so that a key's events reach members
     /// in offset order even when the hub redelivers them in another.
-    returning: FastMap<String, Vec<Returning>>,
+    returning: FastMap<KeyHash, Vec<Returning>>,
     /// Events a member paused (`Settled::Paused`), until the hub offers them again: each holds a
     /// slot of that member while it is a member, and one of the hub's window as long as it waits
     /// there (also after its member left).
     paused: FastMap<(u32, u64), MemberId>,
+    hasher: RandomState,
 }
 
 impl Sharing {
@@ -127,7 +134,14 @@ impl Sharing {
             avoid: FastMap::default(),
             returning: FastMap::default(),
             paused: FastMap::default(),
+            hasher: RandomState::new(),
         }
+    }
+
+    /// With `order: key`, the hash of an event's key; `None` without a key or key order.
+    fn key_of(&self, offered: &Offered) -> Option<KeyHash> {
+        let key = offered.key.as_deref().filter(|_| self.order == ShareOrder::Key)?;
+        Some(self.hasher.hash_one(key))
     }
 
     /// Events paused by members and not offered again yet: the hub holds them in its window.
@@ -168,7 +182,7 @@ impl Sharing {
         for event in events {
             let held = self.out.remove(&event).expect("listed above");
             self.avoid.insert(event, member);
-            self.await_return(event, held.key.as_deref());
+            self.await_return(event, held.key);
             released.push(held.delivery);
         }
         self.keys.retain(|_, hold| hold.member != member);
@@ -181,11 +195,11 @@ impl Sharing {
     pub fn offer(&mut self, offered: Offered) -> Option<TakenBack> {
         let event = offered.event();
         self.unpause(event);
-        if let Some(key) = offered.key.as_ref().filter(|_| self.order == ShareOrder::Key) {
-            if let Some(returning) = self.returning.get_mut(key) {
+        if let Some(key) = self.key_of(&offered) {
+            if let Some(returning) = self.returning.get_mut(&key) {
                 returning.retain(|(e, _)| *e != event);
                 if returning.is_empty() {
-                    self.returning.remove(key);
+                    self.returning.remove(&key);
                 }
             }
         }
@@ -219,18 +233,18 @@ impl Sharing {
     }
 
     /// A keyed event went back to the hub: its key's later events wait until it is offered again.
-    fn await_return(&mut self, event: (u32, u64), key: Option<&str>) {
-        if let Some(key) = key.filter(|_| self.order == ShareOrder::Key) {
-            self.returning.entry(key.to_string()).or_default().push((event, Instant::now()));
+    fn await_return(&mut self, event: (u32, u64), key: Option<KeyHash>) {
+        if let Some(key) = key {
+            self.returning.entry(key).or_default().push((event, Instant::now()));
         }
     }
 
     /// True when an earlier event of `key` in `event`'s partition is on its way back from the hub.
-    fn behind_returning(&mut self, key: &str, event: (u32, u64)) -> bool {
-        let Some(returning) = self.returning.get_mut(key) else { return false };
+    fn behind_returning(&mut self, key: KeyHash, event: (u32, u64)) -> bool {
+        let Some(returning) = self.returning.get_mut(&key) else { return false };
         returning.retain(|(_, since)| since.elapsed() < RETURN_WAIT);
         if returning.is_empty() {
-            self.returning.remove(key);
+            self.returning.remove(&key);
             return false;
         }
         returning.iter().any(|((partition, offset), _)| *partition == event.0 && *offset < event.1)
@@ -271,14 +285,14 @@ impl Sharing {
             Settled::Released => {
                 self.release_room(&held);
                 self.avoid.insert(event, member);
-                self.await_return(event, held.key.as_deref());
+                self.await_return(event, held.key);
             }
             Settled::Paused => {
                 // The member's slot stays taken until the event comes back.
                 self.release_key(&held);
                 self.paused.insert(event, member);
                 self.avoid.insert(event, member);
-                self.await_return(event, held.key.as_deref());
+                self.await_return(event, held.key);
             }
         }
         true
@@ -292,8 +306,8 @@ impl Sharing {
     }
 
     fn release_key(&mut self, held: &Held) {
-        if let Some(key) = &held.key {
-            if let Some(hold) = self.keys.get_mut(key) {
+        if let Some(key) = held.key {
+            if let Some(hold) = self.keys.get_mut(&key) {
                 hold.in_flight = hold.in_flight.saturating_sub(1);
             }
         }
@@ -304,7 +318,7 @@ impl Sharing {
     pub fn assign(&mut self) -> Vec<(MemberId, Offered)> {
         let mut given = Vec::new();
         // Keys with an earlier event still waiting: their later ones wait behind it.
-        let mut blocked: FastSet<String> = FastSet::default();
+        let mut blocked: FastSet<KeyHash> = FastSet::default();
         let partitions = self.waiting.len();
         'partitions: for turn in 0..partitions {
             let partition = (self.next_partition + turn) % partitions;
@@ -315,13 +329,10 @@ impl Sharing {
                 }
                 let waiting = &self.waiting[partition][at];
                 let event = waiting.event();
-                let key = match self.order {
-                    ShareOrder::Key => waiting.key.clone(),
-                    ShareOrder::None => None,
-                };
-                let target = match &key {
-                    Some(key) if blocked.contains(key) || self.behind_returning(key, event) => None,
-                    Some(key) => match self.keys.get(key) {
+                let key = self.key_of(waiting);
+                let target = match key {
+                    Some(key) if blocked.contains(&key) || self.behind_returning(key, event) => None,
+                    Some(key) => match self.keys.get(&key) {
                         // Its member alone, while it holds events of the key.
                         Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
                         // Sticky while its member lives and has room.
@@ -342,8 +353,8 @@ impl Sharing {
                 if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
                     m.held += 1;
                 }
-                if let Some(key) = &key {
-                    let hold = self.keys.entry(key.clone()).or_insert(KeyHold { member, in_flight: 0 });
+                if let Some(key) = key {
+                    let hold = self.keys.entry(key).or_insert(KeyHold { member, in_flight: 0 });
                     hold.member = member;
                     hold.in_flight += 1;
                 }

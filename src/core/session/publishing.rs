@@ -23,7 +23,7 @@ impl Session {
             ));
         }
         let settings = self.d.settings();
-        let events = parse_events(events, settings.max_batch_events).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
+        let events = parse_events(events, &settings.event_bounds).map_err(|m| FrameError::new(ErrorCode::BadFrame, m))?;
         // A frame has no headers of its own: the trace continues the first event's, or starts here.
         let mut trace = self.d.tracer.get().and_then(|t| PublishTrace::start(t, events.first().and_then(|e| TraceParent::of_headers(&e.headers))));
         let by_jwt = self.d.token_check.get().is_some();
