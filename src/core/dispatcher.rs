@@ -312,6 +312,15 @@ impl Dispatcher {
     /// here (it gets them at its next subscribe).
     pub fn redrive(&self, client_id: &ClientId, topic: &TopicName) -> bool {
         let registry = self.registry();
+        if client_id.group().is_some() {
+            // A group's hubs are not listed by client (one per topic it is joined on): each one
+            // of the identity is asked, and the one subscribed to `topic` scans.
+            let mut sent = false;
+            for hub in registry.sessions.values().filter(|e| e.info.client_id == *client_id) {
+                sent |= hub.control.send(SessionControl::Redrive { topic: topic.clone() });
+            }
+            return sent;
+        }
         let current = registry.by_client.get(client_id).and_then(|id| registry.sessions.get(id));
         current.is_some_and(|e| e.control.send(SessionControl::Redrive { topic: topic.clone() }))
     }

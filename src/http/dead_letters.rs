@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{AppState, JsonBody};
 use crate::core::dead_letters::{DeadLetterId, DeadLetterQuery};
-use crate::core::names::{ClientId, TopicName};
+use crate::core::names::{ClientId, GroupName, TopicName};
 
 /// Dead letters per page unless `limit` says otherwise, and the most one page holds.
 pub const DEFAULT_PAGE: usize = 100;
@@ -27,9 +27,9 @@ pub const MAX_PAGE: usize = 1000;
     params(
         ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
         ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
-        ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("client_id" = Option<String>, Query, description = "exact client id, or a shared subscription's identity `$NAME`", pattern = r"^([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})$", min_length = 1, max_length = 250),
         ("limit" = Option<u32>, Query, description = "dead letters per page, 1 to 1000 (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition#offset`)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$"),
+        ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition#offset`)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})#[0-9]{1,9}#[0-9]{1,19}$"),
     ),
     security(("admin_token" = [])),
     responses(
@@ -82,7 +82,8 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
         .transpose()?;
     Ok(DeadLetterQuery {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
-        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        // A group's are listed as `$NAME`.
+        client_id: query.get("client_id").map(|c| ClientId::parse_stored(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
         partition: None,
         offset: None,
         after,
@@ -90,13 +91,15 @@ pub fn page_query(query: Result<Query<HashMap<String, String>>, QueryRejection>)
     })
 }
 
-/// `{"topic", "client_id", "partition"?, "offset"?, "after"?, "limit"?}`: one page of a client's
-/// dead letters on a topic (one dead letter with `partition` and `offset`).
+/// `{"topic", "client_id" | "group", "partition"?, "offset"?, "after"?, "limit"?}`: one page of a
+/// client's or a group's dead letters on a topic (one dead letter with `partition` and `offset`).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedriveBody {
     topic: String,
-    client_id: String,
+    /// A client id, or a group's identity `$NAME`.
+    client_id: Option<String>,
+    group: Option<String>,
     #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
     partition: Option<u32>,
     #[serde(default, deserialize_with = "crate::core::whole_number::optional_whole")]
@@ -145,7 +148,13 @@ pub async fn redrive(State(app): State<AppState>, JsonBody(body): JsonBody<Redri
 /// topic, of one partition, at one offset (one dead letter with a partition).
 fn selection(body: &RedriveBody) -> Result<DeadLetterQuery, ApiError> {
     let topic = TopicName::parse(&body.topic).map_err(|e| ApiError::invalid_name(e.0))?;
-    let client_id = ClientId::parse(&body.client_id).map_err(|e| ApiError::invalid_name(e.0))?;
+    // A group's dead letters are its identity's (`$NAME`, issue 59 item 5).
+    let client_id = match (&body.client_id, &body.group) {
+        (Some(client_id), None) => ClientId::parse_stored(client_id),
+        (None, Some(group)) => GroupName::parse(group).map(|group| ClientId::of_group(&group)),
+        _ => return Err(ApiError::bad_request("give client_id, or group for a shared subscription's dead letters (or client_id \"$NAME\"), not both")),
+    }
+    .map_err(|e| ApiError::invalid_name(e.0))?;
     let limit = body.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::bad_request(format!("limit must be an integer from 1 to {MAX_PAGE}, got {limit}")));

@@ -366,8 +366,13 @@ pub struct DeadLetterList {
 pub struct RedriveRequest {
     #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499)]
     pub topic: String,
-    #[schema(pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128)]
-    pub client_id: String,
+    /// The client whose dead letters these are, or a shared subscription's identity `$NAME`; give
+    /// it or `group`, not both (else 400).
+    #[schema(pattern = r"^([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})$", min_length = 1, max_length = 250)]
+    pub client_id: Option<String>,
+    /// A shared subscription's dead letters (its name, as `subscribe`'s `group`).
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249)]
+    pub group: Option<String>,
     /// Only this partition.
     #[schema(minimum = 0, maximum = 4294967295u64)]
     pub partition: Option<u32>,
@@ -375,7 +380,7 @@ pub struct RedriveRequest {
     #[schema(minimum = 0)]
     pub offset: Option<u64>,
     /// The `next` of a previous answer (`topic#client_id#partition#offset`).
-    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}#[0-9]{1,19}$")]
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})#[0-9]{1,9}#[0-9]{1,19}$")]
     pub after: Option<String>,
     /// Dead letters in this page, 1 to 1000 (default 100).
     #[schema(minimum = 1, maximum = 1000)]

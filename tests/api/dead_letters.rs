@@ -332,6 +332,9 @@ async fn bad_requests_are_refused(url: &str, route: &str) {
         (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": -1}), 400, "bad_request"),
         (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": 1.5}), 400, "bad_request"),
         (json!({"topic": "t", "client_id": "c", "partition": 0, "offset": "1"}), 400, "bad_request"),
+        (json!({"topic": "t", "client_id": "c", "group": "g"}), 400, "bad_request"),
+        (json!({"topic": "t", "group": "a b"}), 400, "invalid_name"),
+        (json!({"topic": "t", "client_id": "$a b"}), 400, "invalid_name"),
     ];
     for (body, status, code) in cases {
         let (got, answer) = post_json(&url, body.clone()).await;
@@ -380,4 +383,38 @@ async fn a_redrive_is_acknowledged_by_its_own_ids_also_across_a_takeover() {
     assert_eq!(ok["type"], "ack_ok", "{ok}");
     assert_eq!(dead_letters_of(&gw.base, "t", "c").await, vec![], "and never comes back");
     gw.stop().await;
+}
+
+/// Issue 59, item 5: a shared subscription's dead letters (stored under `$NAME`) are listed,
+/// redriven and deleted by `group` or by `client_id: "$NAME"`; a redrive reaches the group's
+/// members through its hub as `redrive: true` events, and an ack removes each. Before, the routes
+/// refused `$` (invalid_name) and took no group. The real binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_dead_letters_are_redriven_to_its_members() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[]);
+    publish_numbered(&gw.base, "work", 1, 0, 3).await;
+    let mut member = TestClient::connect(gw.addr, "member").await;
+    member.subscribe("work", json!({"group": "g"})).await;
+    for event in member.recv_events(3).await {
+        member.send(json!({"op": "term", "delivery_id": id(&event), "reason": "poison"})).await;
+    }
+    let offsets = async || dead_letters_of(&gw.base, "work", "$g").await.iter().map(|d| d.0).collect::<Vec<_>>();
+    wait_for("three dead letters listed as $g", async || offsets().await == [0, 1, 2]).await;
+    let url = format!("{}/admin/dead-letters/redrive", gw.base);
+    let (status, answer) = post_json(&url, json!({"topic": "work", "group": "g", "partition": 0, "offset": 1})).await;
+    assert_eq!((status, answer), (200, json!({"redriven": 1})));
+    let again = member.recv_type("event").await;
+    assert_eq!((again["offset"].as_u64(), again["redrive"].as_bool()), (Some(1), Some(true)), "{again}");
+    let ok = member.ack_confirmed(&[id(&again)], "r").await;
+    assert_eq!(ok["type"], "ack_ok", "{ok}");
+    let (status, answer) = post_json(&url, json!({"topic": "work", "client_id": "$g", "partition": 0, "offset": 2})).await;
+    assert_eq!((status, answer), (200, json!({"redriven": 1})));
+    assert_eq!(member.recv_type("event").await["offset"], 2);
+    let (status, answer) =
+        post_json(&format!("{}/admin/dead-letters/delete", gw.base), json!({"topic": "work", "group": "g", "partition": 0, "offset": 0})).await;
+    assert_eq!((status, answer), (200, json!({"deleted": 1})));
+    wait_for("the acked redrive and the deleted one gone", async || offsets().await == [2]).await;
+    member.close().await;
+    gw.kill9();
 }
