@@ -69,6 +69,20 @@ pub struct KafkaLog {
     stop: CancellationToken,
 }
 
+/// Where the broker says event `i` of a publish went. A produce that librdkafka retried after a
+/// lost connection may be taken as a duplicate of the first try (`DUPLICATE_SEQUENCE_NUMBER`,
+/// success with no offset: -1): the event is in the log once, but where is unknown, so the publish
+/// is not answered with an offset (it was answered 18446744073709551615, found by the fault
+/// suite's `broker-cut`). `unavailable` says to publish again with the same idempotency key.
+fn answered_offset(i: usize, partition: i32, offset: i64) -> Result<(u32, u64), BackendError> {
+    match (u32::try_from(partition), u64::try_from(offset)) {
+        (Ok(partition), Ok(offset)) => Ok((partition, offset)),
+        _ => Err(BackendError::Unavailable(format!(
+            "the broker took event {i} but named no offset for it (partition {partition}, offset {offset}: a produce retried after a lost connection); it may be in the log: publish again with the same Idempotency-Key to keep one copy"
+        ))),
+    }
+}
+
 fn kafka_err(e: KafkaError) -> BackendError {
     match e.rdkafka_error_code() {
         Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => BackendError::UnknownTopic(e.to_string()),
@@ -397,9 +411,9 @@ impl LogBackend for KafkaLog {
             self.producer.send(record, Duration::ZERO)
         });
         let mut written = Vec::with_capacity(events.len());
-        for result in futures_util::future::join_all(sends).await {
+        for (i, result) in futures_util::future::join_all(sends).await.into_iter().enumerate() {
             let delivery = result.map_err(|(e, _)| kafka_err(e))?;
-            written.push((delivery.partition as u32, delivery.offset as u64));
+            written.push(answered_offset(i, delivery.partition, delivery.offset)?);
         }
         Ok(written)
     }
@@ -478,5 +492,20 @@ impl LogBackend for KafkaLog {
 
     async fn is_ready(&self) -> bool {
         self.reachable.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_without_an_offset_is_no_answer() {
+        assert_eq!(answered_offset(0, 3, 42).unwrap(), (3, 42));
+        assert_eq!(answered_offset(0, 0, i64::MAX).unwrap(), (0, i64::MAX as u64));
+        for (partition, offset) in [(1, -1), (-1, 5), (0, i64::MIN)] {
+            let e = answered_offset(2, partition, offset).unwrap_err();
+            assert!(matches!(e, BackendError::Unavailable(ref m) if m.contains("event 2") && m.contains("Idempotency-Key")), "{e}");
+        }
     }
 }
