@@ -14,8 +14,6 @@ pub(super) struct Progress {
     pub(super) above_floor: BTreeMap<u32, BTreeSet<u64>>,
     /// Offsets acked above the floor (WebSocket).
     pub(super) acked: BTreeMap<u32, BTreeSet<u64>>,
-    /// Per partition, the epoch of the last `subscribed`.
-    pub(super) epochs: BTreeMap<u32, u64>,
 }
 
 impl Progress {
@@ -108,6 +106,11 @@ pub(super) struct ClientPlan {
     /// Clients on several instances: an SSE token may lawfully trail an `ack_ok` of another
     /// instance (docs/takeover.md), so its confirmed offsets are not held against later starts.
     pub(super) cluster: bool,
+    /// The newest resume token the gateway issued this client (`subscribed`, `ack_ok`,
+    /// `progress`): what a WebSocket session resumes with. The older map form is a claim the
+    /// gateway applies only where it holds (or a peer answers with) the client's record, so on a
+    /// cluster with an instance down it started clients from their reset policy.
+    pub(super) resume_token: Option<String>,
 }
 
 /// How a session ended.
@@ -134,9 +137,6 @@ impl ClientPlan {
             history.subscribed(&self.id, key(partition), from);
             if let (Some(gap_from), Some(gap_to)) = (p["gap"]["from"].as_u64(), p["gap"]["to"].as_u64()) {
                 history.gap(&self.id, key(partition), gap_from, gap_to);
-            }
-            if let Some(epoch) = p["epoch"].as_u64() {
-                progress.epochs.insert(partition, epoch);
             }
             progress.raise_floor(partition, from);
         }
@@ -241,12 +241,11 @@ impl ClientPlan {
             }
         }
         let (mut ws, _) = connected?;
-        let subscribe = {
-            let progress = self.progress.lock().unwrap();
-            let resume: serde_json::Map<String, Value> = progress.floor.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
-            let epochs: serde_json::Map<String, Value> = progress.epochs.iter().map(|(p, e)| (p.to_string(), json!(e))).collect();
-            json!({"op": "subscribe", "topic": TOPIC, "resume": resume, "epochs": epochs, "req": "sub"}).to_string()
-        };
+        let subscribe = match &self.resume_token {
+            Some(token) => json!({"op": "subscribe", "topic": TOPIC, "resume": token, "req": "sub"}),
+            None => json!({"op": "subscribe", "topic": TOPIC, "req": "sub"}),
+        }
+        .to_string();
         ws.send(Message::Text(subscribe.clone().into())).await?;
         let wander = self.wander_deadline();
         let mut batch: Vec<(String, u32, u64)> = Vec::new();
@@ -303,7 +302,10 @@ impl ClientPlan {
             pinged = false;
             let frame: Value = serde_json::from_str(text.as_str()).context("a frame that is not JSON")?;
             match frame["type"].as_str() {
-                Some("subscribed") => self.subscribed(&frame),
+                Some("subscribed") => {
+                    self.subscribed(&frame);
+                    self.keep_token(&frame["token"]);
+                }
                 Some("event") => {
                     let id = self.delivered(&frame);
                     let (partition, offset) = partition_of(&frame);
@@ -331,7 +333,11 @@ impl ClientPlan {
                         }
                     }
                 }
-                Some("ack_ok") => self.confirmed(&frame),
+                Some("ack_ok") => {
+                    self.confirmed(&frame);
+                    self.keep_token(&frame["tokens"][TOPIC]);
+                }
+                Some("progress") => self.keep_token(&frame["tokens"][TOPIC]),
                 Some("gap") => self.gap(&frame),
                 // The token expires soon: a new one replaces it in the same session.
                 Some("refresh_needed") => {
@@ -370,6 +376,12 @@ impl ClientPlan {
             progress.acked(partition, offset);
         }
         Ok(())
+    }
+
+    fn keep_token(&mut self, token: &Value) {
+        if let Some(token) = token.as_str() {
+            self.resume_token = Some(token.to_string());
+        }
     }
 
     pub(super) fn voluntary(&self) {

@@ -343,6 +343,7 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
             stop: stop_rx.clone(),
             rng: rng.fork(),
             cluster: instances > 1,
+            resume_token: None,
         };
         clients.push((plan.id.clone(), tokio::spawn(plan.run())));
     }
