@@ -481,6 +481,10 @@ pub struct LimitsConfig {
     pub max_frames_body_bytes: usize,
     /// Live sessions on this instance (more: the handshake is refused).
     pub max_sessions: usize,
+    /// Shared subscriptions (groups, each a hub with a window of up to
+    /// delivery.group_max_in_flight events) live on this instance: a member's subscribe that
+    /// would start one more is refused with limit_exceeded. Hubs count as sessions too.
+    pub max_groups: usize,
     /// Topics one session may subscribe to (more: limit_exceeded).
     pub max_subscriptions_per_session: usize,
     /// Topics the embedded log may hold: creating one more (POST /topics, or a publish that would
@@ -526,6 +530,7 @@ impl Default for LimitsConfig {
             max_frames_body_bytes: 1_048_576,
             max_sessions: 100_000,
             max_subscriptions_per_session: 100,
+            max_groups: 1000,
             max_subscribes_per_sec: 100,
             max_rewind_events: 1000,
             max_topics: 10_000,
@@ -737,6 +742,7 @@ impl Config {
             ("limits.max_frames_body_bytes", self.limits.max_frames_body_bytes as u64),
             ("limits.max_sessions", self.limits.max_sessions as u64),
             ("limits.max_subscriptions_per_session", self.limits.max_subscriptions_per_session as u64),
+            ("limits.max_groups", self.limits.max_groups as u64),
             ("limits.max_subscribes_per_sec", self.limits.max_subscribes_per_sec as u64),
             ("limits.max_topics", self.limits.max_topics as u64),
             ("limits.max_clients_per_topic", self.limits.max_clients_per_topic as u64),

@@ -7,7 +7,7 @@
 //! - the delivery settings (`delivery.ack_timeout_ms`, `max_attempts`, `redelivery_backoff_ms`,
 //!   `topics`, `max_in_flight`, `max_in_flight_bytes`, `group_max_in_flight`, `group_max_nack_delay_ms`, `reset_policy`,
 //!   `progress_interval_ms`) and
-//!   the session limits (`limits.max_sessions`, `max_subscriptions_per_session`,
+//!   the session limits (`limits.max_sessions`, `max_groups`, `max_subscriptions_per_session`,
 //!   `max_subscribes_per_sec`, `max_rewind_events`, `max_clients_per_topic`): the next session,
 //!   subscribe or delivery uses them; a live session keeps the window it opened with and a
 //!   subscription the redelivery policy it started with;
@@ -46,6 +46,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "delivery.reset_policy",
     "delivery.progress_interval_ms",
     "limits.max_sessions",
+    "limits.max_groups",
     "limits.max_subscriptions_per_session",
     "limits.max_subscribes_per_sec",
     "limits.max_rewind_events",
@@ -203,6 +204,7 @@ pub fn delivery_settings(config: &Config) -> DeliverySettings {
         publish_creates_topics: (!crate::http::topics::must_exist_before_publish(config, false), !crate::http::topics::must_exist_before_publish(config, true)),
         subscribe_creates_partitions: (config.storage.backend == crate::config::BackendKind::Embedded).then_some(config.embedded.default_partitions),
         max_sessions: config.limits.max_sessions,
+        max_groups: config.limits.max_groups,
         max_clients_per_topic: config.limits.max_clients_per_topic,
         max_offline_clients: config.limits.max_offline_clients,
         reader_buffer_events: d.reader_buffer_events,

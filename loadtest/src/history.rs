@@ -316,7 +316,11 @@ impl History {
                 ));
             }
             let answered = self.answered_at.get(partition).unwrap_or(&none);
-            let too_early = answered.range(*from..first.unwrap_or(u64::MAX).max(*from)).find(|(_, at)| **at < replay.sent_at);
+            // Only events known to be stamped before the time: one no client received may be
+            // stamped after it.
+            let too_early = answered
+                .range(*from..first.unwrap_or(u64::MAX).max(*from))
+                .find(|(offset, at)| **at < replay.sent_at && stamps.get(offset).is_some_and(|stamp| *stamp < replay.time));
             if let Some((offset, _)) = too_early {
                 report.time_replay_too_early += 1;
                 let stamp = stamps.get(offset).map_or("unknown".to_string(), u64::to_string);

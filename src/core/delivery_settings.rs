@@ -43,6 +43,8 @@ pub struct DeliverySettings {
     /// well. `None`: a subscribe never creates one (Kafka, RocketMQ).
     pub subscribe_creates_partitions: Option<u32>,
     pub max_sessions: usize,
+    /// Groups (hubs) live on this instance.
+    pub max_groups: usize,
     /// Live sessions subscribed to one topic on this instance.
     pub max_clients_per_topic: usize,
     /// Offline clients whose ack state (attempt counts of unacknowledged events) is kept.

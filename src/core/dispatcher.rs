@@ -194,6 +194,12 @@ impl Dispatcher {
         // replaces: reconnect churn with sessions that do not finish closing cannot pile up.
         let running_here = registry.running.get(&client_id).copied().unwrap_or(0);
         // A group's hub is bounded by its members, which are counted.
+        if hub && registry.hubs >= self.settings().max_groups {
+            return Err(FrameError::new(
+                ErrorCode::LimitExceeded,
+                format!("this instance serves its maximum of {} shared subscriptions (limits.max_groups)", self.settings().max_groups),
+            ));
+        }
         if !hub && registry.running_total >= self.settings().max_sessions && !(replaces.is_some() && running_here <= 1) {
             return Err(FrameError::new(
                 ErrorCode::LimitExceeded,
@@ -206,6 +212,7 @@ impl Dispatcher {
         }
         *registry.running.entry(client_id.clone()).or_insert(0) += 1;
         registry.running_total += 1;
+        registry.hubs += usize::from(hub);
         let n = self.next_session.fetch_add(1, Ordering::Relaxed);
         let session_id = super::session_id::new_session_id(n);
         let info = Arc::new(SessionInfo {
@@ -243,6 +250,9 @@ impl Dispatcher {
             registry.by_client.remove(&info.client_id);
         }
         registry.running_total = registry.running_total.saturating_sub(1);
+        if info.transport == Transport::Group {
+            registry.hubs = registry.hubs.saturating_sub(1);
+        }
         let last = match registry.running.get_mut(&info.client_id) {
             Some(n) if *n > 1 => {
                 *n -= 1;

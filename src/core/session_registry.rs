@@ -102,6 +102,8 @@ pub(super) struct Registry {
     pub(super) running: HashMap<ClientId, usize>,
     /// All running session tasks: what `limits.max_sessions` bounds.
     pub(super) running_total: usize,
+    /// Of them, groups' hubs (`limits.max_groups`).
+    pub(super) hubs: usize,
     /// Clients whose stored offsets an operator is changing (`change_offline_client`): none of
     /// their sessions may start meanwhile.
     pub(super) changing: HashSet<ClientId>,

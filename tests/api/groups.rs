@@ -655,3 +655,35 @@ async fn a_member_that_pauses_its_events_stalls_itself_not_its_group() {
     assert_eq!(offsets, [0, 1, 2, 3, 8, 9, 10, 11]);
     gw.kill9();
 }
+
+/// Issue 59, item 2 in part: a group's hub (with a window of up to `delivery.group_max_in_flight`
+/// events) counted against nothing, so clients could start hubs without bound. Now
+/// `limits.max_groups` bounds the groups live on an instance: a subscribe that would start one
+/// more is refused with `limit_exceeded`, and a group that ended makes room. The real binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_on_an_instance_are_bounded() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_LIMITS__MAX_GROUPS", "2")]);
+    publish_numbered(&gw.base, "capped", 1, 0, 1).await;
+    let mut first = TestClient::connect(gw.addr, "first").await;
+    first.subscribe("capped", json!({"group": "a"})).await;
+    let mut second = TestClient::connect(gw.addr, "second").await;
+    second.subscribe("capped", json!({"group": "b"})).await;
+    let mut third = TestClient::connect(gw.addr, "third").await;
+    third.send(json!({"op": "subscribe", "topic": "capped", "group": "c", "req": "c"})).await;
+    let refused = third.recv_type("error").await;
+    assert_eq!((refused["code"].as_str(), refused["req"].as_str()), (Some("limit_exceeded"), Some("c")), "{refused}");
+    assert!(refused["message"].as_str().unwrap().contains("limits.max_groups"), "{refused}");
+    // Joining a group that runs starts no hub.
+    third.subscribe("capped", json!({"group": "a"})).await;
+    // The last member of b leaves: its hub ends, and c may start.
+    second.close().await;
+    let base = gw.base.clone();
+    wait_for("group b to end", async || get_json(&format!("{base}/admin/groups")).await.1["groups"].as_array().is_some_and(|g| g.len() == 1)).await;
+    let mut fourth = TestClient::connect(gw.addr, "fourth").await;
+    fourth.subscribe("capped", json!({"group": "c"})).await;
+    first.close().await;
+    third.close().await;
+    fourth.close().await;
+    gw.kill9();
+}

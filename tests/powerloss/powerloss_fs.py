@@ -236,16 +236,18 @@ class PowerLossFs(Operations):
             kept = [op for op in self.unsynced if path not in op["dirs"]]
             if len(kept) == len(self.unsynced):
                 return 0
-            for op in self.unsynced:
-                if path in op["dirs"]:
-                    for action in op["undo"]:
-                        if action[0] == "restore":
-                            _remove_tree(os.path.join(self.graveyard, action[1]))
+            synced = [op for op in self.unsynced if path in op["dirs"]]
             self.unsynced = kept
+            # The journal first: a kill before the graveyard is emptied leaves only files the
+            # next mount removes anyway, never a record whose removed file is gone.
             tmp = self.journal_path + ".tmp"
             with open(tmp, "w") as f:
                 f.writelines(json.dumps(op) + "\n" for op in kept)
             os.replace(tmp, self.journal_path)
+            for op in synced:
+                for action in op["undo"]:
+                    if action[0] == "restore":
+                        _remove_tree(os.path.join(self.graveyard, action[1]))
         return 0
 
     # The undo journal of directory operations.
@@ -293,14 +295,19 @@ def undo_unsynced_dir_ops(backing):
                     break  # a line cut by the kill: its operation was never applied
     for op in reversed(ops):
         for action in op["undo"]:
-            if action[0] == "remove":
-                _remove_tree(real(action[1]))
-            elif action[0] == "rename" and os.path.lexists(real(action[1])):
-                _remove_tree(real(action[2]))
-                os.rename(real(action[1]), real(action[2]))
-            elif action[0] == "restore" and os.path.lexists(os.path.join(graveyard, action[1])):
-                _remove_tree(real(action[2]))
-                os.rename(os.path.join(graveyard, action[1]), real(action[2]))
+            try:
+                if action[0] == "remove":
+                    _remove_tree(real(action[1]))
+                elif action[0] == "rename" and os.path.lexists(real(action[1])) and not os.path.lexists(real(action[2])):
+                    # Only a rename that happened: killed before it, both names still stand.
+                    os.rename(real(action[1]), real(action[2]))
+                elif action[0] == "restore" and os.path.lexists(os.path.join(graveyard, action[1])):
+                    _remove_tree(real(action[2]))
+                    os.rename(os.path.join(graveyard, action[1]), real(action[2]))
+            except OSError:
+                # Its directory went too (an entry of a directory removed later): nothing to
+                # put back where nothing can be reached.
+                pass
     if os.path.exists(journal):
         os.unlink(journal)
     shutil.rmtree(graveyard, ignore_errors=True)

@@ -117,7 +117,7 @@ pub(super) async fn distribute(
             Some((asker, frames)) = g.answers.next() => g.on_answer(asker, frames),
         }
         g.share_out();
-        if g.sharing.paused() != g.paused && g.hub.is_some() {
+        if g.sharing.paused_without_member() != g.paused && g.hub.is_some() {
             g.resize_window();
         }
         if g.hub.is_some() && g.joined_once && g.members.is_empty() && g.joining.is_empty() {
@@ -270,10 +270,11 @@ impl Distributor {
     }
 
     /// The hub may have in flight what its members can hold together, within its cap, and the
-    /// events members paused besides (they wait at the hub, not at a member): a member that nacks
-    /// with a delay takes no room from the others (issue 59).
+    /// paused events of members that left besides (they wait at the hub, charged to no member's
+    /// slot): a member that nacks with a delay takes room from itself only (issue 59). A member's
+    /// own paused events are in its slots, which the members' windows already count.
     fn resize_window(&mut self) {
-        self.paused = self.sharing.paused();
+        self.paused = self.sharing.paused_without_member();
         self.window.set_max_events(self.sharing.capacity().min(self.cap) + self.paused.min(self.cap));
     }
 
@@ -316,6 +317,11 @@ impl Distributor {
                 match parsed.iter().find(|f| f["type"] == "subscribed") {
                     Some(subscribed) => {
                         self.resumed_before = None;
+                        // A subscribe again drops what the old subscription held in flight: its
+                        // paused events are not offered again as such.
+                        if self.subscribed.is_some() {
+                            self.sharing.forget_paused();
+                        }
                         self.learn_floors(subscribed);
                         self.subscribed = Some(subscribed.clone());
                         for (link, reply) in std::mem::take(&mut self.joining) {

@@ -114,9 +114,9 @@ pub struct Sharing {
     /// in offset order even when the hub redelivers them in another.
     returning: FastMap<KeyHash, Vec<Returning>>,
     /// Events a member paused (`Settled::Paused`), until the hub offers them again: each holds a
-    /// slot of that member while it is a member, and one of the hub's window as long as it waits
-    /// there (also after its member left).
-    paused: FastMap<(u32, u64), MemberId>,
+    /// slot of that member while it is a member (`Some`); after it left (`None`) the event still
+    /// waits at the hub, in its window, charged to nobody.
+    paused: FastMap<(u32, u64), Option<MemberId>>,
     hasher: RandomState,
 }
 
@@ -144,17 +144,27 @@ impl Sharing {
         Some(self.hasher.hash_one(key))
     }
 
-    /// Events paused by members and not offered again yet: the hub holds them in its window.
-    pub fn paused(&self) -> usize {
-        self.paused.len()
+    /// Events paused by members that left, not offered again yet: they wait in the hub's window
+    /// with no member's slot taking their place, so the window grows by them. (A member's own
+    /// paused events take its slots: the members' windows together already count them.)
+    pub fn paused_without_member(&self) -> usize {
+        self.paused.values().filter(|member| member.is_none()).count()
     }
 
     /// A paused event came back (or the hub settled it): its member's slot is free again.
     fn unpause(&mut self, event: (u32, u64)) {
-        if let Some(member) = self.paused.remove(&event) {
+        if let Some(Some(member)) = self.paused.remove(&event) {
             if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
                 m.held = m.held.saturating_sub(1);
             }
+        }
+    }
+
+    /// The hub subscribed again (a member brought a higher token): what it held in flight, the
+    /// paused events too, went with its old subscription and is not offered again as such.
+    pub fn forget_paused(&mut self) {
+        for event in self.paused.keys().copied().collect::<Vec<_>>() {
+            self.unpause(event);
         }
     }
 
@@ -177,6 +187,11 @@ impl Sharing {
     /// (docs/protocol.md: a session's end releases its deliveries). Its keys are free from now.
     pub fn leave(&mut self, member: MemberId) -> Vec<DeliveryRef> {
         self.members.retain(|m| m.id != member);
+        // Its paused events stay paused at the hub, charged to nobody (a session that joins
+        // again keeps its number: they must not free slots of its new membership).
+        for owner in self.paused.values_mut().filter(|owner| **owner == Some(member)) {
+            *owner = None;
+        }
         let mut released = Vec::new();
         let events: Vec<(u32, u64)> = self.out.iter().filter(|(_, h)| h.member == member).map(|(e, _)| *e).collect();
         for event in events {
@@ -290,7 +305,7 @@ impl Sharing {
             Settled::Paused => {
                 // The member's slot stays taken until the event comes back.
                 self.release_key(&held);
-                self.paused.insert(event, member);
+                self.paused.insert(event, Some(member));
                 self.avoid.insert(event, member);
                 self.await_return(event, held.key);
             }
@@ -478,7 +493,7 @@ mod tests {
         assert_eq!(s.assign().len(), 2);
         let first = DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 0 };
         assert!(s.settle(1, first, Settled::Paused));
-        assert_eq!(s.paused(), 1);
+        assert_eq!(s.paused_without_member(), 0, "its member's slot counts it");
         // Member 1 is still full: the paused event holds its slot, so the next goes to member 2.
         s.offer(offered(3, 0, 2, None));
         assert!(s.assign().is_empty(), "member 1 paused one and holds another: no room");
@@ -486,13 +501,23 @@ mod tests {
         assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 2)]);
         // Member 1 leaves: the paused event still waits at the hub, counted until it comes back.
         assert_eq!(s.leave(1).len(), 1, "the event it held, not the paused one");
-        assert_eq!(s.paused(), 1);
+        assert_eq!(s.paused_without_member(), 1);
+        // Joining again with the same number does not inherit the old paused event's slot.
+        s.join(1, 2);
         s.offer(offered(4, 0, 0, None));
-        assert_eq!(s.paused(), 0);
+        assert_eq!(s.paused_without_member(), 0);
+        assert_eq!(s.members().iter().find(|(m, _, _)| *m == 1).map(|(_, held, _)| *held), Some(0));
+        s.leave(1);
         assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 0)]);
         // A Released nack frees the slot at once.
         assert!(s.settle(2, DeliveryRef { seq: 4, slot: 0, partition: 0, offset: 0 }, Settled::Released));
-        assert_eq!(s.paused(), 0);
+        assert_eq!(s.paused_without_member(), 0);
+        // Paused, then the hub subscribes again: the member's slot is freed.
+        s.offer(offered(5, 0, 3, None));
+        let (member, given) = s.assign().pop().unwrap();
+        assert!(s.settle(member, given.delivery, Settled::Paused));
+        s.forget_paused();
+        assert_eq!(s.members().iter().find(|(m, _, _)| *m == member).map(|(_, held, _)| *held), Some(1), "offset 2 only");
     }
 
     #[test]
