@@ -360,19 +360,48 @@ pub struct DeadLetterList {
     pub next: Option<String>,
 }
 
-/// Which dead letters to deliver again (or delete): one page of a client's dead letters on a topic, of one partition, or one dead letter.
+/// Which dead letters to deliver again (or delete): one page of a client's or a shared
+/// subscription's dead letters on a topic, of one partition, or one dead letter. `client_id` or
+/// `group`, exactly one.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum RedriveRequest {
+    Client(RedriveClientRequest),
+    Group(RedriveGroupRequest),
+}
+
+/// A client's dead letters (or a group's, as `$NAME`).
 #[derive(serde::Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RedriveRequest {
+pub struct RedriveClientRequest {
     #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499)]
     pub topic: String,
-    /// The client whose dead letters these are, or a shared subscription's identity `$NAME`; give
-    /// it or `group`, not both (else 400).
+    /// The client whose dead letters these are, or a shared subscription's identity `$NAME`.
     #[schema(pattern = r"^([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})$", min_length = 1, max_length = 250)]
-    pub client_id: Option<String>,
-    /// A shared subscription's dead letters (its name, as `subscribe`'s `group`).
+    pub client_id: String,
+    /// Only this partition.
+    #[schema(minimum = 0, maximum = 4294967295u64)]
+    pub partition: Option<u32>,
+    /// Only dead letters at this offset (with `partition`: one dead letter).
+    #[schema(minimum = 0)]
+    pub offset: Option<u64>,
+    /// The `next` of a previous answer (`topic#client_id#partition#offset`).
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#([A-Za-z0-9._:@-]{1,128}|\$[A-Za-z0-9._-]{1,249})#[0-9]{1,9}#[0-9]{1,19}$")]
+    pub after: Option<String>,
+    /// Dead letters in this page, 1 to 1000 (default 100).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// A shared subscription's dead letters.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveGroupRequest {
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499)]
+    pub topic: String,
+    /// The shared subscription whose dead letters these are (its name, as `subscribe`'s `group`).
     #[schema(pattern = r"^[A-Za-z0-9._-]{1,249}$", min_length = 1, max_length = 249)]
-    pub group: Option<String>,
+    pub group: String,
     /// Only this partition.
     #[schema(minimum = 0, maximum = 4294967295u64)]
     pub partition: Option<u32>,
