@@ -163,6 +163,32 @@ impl Rng {
     }
 }
 
+/// The order faults come in: shuffled rounds, every kind once per round. A uniform draw left one
+/// kind at 9 of a 20-minute run's 186 faults (the issue asks for 10 of each); in rounds no kind is
+/// more than one behind another.
+struct FaultDeck {
+    kinds: Vec<Fault>,
+    left: Vec<Fault>,
+}
+
+impl FaultDeck {
+    fn new(kinds: &[Fault]) -> Self {
+        Self { kinds: kinds.to_vec(), left: Vec::new() }
+    }
+
+    fn draw(&mut self, rng: &mut Rng) -> Fault {
+        if self.left.is_empty() {
+            self.left = self.kinds.clone();
+            // Fisher-Yates: each order of the round equally likely.
+            for i in (1..self.left.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                self.left.swap(i, j);
+            }
+        }
+        self.left.pop().expect("a fault deck holds at least one kind")
+    }
+}
+
 /// Every fault the backend has: the embedded log has no broker, and libfaketime must be there
 /// for `clock` (except on Kafka). tansu 0.6, the Kafka stand-in, is not killed by default: after a
 /// SIGKILL under load its SQLite storage panics at every metadata request ("more or less than one
@@ -463,4 +489,26 @@ async fn run(cli: ChaosCli) -> anyhow::Result<(Report, FaultLog)> {
     }
     (fault_log.offset_store_fsyncs, fault_log.fsyncs) = (cluster.mount.fsyncs("/data/offsets/"), cluster.mount.fsyncs("/"));
     Ok((report, fault_log))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_kind_comes_once_in_each_round_in_a_shuffled_order() {
+        let kinds = [Fault::Kill, Fault::Pause, Fault::Clock, Fault::BrokerKill, Fault::BrokerPause];
+        let mut deck = FaultDeck::new(&kinds);
+        let mut rng = Rng(7);
+        let rounds: Vec<Vec<Fault>> = (0..40).map(|_| (0..kinds.len()).map(|_| deck.draw(&mut rng)).collect()).collect();
+        for round in &rounds {
+            let mut sorted = round.clone();
+            sorted.sort();
+            assert_eq!(sorted, kinds.to_vec(), "each kind exactly once per round: {round:?}");
+        }
+        let orders: BTreeSet<&Vec<Fault>> = rounds.iter().collect();
+        assert!(orders.len() > 10, "rounds come in different orders, got {} distinct of 40", orders.len());
+        let firsts: BTreeSet<Fault> = rounds.iter().map(|r| r[0]).collect();
+        assert_eq!(firsts.len(), kinds.len(), "any kind may open a round");
+    }
 }

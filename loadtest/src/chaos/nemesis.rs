@@ -369,6 +369,7 @@ pub(super) fn nemesis(cluster: &mut Cluster, faults: &[Fault], mean_every: Durat
     let mut log = FaultLog::default();
     let instances = cluster.gateways.len();
     let started = Instant::now();
+    let mut deck = FaultDeck::new(faults);
     while !stop.load(Ordering::Relaxed) {
         let wait = rng.millis(mean_every.as_millis() as u64 / 2, mean_every.as_millis() as u64 * 3 / 2);
         let until = Instant::now() + wait;
@@ -379,7 +380,7 @@ pub(super) fn nemesis(cluster: &mut Cluster, faults: &[Fault], mean_every: Durat
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let fault = faults[rng.below(faults.len() as u64) as usize];
+        let fault = deck.draw(&mut rng);
         let i = rng.below(instances as u64) as usize;
         *log.injected.entry(fault.name()).or_default() += 1;
         eprintln!("chaos: {:>4.0} s: {} (instance {i})", started.elapsed().as_secs_f64(), fault.name());
