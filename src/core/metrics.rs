@@ -143,13 +143,14 @@ pub const ROCKETMQ_PENDING_HANDLES: &str = "ackgate_rocketmq_pending_handles";
 pub const ROCKETMQ_BROKER_ACKS: &str = "ackgate_rocketmq_broker_acks_total";
 pub const ROCKETMQ_INVISIBLE_EXTENSIONS: &str = "ackgate_rocketmq_invisible_extensions_total";
 pub const ROCKETMQ_OFFSET_MOVES: &str = "ackgate_rocketmq_offset_moves_total";
+pub const ROCKETMQ_LONG_POLLS_UNANSWERED: &str = "ackgate_rocketmq_long_polls_unanswered_total";
 pub const ROCKETMQ_ROUTES_REFUSED: &str = "ackgate_rocketmq_routes_refused_total";
 pub const ROCKETMQ_LITE_POPPED: &str = "ackgate_rocketmq_lite_popped_total";
 pub const ROCKETMQ_LITE_RESYNCS: &str = "ackgate_rocketmq_lite_resyncs_total";
 
 /// Every metric name ackgate exports (docs/operations.md lists the same; a test checks that, and
 /// that a scrape shows no other).
-pub const ALL: [&str; 54] = [
+pub const ALL: [&str; 55] = [
     SESSIONS,
     SESSIONS_ENDED,
     STALLED_SESSIONS,
@@ -201,6 +202,7 @@ pub const ALL: [&str; 54] = [
     ROCKETMQ_BROKER_ACKS,
     ROCKETMQ_INVISIBLE_EXTENSIONS,
     ROCKETMQ_OFFSET_MOVES,
+    ROCKETMQ_LONG_POLLS_UNANSWERED,
     ROCKETMQ_ROUTES_REFUSED,
     ROCKETMQ_LITE_POPPED,
     ROCKETMQ_LITE_RESYNCS,
@@ -239,6 +241,12 @@ pub fn rocketmq_invisible_extensions(result: &'static str) -> Counter {
 /// followed only past offsets the log dropped, not after a reset of the group's offset.
 pub fn rocketmq_offset_moves(followed: bool) -> Counter {
     metrics::counter!(ROCKETMQ_OFFSET_MOVES, "followed" => if followed { "true" } else { "false" })
+}
+
+/// `ackgate_rocketmq_long_polls_unanswered_total`: long-polling PULLs the broker left unanswered
+/// for the whole timeout (that queue is then read without the broker's long poll for a minute).
+pub fn rocketmq_long_polls_unanswered() -> Counter {
+    metrics::counter!(ROCKETMQ_LONG_POLLS_UNANSWERED)
 }
 
 /// `ackgate_rocketmq_routes_refused_total`: RocketMQ routes refused because they would renumber
@@ -439,6 +447,10 @@ impl Metrics {
         describe_counter!(
             ROCKETMQ_OFFSET_MOVES,
             "RocketMQ PULL answers OFFSET_MOVED forward, by whether the cursor followed (only past offsets below the queue's min offset)"
+        );
+        describe_counter!(
+            ROCKETMQ_LONG_POLLS_UNANSWERED,
+            "Long-polling RocketMQ PULLs the broker left unanswered for the whole timeout (the queue is then read without the broker's long poll for a minute)"
         );
         describe_counter!(
             ROCKETMQ_ROUTES_REFUSED,

@@ -2,12 +2,17 @@
 //! pop, ack and invisible-time changes. Everything here is one request and its answer; policy
 //! (cursors, receipt handles, when to ack) lives in `mod.rs` and `pop.rs`.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::message::{decode_messages, Decoded};
 use super::remoting::{code, response, Remoting, RemotingError, Response};
 use crate::core::backend::BackendError;
 use crate::core::clock::{Clock, SystemClock};
+
+/// How long a queue whose long-polling PULL went unanswered is read without the broker's long
+/// poll (`Broker::pull`).
+const LONG_POLL_SHUNNED_FOR: Duration = Duration::from_secs(60);
 
 /// One master broker's share of a topic, as the name server routes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +71,10 @@ pub struct PopHeader {
 
 pub struct Broker {
     pub remoting: Remoting,
+    /// Queues (broker address, topic, queue id) whose long-polling PULL the broker left
+    /// unanswered for a whole timeout, and when: read without the broker's long poll for a while
+    /// (`pull`).
+    unanswered_long_polls: std::sync::Mutex<HashMap<(String, String, u32), Instant>>,
     /// Name servers, as `rocketmq.namesrv_addr` lists them (`;`-separated, as Apache's clients
     /// take them): each knows every broker, so any one answers.
     namesrvs: Vec<String>,
@@ -93,7 +102,13 @@ fn refused(what: &str, r: &Response) -> BackendError {
 
 impl Broker {
     pub fn new(namesrv: String, timeout: Duration) -> Self {
-        Self { remoting: Remoting::default(), namesrvs: namesrv_list(&namesrv), namesrv_in_use: Default::default(), timeout }
+        Self {
+            remoting: Remoting::default(),
+            unanswered_long_polls: Default::default(),
+            namesrvs: namesrv_list(&namesrv),
+            namesrv_in_use: Default::default(),
+            timeout,
+        }
     }
 
     /// A request to the name servers: the one that answered last first, then the others in
@@ -503,6 +518,12 @@ impl Broker {
 
     /// PULL from `offset`, never committing an offset for `group`. `wait` > 0 lets the broker
     /// hold the request until a message arrives (long polling).
+    ///
+    /// A long poll the broker leaves unanswered for the whole timeout (rocketmq-rust did, for
+    /// minutes, on one gateway's connection after the fault suite paused the broker, while it
+    /// answered that connection's other requests: the clients there got nothing more) turns the
+    /// broker's long poll off for that queue for `LONG_POLL_SHUNNED_FOR`: the PULL asks without
+    /// it and, finding nothing new, waits `wait` here instead.
     pub async fn pull(
         &self,
         broker_addr: &str,
@@ -515,7 +536,10 @@ impl Broker {
     ) -> Result<Pulled, BackendError> {
         const FLAG_SUSPEND: i32 = 0x2;
         const FLAG_SUBSCRIPTION: i32 = 0x4;
-        let suspend = if wait.is_zero() { 0 } else { FLAG_SUSPEND };
+        let queue = (broker_addr.to_string(), topic.to_string(), queue_id);
+        let shunned = !wait.is_zero() && self.long_poll_shunned(&queue);
+        let broker_wait = if shunned { Duration::ZERO } else { wait };
+        let suspend = if broker_wait.is_zero() { 0 } else { FLAG_SUSPEND };
         let ext = [
             ("consumerGroup", group.to_string()),
             ("topic", topic.to_string()),
@@ -525,19 +549,55 @@ impl Broker {
             // No FLAG_COMMIT_OFFSET: the broker must never hold an offset for this group.
             ("sysFlag", (FLAG_SUBSCRIPTION | suspend).to_string()),
             ("commitOffset", "0".to_string()),
-            ("suspendTimeoutMillis", wait.as_millis().to_string()),
+            ("suspendTimeoutMillis", broker_wait.as_millis().to_string()),
             ("subscription", "*".to_string()),
             ("subVersion", "0".to_string()),
             ("expressionType", "TAG".to_string()),
         ];
-        let r = self.call(broker_addr, code::PULL_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        let r = match self.remoting.call(broker_addr, code::PULL_MESSAGE, &ext, &[], self.timeout + broker_wait).await {
+            Ok(r) => r,
+            Err(e) => {
+                if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
+                    self.shun_long_poll(queue, offset);
+                }
+                return Err(unavailable(e));
+            }
+        };
         let next = |r: &Response| r.number("nextBeginOffset").map(|n| n.max(0) as u64).unwrap_or(offset);
         match r.code {
             response::SUCCESS => Ok(Pulled::Found { next: next(&r), messages: decode_messages(&r.body) }),
-            response::PULL_NOT_FOUND | response::PULL_RETRY_IMMEDIATELY => Ok(Pulled::NotFound { next: next(&r) }),
+            response::PULL_NOT_FOUND | response::PULL_RETRY_IMMEDIATELY => {
+                if shunned && next(&r) <= offset {
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(Pulled::NotFound { next: next(&r) })
+            }
             response::PULL_OFFSET_MOVED => Ok(Pulled::OffsetMoved { next: next(&r) }),
             _ => Err(refused("pull", &r)),
         }
+    }
+
+    /// Whether `queue`'s long poll is off (`pull`); forgets it once the time is up.
+    fn long_poll_shunned(&self, queue: &(String, String, u32)) -> bool {
+        let mut shunned = self.unanswered_long_polls.lock().unwrap();
+        match shunned.get(queue) {
+            Some(since) if since.elapsed() < LONG_POLL_SHUNNED_FOR => true,
+            Some(_) => {
+                shunned.remove(queue);
+                tracing::info!(broker = %queue.0, topic = %queue.1, queue = queue.2, "long-polling PULL on again for this queue");
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn shun_long_poll(&self, queue: (String, String, u32), offset: u64) {
+        tracing::warn!(
+            broker = %queue.0, topic = %queue.1, queue = queue.2, offset, off_for = ?LONG_POLL_SHUNNED_FOR,
+            "the broker left a long-polling PULL unanswered for the whole timeout; reading this queue without the broker's long poll for a while"
+        );
+        crate::core::metrics::rocketmq_long_polls_unanswered().increment(1);
+        self.unanswered_long_polls.lock().unwrap().insert(queue, Instant::now());
     }
 
     /// POP from one queue (and, as the broker decides, from the group's retry topic).
@@ -729,6 +789,70 @@ mod tests {
         let v = parse_json(body).unwrap();
         assert_eq!(v["brokerDatas"][0]["brokerAddrs"]["0"], "127.0.0.1:10911");
         assert_eq!(v["brokerDatas"][0]["brokerAddrs"]["1"], "x,2:y");
+    }
+
+    /// A broker that never answers a long-polling PULL (suspend flag set) and answers any other
+    /// PULL with PULL_NOT_FOUND at the offset asked: what a gateway's connection to rocketmq-rust
+    /// did for minutes after the fault suite paused the broker. Each request's suspend flag and
+    /// `suspendTimeoutMillis` go to the returned channel.
+    async fn broker_without_long_polls() -> (String, tokio::sync::mpsc::UnboundedReceiver<(bool, String)>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // A request that times out on a connection silent meanwhile makes the next one open
+            // another: every connection is served.
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut length = [0u8; 4];
+                    while socket.read_exact(&mut length).await.is_ok() {
+                        let mut frame = vec![0u8; u32::from_be_bytes(length) as usize];
+                        socket.read_exact(&mut frame).await.unwrap();
+                        let header_len = (u32::from_be_bytes(frame[..4].try_into().unwrap()) & 0x00FF_FFFF) as usize;
+                        let header: serde_json::Value = serde_json::from_slice(&frame[4..4 + header_len]).unwrap();
+                        let ext = &header["extFields"];
+                        let suspended = ext["sysFlag"].as_str().unwrap().parse::<i32>().unwrap() & 0x2 != 0;
+                        let _ = seen.send((suspended, ext["suspendTimeoutMillis"].as_str().unwrap().to_string()));
+                        if suspended {
+                            continue;
+                        }
+                        let answer = serde_json::json!({"code": response::PULL_NOT_FOUND, "flag": 1, "opaque": header["opaque"], "extFields": {"nextBeginOffset": ext["queueOffset"]}});
+                        let answer = serde_json::to_vec(&answer).unwrap();
+                        let mut out = ((4 + answer.len()) as u32).to_be_bytes().to_vec();
+                        out.extend_from_slice(&(answer.len() as u32).to_be_bytes());
+                        out.extend_from_slice(&answer);
+                        socket.write_all(&out).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, requests)
+    }
+
+    /// Issue 60's RocketMQ run: one gateway's long-polling PULLs went unanswered to the end of
+    /// the run, and its clients missed the last events. On the old code every PULL asked for the
+    /// long poll again and timed out again.
+    #[tokio::test]
+    async fn a_long_poll_the_broker_leaves_unanswered_is_not_asked_for_again_on_that_queue() {
+        let (addr, mut requests) = broker_without_long_polls().await;
+        let broker = Broker::new(String::new(), Duration::from_millis(300));
+        let wait = Duration::from_millis(200);
+        let first = broker.pull(&addr, "g", "t", 0, 5, 10, wait).await;
+        assert!(matches!(first, Err(BackendError::Unavailable(_))), "the unanswered long poll fails: {first:?}");
+        assert_eq!(requests.recv().await.unwrap(), (true, "200".to_string()));
+        let started = Instant::now();
+        let second = broker.pull(&addr, "g", "t", 0, 5, 10, wait).await.expect("answered");
+        assert!(matches!(second, Pulled::NotFound { next: 5 }), "{second:?}");
+        assert_eq!(requests.recv().await.unwrap(), (false, "0".to_string()), "asked without the broker's long poll");
+        assert!(started.elapsed() >= wait, "nothing new: the wait is spent here instead of at the broker");
+        let again = broker.pull(&addr, "g", "t", 0, 5, 10, Duration::ZERO).await.expect("answered");
+        assert!(matches!(again, Pulled::NotFound { next: 5 }));
+        assert_eq!(requests.recv().await.unwrap(), (false, "0".to_string()));
+        // Another queue still asks for the broker's long poll.
+        assert!(broker.pull(&addr, "g", "t", 1, 5, 10, wait).await.is_err());
+        assert_eq!(requests.recv().await.unwrap(), (true, "200".to_string()));
     }
 
     #[test]
