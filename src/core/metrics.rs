@@ -243,8 +243,9 @@ pub fn rocketmq_offset_moves(followed: bool) -> Counter {
     metrics::counter!(ROCKETMQ_OFFSET_MOVES, "followed" => if followed { "true" } else { "false" })
 }
 
-/// `ackgate_rocketmq_long_polls_unanswered_total`: long-polling PULLs the broker left unanswered
-/// for the whole timeout (that queue is then read without the broker's long poll for a minute).
+/// `ackgate_rocketmq_long_polls_unanswered_total`: long polls (POP, PULL) the broker left
+/// unanswered for the whole timeout (that queue is then read without the broker's long poll for
+/// a minute).
 pub fn rocketmq_long_polls_unanswered() -> Counter {
     metrics::counter!(ROCKETMQ_LONG_POLLS_UNANSWERED)
 }
@@ -450,7 +451,7 @@ impl Metrics {
         );
         describe_counter!(
             ROCKETMQ_LONG_POLLS_UNANSWERED,
-            "Long-polling RocketMQ PULLs the broker left unanswered for the whole timeout (the queue is then read without the broker's long poll for a minute)"
+            "RocketMQ long polls (POP, PULL) the broker left unanswered for the whole timeout (the queue is then read without the broker's long poll for a minute)"
         );
         describe_counter!(
             ROCKETMQ_ROUTES_REFUSED,

@@ -14,6 +14,9 @@ use crate::core::clock::{Clock, SystemClock};
 /// poll (`Broker::pull`).
 const LONG_POLL_SHUNNED_FOR: Duration = Duration::from_secs(60);
 
+/// One queue's long poll of one kind: (request, broker address, topic, queue id).
+type LongPolled = (&'static str, String, String, u32);
+
 /// One master broker's share of a topic, as the name server routes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedBroker {
@@ -71,10 +74,12 @@ pub struct PopHeader {
 
 pub struct Broker {
     pub remoting: Remoting,
-    /// Queues (broker address, topic, queue id) whose long-polling PULL the broker left
-    /// unanswered for a whole timeout, and when: read without the broker's long poll for a while
-    /// (`pull`).
-    unanswered_long_polls: std::sync::Mutex<HashMap<(String, String, u32), Instant>>,
+    /// Queues whose long poll (PULL or POP) the broker left unanswered for a whole timeout, and
+    /// when: read without the broker's long poll for a while (`pull`, `pop`).
+    unanswered_long_polls: std::sync::Mutex<HashMap<LongPolled, Instant>>,
+    /// Each broker's clock as its last POP answer showed it (`popTime`) and when that answer
+    /// came: a POP's `bornTime` is read from it (`broker_now_ms`).
+    broker_clocks: std::sync::Mutex<HashMap<String, (u64, Instant)>>,
     /// Name servers, as `rocketmq.namesrv_addr` lists them (`;`-separated, as Apache's clients
     /// take them): each knows every broker, so any one answers.
     namesrvs: Vec<String>,
@@ -105,6 +110,7 @@ impl Broker {
         Self {
             remoting: Remoting::default(),
             unanswered_long_polls: Default::default(),
+            broker_clocks: Default::default(),
             namesrvs: namesrv_list(&namesrv),
             namesrv_in_use: Default::default(),
             timeout,
@@ -506,7 +512,7 @@ impl Broker {
             ("maxMsgNum", max.clamp(1, 32).to_string()),
             ("invisibleTime", invisible.as_millis().to_string()),
             ("pollTime", wait.as_millis().to_string()),
-            ("bornTime", SystemClock.now_ms().to_string()),
+            ("bornTime", self.broker_now_ms(broker_addr).to_string()),
         ];
         let r = self.call(broker_addr, code::POP_LITE_MESSAGE, &ext, &[], self.timeout + wait).await?;
         match r.code {
@@ -519,11 +525,9 @@ impl Broker {
     /// PULL from `offset`, never committing an offset for `group`. `wait` > 0 lets the broker
     /// hold the request until a message arrives (long polling).
     ///
-    /// A long poll the broker leaves unanswered for the whole timeout (rocketmq-rust did, for
-    /// minutes, on one gateway's connection after the fault suite paused the broker, while it
-    /// answered that connection's other requests: the clients there got nothing more) turns the
-    /// broker's long poll off for that queue for `LONG_POLL_SHUNNED_FOR`: the PULL asks without
-    /// it and, finding nothing new, waits `wait` here instead.
+    /// A long poll the broker leaves unanswered for the whole timeout turns the broker's long poll
+    /// off for that queue for `LONG_POLL_SHUNNED_FOR` (`shun_long_poll`): the PULL asks without it
+    /// and, finding nothing new, waits `wait` here instead.
     pub async fn pull(
         &self,
         broker_addr: &str,
@@ -536,7 +540,7 @@ impl Broker {
     ) -> Result<Pulled, BackendError> {
         const FLAG_SUSPEND: i32 = 0x2;
         const FLAG_SUBSCRIPTION: i32 = 0x4;
-        let queue = (broker_addr.to_string(), topic.to_string(), queue_id);
+        let queue = ("PULL", broker_addr.to_string(), topic.to_string(), queue_id);
         let shunned = !wait.is_zero() && self.long_poll_shunned(&queue);
         let broker_wait = if shunned { Duration::ZERO } else { wait };
         let suspend = if broker_wait.is_zero() { 0 } else { FLAG_SUSPEND };
@@ -558,7 +562,7 @@ impl Broker {
             Ok(r) => r,
             Err(e) => {
                 if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
-                    self.shun_long_poll(queue, offset);
+                    self.shun_long_poll(queue);
                 }
                 return Err(unavailable(e));
             }
@@ -577,24 +581,42 @@ impl Broker {
         }
     }
 
-    /// Whether `queue`'s long poll is off (`pull`); forgets it once the time is up.
-    fn long_poll_shunned(&self, queue: &(String, String, u32)) -> bool {
+    /// Now by `broker_addr`'s clock, for a POP's `bornTime`: the broker holds a POP until
+    /// `bornTime` plus its poll time by its own clock, so one from a gateway whose clock runs
+    /// ahead is held that much longer, past the request's timeout (and one from a clock behind is
+    /// answered at once). Read from the broker's last `popTime` and the monotonic time since, so
+    /// steps of this host's wall clock do not move it; this host's clock until a POP answered.
+    fn broker_now_ms(&self, broker_addr: &str) -> u64 {
+        match self.broker_clocks.lock().unwrap().get(broker_addr) {
+            Some((pop_time, at)) => pop_time + at.elapsed().as_millis() as u64,
+            None => SystemClock.now_ms(),
+        }
+    }
+
+    /// Whether `queue`'s long poll is off (`shun_long_poll`); forgets it once the time is up.
+    fn long_poll_shunned(&self, queue: &LongPolled) -> bool {
         let mut shunned = self.unanswered_long_polls.lock().unwrap();
         match shunned.get(queue) {
             Some(since) if since.elapsed() < LONG_POLL_SHUNNED_FOR => true,
             Some(_) => {
                 shunned.remove(queue);
-                tracing::info!(broker = %queue.0, topic = %queue.1, queue = queue.2, "long-polling PULL on again for this queue");
+                tracing::info!(request = queue.0, broker = %queue.1, topic = %queue.2, queue = queue.3, "long polling on again for this queue");
                 false
             }
             None => false,
         }
     }
 
-    fn shun_long_poll(&self, queue: (String, String, u32), offset: u64) {
+    /// A long poll the broker left unanswered for the whole timeout. rocketmq-rust holds a POP
+    /// until the request's `bornTime` plus its poll time by the broker's clock: a gateway whose
+    /// clock ran ahead of the broker's by more than the request timeout had every POP of a queue
+    /// with nothing new time out (the fault suite's clock steps on RocketMQ, before `bornTime`
+    /// came from `broker_now_ms`: that gateway's clients got no more events once the publishers
+    /// stopped). Whatever the cause, without the long poll the broker answers at once.
+    fn shun_long_poll(&self, queue: LongPolled) {
         tracing::warn!(
-            broker = %queue.0, topic = %queue.1, queue = queue.2, offset, off_for = ?LONG_POLL_SHUNNED_FOR,
-            "the broker left a long-polling PULL unanswered for the whole timeout; reading this queue without the broker's long poll for a while"
+            request = queue.0, broker = %queue.1, topic = %queue.2, queue = queue.3, off_for = ?LONG_POLL_SHUNNED_FOR,
+            "the broker left a long poll unanswered for the whole request timeout (clocks apart?); reading this queue without the broker's long poll for a while"
         );
         crate::core::metrics::rocketmq_long_polls_unanswered().increment(1);
         self.unanswered_long_polls.lock().unwrap().insert(queue, Instant::now());
@@ -611,14 +633,17 @@ impl Broker {
         invisible: Duration,
         wait: Duration,
     ) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
-        let now = SystemClock.now_ms();
+        let queue = ("POP", broker_addr.to_string(), topic.to_string(), queue_id);
+        let shunned = !wait.is_zero() && self.long_poll_shunned(&queue);
+        let broker_wait = if shunned { Duration::ZERO } else { wait };
+        let now = self.broker_now_ms(broker_addr);
         let ext = [
             ("consumerGroup", group.to_string()),
             ("topic", topic.to_string()),
             ("queueId", queue_id.to_string()),
             ("maxMsgNums", max.clamp(1, 32).to_string()),
             ("invisibleTime", invisible.as_millis().to_string()),
-            ("pollTime", wait.as_millis().to_string()),
+            ("pollTime", broker_wait.as_millis().to_string()),
             ("bornTime", now.to_string()),
             // ConsumeInitMode.MIN: a group's first pop starts at the queue's first message.
             ("initMode", "0".to_string()),
@@ -626,15 +651,32 @@ impl Broker {
             ("exp", "*".to_string()),
             ("order", "false".to_string()),
         ];
-        let r = self.call(broker_addr, code::POP_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        let r = match self.remoting.call(broker_addr, code::POP_MESSAGE, &ext, &[], self.timeout + broker_wait).await {
+            Ok(r) => r,
+            Err(e) => {
+                if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
+                    self.shun_long_poll(queue);
+                }
+                return Err(unavailable(e));
+            }
+        };
         let empty = || PopHeader { pop_time: 0, invisible_time: 0, revive_qid: 0, start_offsets: Default::default() };
         match r.code {
             response::SUCCESS => {}
-            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => return Ok((empty(), Vec::new())),
+            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => {
+                if shunned {
+                    tokio::time::sleep(wait).await;
+                }
+                return Ok((empty(), Vec::new()));
+            }
             _ => return Err(refused("pop", &r)),
         }
+        let pop_time = r.number("popTime").unwrap_or(0).max(0) as u64;
+        if pop_time > 0 {
+            self.broker_clocks.lock().unwrap().insert(broker_addr.to_string(), (pop_time, Instant::now()));
+        }
         let header = PopHeader {
-            pop_time: r.number("popTime").unwrap_or(0).max(0) as u64,
+            pop_time,
             invisible_time: r.number("invisibleTime").unwrap_or(0).max(0) as u64,
             revive_qid: r.number("reviveQid").unwrap_or(0),
             start_offsets: parse_start_offsets(r.field("startOffsetInfo").unwrap_or_default()),
@@ -791,18 +833,18 @@ mod tests {
         assert_eq!(v["brokerDatas"][0]["brokerAddrs"]["1"], "x,2:y");
     }
 
-    /// A broker that never answers a long-polling PULL (suspend flag set) and answers any other
-    /// PULL with PULL_NOT_FOUND at the offset asked: what a gateway's connection to rocketmq-rust
-    /// did for minutes after the fault suite paused the broker. Each request's suspend flag and
-    /// `suspendTimeoutMillis` go to the returned channel.
-    async fn broker_without_long_polls() -> (String, tokio::sync::mpsc::UnboundedReceiver<(bool, String)>) {
+    /// A fake broker: every request's code and `extFields` go to the returned channel, and
+    /// `answer` gives the response's code and `extFields` for it, or `None` to leave it
+    /// unanswered. Every connection is served (a request that times out on a connection silent
+    /// meanwhile makes the next one open another).
+    async fn fake_broker(
+        answer: fn(i32, &serde_json::Value) -> Option<(i32, serde_json::Value)>,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<(i32, serde_json::Value)>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
-            // A request that times out on a connection silent meanwhile makes the next one open
-            // another: every connection is served.
             while let Ok((mut socket, _)) = listener.accept().await {
                 let seen = seen.clone();
                 tokio::spawn(async move {
@@ -812,13 +854,10 @@ mod tests {
                         socket.read_exact(&mut frame).await.unwrap();
                         let header_len = (u32::from_be_bytes(frame[..4].try_into().unwrap()) & 0x00FF_FFFF) as usize;
                         let header: serde_json::Value = serde_json::from_slice(&frame[4..4 + header_len]).unwrap();
-                        let ext = &header["extFields"];
-                        let suspended = ext["sysFlag"].as_str().unwrap().parse::<i32>().unwrap() & 0x2 != 0;
-                        let _ = seen.send((suspended, ext["suspendTimeoutMillis"].as_str().unwrap().to_string()));
-                        if suspended {
-                            continue;
-                        }
-                        let answer = serde_json::json!({"code": response::PULL_NOT_FOUND, "flag": 1, "opaque": header["opaque"], "extFields": {"nextBeginOffset": ext["queueOffset"]}});
+                        let code = header["code"].as_i64().unwrap() as i32;
+                        let _ = seen.send((code, header["extFields"].clone()));
+                        let Some((answer_code, ext)) = answer(code, &header["extFields"]) else { continue };
+                        let answer = serde_json::json!({"code": answer_code, "flag": 1, "opaque": header["opaque"], "extFields": ext});
                         let answer = serde_json::to_vec(&answer).unwrap();
                         let mut out = ((4 + answer.len()) as u32).to_be_bytes().to_vec();
                         out.extend_from_slice(&(answer.len() as u32).to_be_bytes());
@@ -831,28 +870,73 @@ mod tests {
         (addr, requests)
     }
 
-    /// Issue 60's RocketMQ run: one gateway's long-polling PULLs went unanswered to the end of
-    /// the run, and its clients missed the last events. On the old code every PULL asked for the
+    fn field(ext: &serde_json::Value, name: &str) -> u64 {
+        ext[name].as_str().unwrap().parse().unwrap()
+    }
+
+    /// What a gateway's connection to rocketmq-rust saw for minutes in issue 60's RocketMQ runs:
+    /// a long poll (PULL with the suspend flag, POP with a poll time) never answered, anything
+    /// else answered "nothing new" at once.
+    fn no_long_polls(code: i32, ext: &serde_json::Value) -> Option<(i32, serde_json::Value)> {
+        let long_poll = match code {
+            code::PULL_MESSAGE => field(ext, "sysFlag") & 0x2 != 0,
+            _ => field(ext, "pollTime") > 0,
+        };
+        (!long_poll).then(|| (response::PULL_NOT_FOUND, serde_json::json!({"nextBeginOffset": ext["queueOffset"].as_str().unwrap_or("0")})))
+    }
+
+    /// Issue 60's RocketMQ runs: one gateway's long polls went unanswered to the end of the run,
+    /// and its clients missed the last events. On the old code every PULL and POP asked for the
     /// long poll again and timed out again.
     #[tokio::test]
     async fn a_long_poll_the_broker_leaves_unanswered_is_not_asked_for_again_on_that_queue() {
-        let (addr, mut requests) = broker_without_long_polls().await;
+        let (addr, mut requests) = fake_broker(no_long_polls).await;
         let broker = Broker::new(String::new(), Duration::from_millis(300));
         let wait = Duration::from_millis(200);
         let first = broker.pull(&addr, "g", "t", 0, 5, 10, wait).await;
         assert!(matches!(first, Err(BackendError::Unavailable(_))), "the unanswered long poll fails: {first:?}");
-        assert_eq!(requests.recv().await.unwrap(), (true, "200".to_string()));
+        assert_eq!(field(&requests.recv().await.unwrap().1, "suspendTimeoutMillis"), 200);
         let started = Instant::now();
         let second = broker.pull(&addr, "g", "t", 0, 5, 10, wait).await.expect("answered");
         assert!(matches!(second, Pulled::NotFound { next: 5 }), "{second:?}");
-        assert_eq!(requests.recv().await.unwrap(), (false, "0".to_string()), "asked without the broker's long poll");
+        let (_, ext) = requests.recv().await.unwrap();
+        assert_eq!((field(&ext, "sysFlag") & 0x2, field(&ext, "suspendTimeoutMillis")), (0, 0), "asked without the broker's long poll");
         assert!(started.elapsed() >= wait, "nothing new: the wait is spent here instead of at the broker");
-        let again = broker.pull(&addr, "g", "t", 0, 5, 10, Duration::ZERO).await.expect("answered");
-        assert!(matches!(again, Pulled::NotFound { next: 5 }));
-        assert_eq!(requests.recv().await.unwrap(), (false, "0".to_string()));
-        // Another queue still asks for the broker's long poll.
+        // Another queue, and a POP of the same queue, still ask for the broker's long poll.
         assert!(broker.pull(&addr, "g", "t", 1, 5, 10, wait).await.is_err());
-        assert_eq!(requests.recv().await.unwrap(), (true, "200".to_string()));
+        assert_eq!(field(&requests.recv().await.unwrap().1, "suspendTimeoutMillis"), 200);
+        let invisible = Duration::from_secs(30);
+        assert!(broker.pop(&addr, "g", "t", 0, 8, invisible, wait).await.is_err());
+        assert_eq!(field(&requests.recv().await.unwrap().1, "pollTime"), 200);
+        let started = Instant::now();
+        let (_, popped) = broker.pop(&addr, "g", "t", 0, 8, invisible, wait).await.expect("answered");
+        assert!(popped.is_empty());
+        assert_eq!(field(&requests.recv().await.unwrap().1, "pollTime"), 0, "POP asked without the long poll too");
+        assert!(started.elapsed() >= wait);
+    }
+
+    /// The broker's clock one hour ahead of this host's: every POP answered at once with an
+    /// empty body and that clock's `popTime`.
+    fn an_hour_ahead(_: i32, _: &serde_json::Value) -> Option<(i32, serde_json::Value)> {
+        let now = SystemClock.now_ms() + 3_600_000;
+        Some((response::SUCCESS, serde_json::json!({"popTime": now.to_string(), "invisibleTime": "30000", "reviveQid": "0"})))
+    }
+
+    /// rocketmq-rust holds a POP until `bornTime` plus its poll time by its own clock: with
+    /// `bornTime` from a gateway clock ahead of the broker's, a POP was held past its timeout
+    /// (the fault suite's clock steps). A POP's `bornTime` is the broker's clock as its last
+    /// answer showed it.
+    #[tokio::test]
+    async fn a_pops_born_time_is_read_from_the_brokers_clock() {
+        let (addr, mut requests) = fake_broker(an_hour_ahead).await;
+        let broker = Broker::new(String::new(), Duration::from_secs(5));
+        let pop = || broker.pop(&addr, "g", "t", 0, 8, Duration::from_secs(30), Duration::from_millis(100));
+        pop().await.expect("answered");
+        let first = field(&requests.recv().await.unwrap().1, "bornTime");
+        assert!(first.abs_diff(SystemClock.now_ms()) < 60_000, "no answer yet: this host's clock");
+        pop().await.expect("answered");
+        let second = field(&requests.recv().await.unwrap().1, "bornTime");
+        assert!(second.abs_diff(SystemClock.now_ms() + 3_600_000) < 60_000, "the broker's clock: {second} against this host's {}", SystemClock.now_ms());
     }
 
     #[test]
