@@ -558,15 +558,7 @@ impl Broker {
             ("subVersion", "0".to_string()),
             ("expressionType", "TAG".to_string()),
         ];
-        let r = match self.remoting.call(broker_addr, code::PULL_MESSAGE, &ext, &[], self.timeout + broker_wait).await {
-            Ok(r) => r,
-            Err(e) => {
-                if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
-                    self.shun_long_poll(queue);
-                }
-                return Err(unavailable(e));
-            }
-        };
+        let r = self.long_poll(queue, code::PULL_MESSAGE, &ext, broker_wait).await?;
         let next = |r: &Response| r.number("nextBeginOffset").map(|n| n.max(0) as u64).unwrap_or(offset);
         match r.code {
             response::SUCCESS => Ok(Pulled::Found { next: next(&r), messages: decode_messages(&r.body) }),
@@ -591,6 +583,17 @@ impl Broker {
             Some((pop_time, at)) => pop_time + at.elapsed().as_millis() as u64,
             None => SystemClock.now_ms(),
         }
+    }
+
+    /// A request to `queue`'s broker that may be a long poll (`broker_wait` > 0): one left
+    /// unanswered for the whole timeout turns that queue's long poll off (`shun_long_poll`).
+    async fn long_poll(&self, queue: LongPolled, code: i32, ext: &[(&str, String)], broker_wait: Duration) -> Result<Response, BackendError> {
+        self.remoting.call(&queue.1, code, ext, &[], self.timeout + broker_wait).await.map_err(|e| {
+            if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
+                self.shun_long_poll(queue);
+            }
+            unavailable(e)
+        })
     }
 
     /// Whether `queue`'s long poll is off (`shun_long_poll`); forgets it once the time is up.
@@ -651,15 +654,7 @@ impl Broker {
             ("exp", "*".to_string()),
             ("order", "false".to_string()),
         ];
-        let r = match self.remoting.call(broker_addr, code::POP_MESSAGE, &ext, &[], self.timeout + broker_wait).await {
-            Ok(r) => r,
-            Err(e) => {
-                if !broker_wait.is_zero() && matches!(e, RemotingError::Timeout { .. }) {
-                    self.shun_long_poll(queue);
-                }
-                return Err(unavailable(e));
-            }
-        };
+        let r = self.long_poll(queue, code::POP_MESSAGE, &ext, broker_wait).await?;
         let empty = || PopHeader { pop_time: 0, invisible_time: 0, revive_qid: 0, start_offsets: Default::default() };
         match r.code {
             response::SUCCESS => {}
