@@ -77,8 +77,8 @@ pub struct Broker {
     /// Queues whose long poll (PULL or POP) the broker left unanswered for a whole timeout, and
     /// when: read without the broker's long poll for a while (`pull`, `pop`).
     unanswered_long_polls: std::sync::Mutex<HashMap<LongPolled, Instant>>,
-    /// Each broker's clock as its last POP answer showed it (`popTime`) and when that answer
-    /// came: a POP's `bornTime` is read from it (`broker_now_ms`).
+    /// Each broker's clock as its last POP answer showed it (`popTime`) and when that POP was
+    /// sent: a POP's `bornTime` is read from it (`broker_now_ms`).
     broker_clocks: std::sync::Mutex<HashMap<String, (u64, Instant)>>,
     /// Name servers, as `rocketmq.namesrv_addr` lists them (`;`-separated, as Apache's clients
     /// take them): each knows every broker, so any one answers.
@@ -505,6 +505,7 @@ impl Broker {
         invisible: Duration,
         wait: Duration,
     ) -> Result<Vec<Decoded>, BackendError> {
+        let sent = Instant::now();
         let ext = [
             ("clientId", client.to_string()),
             ("consumerGroup", group.to_string()),
@@ -515,6 +516,7 @@ impl Broker {
             ("bornTime", self.broker_now_ms(broker_addr).to_string()),
         ];
         let r = self.call(broker_addr, code::POP_LITE_MESSAGE, &ext, &[], self.timeout + wait).await?;
+        self.read_broker_clock(broker_addr, &r, wait, sent);
         match r.code {
             response::SUCCESS => Ok(decode_messages(&r.body)),
             response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => Ok(Vec::new()),
@@ -575,13 +577,33 @@ impl Broker {
 
     /// Now by `broker_addr`'s clock, for a POP's `bornTime`: the broker holds a POP until
     /// `bornTime` plus its poll time by its own clock, so one from a gateway whose clock runs
-    /// ahead is held that much longer, past the request's timeout (and one from a clock behind is
-    /// answered at once). Read from the broker's last `popTime` and the monotonic time since, so
-    /// steps of this host's wall clock do not move it; this host's clock until a POP answered.
+    /// ahead is held that much longer, past the request's timeout, and one from a clock behind by
+    /// more than half a second is refused ("polling timeout") before anything is popped. Read
+    /// from the broker's last `popTime` and the monotonic time since that POP was sent
+    /// (`read_broker_clock`), so steps of this host's wall clock do not move it; this host's
+    /// clock until a POP answered.
     fn broker_now_ms(&self, broker_addr: &str) -> u64 {
         match self.broker_clocks.lock().unwrap().get(broker_addr) {
-            Some((pop_time, at)) => pop_time + at.elapsed().as_millis() as u64,
+            Some((pop_time, sent)) => pop_time + sent.elapsed().as_millis() as u64,
             None => SystemClock.now_ms(),
+        }
+    }
+
+    /// Learns the broker's clock from a POP answer sent at `sent` with poll time `poll`. Timed
+    /// from the send, not the answer, the estimate can only run ahead of the broker's clock (by
+    /// the time the answer took), which the long poll's timeout heals (`shun_long_poll`); timed
+    /// from the answer, a pause of this process while an answer was on its way left it behind for
+    /// good, every POP refused. A "polling timeout" that comes before its poll time is the broker
+    /// calling `bornTime` old (its clock stepped ahead, or this estimate was behind): the estimate
+    /// is dropped, and this host's
+    /// clock stands in until a POP answers again.
+    fn read_broker_clock(&self, broker_addr: &str, r: &Response, poll: Duration, sent: Instant) {
+        let pop_time = r.number("popTime").unwrap_or(0).max(0) as u64;
+        let mut clocks = self.broker_clocks.lock().unwrap();
+        if r.code == response::SUCCESS && pop_time > 0 {
+            clocks.insert(broker_addr.to_string(), (pop_time, sent));
+        } else if r.code == response::POLLING_TIMEOUT && (poll.is_zero() || sent.elapsed() < poll / 2) {
+            clocks.remove(broker_addr);
         }
     }
 
@@ -622,7 +644,10 @@ impl Broker {
             "the broker left a long poll unanswered for the whole request timeout (clocks apart?); reading this queue without the broker's long poll for a while"
         );
         crate::core::metrics::rocketmq_long_polls_unanswered().increment(1);
-        self.unanswered_long_polls.lock().unwrap().insert(queue, Instant::now());
+        let mut shunned = self.unanswered_long_polls.lock().unwrap();
+        // Queues nobody reads any more (a deleted topic, a broker gone to a new address) go.
+        shunned.retain(|_, since| since.elapsed() < LONG_POLL_SHUNNED_FOR);
+        shunned.insert(queue, Instant::now());
     }
 
     /// POP from one queue (and, as the broker decides, from the group's retry topic).
@@ -637,41 +662,54 @@ impl Broker {
         wait: Duration,
     ) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
         let queue = ("POP", broker_addr.to_string(), topic.to_string(), queue_id);
-        let shunned = !wait.is_zero() && self.long_poll_shunned(&queue);
-        let broker_wait = if shunned { Duration::ZERO } else { wait };
-        let now = self.broker_now_ms(broker_addr);
+        if wait.is_zero() || !self.long_poll_shunned(&queue) {
+            return self.pop_once(queue, group, max, invisible, wait).await;
+        }
+        // Without the broker's long poll: asked again after the wait when it had nothing, so an
+        // event arriving meanwhile is popped here rather than read by PULL and popped later.
+        let first = self.pop_once(queue.clone(), group, max, invisible, Duration::ZERO).await?;
+        if !first.1.is_empty() {
+            return Ok(first);
+        }
+        tokio::time::sleep(wait).await;
+        self.pop_once(queue, group, max, invisible, Duration::ZERO).await
+    }
+
+    /// One POP of `queue` with poll time `poll` (0: no long poll).
+    async fn pop_once(
+        &self,
+        queue: LongPolled,
+        group: &str,
+        max: usize,
+        invisible: Duration,
+        poll: Duration,
+    ) -> Result<(PopHeader, Vec<Decoded>), BackendError> {
+        let broker_addr = queue.1.clone();
+        let sent = Instant::now();
         let ext = [
             ("consumerGroup", group.to_string()),
-            ("topic", topic.to_string()),
-            ("queueId", queue_id.to_string()),
+            ("topic", queue.2.clone()),
+            ("queueId", queue.3.to_string()),
             ("maxMsgNums", max.clamp(1, 32).to_string()),
             ("invisibleTime", invisible.as_millis().to_string()),
-            ("pollTime", broker_wait.as_millis().to_string()),
-            ("bornTime", now.to_string()),
+            ("pollTime", poll.as_millis().to_string()),
+            ("bornTime", self.broker_now_ms(&broker_addr).to_string()),
             // ConsumeInitMode.MIN: a group's first pop starts at the queue's first message.
             ("initMode", "0".to_string()),
             ("expType", "TAG".to_string()),
             ("exp", "*".to_string()),
             ("order", "false".to_string()),
         ];
-        let r = self.long_poll(queue, code::POP_MESSAGE, &ext, broker_wait).await?;
+        let r = self.long_poll(queue, code::POP_MESSAGE, &ext, poll).await?;
+        self.read_broker_clock(&broker_addr, &r, poll, sent);
         let empty = || PopHeader { pop_time: 0, invisible_time: 0, revive_qid: 0, start_offsets: Default::default() };
         match r.code {
             response::SUCCESS => {}
-            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => {
-                if shunned {
-                    tokio::time::sleep(wait).await;
-                }
-                return Ok((empty(), Vec::new()));
-            }
+            response::PULL_NOT_FOUND | response::POLLING_TIMEOUT | response::POLLING_FULL => return Ok((empty(), Vec::new())),
             _ => return Err(refused("pop", &r)),
         }
-        let pop_time = r.number("popTime").unwrap_or(0).max(0) as u64;
-        if pop_time > 0 {
-            self.broker_clocks.lock().unwrap().insert(broker_addr.to_string(), (pop_time, Instant::now()));
-        }
         let header = PopHeader {
-            pop_time,
+            pop_time: r.number("popTime").unwrap_or(0).max(0) as u64,
             invisible_time: r.number("invisibleTime").unwrap_or(0).max(0) as u64,
             revive_qid: r.number("reviveQid").unwrap_or(0),
             start_offsets: parse_start_offsets(r.field("startOffsetInfo").unwrap_or_default()),
@@ -886,7 +924,8 @@ mod tests {
     #[tokio::test]
     async fn a_long_poll_the_broker_leaves_unanswered_is_not_asked_for_again_on_that_queue() {
         let (addr, mut requests) = fake_broker(no_long_polls).await;
-        let broker = Broker::new(String::new(), Duration::from_millis(300));
+        // Long enough that an answered request is never cut by a busy machine.
+        let broker = Broker::new(String::new(), Duration::from_secs(2));
         let wait = Duration::from_millis(200);
         let first = broker.pull(&addr, "g", "t", 0, 5, 10, wait).await;
         assert!(matches!(first, Err(BackendError::Unavailable(_))), "the unanswered long poll fails: {first:?}");
@@ -907,7 +946,42 @@ mod tests {
         let (_, popped) = broker.pop(&addr, "g", "t", 0, 8, invisible, wait).await.expect("answered");
         assert!(popped.is_empty());
         assert_eq!(field(&requests.recv().await.unwrap().1, "pollTime"), 0, "POP asked without the long poll too");
+        assert_eq!(field(&requests.recv().await.unwrap().1, "pollTime"), 0, "and asked again after the wait");
         assert!(started.elapsed() >= wait);
+    }
+
+    /// A broker whose first answer says a time ten minutes behind this host's clock (an estimate
+    /// left behind, as a pause of the gateway while an answer was on its way could leave it; or
+    /// a broker clock stepped ahead since) and that, from then on, refuses at once a POP whose
+    /// `bornTime` is more than a second behind this host's clock ("polling timeout"), as
+    /// rocketmq-rust does with its own clock.
+    fn first_answer_behind(_: i32, ext: &serde_json::Value) -> Option<(i32, serde_json::Value)> {
+        static ANSWERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let now = SystemClock.now_ms();
+        if !ANSWERED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Some((response::SUCCESS, serde_json::json!({"popTime": (now - 600_000).to_string()})));
+        }
+        if field(ext, "bornTime") + 1000 < now {
+            return Some((response::POLLING_TIMEOUT, serde_json::json!({})));
+        }
+        Some((response::SUCCESS, serde_json::json!({"popTime": now.to_string()})))
+    }
+
+    /// Found by review: an estimate behind the broker's clock got every POP refused for good, and
+    /// only a successful POP could move it. A refusal that comes before the poll time drops it.
+    #[tokio::test]
+    async fn a_clock_estimate_the_broker_refuses_is_dropped_and_learned_again() {
+        let (addr, mut requests) = fake_broker(first_answer_behind).await;
+        let broker = Broker::new(String::new(), Duration::from_secs(2));
+        let pop = || broker.pop(&addr, "g", "t", 0, 8, Duration::from_secs(30), Duration::from_millis(400));
+        let born = |ext: serde_json::Value| field(&ext, "bornTime").abs_diff(SystemClock.now_ms());
+        pop().await.expect("answered");
+        assert!(born(requests.recv().await.unwrap().1) < 60_000, "no answer yet: this host's clock");
+        pop().await.expect("answered");
+        assert!(born(requests.recv().await.unwrap().1) > 500_000, "the behind estimate, refused");
+        pop().await.expect("answered");
+        assert!(born(requests.recv().await.unwrap().1) < 60_000, "dropped: this host's clock again, and popped");
+        assert!(broker.broker_clocks.lock().unwrap().get(&addr).is_some_and(|(pop_time, _)| pop_time.abs_diff(SystemClock.now_ms()) < 60_000), "learned again");
     }
 
     /// The broker's clock one hour ahead of this host's: every POP answered at once with an
