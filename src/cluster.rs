@@ -5,7 +5,7 @@
 //! fails, or that is shutting down, still answers `/healthz` but must get no clients.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::core::names::{ClientId, TopicName};
 use crate::core::peer_offsets::{newest, PeerOffsets, PeerRecords};
@@ -34,6 +34,22 @@ struct Peer {
     url: String,
     /// The instance id from its last good probe; `None` while it has not answered.
     healthy_as: Option<String>,
+    /// The instance id and time of its last good probe, kept while it fails: the groups that
+    /// live there stay there for `cluster.group_move_after_ms` (`group_home`).
+    last_ready: Option<(String, Instant)>,
+    /// It answered that it drains or shuts down: its groups move at once.
+    leaving: bool,
+}
+
+/// What one probe of a peer's `/readyz` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Probe {
+    Ready(String),
+    /// Answered 503 with `shutting_down` (draining or stopping).
+    Leaving,
+    /// No answer in time, or not ready for another reason (its store or backend failing): it
+    /// may still run its groups.
+    Silent,
 }
 
 pub struct Cluster {
@@ -41,17 +57,19 @@ pub struct Cluster {
     peers: Mutex<Vec<Peer>>,
     /// `cluster.ca_file`: the authorities https:// peers are verified against.
     ca_file: String,
+    /// `cluster.group_move_after_ms`.
+    group_move_after: Duration,
 }
 
 impl Cluster {
-    pub fn new(this: Instance, peer_urls: &[String], ca_file: &str) -> Self {
+    pub fn new(this: Instance, peer_urls: &[String], ca_file: &str, group_move_after: Duration) -> Self {
         let peers = peer_urls
             .iter()
             .map(|u| u.trim_end_matches('/').to_string())
             .filter(|u| *u != this.http_url.trim_end_matches('/'))
-            .map(|url| Peer { url, healthy_as: None })
+            .map(|url| Peer { url, healthy_as: None, last_ready: None, leaving: false })
             .collect::<Vec<_>>();
-        Self { this, peers: Mutex::new(peers), ca_file: ca_file.to_string() }
+        Self { this, peers: Mutex::new(peers), ca_file: ca_file.to_string(), group_move_after }
     }
 
     /// Each peer's URL, with its instance id when a probe has read one.
@@ -85,14 +103,36 @@ impl Cluster {
         rendezvous::pick(client_id, &healthy, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
     }
 
+    /// The instance a shared subscription lives on: as `recommend`, but a peer that stopped
+    /// answering (or answers not ready without leaving) counts for `cluster.group_move_after_ms`
+    /// after its last good probe. A group is where its hub runs, and a missed probe says nothing
+    /// of that hub: moved at once, the group would run on two instances (issue 59, item 3).
+    pub fn group_home(&self, group: &str, this_available: bool) -> Instance {
+        let mut candidates = if this_available { vec![self.this.clone()] } else { Vec::new() };
+        candidates.extend(self.peers.lock().unwrap().iter().filter_map(|p| {
+            let (instance, at) = p.last_ready.as_ref()?;
+            let counts = p.healthy_as.is_some() || (!p.leaving && at.elapsed() < self.group_move_after);
+            counts.then(|| Instance { instance: instance.clone(), http_url: p.url.clone() })
+        }));
+        rendezvous::pick(group, &candidates, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
+    }
+
     /// Probes every peer once, all at once (one that answers nothing must not delay the others'
     /// health), and records the answers.
     pub async fn probe_peers(&self, timeout: Duration) {
         let urls: Vec<String> = self.peers.lock().unwrap().iter().map(|p| p.url.clone()).collect();
         let answers = futures_util::future::join_all(urls.iter().map(|url| probe(url, &self.ca_file, timeout))).await;
         let mut peers = self.peers.lock().unwrap();
-        for (url, answer) in urls.into_iter().zip(answers) {
+        for (url, probed) in urls.into_iter().zip(answers) {
             if let Some(peer) = peers.iter_mut().find(|p| p.url == url) {
+                peer.leaving = probed == Probe::Leaving;
+                let answer = match probed {
+                    Probe::Ready(instance) => {
+                        peer.last_ready = Some((instance.clone(), Instant::now()));
+                        Some(instance)
+                    }
+                    Probe::Leaving | Probe::Silent => None,
+                };
                 if peer.healthy_as.is_some() != answer.is_some() {
                     match &answer {
                         Some(instance) => tracing::info!(peer = %url, %instance, "peer healthy"),
@@ -110,21 +150,55 @@ pub struct ClusterGroupHome {
     pub cluster: std::sync::Arc<Cluster>,
     /// False while this instance drains: its groups move with their members.
     pub available: Box<dyn Fn() -> bool + Send + Sync>,
+    /// `auth.admin_token`, which the peers share: `live_at_peers` reads their `/admin/groups`.
+    pub admin_token: String,
 }
 
+#[async_trait::async_trait]
 impl crate::core::group::GroupHome for ClusterGroupHome {
     fn elsewhere(&self, group: &crate::core::names::GroupName) -> Option<(String, String)> {
-        let chosen = self.cluster.recommend(group.as_str(), (self.available)());
+        let chosen = self.cluster.group_home(group.as_str(), (self.available)());
         (chosen != self.cluster.this).then(|| (chosen.instance.clone(), chosen.ws_url()))
+    }
+
+    async fn live_at_peers(&self, topic: &TopicName, group: &crate::core::names::GroupName) -> Vec<String> {
+        let peers = self.cluster.peers();
+        let asked = peers.iter().map(|(url, _)| {
+            let url = format!("{url}/admin/groups?topic={topic}&group={group}");
+            let (ca_file, token) = (self.cluster.ca_file(), self.admin_token.as_str());
+            async move { crate::http::fetch::get_admin(&url, ca_file, PEER_RECORDS_TIMEOUT, token).await }
+        });
+        let answers = futures_util::future::join_all(asked).await;
+        let mut live = Vec::new();
+        for ((url, _), answer) in peers.into_iter().zip(answers) {
+            match answer.map(|body| serde_json::from_slice::<serde_json::Value>(&body)) {
+                Ok(Ok(list)) if list["groups"].as_array().is_some_and(|groups| !groups.is_empty()) => live.push(url),
+                Ok(_) => {}
+                // A peer that does not answer is not waited for: the group's home counts it for
+                // `cluster.group_move_after_ms` after its last good probe, so a group moves
+                // away from one only when it has been silent that long.
+                Err(e) => tracing::warn!(peer = %url, %topic, %group, error = %e, "a peer did not answer whether a shared subscription runs there"),
+            }
+        }
+        live
     }
 }
 
-/// `GET <url>/readyz`; the peer's instance id when it answers 200 (ready) with one.
-async fn probe(url: &str, ca_file: &str, timeout: Duration) -> Option<String> {
-    let body =
-        crate::http::fetch::get(&format!("{url}/readyz"), ca_file, timeout).await.map_err(|e| tracing::debug!(peer = %url, error = %e, "probe failed")).ok()?;
-    let readiness: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    readiness["instance"].as_str().map(str::to_string)
+/// `GET <url>/readyz`: ready with the peer's instance id when it answers 200 with one.
+async fn probe(url: &str, ca_file: &str, timeout: Duration) -> Probe {
+    let (status, body) = match crate::http::fetch::get_any(&format!("{url}/readyz"), ca_file, timeout).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::debug!(peer = %url, error = %e, "probe failed");
+            return Probe::Silent;
+        }
+    };
+    let readiness: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    match (status, readiness["instance"].as_str()) {
+        (200, Some(instance)) => Probe::Ready(instance.to_string()),
+        (503, _) if readiness["shutting_down"] == true => Probe::Leaving,
+        _ => Probe::Silent,
+    }
 }
 
 /// How long a subscribe waits for a peer's records of its client.
@@ -142,8 +216,12 @@ impl PeerOffsets for ClusterPeerOffsets {
     async fn client_records(&self, topic: &TopicName, client_id: &ClientId) -> PeerRecords {
         let peers = self.cluster.peers();
         let asked = peers.iter().map(|(url, _)| {
-            // Names are URL-safe as they are (`[A-Za-z0-9._:@-]`).
-            let url = format!("{url}/admin/offsets?topic={topic}&client_id={client_id}");
+            // Names are URL-safe as they are (`[A-Za-z0-9._:@-]`); a group's identity is asked
+            // for by the group's name.
+            let url = match client_id.group() {
+                Some(group) => format!("{url}/admin/offsets?topic={topic}&group={group}"),
+                None => format!("{url}/admin/offsets?topic={topic}&client_id={client_id}"),
+            };
             let (ca_file, token) = (self.cluster.ca_file(), self.admin_token.as_str());
             async move { crate::http::fetch::get_admin(&url, ca_file, PEER_RECORDS_TIMEOUT, token).await.and_then(|body| records_of(&url, &body)) }
         });

@@ -673,11 +673,16 @@ pub struct ClusterConfig {
     /// instance of a cluster, which verify each other's tokens. Empty = a key generated once in
     /// storage.data_dir (resume_token.key); with peers set it must be given.
     pub token_key: String,
+    /// How long a peer that stops answering its probes (or answers not ready without shutting
+    /// down) still counts as the home of the shared subscriptions that live there: a missed
+    /// probe must not start a group on a second instance while its hub still runs. A peer that
+    /// drains or shuts down gives its groups up at once.
+    pub group_move_after_ms: u64,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { peers: Vec::new(), probe_interval_ms: 2000, ca_file: String::new(), token_key: String::new() }
+        Self { peers: Vec::new(), probe_interval_ms: 2000, ca_file: String::new(), token_key: String::new(), group_move_after_ms: 6000 }
     }
 }
 
@@ -763,6 +768,7 @@ impl Config {
     fn periods_ms(&self) -> Vec<(&'static str, u64)> {
         vec![
             ("server.shutdown_grace_ms", self.server.shutdown_grace_ms),
+            ("cluster.group_move_after_ms", self.cluster.group_move_after_ms),
             ("server.drain_ms", self.server.drain_ms),
             ("server.drain_settle_ms", self.server.drain_settle_ms),
             ("embedded.retention_check_interval_ms", self.embedded.retention_check_interval_ms),

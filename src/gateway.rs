@@ -280,10 +280,14 @@ impl Gateway {
             url => url.trim_end_matches('/').to_string(),
         };
         let this = Instance { instance: dispatcher.instance.clone(), http_url: public_url };
-        let cluster = Arc::new(Cluster::new(this, &config.cluster.peers, &config.cluster.ca_file));
+        let cluster = Arc::new(Cluster::new(this, &config.cluster.peers, &config.cluster.ca_file, Duration::from_millis(config.cluster.group_move_after_ms)));
         if cluster.has_peers() {
             let draining = dispatcher.draining.clone();
-            let home = crate::cluster::ClusterGroupHome { cluster: cluster.clone(), available: Box::new(move || !draining.is_cancelled()) };
+            let home = crate::cluster::ClusterGroupHome {
+                cluster: cluster.clone(),
+                available: Box::new(move || !draining.is_cancelled()),
+                admin_token: config.auth.admin_token.clone(),
+            };
             let _ = dispatcher.group_home.set(Arc::new(home));
             let records = crate::cluster::ClusterPeerOffsets { cluster: cluster.clone(), admin_token: config.auth.admin_token.clone() };
             let _ = dispatcher.peer_offsets.set(Arc::new(records));

@@ -55,9 +55,9 @@ pub enum GroupMessage {
     Frames(Vec<String>),
     /// Deliveries taken back from the member (their ack timed out; another member has them now).
     TakenBack(Vec<DeliveryRef>),
-    /// The group's hub ended (the instance drains or shuts down, the log was truncated): the
-    /// member must subscribe again.
-    Ended { topic: TopicName },
+    /// The group's hub ended (the instance drains or shuts down, the log was truncated, the
+    /// group moved to `moved_to`: its instance and `ws_url`): the member must subscribe again.
+    Ended { topic: TopicName, moved_to: Option<(String, String)> },
 }
 
 /// A dead letter read again, with room in the session's window, on its way to the session.

@@ -20,8 +20,7 @@ const MAX_ADMIN_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The body of `GET url` when it answers 200 within `timeout` (connect to last byte).
 pub async fn get(url: &str, ca_file: &str, timeout: Duration) -> Result<Vec<u8>, String> {
-    let request = Request { method: "GET", url, ca_file, bearer: None, body: None, content_type: JSON, max_bytes: MAX_BYTES };
-    ok_body(request.send_within(timeout).await?, url)
+    ok_body(get_any(url, ca_file, timeout).await?, url)
 }
 
 /// `get` of a peer's admin route, with `Authorization: Bearer <admin_token>` when one is set.
@@ -36,6 +35,13 @@ pub async fn get_admin(url: &str, ca_file: &str, timeout: Duration, admin_token:
 pub async fn send_admin(method: &'static str, url: &str, ca_file: &str, timeout: Duration, admin_token: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let bearer = Some(admin_token).filter(|t| !t.is_empty());
     let request = Request { method, url, ca_file, bearer, body: Some(body), content_type: JSON, max_bytes: MAX_BYTES };
+    request.send_within(timeout).await
+}
+
+/// `GET url`: its status and body, whatever the status (a peer's `/readyz` says why it is not
+/// ready in a 503's body).
+pub async fn get_any(url: &str, ca_file: &str, timeout: Duration) -> Result<(u16, Vec<u8>), String> {
+    let request = Request { method: "GET", url, ca_file, bearer: None, body: None, content_type: JSON, max_bytes: MAX_BYTES };
     request.send_within(timeout).await
 }
 

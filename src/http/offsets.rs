@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{AppState, JsonBody};
 use crate::core::backend::PartitionBounds;
-use crate::core::names::{ClientId, OffsetKey, TopicName, TopicPartition};
+use crate::core::names::{ClientId, GroupName, OffsetKey, TopicName, TopicPartition};
 use crate::core::offsets::{OffsetFilter, OffsetRecord};
 
 fn parse_names(topic: &str, client_id: &str) -> Result<(TopicName, ClientId), ApiError> {
@@ -38,7 +38,7 @@ fn row(key: &OffsetKey, record: &OffsetRecord) -> Value {
 pub const DEFAULT_PAGE: usize = 1000;
 pub const MAX_PAGE: usize = 10_000;
 
-/// `GET /admin/offsets?topic=&client_id=&partition=&limit=&after=`
+/// `GET /admin/offsets?topic=&client_id=&group=&partition=&limit=&after=`
 #[utoipa::path(
     get,
     path = "/admin/offsets",
@@ -49,6 +49,7 @@ pub const MAX_PAGE: usize = 10_000;
         ("scope" = Option<String>, Query, description = "local: this instance, rows with their instance; cluster: every cluster.peers instance too, plus unreachable and next_by_instance; absent: this instance, as before", pattern = r"^(local|cluster)$"),
         ("topic" = Option<String>, Query, description = "exact topic (`parent@lite` for a RocketMQ lite topic)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?$", min_length = 1, max_length = 499),
         ("client_id" = Option<String>, Query, description = "exact client id", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("group" = Option<String>, Query, description = "a shared subscription's group: its floor's rows (instead of client_id's)", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
         ("partition" = Option<u64>, Query, description = "exact partition", minimum = 0, maximum = 4294967295.0),
         ("limit" = Option<u32>, Query, description = "offsets per page, 1 to 10000 (default 1000)", minimum = 1, maximum = 10000),
         ("after" = Option<String>, Query, description = "the `next` of the previous page (`topic#client_id#partition`)", pattern = r"^[A-Za-z0-9._-]{1,249}(@[A-Za-z0-9._-]{1,249})?#[A-Za-z0-9._:@-]{1,128}#[0-9]{1,9}$"),
@@ -68,9 +69,17 @@ pub const MAX_PAGE: usize = 10_000;
 )]
 pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "partition" | "limit" | "after")) {
-        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, partition, limit or after")));
+    if let Some(unknown) = query.keys().find(|k| !matches!(k.as_str(), "topic" | "client_id" | "group" | "partition" | "limit" | "after")) {
+        return Err(ApiError::bad_request(format!("unknown parameter {unknown:?}; use topic, client_id, group, partition, limit or after")));
     }
+    // A group's floor is stored under its identity (`ClientId::of_group`), which no client id
+    // can name: a peer whose hub would start the group reads it so (`cluster`).
+    let client_id = match (query.get("client_id"), query.get("group")) {
+        (Some(_), Some(_)) => return Err(ApiError::bad_request("give client_id or group, not both")),
+        (Some(client_id), None) => Some(ClientId::parse(client_id).map_err(|e| ApiError::invalid_name(e.0))?),
+        (None, Some(group)) => Some(ClientId::of_group(&GroupName::parse(group).map_err(|e| ApiError::invalid_name(e.0))?)),
+        (None, None) => None,
+    };
     let limit = super::page_limit(&query, DEFAULT_PAGE, MAX_PAGE)?;
     let after = query
         .get("after")
@@ -81,7 +90,7 @@ pub async fn list(State(app): State<AppState>, query: Result<Query<HashMap<Strin
         .transpose()?;
     let filter = OffsetFilter {
         topic: query.get("topic").map(|t| TopicName::parse(t)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
-        client_id: query.get("client_id").map(|c| ClientId::parse(c)).transpose().map_err(|e| ApiError::invalid_name(e.0))?,
+        client_id,
         partition: query
             .get("partition")
             .map(|p| p.parse::<u32>())

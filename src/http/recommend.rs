@@ -35,12 +35,13 @@ pub async fn recommend(
     headers: HeaderMap,
     forwarded: Option<Extension<Forwarded>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    // A group lives where rendezvous hashing on its name points, as a client does on its id.
-    let key = match query.get("group") {
-        Some(group) => crate::core::names::GroupName::parse(group).map_err(|e| ApiError::invalid_name(e.0))?.to_string(),
-        None => super::required_client_id(&query)?.to_string(),
+    // A group lives where rendezvous hashing on its name points, as a client does on its id,
+    // but a peer that missed probes keeps its groups a while (`Cluster::group_home`).
+    let available = !app.dispatcher.draining.is_cancelled();
+    let mut chosen = match query.get("group") {
+        Some(group) => app.cluster.group_home(crate::core::names::GroupName::parse(group).map_err(|e| ApiError::invalid_name(e.0))?.as_str(), available),
+        None => app.cluster.recommend(super::required_client_id(&query)?.as_str(), available),
     };
-    let mut chosen = app.cluster.recommend(&key, !app.dispatcher.draining.is_cancelled());
     if chosen.instance == app.dispatcher.instance && app.config.server.public_url.is_empty() {
         // No public_url: this instance's default URL is its listen address (0.0.0.0 on a server,
         // or a proxy's upstream): the URL this very request came in by is one the client can reach.

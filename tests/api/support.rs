@@ -293,7 +293,7 @@ enum Conn {
 
 /// What a client reads next.
 #[derive(Debug)]
-enum Received {
+pub enum Received {
     Frame(Value),
     Close(u16),
     /// The connection ended without a close frame.
@@ -458,7 +458,7 @@ impl TestClient {
         }
     }
 
-    async fn receive(&mut self, within: Duration) -> Received {
+    pub async fn receive(&mut self, within: Duration) -> Received {
         match &mut self.conn {
             Conn::Sse(sse) => sse.receive(within).await,
             Conn::Ws(ws) => loop {

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::sharing::{Offered, Sharing};
-use super::{Command, GroupView, Groups, HubEnds, MemberLink, MemberView};
+use super::{Command, GroupHome, GroupView, Groups, HubEnds, MemberLink, MemberView};
 use crate::core::client_state::DeliveryRef;
 use crate::core::names::{GroupName, TopicName};
 use crate::core::protocol::{ErrorCode, FrameError, ResumeOffset, ShareOrder, StartFrom};
@@ -65,7 +65,22 @@ struct Distributor {
     from: StartFrom,
     /// The paused events the hub's window was last sized for.
     paused: usize,
+    /// Where the group lives, in a cluster: checked every `HOME_CHECK`; when it is elsewhere the
+    /// members are sent there and the hub stops.
+    home: Option<Arc<dyn GroupHome>>,
+    /// Commands that came while the hub stops (joins, leaves, forwarded frames): dropped when it
+    /// has stopped, so a join waiting on one tries the next hub.
+    deferred: Vec<Command>,
+    /// The group's home moved (to this instance and `ws_url`), at this time: its members were
+    /// sent there; nothing more is handed out, and the hub stops once they have left (at most
+    /// `MOVE_SETTLE` later).
+    moving: Option<(String, String, tokio::time::Instant)>,
 }
+
+/// How often a running hub checks that its group still lives on this instance.
+const HOME_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long a hub whose group moved waits for its members to leave before it stops anyway.
+const MOVE_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(super) async fn distribute(
     groups: Arc<Groups>,
@@ -75,6 +90,7 @@ pub(super) async fn distribute(
     order: ShareOrder,
     links: HubEnds,
     mut commands: mpsc::UnboundedReceiver<Command>,
+    home: Option<Arc<dyn GroupHome>>,
 ) {
     let HubEnds { inbound, mut outbound, window, cap } = links;
     let mut g = Distributor {
@@ -97,13 +113,27 @@ pub(super) async fn distribute(
         resume_again: false,
         from: StartFrom::Committed,
         paused: 0,
+        home,
+        deferred: Vec::new(),
+        moving: None,
     };
+    let mut home_check = tokio::time::interval(HOME_CHECK);
+    home_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut commands_open = true;
     loop {
         tokio::select! {
-            command = commands.recv(), if g.hub.is_some() => match command {
-                Some(command) => g.on_command(command),
-                None => g.stop(),
+            command = commands.recv(), if commands_open => match command {
+                Some(command) if g.hub.is_some() => g.on_command(command),
+                // A stopping hub still describes itself: a peer that would start the group asks
+                // whether it runs here (`GroupHome::live_at_peers`).
+                Some(Command::Describe(reply)) => g.on_command(Command::Describe(reply)),
+                Some(command) => g.deferred.push(command),
+                None => {
+                    commands_open = false;
+                    g.stop();
+                }
             },
+            _ = home_check.tick(), if g.hub.is_some() && g.home.is_some() => g.check_home(),
             frame = outbound.recv() => match frame {
                 Some(frame) => {
                     g.on_hub_frame(frame);
@@ -116,22 +146,25 @@ pub(super) async fn distribute(
             },
             Some((asker, frames)) = g.answers.next() => g.on_answer(asker, frames),
         }
-        g.share_out();
+        if g.hub.is_some() && g.moving.is_none() {
+            g.share_out();
+        }
         if g.sharing.paused_without_member() != g.paused && g.hub.is_some() {
             g.resize_window();
         }
         if g.hub.is_some() && g.joined_once && g.members.is_empty() && g.joining.is_empty() {
             g.stop();
-            groups.forget(&topic, &group, generation);
         }
     }
-    // The hub has ended: joins still waiting and members still joined must subscribe again.
+    // The hub has ended (its acks durable): only now is the group not live here, for a join here
+    // (deferred joins try again, `Groups::join`) and for a peer that would start it.
     groups.forget(&topic, &group, generation);
+    drop(std::mem::take(&mut g.deferred));
     for (_, reply) in g.joining.drain(..) {
         let _ = reply.send(Err(FrameError::new(ErrorCode::Unavailable, format!("group {group} of topic {topic} stopped; subscribe again"))));
     }
     for link in g.members.values() {
-        link.control.send(SessionControl::Group { generation, message: GroupMessage::Ended { topic: topic.clone() } });
+        link.control.send(SessionControl::Group { generation, message: GroupMessage::Ended { topic: topic.clone(), moved_to: None } });
     }
     tracing::info!(%topic, %group, "shared subscription stopped on this instance");
 }
@@ -139,6 +172,9 @@ pub(super) async fn distribute(
 impl Distributor {
     fn on_command(&mut self, command: Command) {
         match command {
+            Command::Join { reply, .. } if self.moving.is_some() => {
+                let _ = reply.send(Err(self.moved_error()));
+            }
             Command::Join { link, from, resume, reply } => {
                 if !self.joined_once {
                     self.from = from;
@@ -408,6 +444,37 @@ impl Distributor {
                 link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Events { topic: self.topic.clone(), events } });
             }
         }
+    }
+
+    /// When the group's home is another instance now (a peer added, this one draining, a peer
+    /// back after a silence), its members are sent there and the hub stops: it ends as a client's
+    /// session does (its acks durable, its deliveries released), and the new home's hub, which
+    /// waits for it, starts from the floor it leaves. Meanwhile it still answers `Describe`.
+    fn check_home(&mut self) {
+        if let Some((instance, _, since)) = &self.moving {
+            if since.elapsed() >= MOVE_SETTLE {
+                tracing::warn!(topic = %self.topic, group = %self.group, %instance, members = self.members.len(), "shared subscription moved, but members did not leave in time: its hub here stops anyway");
+                self.stop();
+            }
+            return;
+        }
+        let Some((instance, ws_url)) = self.home.as_ref().and_then(|home| home.elsewhere(&self.group)) else { return };
+        tracing::info!(topic = %self.topic, group = %self.group, %instance, members = self.members.len(), "shared subscription's home moved: its members are sent there and its hub here stops");
+        for link in self.members.values() {
+            let moved_to = Some((instance.clone(), ws_url.clone()));
+            link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::Ended { topic: self.topic.clone(), moved_to } });
+        }
+        self.joined_once = true;
+        self.moving = Some((instance, ws_url, tokio::time::Instant::now()));
+        for (_, reply) in std::mem::take(&mut self.joining) {
+            let _ = reply.send(Err(self.moved_error()));
+        }
+    }
+
+    /// What a join hears while the group moves: the member subscribes again and is sent on.
+    fn moved_error(&self) -> FrameError {
+        let instance = self.moving.as_ref().map(|(instance, ..)| instance.as_str()).unwrap_or_default();
+        FrameError::new(ErrorCode::Unavailable, format!("group {} now lives on instance {instance}; subscribe again", self.group))
     }
 
     /// No members: the hub's inbound ends, so the hub ends as a client's session does.

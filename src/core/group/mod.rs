@@ -35,8 +35,13 @@ pub use sharing::Settled;
 
 /// Where a group lives in a cluster: `None` for this instance, else `(instance, ws_url)` of the
 /// one its members must use (rendezvous hashing on the group name, as `/session/recommend`).
+#[async_trait::async_trait]
 pub trait GroupHome: Send + Sync {
     fn elsewhere(&self, group: &GroupName) -> Option<(String, String)>;
+
+    /// The peers whose hub of the group still runs (or is stopping): a new home waits for them
+    /// before its own hub starts, so that the group never runs on two instances at once.
+    async fn live_at_peers(&self, topic: &TopicName, group: &GroupName) -> Vec<String>;
 }
 
 /// Starts a group's hub: a session of the group's identity (`ClientId::of_group`) whose
@@ -44,6 +49,9 @@ pub trait GroupHome: Send + Sync {
 /// needs none of its code.
 pub trait HubStarter: Send + Sync {
     fn start(&self, group: &GroupName) -> Result<HubEnds, FrameError>;
+
+    /// Where the group lives, in a cluster: its hub checks it while it runs.
+    fn home(&self) -> Option<Arc<dyn GroupHome>>;
 }
 
 /// The distributor's ends of a hub session: its inbound frames, its outbound frames, its window.
@@ -190,8 +198,13 @@ impl Groups {
         let handle = GroupHandle { commands, order, generation };
         live.insert((topic.clone(), group.clone()), handle.clone());
         tracing::info!(%topic, %group, ?order, "shared subscription started on this instance");
-        self.tasks.spawn(hub::distribute(self.clone(), topic.clone(), group.clone(), generation, order, ends, command_rx));
+        self.tasks.spawn(hub::distribute(self.clone(), topic.clone(), group.clone(), generation, order, ends, command_rx, starter.home()));
         Ok(handle)
+    }
+
+    /// A hub of the group runs (or stops) on this instance.
+    pub fn is_live(&self, topic: &TopicName, group: &GroupName) -> bool {
+        self.live.lock().unwrap().contains_key(&(topic.clone(), group.clone()))
     }
 
     /// Forgets a group's hub (it is ending) unless a newer one took its place.

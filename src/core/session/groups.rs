@@ -14,7 +14,7 @@ use super::{run_session, Session, Step};
 use crate::core::access::Access;
 use crate::core::client_state::DeliveryRef;
 use crate::core::dispatcher::Dispatcher;
-use crate::core::group::{GroupHandle, HubEnds, HubStarter, MemberLink, Settled};
+use crate::core::group::{GroupHandle, GroupHome, HubEnds, HubStarter, MemberLink, Settled};
 use crate::core::names::{ClientId, GroupName, TopicName};
 use crate::core::offsets::OffsetFilter;
 use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, Resume, ServerFrame, StartFrom};
@@ -40,6 +40,10 @@ pub(super) struct Memberships {
 
 /// Acked group deliveries a member remembers (`Memberships::recent`).
 const RECENT_KEPT: usize = 4096;
+
+/// How long a join waits for a group's old home to stop its hub, and how often it asks.
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+const HANDOVER_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Memberships {
     /// The group topic of a delivery the session holds, or acked lately (`settled`: taken out of
@@ -68,6 +72,11 @@ struct SessionHubs<'a>(&'a Arc<Dispatcher>);
 impl HubStarter for SessionHubs<'_> {
     fn start(&self, group: &GroupName) -> Result<HubEnds, FrameError> {
         let d = self.0;
+        // A join that raced the group's move away (its hub here stopped meanwhile) starts
+        // nothing here: the member subscribes again and is sent to the new home.
+        if let Some((instance, _)) = self.home().and_then(|home| home.elsewhere(group)) {
+            return Err(FrameError::new(ErrorCode::Unavailable, format!("group {group} now lives on instance {instance}; subscribe again")));
+        }
         let registration = d.register(ClientId::of_group(group), None, Transport::Group)?;
         // Nothing is taken before members bring their windows (the distributor sizes it).
         registration.info.window.set_max_events(0);
@@ -81,6 +90,10 @@ impl HubStarter for SessionHubs<'_> {
         });
         d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Box::pin(frames_in), Box::pin(frames_out), None));
         Ok(HubEnds { inbound, outbound, window, cap: d.settings().group_max_in_flight })
+    }
+
+    fn home(&self) -> Option<Arc<dyn GroupHome>> {
+        self.0.group_home.get().cloned()
     }
 }
 
@@ -149,6 +162,9 @@ impl Session {
             tracing::info!(client_id = %self.info.client_id, %topic, %group, reason = refusal.as_str(), "resume token refused for a shared subscription: the group goes on from its floor");
         }
         let groups = self.d.groups.clone();
+        if !groups.is_live(&topic, &group) {
+            self.wait_while_live_at_peers(&topic, &group).await?;
+        }
         let (handle, mut subscribed) = groups.join(&SessionHubs(&self.d), &topic, &group, join.order, from, &floors, link).await?;
         subscribed["group"] = Value::from(group.as_str());
         if let Some(frame) = subscribed.as_object_mut() {
@@ -179,6 +195,28 @@ impl Session {
     /// The group deliveries it holds fill its window (`delivery.max_in_flight`).
     pub(super) fn group_window_full(&self) -> bool {
         self.groups.as_ref().is_some_and(|g| g.held.len() >= self.window.max_events())
+    }
+
+    /// Waits (at most `HANDOVER_WAIT`) until no peer runs the group: its old home stops its hub
+    /// once it sees the group's home moved (`hub::distribute`), and its acks are durable by then,
+    /// so the hub starting here reads the group's floor from it (`records_at_peers`).
+    async fn wait_while_live_at_peers(&self, topic: &TopicName, group: &GroupName) -> Result<(), FrameError> {
+        let Some(home) = self.d.group_home.get().cloned() else { return Ok(()) };
+        let started = tokio::time::Instant::now();
+        loop {
+            let live = home.live_at_peers(topic, group).await;
+            if live.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() >= HANDOVER_WAIT {
+                return Err(FrameError::new(
+                    ErrorCode::Unavailable,
+                    format!("group {group} of topic {topic} still runs on {}; subscribe again in a moment", live.join(", ")),
+                ));
+            }
+            tracing::info!(%topic, %group, peers = ?live, "shared subscription still runs at a peer: its hub here waits for it to stop");
+            tokio::time::sleep(HANDOVER_POLL).await;
+        }
     }
 
     /// True when the store holds a floor of `group` on `topic`.
@@ -261,10 +299,11 @@ impl Session {
                     }
                 }
             }
-            GroupMessage::Ended { topic } => {
+            GroupMessage::Ended { topic, moved_to } => {
                 if self.joined_run(&topic, generation) {
                     self.leave_group(&topic);
-                    self.send(ServerFrame::Reconnect { after_ms: 0, instance: None, ws_url: None });
+                    let (instance, ws_url) = moved_to.unzip();
+                    self.send(ServerFrame::Reconnect { after_ms: 0, instance, ws_url });
                     return Step::Close(close_code::DRAINING, "the shared subscription stopped on this instance; subscribe again");
                 }
             }

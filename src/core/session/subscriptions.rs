@@ -18,6 +18,7 @@ use crate::core::in_flight::Delivery;
 use crate::core::metrics::RedeliveryReason;
 use crate::core::names::{TopicName, TopicPartition};
 use crate::core::offsets::{LogEpoch, OffsetFilter};
+use crate::core::peer_offsets::newest;
 use crate::core::protocol::{close_code, ErrorCode, FrameError, GapRange, Resume, ResumeOffset, ServerFrame, StartFrom, SubscribedPartition};
 use crate::core::resume_token::{Holder, Refusal};
 use crate::core::subscription_plan::{ResumeFloors, StartPoint};
@@ -69,6 +70,11 @@ impl Session {
         // it. A claim (the older map) is clamped to them as to a record here: within a record's
         // epoch, never above it.
         let from_peers = match (floors.is_empty(), claimed, from) {
+            // A group's hub, whatever its start: the group's records at the peers (an instance it
+            // lived on before, stopped since: `wait_while_live_at_peers`) and its members'
+            // tokens, the newest of each partition. Started from its own floor here (or from
+            // `latest`), it would replay what the group acked elsewhere (or skip what it had not).
+            _ if self.is_hub() => self.records_at_peers(&topic).await.map(|records| newest(records.into_iter().chain(floors.clone()))),
             (true, _, StartFrom::Committed) => self.records_at_peers(&topic).await,
             (false, true, StartFrom::Committed) => self.records_at_peers(&topic).await.map(|records| {
                 let (clamped, all_applied) = clamp_claim(&floors, records);
@@ -426,23 +432,22 @@ impl Session {
 
 impl Session {
     /// The client's records on `topic` at the other instances, when the cluster has peers and
-    /// this instance has no record of it there (`core::peer_offsets`); asked once per topic and
-    /// session. A peer that does not answer in time is left out (its records are not used, and
+    /// this instance has no record of it there (a group's hub: always) (`core::peer_offsets`);
+    /// asked once per topic and session. A peer that does not answer in time is left out (its records are not used, and
     /// the plan falls back on what the others hold, else on `delivery.reset_policy`).
     async fn records_at_peers(&mut self, topic: &TopicName) -> Option<BTreeMap<u32, ResumeOffset>> {
-        // A group's hub lives on the group's home instance, which holds its floor.
-        if self.is_hub() {
-            return None;
-        }
         let peers = self.d.peer_offsets.get()?.clone();
         if let Some(known) = self.peer_records.as_ref().and_then(|r| r.get(topic)) {
             return Some(known.clone());
         }
-        let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(self.info.client_id.clone()), partition: None };
-        let store = self.d.store.clone();
-        let has_record = tokio::task::spawn_blocking(move || store.scan_page(&filter, None, 1).map(|rows| !rows.is_empty())).await;
-        if !matches!(has_record, Ok(Ok(false))) {
-            return None;
+        // A group's hub asks even with a record here: the group may have lived elsewhere since.
+        if !self.is_hub() {
+            let filter = OffsetFilter { topic: Some(topic.clone()), client_id: Some(self.info.client_id.clone()), partition: None };
+            let store = self.d.store.clone();
+            let has_record = tokio::task::spawn_blocking(move || store.scan_page(&filter, None, 1).map(|rows| !rows.is_empty())).await;
+            if !matches!(has_record, Ok(Ok(false))) {
+                return None;
+            }
         }
         let records = peers.client_records(topic, &self.info.client_id).await;
         if !records.offsets.is_empty() || !records.unanswered.is_empty() {
