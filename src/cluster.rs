@@ -35,10 +35,10 @@ struct Peer {
     /// The instance id from its last good probe; `None` while it has not answered.
     healthy_as: Option<String>,
     /// The instance id and time of its last good probe, kept while it fails: the groups that
-    /// live there stay there for `cluster.group_move_after_ms` (`group_home`).
+    /// live there stay there for `cluster.group_move_after_ms` (`group_home`). Cleared when it
+    /// answers that it drains or shuts down: its groups move at once, and stay moved after it
+    /// exits (until it answers ready again).
     last_ready: Option<(String, Instant)>,
-    /// It answered that it drains or shuts down: its groups move at once.
-    leaving: bool,
 }
 
 /// What one probe of a peer's `/readyz` found.
@@ -67,7 +67,7 @@ impl Cluster {
             .iter()
             .map(|u| u.trim_end_matches('/').to_string())
             .filter(|u| *u != this.http_url.trim_end_matches('/'))
-            .map(|url| Peer { url, healthy_as: None, last_ready: None, leaving: false })
+            .map(|url| Peer { url, healthy_as: None, last_ready: None })
             .collect::<Vec<_>>();
         Self { this, peers: Mutex::new(peers), ca_file: ca_file.to_string(), group_move_after }
     }
@@ -111,7 +111,7 @@ impl Cluster {
         let mut candidates = if this_available { vec![self.this.clone()] } else { Vec::new() };
         candidates.extend(self.peers.lock().unwrap().iter().filter_map(|p| {
             let (instance, at) = p.last_ready.as_ref()?;
-            let counts = p.healthy_as.is_some() || (!p.leaving && at.elapsed() < self.group_move_after);
+            let counts = p.healthy_as.is_some() || at.elapsed() < self.group_move_after;
             counts.then(|| Instance { instance: instance.clone(), http_url: p.url.clone() })
         }));
         rendezvous::pick(group, &candidates, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
@@ -122,26 +122,33 @@ impl Cluster {
     pub async fn probe_peers(&self, timeout: Duration) {
         let urls: Vec<String> = self.peers.lock().unwrap().iter().map(|p| p.url.clone()).collect();
         let answers = futures_util::future::join_all(urls.iter().map(|url| probe(url, &self.ca_file, timeout))).await;
-        let mut peers = self.peers.lock().unwrap();
         for (url, probed) in urls.into_iter().zip(answers) {
-            if let Some(peer) = peers.iter_mut().find(|p| p.url == url) {
-                peer.leaving = probed == Probe::Leaving;
-                let answer = match probed {
-                    Probe::Ready(instance) => {
-                        peer.last_ready = Some((instance.clone(), Instant::now()));
-                        Some(instance)
-                    }
-                    Probe::Leaving | Probe::Silent => None,
-                };
-                if peer.healthy_as.is_some() != answer.is_some() {
-                    match &answer {
-                        Some(instance) => tracing::info!(peer = %url, %instance, "peer healthy"),
-                        None => tracing::warn!(peer = %url, "peer unhealthy; not recommended until it answers"),
-                    }
-                }
-                peer.healthy_as = answer;
+            self.record(&url, probed);
+        }
+    }
+
+    /// Records what a probe of the peer at `url` found.
+    fn record(&self, url: &str, probed: Probe) {
+        let mut peers = self.peers.lock().unwrap();
+        let Some(peer) = peers.iter_mut().find(|p| p.url == url) else { return };
+        let answer = match probed {
+            Probe::Ready(instance) => {
+                peer.last_ready = Some((instance.clone(), Instant::now()));
+                Some(instance)
+            }
+            Probe::Leaving => {
+                peer.last_ready = None;
+                None
+            }
+            Probe::Silent => None,
+        };
+        if peer.healthy_as.is_some() != answer.is_some() {
+            match &answer {
+                Some(instance) => tracing::info!(peer = %url, %instance, "peer healthy"),
+                None => tracing::warn!(peer = %url, "peer unhealthy; not recommended until it answers"),
             }
         }
+        peer.healthy_as = answer;
     }
 }
 
@@ -256,4 +263,39 @@ fn records_of(url: &str, body: &[u8]) -> Result<Vec<(u32, ResumeOffset)>, String
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(group_move_after: Duration) -> Cluster {
+        let this = Instance { instance: "a".into(), http_url: "http://a".into() };
+        Cluster::new(this, &["http://b".into()], "", group_move_after)
+    }
+
+    /// A group name whose rendezvous pick between a and b is b.
+    fn group_of_b(c: &Cluster) -> String {
+        (0..100).map(|i| format!("g{i}")).find(|g| c.group_home(g, true).instance == "b").expect("some group lives on b")
+    }
+
+    #[test]
+    fn a_silent_peer_keeps_its_groups_for_a_while_and_a_leaving_one_gives_them_up_at_once() {
+        let c = cluster(Duration::from_secs(3600));
+        c.record("http://b", Probe::Ready("b".into()));
+        let group = group_of_b(&c);
+        c.record("http://b", Probe::Silent);
+        assert_eq!(c.recommend(&group, true).instance, "a", "clients move at once");
+        assert_eq!(c.group_home(&group, true).instance, "b", "a missed probe moves no group");
+        c.record("http://b", Probe::Leaving);
+        assert_eq!(c.group_home(&group, true).instance, "a", "a draining peer gives its groups up");
+        c.record("http://b", Probe::Silent);
+        assert_eq!(c.group_home(&group, true).instance, "a", "and they stay moved once it has exited");
+        c.record("http://b", Probe::Ready("b".into()));
+        assert_eq!(c.group_home(&group, true).instance, "b", "back and ready, it is their home again");
+        let soon = cluster(Duration::ZERO);
+        soon.record("http://b", Probe::Ready("b".into()));
+        soon.record("http://b", Probe::Silent);
+        assert_eq!(soon.group_home(&group, true).instance, "a", "silent for longer than cluster.group_move_after_ms");
+    }
 }

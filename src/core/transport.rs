@@ -43,4 +43,6 @@ pub struct SharedEvent {
     pub text: String,
     pub delivery: crate::core::client_state::DeliveryRef,
     pub key: Option<String>,
+    /// What the event weighs in a member's byte window (`Event::size_bytes`).
+    pub bytes: usize,
 }

@@ -23,7 +23,9 @@ struct Budget {
     max_slots: AtomicUsize,
     /// Payload bytes in flight.
     bytes: AtomicU64,
-    max_bytes: u64,
+    /// Changed only by `Window::set_max_bytes` (a hub, as for `max_slots`). A relaxed load is the
+    /// same plain load on x86-64 as the field it was.
+    max_bytes: AtomicU64,
     /// Feeders waiting for room.
     waiting: AtomicUsize,
     freed: Notify,
@@ -36,7 +38,8 @@ impl Budget {
         if self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_slots).then_some(n + 1)).is_err() {
             return false;
         }
-        if self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n + cost <= self.max_bytes).then_some(n + cost)).is_err() {
+        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
+        if self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n + cost <= max_bytes).then_some(n + cost)).is_err() {
             // Undone without waking anyone: the bytes are held by deliveries in flight, and the
             // release of each of them wakes the waiters. (Waking here, a waiter that fails on
             // bytes would wake itself forever.)
@@ -52,8 +55,9 @@ impl Budget {
         let max_slots = self.max_slots.load(Ordering::Relaxed);
         let before = self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_slots).then(|| n + want.min(max_slots - n))).ok()?;
         let slots = want.min(max_slots - before);
-        match self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_bytes).then_some(self.max_bytes)) {
-            Ok(before) => Some((slots, self.max_bytes - before)),
+        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
+        match self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_bytes).then_some(max_bytes)) {
+            Ok(before) => Some((slots, max_bytes - before)),
             Err(_) => {
                 // No wake-up, as in `try_take`: the bytes are held by deliveries in flight.
                 self.slots.fetch_sub(slots, Ordering::SeqCst);
@@ -115,7 +119,7 @@ pub struct Reservation {
 impl Reservation {
     /// Room for an event out of the reservation, if it fits (its cost as in `Window::cost`).
     pub fn take(&mut self, event_bytes: usize) -> Option<WindowPermit> {
-        let cost = (event_bytes as u64).clamp(1, self.budget.max_bytes);
+        let cost = (event_bytes as u64).clamp(1, self.budget.max_bytes.load(Ordering::Relaxed));
         if self.slots == 0 || cost > self.bytes {
             return None;
         }
@@ -144,7 +148,7 @@ impl Window {
             slots: AtomicUsize::new(0),
             max_slots: AtomicUsize::new(max_events),
             bytes: AtomicU64::new(0),
-            max_bytes: u64::from(max_bytes.max(1)),
+            max_bytes: AtomicU64::new(u64::from(max_bytes.max(1))),
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
         };
@@ -154,7 +158,7 @@ impl Window {
     /// Bytes an event of `event_bytes` takes: its size, but never more than the whole budget (a
     /// larger event still goes, alone) and at least 1.
     fn cost(&self, event_bytes: usize) -> u64 {
-        (event_bytes as u64).clamp(1, self.budget.max_bytes)
+        (event_bytes as u64).clamp(1, self.budget.max_bytes.load(Ordering::Relaxed))
     }
 
     fn permit(&self, cost: u64) -> WindowPermit {
@@ -201,7 +205,7 @@ impl Window {
     /// Payload bytes that could still be added (an event larger than this still goes once the
     /// window is empty).
     pub fn free_bytes(&self) -> u64 {
-        self.budget.max_bytes.saturating_sub(self.budget.bytes.load(Ordering::Relaxed))
+        self.budget.max_bytes.load(Ordering::Relaxed).saturating_sub(self.budget.bytes.load(Ordering::Relaxed))
     }
 
     /// Waits until a slot and room for an event of `event_bytes` are free (cancel-safe; takes
@@ -232,7 +236,16 @@ impl Window {
     }
 
     pub fn max_bytes(&self) -> u64 {
-        self.budget.max_bytes
+        self.budget.max_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A new bound on bytes (a hub: its own and its members' byte windows together), as
+    /// `set_max_events` for events.
+    pub fn set_max_bytes(&self, max_bytes: u64) {
+        self.budget.max_bytes.store(max_bytes.max(1), Ordering::SeqCst);
+        if self.budget.waiting.load(Ordering::SeqCst) > 0 {
+            self.budget.freed.notify_waiters();
+        }
     }
 
     /// A new bound on events (a shared subscription's hub: its members' windows together). Events

@@ -687,3 +687,37 @@ async fn the_groups_on_an_instance_are_bounded() {
     fourth.close().await;
     gw.kill9();
 }
+
+/// Issue 59, item 2: group deliveries count in a member's byte window
+/// (`delivery.max_in_flight_bytes`) as its own deliveries do, and the hub's byte window is its
+/// members' together (plus its own). Before, members held them against their event count only,
+/// and the hub's byte window was one session's: the whole group had 1,000 bytes in flight, so the
+/// second member got nothing while the first held three events (failed here on the old code). With
+/// the hub's window grown but members' bytes not counted, the first would get ten. The real
+/// binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_deliveries_count_in_a_members_byte_window() {
+    let (_dir, data) = temp_dir();
+    let gw = Process::start(&data, &[("ACKGATE_DELIVERY__MAX_IN_FLIGHT_BYTES", "1000")]);
+    let created = http().post(format!("{}/topics", gw.base)).json(&json!({"name": "heavy", "partitions": 1})).send().await.unwrap();
+    assert_eq!(created.status(), 200);
+    let mut first = TestClient::connect(gw.addr, "first").await;
+    first.subscribe("heavy", json!({"group": "g"})).await;
+    // Each payload weighs 292 bytes (a JSON string of 290 characters): three fit in 1,000.
+    let events: Vec<Value> = (0..12).map(|i| json!({"payload": format!("{i:0>290}")})).collect();
+    publish(&gw.base, "heavy", json!({ "events": events })).await;
+    let held = first.recv_events(3).await;
+    assert!(first.try_recv(Duration::from_millis(500)).await.is_none(), "a member got more group events than its byte window holds");
+    let mut second = TestClient::connect(gw.addr, "second").await;
+    second.subscribe("heavy", json!({"group": "g"})).await;
+    let others = second.recv_events(3).await;
+    assert!(second.try_recv(Duration::from_millis(500)).await.is_none(), "the second member got more than its byte window holds");
+    let offsets = |events: &[Value]| events.iter().map(|e| e["offset"].as_u64().unwrap()).collect::<Vec<_>>();
+    assert_eq!((offsets(&held), offsets(&others)), (vec![0, 1, 2], vec![3, 4, 5]));
+    // Acked, the room comes back: the next three (they may come before the `ack_ok`).
+    first.send(json!({"op": "ack", "delivery_ids": ids(&held)})).await;
+    assert_eq!(offsets(&first.recv_events(3).await), [6, 7, 8]);
+    first.close().await;
+    second.close().await;
+    gw.kill9();
+}

@@ -65,6 +65,8 @@ struct Distributor {
     from: StartFrom,
     /// The paused events the hub's window was last sized for.
     paused: usize,
+    /// The hub session's own byte window (`delivery.max_in_flight_bytes`).
+    own_bytes: u64,
     /// Where the group lives, in a cluster: checked every `HOME_CHECK`; when it is elsewhere the
     /// members are sent there and the hub stops.
     home: Option<Arc<dyn GroupHome>>,
@@ -93,6 +95,7 @@ pub(super) async fn distribute(
     home: Option<Arc<dyn GroupHome>>,
 ) {
     let HubEnds { inbound, mut outbound, window, cap } = links;
+    let own_bytes = window.max_bytes();
     let mut g = Distributor {
         topic: topic.clone(),
         group: group.clone(),
@@ -113,6 +116,7 @@ pub(super) async fn distribute(
         resume_again: false,
         from: StartFrom::Committed,
         paused: 0,
+        own_bytes,
         home,
         deferred: Vec::new(),
         moving: None,
@@ -300,7 +304,7 @@ impl Distributor {
 
     fn add_member(&mut self, link: MemberLink) {
         tracing::debug!(topic = %self.topic, group = %self.group, session_id = %link.session_id, client_id = %link.client_id, "member joined its group");
-        self.sharing.join(link.member, link.capacity);
+        self.sharing.join(link.member, link.capacity, link.capacity_bytes);
         self.members.insert(link.member, link);
         self.resize_window();
     }
@@ -312,6 +316,9 @@ impl Distributor {
     fn resize_window(&mut self) {
         self.paused = self.sharing.paused_without_member();
         self.window.set_max_events(self.sharing.capacity().min(self.cap) + self.paused.min(self.cap));
+        // In bytes: its members' byte windows together, and its own (the session's
+        // `delivery.max_in_flight_bytes`) for the events waiting at it besides.
+        self.window.set_max_bytes(self.own_bytes.saturating_add(self.sharing.capacity_bytes()));
     }
 
     /// Sends frames to the hub; their answers come back to `asker`.
@@ -389,7 +396,7 @@ impl Distributor {
         match frame {
             Outbound::Shared(event) => {
                 let event = *event;
-                let offered = Offered { delivery: event.delivery, key: event.key, text: event.text };
+                let offered = Offered { delivery: event.delivery, key: event.key, text: event.text, bytes: event.bytes };
                 if let Some(taken) = self.sharing.offer(offered) {
                     if let Some(link) = self.members.get(&taken.member) {
                         link.control.send(SessionControl::Group { generation: self.generation, message: GroupMessage::TakenBack(vec![taken.delivery]) });

@@ -40,7 +40,9 @@ pub trait GroupHome: Send + Sync {
     fn elsewhere(&self, group: &GroupName) -> Option<(String, String)>;
 
     /// The peers whose hub of the group still runs (or is stopping): a new home waits for them
-    /// before its own hub starts, so that the group never runs on two instances at once.
+    /// before its own hub starts, so that a move never runs the group on two instances at once.
+    /// A peer that does not answer is not listed: a partition or a pause longer than
+    /// `cluster.group_move_after_ms` can still run it on both sides (docs/protocol.md).
     async fn live_at_peers(&self, topic: &TopicName, group: &GroupName) -> Vec<String>;
 }
 
@@ -71,8 +73,10 @@ pub struct MemberLink {
     pub session_id: String,
     pub client_id: ClientId,
     pub control: Arc<ControlInbox>,
-    /// Its window: at most this many of the group's events in flight at it.
+    /// Its window: at most this many of the group's events in flight at it, and at most this
+    /// many bytes of them (`Event::size_bytes`; one larger event still goes when it holds none).
     pub capacity: usize,
+    pub capacity_bytes: u64,
 }
 
 /// A member's word to its group.

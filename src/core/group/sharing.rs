@@ -41,6 +41,8 @@ pub struct Offered {
     pub key: Option<String>,
     /// The event frame as the hub wrote it.
     pub text: String,
+    /// What the event weighs in a window (`Event::size_bytes`).
+    pub bytes: usize,
 }
 
 impl Offered {
@@ -67,6 +69,18 @@ struct Member {
     id: MemberId,
     capacity: usize,
     held: usize,
+    /// Its window's bytes (`delivery.max_in_flight_bytes`), and what its deliveries and paused
+    /// events weigh: group deliveries count in a member's byte window as its own do.
+    capacity_bytes: u64,
+    held_bytes: u64,
+}
+
+impl Member {
+    /// Room for one more event of `bytes`: a slot, and the bytes (an event larger than the whole
+    /// window still goes to a member that holds nothing, as to a client).
+    fn has_room_for(&self, bytes: u64) -> bool {
+        self.held < self.capacity && (self.held_bytes == 0 || self.held_bytes.saturating_add(bytes) <= self.capacity_bytes)
+    }
 }
 
 /// An event `(partition, offset)` released to the hub, and since when.
@@ -77,6 +91,7 @@ struct Held {
     member: MemberId,
     delivery: DeliveryRef,
     key: Option<KeyHash>,
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -114,9 +129,9 @@ pub struct Sharing {
     /// in offset order even when the hub redelivers them in another.
     returning: FastMap<KeyHash, Vec<Returning>>,
     /// Events a member paused (`Settled::Paused`), until the hub offers them again: each holds a
-    /// slot of that member while it is a member (`Some`); after it left (`None`) the event still
-    /// waits at the hub, in its window, charged to nobody.
-    paused: FastMap<(u32, u64), Option<MemberId>>,
+    /// slot (and its bytes) of that member while it is a member (`Some`); after it left (`None`)
+    /// the event still waits at the hub, in its window, charged to nobody.
+    paused: FastMap<(u32, u64), Option<(MemberId, u64)>>,
     hasher: RandomState,
 }
 
@@ -153,9 +168,10 @@ impl Sharing {
 
     /// A paused event came back (or the hub settled it): its member's slot is free again.
     fn unpause(&mut self, event: (u32, u64)) {
-        if let Some(Some(member)) = self.paused.remove(&event) {
+        if let Some(Some((member, bytes))) = self.paused.remove(&event) {
             if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
                 m.held = m.held.saturating_sub(1);
+                m.held_bytes = m.held_bytes.saturating_sub(bytes);
             }
         }
     }
@@ -172,9 +188,9 @@ impl Sharing {
         self.order
     }
 
-    pub fn join(&mut self, member: MemberId, capacity: usize) {
+    pub fn join(&mut self, member: MemberId, capacity: usize, capacity_bytes: u64) {
         if !self.members.iter().any(|m| m.id == member) {
-            self.members.push(Member { id: member, capacity, held: 0 });
+            self.members.push(Member { id: member, capacity, held: 0, capacity_bytes, held_bytes: 0 });
         }
     }
 
@@ -183,13 +199,18 @@ impl Sharing {
         self.members.iter().map(|m| m.capacity).sum()
     }
 
+    /// The members' byte windows together.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.members.iter().fold(0u64, |sum, m| sum.saturating_add(m.capacity_bytes))
+    }
+
     /// Removes a member; answers its deliveries still in flight, for the hub to release at once
     /// (docs/protocol.md: a session's end releases its deliveries). Its keys are free from now.
     pub fn leave(&mut self, member: MemberId) -> Vec<DeliveryRef> {
         self.members.retain(|m| m.id != member);
         // Its paused events stay paused at the hub, charged to nobody (a session that joins
         // again keeps its number: they must not free slots of its new membership).
-        for owner in self.paused.values_mut().filter(|owner| **owner == Some(member)) {
+        for owner in self.paused.values_mut().filter(|owner| owner.is_some_and(|(m, _)| m == member)) {
             *owner = None;
         }
         let mut released = Vec::new();
@@ -303,9 +324,9 @@ impl Sharing {
                 self.await_return(event, held.key);
             }
             Settled::Paused => {
-                // The member's slot stays taken until the event comes back.
+                // The member's slot and bytes stay taken until the event comes back.
                 self.release_key(&held);
-                self.paused.insert(event, Some(member));
+                self.paused.insert(event, Some((member, held.bytes)));
                 self.avoid.insert(event, member);
                 self.await_return(event, held.key);
             }
@@ -316,6 +337,7 @@ impl Sharing {
     fn release_room(&mut self, held: &Held) {
         if let Some(m) = self.members.iter_mut().find(|m| m.id == held.member) {
             m.held = m.held.saturating_sub(1);
+            m.held_bytes = m.held_bytes.saturating_sub(held.bytes);
         }
         self.release_key(held);
     }
@@ -345,16 +367,17 @@ impl Sharing {
                 let waiting = &self.waiting[partition][at];
                 let event = waiting.event();
                 let key = self.key_of(waiting);
+                let bytes = waiting.bytes as u64;
                 let target = match key {
                     Some(key) if blocked.contains(&key) || self.behind_returning(key, event) => None,
                     Some(key) => match self.keys.get(&key) {
                         // Its member alone, while it holds events of the key.
-                        Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m)),
+                        Some(hold) if hold.in_flight > 0 => Some(hold.member).filter(|m| self.has_room(*m, bytes)),
                         // Sticky while its member lives and has room.
-                        Some(hold) if self.has_room(hold.member) => Some(hold.member),
-                        _ => self.pick(self.avoid.get(&event).copied()),
+                        Some(hold) if self.has_room(hold.member, bytes) => Some(hold.member),
+                        _ => self.pick(self.avoid.get(&event).copied(), bytes),
                     },
-                    None => self.pick(self.avoid.get(&event).copied()),
+                    None => self.pick(self.avoid.get(&event).copied(), bytes),
                 };
                 let Some(member) = target else {
                     if let Some(key) = key {
@@ -367,13 +390,14 @@ impl Sharing {
                 self.waiting_events.remove(&event);
                 if let Some(m) = self.members.iter_mut().find(|m| m.id == member) {
                     m.held += 1;
+                    m.held_bytes = m.held_bytes.saturating_add(bytes);
                 }
                 if let Some(key) = key {
                     let hold = self.keys.entry(key).or_insert(KeyHold { member, in_flight: 0 });
                     hold.member = member;
                     hold.in_flight += 1;
                 }
-                self.out.insert(event, Held { member, delivery: offered.delivery, key });
+                self.out.insert(event, Held { member, delivery: offered.delivery, key, bytes });
                 given.push((member, offered));
             }
         }
@@ -397,20 +421,20 @@ impl Sharing {
         given
     }
 
-    fn has_room(&self, member: MemberId) -> bool {
-        self.members.iter().any(|m| m.id == member && m.held < m.capacity)
+    fn has_room(&self, member: MemberId, bytes: u64) -> bool {
+        self.members.iter().any(|m| m.id == member && m.has_room_for(bytes))
     }
 
-    /// The member with the most free room, searched from the cursor so that equals take turns;
-    /// `avoid` only when no other has room.
-    fn pick(&mut self, avoid: Option<MemberId>) -> Option<MemberId> {
+    /// The member with the most free room (slots) among those with room for an event of `bytes`,
+    /// searched from the cursor so that equals take turns; `avoid` only when no other has room.
+    fn pick(&mut self, avoid: Option<MemberId>, bytes: u64) -> Option<MemberId> {
         let n = self.members.len();
         let mut best: Option<(usize, usize)> = None;
         for i in 0..n {
             let index = (self.cursor + i) % n;
             let m = &self.members[index];
             let free = m.capacity.saturating_sub(m.held);
-            if free == 0 || Some(m.id) == avoid {
+            if !m.has_room_for(bytes) || Some(m.id) == avoid {
                 continue;
             }
             if best.is_none_or(|(_, most)| free > most) {
@@ -419,7 +443,7 @@ impl Sharing {
         }
         let index = match best {
             Some((index, _)) => index,
-            None => self.members.iter().position(|m| Some(m.id) == avoid && m.held < m.capacity)?,
+            None => self.members.iter().position(|m| Some(m.id) == avoid && m.has_room_for(bytes))?,
         };
         self.cursor = (index + 1) % n;
         Some(self.members[index].id)
@@ -441,14 +465,14 @@ mod tests {
     use super::*;
 
     fn offered(seq: u64, partition: u32, offset: u64, key: Option<&str>) -> Offered {
-        Offered { delivery: DeliveryRef { seq, slot: 0, partition, offset }, key: key.map(str::to_string), text: String::new() }
+        Offered { delivery: DeliveryRef { seq, slot: 0, partition, offset }, key: key.map(str::to_string), text: String::new(), bytes: 10 }
     }
 
     #[test]
     fn events_go_round_robin_to_members_with_room_and_wait_when_none_has() {
         let mut s = Sharing::new(ShareOrder::None);
-        s.join(1, 2);
-        s.join(2, 2);
+        s.join(1, 2, u64::MAX);
+        s.join(2, 2, u64::MAX);
         for offset in 0..5 {
             assert_eq!(s.offer(offered(offset, 0, offset, None)), None);
         }
@@ -462,10 +486,35 @@ mod tests {
     }
 
     #[test]
+    fn a_members_byte_window_bounds_its_group_deliveries_and_a_paused_event_keeps_its_bytes() {
+        let mut s = Sharing::new(ShareOrder::None);
+        // Room for 10 events but 25 bytes: two events of 10 bytes.
+        s.join(1, 10, 25);
+        for offset in 0..3 {
+            s.offer(offered(offset, 0, offset, None));
+        }
+        assert_eq!(s.assign().len(), 2);
+        assert_eq!(s.waiting(), 1, "the third waits: 30 bytes would exceed 25");
+        // Paused, an event keeps its bytes at the member until it comes back.
+        assert!(s.settle(1, DeliveryRef { seq: 0, slot: 0, partition: 0, offset: 0 }, Settled::Paused));
+        assert!(s.assign().is_empty());
+        assert!(s.settle(1, DeliveryRef { seq: 1, slot: 0, partition: 0, offset: 1 }, Settled::Done));
+        assert_eq!(s.assign().len(), 1, "acked, its bytes are free again");
+        // An event larger than the whole window goes to a member that holds nothing.
+        let mut big = offered(9, 1, 0, None);
+        big.bytes = 1000;
+        s.join(2, 10, 25);
+        s.offer(big);
+        assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 0)]);
+        s.offer(offered(10, 1, 1, None));
+        assert!(s.assign().is_empty(), "nothing more fits beside it, nor at the first member");
+    }
+
+    #[test]
     fn a_released_or_timed_out_event_goes_to_another_member_unless_alone() {
         let mut s = Sharing::new(ShareOrder::None);
-        s.join(1, 10);
-        s.join(2, 10);
+        s.join(1, 10, u64::MAX);
+        s.join(2, 10, u64::MAX);
         s.offer(offered(1, 0, 7, None));
         let (first, _) = s.assign().pop().unwrap();
         // The hub redelivers it (an ack timeout): taken back from the first, given to the other.
@@ -487,7 +536,7 @@ mod tests {
     #[test]
     fn a_paused_event_holds_its_members_slot_until_it_comes_back_also_after_the_member_left() {
         let mut s = Sharing::new(ShareOrder::None);
-        s.join(1, 2);
+        s.join(1, 2, u64::MAX);
         s.offer(offered(1, 0, 0, None));
         s.offer(offered(2, 0, 1, None));
         assert_eq!(s.assign().len(), 2);
@@ -497,13 +546,13 @@ mod tests {
         // Member 1 is still full: the paused event holds its slot, so the next goes to member 2.
         s.offer(offered(3, 0, 2, None));
         assert!(s.assign().is_empty(), "member 1 paused one and holds another: no room");
-        s.join(2, 2);
+        s.join(2, 2, u64::MAX);
         assert_eq!(s.assign().iter().map(|(m, o)| (*m, o.delivery.offset)).collect::<Vec<_>>(), vec![(2, 2)]);
         // Member 1 leaves: the paused event still waits at the hub, counted until it comes back.
         assert_eq!(s.leave(1).len(), 1, "the event it held, not the paused one");
         assert_eq!(s.paused_without_member(), 1);
         // Joining again with the same number does not inherit the old paused event's slot.
-        s.join(1, 2);
+        s.join(1, 2, u64::MAX);
         s.offer(offered(4, 0, 0, None));
         assert_eq!(s.paused_without_member(), 0);
         assert_eq!(s.members().iter().find(|(m, _, _)| *m == 1).map(|(_, held, _)| *held), Some(0));
@@ -523,8 +572,8 @@ mod tests {
     #[test]
     fn a_key_is_in_flight_at_one_member_at_a_time_and_in_offset_order() {
         let mut s = Sharing::new(ShareOrder::Key);
-        s.join(1, 1);
-        s.join(2, 5);
+        s.join(1, 1, u64::MAX);
+        s.join(2, 5, u64::MAX);
         for offset in 0..4 {
             s.offer(offered(offset, 0, offset, Some("k")));
         }
@@ -548,8 +597,8 @@ mod tests {
     #[test]
     fn a_keys_later_event_waits_behind_its_earlier_one_while_other_keys_go_on() {
         let mut s = Sharing::new(ShareOrder::Key);
-        s.join(1, 1);
-        s.join(2, 1);
+        s.join(1, 1, u64::MAX);
+        s.join(2, 1, u64::MAX);
         s.offer(offered(1, 0, 0, Some("a")));
         s.offer(offered(2, 0, 1, Some("a")));
         s.offer(offered(3, 0, 2, Some("b")));
@@ -563,8 +612,8 @@ mod tests {
     #[test]
     fn a_keys_released_events_come_back_before_its_later_ones_whatever_order_the_hub_sends_them() {
         let mut s = Sharing::new(ShareOrder::Key);
-        s.join(1, 10);
-        s.join(2, 10);
+        s.join(1, 10, u64::MAX);
+        s.join(2, 10, u64::MAX);
         for offset in [40, 44, 48] {
             s.offer(offered(offset, 0, offset, Some("k0")));
         }

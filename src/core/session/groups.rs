@@ -138,6 +138,7 @@ impl Session {
             client_id: self.info.client_id.clone(),
             control: self.control.clone(),
             capacity: self.window.max_events(),
+            capacity_bytes: self.window.max_bytes(),
         };
         // A named start (`latest`, a time, the last n) is where a group with no floor begins; a
         // group that has one goes on from it, whichever member comes first.

@@ -423,7 +423,12 @@ impl Session {
             frame.push_str(",\"redrive\":true}");
         }
         if self.is_hub() {
-            self.out.push(Outbound::Shared(Box::new(crate::core::transport::SharedEvent { text: frame, delivery: id, key: event.key.clone() })));
+            self.out.push(Outbound::Shared(Box::new(crate::core::transport::SharedEvent {
+                text: frame,
+                delivery: id,
+                key: event.key.clone(),
+                bytes: event.size_bytes(),
+            })));
             return;
         }
         self.out.push(Outbound::Text(frame));
