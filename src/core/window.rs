@@ -51,13 +51,13 @@ impl Budget {
 
     /// Takes up to `want` slots and every free byte, when at least one slot and one byte are
     /// free: the room a feeder's read may fill.
-    fn try_reserve(&self, want: usize) -> Option<(usize, u64)> {
+    fn try_reserve(&self, want: usize) -> Option<(usize, u64, u64)> {
         let max_slots = self.max_slots.load(Ordering::Relaxed);
         let before = self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_slots).then(|| n + want.min(max_slots - n))).ok()?;
         let slots = want.min(max_slots - before);
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         match self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max_bytes).then_some(max_bytes)) {
-            Ok(before) => Some((slots, max_bytes - before)),
+            Ok(before) => Some((slots, max_bytes - before, max_bytes)),
             Err(_) => {
                 // No wake-up, as in `try_take`: the bytes are held by deliveries in flight.
                 self.slots.fetch_sub(slots, Ordering::SeqCst);
@@ -114,12 +114,15 @@ pub struct Reservation {
     budget: Arc<Budget>,
     slots: usize,
     bytes: u64,
+    /// The window's byte bound when it was taken: what one event costs at most. Read once, not
+    /// per event from the budget's line, which acks on other threads keep writing.
+    max_cost: u64,
 }
 
 impl Reservation {
     /// Room for an event out of the reservation, if it fits (its cost as in `Window::cost`).
     pub fn take(&mut self, event_bytes: usize) -> Option<WindowPermit> {
-        let cost = (event_bytes as u64).clamp(1, self.budget.max_bytes.load(Ordering::Relaxed));
+        let cost = (event_bytes as u64).clamp(1, self.max_cost);
         if self.slots == 0 || cost > self.bytes {
             return None;
         }
@@ -193,8 +196,8 @@ impl Window {
     /// Up to `max_events` slots and every free byte for one read, when there is room (takes
     /// nothing otherwise).
     pub fn try_reserve(&self, max_events: usize) -> Option<Reservation> {
-        let (slots, bytes) = self.budget.try_reserve(max_events.max(1))?;
-        Some(Reservation { budget: self.budget.clone(), slots, bytes })
+        let (slots, bytes, max_cost) = self.budget.try_reserve(max_events.max(1))?;
+        Some(Reservation { budget: self.budget.clone(), slots, bytes, max_cost })
     }
 
     /// Deliveries that could still be added (ignoring bytes).
