@@ -21,12 +21,12 @@ use super::AppState;
     tag = "cluster",
     summary = "The live instance this client should use (rendezvous hashing)",
     params(
-        ("client_id" = String, Query, description = "client id (not needed with group)", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
+        ("client_id" = Option<String>, Query, description = "client id; one of client_id and group is required (400 without either)", pattern = r"^[A-Za-z0-9._:@-]+$", min_length = 1, max_length = 128),
         ("group" = Option<String>, Query, description = "a shared subscription's group: the instance it lives on (instead of client_id's)", pattern = r"^[A-Za-z0-9._-]+$", min_length = 1, max_length = 249),
     ),
     responses(
         (status = 200, body = crate::http::schemas::Recommendation),
-        (status = 400, description = "invalid_name", body = crate::http::schemas::ErrorBody),
+        (status = 400, description = "invalid_name, or bad_request: neither client_id nor group", body = crate::http::schemas::ErrorBody),
     )
 )]
 pub async fn recommend(
