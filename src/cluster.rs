@@ -109,12 +109,23 @@ impl Cluster {
     /// of that hub: moved at once, the group would run on two instances (issue 59, item 3).
     pub fn group_home(&self, group: &str, this_available: bool) -> Instance {
         let mut candidates = if this_available { vec![self.this.clone()] } else { Vec::new() };
-        candidates.extend(self.peers.lock().unwrap().iter().filter_map(|p| {
-            let (instance, at) = p.last_ready.as_ref()?;
-            let counts = p.healthy_as.is_some() || at.elapsed() < self.group_move_after;
-            counts.then(|| Instance { instance: instance.clone(), http_url: p.url.clone() })
-        }));
+        candidates.extend(self.group_peers());
         rendezvous::pick(group, &candidates, |i| &i.http_url).cloned().unwrap_or_else(|| self.this.clone())
+    }
+
+    /// The peers that may run groups: ready, or silent for less than
+    /// `cluster.group_move_after_ms` since their last good probe.
+    pub fn group_peers(&self) -> Vec<Instance> {
+        self.peers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| {
+                let (instance, at) = p.last_ready.as_ref()?;
+                let counts = p.healthy_as.is_some() || at.elapsed() < self.group_move_after;
+                counts.then(|| Instance { instance: instance.clone(), http_url: p.url.clone() })
+            })
+            .collect()
     }
 
     /// Probes every peer once, all at once (one that answers nothing must not delay the others'
@@ -169,7 +180,9 @@ impl crate::core::group::GroupHome for ClusterGroupHome {
     }
 
     async fn live_at_peers(&self, topic: &TopicName, group: &crate::core::names::GroupName) -> Vec<String> {
-        let peers = self.cluster.peers();
+        // Only those that may run groups: a peer gone (or leaving) for longer runs none, and
+        // asking it would hold every group's start for the request's timeout.
+        let peers: Vec<(String, String)> = self.cluster.group_peers().into_iter().map(|p| (p.http_url, p.instance)).collect();
         let asked = peers.iter().map(|(url, _)| {
             let url = format!("{url}/admin/groups?topic={topic}&group={group}");
             let (ca_file, token) = (self.cluster.ca_file(), self.admin_token.as_str());
