@@ -205,6 +205,9 @@ pub struct StorageConfig {
     pub group_commit_max_wait_us: u64,
 }
 
+/// The most `limits.ws_read_buffer_bytes` may be (a read's buffer is on the stack).
+pub const MAX_WS_READ_BYTES: usize = 64 * 1024;
+
 /// The longest `storage.group_commit_max_wait_us` may be.
 pub const MAX_GROUP_COMMIT_WAIT_US: u64 = 1_000_000;
 
@@ -462,8 +465,9 @@ impl Default for DeliveryConfig {
 pub struct LimitsConfig {
     /// Larger WebSocket frames close the socket with 1009.
     pub max_frame_bytes: usize,
-    /// Read buffer of each WebSocket connection, held for its whole life (the main memory cost of an
-    /// idle session; tungstenite's default is 128 KiB). Larger frames still arrive, in several reads.
+    /// Bytes one read from a WebSocket asks for (at most 65536). The read goes into a buffer on
+    /// the stack; a session keeps bytes only while a frame is incomplete (an idle session holds
+    /// none). Larger frames still arrive, in several reads.
     pub ws_read_buffer_bytes: usize,
     /// Events in one publish request (more: 413 limit_exceeded).
     pub max_batch_events: usize,
@@ -946,6 +950,9 @@ impl Config {
         }
         if self.auth.jwks_refresh_secs < 10 {
             problems.push(format!("auth.jwks_refresh_secs is at least 10, got {}", self.auth.jwks_refresh_secs));
+        }
+        if self.limits.ws_read_buffer_bytes > MAX_WS_READ_BYTES {
+            problems.push(format!("limits.ws_read_buffer_bytes must be at most {MAX_WS_READ_BYTES}, got {}", self.limits.ws_read_buffer_bytes));
         }
         if self.storage.group_commit_max_wait_us > MAX_GROUP_COMMIT_WAIT_US {
             problems.push(format!("storage.group_commit_max_wait_us is at most {MAX_GROUP_COMMIT_WAIT_US}, got {}", self.storage.group_commit_max_wait_us));

@@ -74,6 +74,10 @@ impl ErrorCode {
 /// WebSocket close codes of docs/protocol.md.
 pub mod close_code {
     pub const GOING_AWAY: u16 = 1001;
+    /// The client broke RFC 6455's framing (`http::ws_codec`).
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    /// A text message or close reason that is not UTF-8.
+    pub const INVALID_DATA: u16 = 1007;
     pub const POLICY: u16 = 1008;
     pub const TOO_BIG: u16 = 1009;
     pub const TAKEN_OVER: u16 = 4001;
@@ -89,7 +93,7 @@ pub mod close_code {
     pub const TOKEN_EXPIRED: u16 = 4004;
 
     /// Every code (docs/protocol.md lists the same; a test checks).
-    pub const ALL: [u16; 9] = [GOING_AWAY, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOKEN_EXPIRED];
+    pub const ALL: [u16; 11] = [GOING_AWAY, PROTOCOL_ERROR, INVALID_DATA, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOKEN_EXPIRED];
 }
 
 /// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.

@@ -46,3 +46,39 @@ pub struct SharedEvent {
     /// What the event weighs in a member's byte window (`Event::size_bytes`).
     pub bytes: usize,
 }
+
+/// A transport made of two halves: a stream of frames in and a sink for frames out (a group's
+/// hub and a Server-Sent Events session, whose two directions are separate channels). A
+/// WebSocket is one object for both (`http::ws_connection`).
+pub struct Duplex<I, O> {
+    pub inbound: I,
+    pub outbound: O,
+}
+
+impl<I: futures_util::Stream<Item = Inbound> + Unpin, O: Unpin> futures_util::Stream for Duplex<I, O> {
+    type Item = Inbound;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Inbound>> {
+        std::pin::Pin::new(&mut self.inbound).poll_next(cx)
+    }
+}
+
+impl<I: Unpin, O: futures_util::Sink<Outbound> + Unpin> futures_util::Sink<Outbound> for Duplex<I, O> {
+    type Error = O::Error;
+
+    fn poll_ready(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), O::Error>> {
+        std::pin::Pin::new(&mut self.outbound).poll_ready(cx)
+    }
+
+    fn start_send(mut self: std::pin::Pin<&mut Self>, frame: Outbound) -> Result<(), O::Error> {
+        std::pin::Pin::new(&mut self.outbound).start_send(frame)
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), O::Error>> {
+        std::pin::Pin::new(&mut self.outbound).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), O::Error>> {
+        std::pin::Pin::new(&mut self.outbound).poll_close(cx)
+    }
+}

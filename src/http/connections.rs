@@ -110,6 +110,7 @@ pub async fn serve(
 ) {
     let connections = TaskTracker::new();
     let (refused_log, accept_log) = (Throttled::new(), Throttled::new());
+    configure_listener(&listener, limits.unacknowledged_timeout);
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
@@ -147,7 +148,6 @@ pub async fn serve(
                 continue;
             }
         };
-        configure_socket(&tcp, limits.unacknowledged_timeout);
         let stream = LingeringStream::new(tcp, limits.linger, Some(slot));
         let (router, tls, limits, stop, counts) = (router.clone(), tls.clone(), limits.clone(), stop.clone(), counts.clone());
         connections.spawn(async move {
@@ -190,13 +190,21 @@ fn refuse(mut tcp: TcpStream, refusal: Refusal, counts: &Arc<ConnectionCounts>) 
 /// for about 15 minutes, a session held as live all that while. With one, the user timeout also
 /// decides when unanswered keepalive probes end an idle connection (WebSockets are pinged and
 /// find a dead peer within `server.ws_pong_timeout_ms` anyway).
-fn configure_socket(tcp: &TcpStream, unacknowledged_timeout: Option<Duration>) {
-    let _ = tcp.set_nodelay(true);
+///
+/// Set once on the listening socket: Linux copies all of them to each socket it accepts (the
+/// test below checks that), which saves six system calls per connection in a reconnect storm.
+fn configure_listener(listener: &TcpListener, unacknowledged_timeout: Option<Duration>) {
     let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
-    let socket = socket2::SockRef::from(tcp);
-    let _ = socket.set_tcp_keepalive(&keepalive);
-    if let Some(timeout) = unacknowledged_timeout {
-        let _ = socket.set_tcp_user_timeout(Some(timeout));
+    let socket = socket2::SockRef::from(listener);
+    let set = [
+        ("TCP_NODELAY", socket.set_tcp_nodelay(true)),
+        ("TCP keepalive", socket.set_tcp_keepalive(&keepalive)),
+        ("TCP_USER_TIMEOUT", unacknowledged_timeout.map_or(Ok(()), |timeout| socket.set_tcp_user_timeout(Some(timeout)))),
+    ];
+    for (option, result) in set {
+        if let Err(e) = result {
+            tracing::warn!(option, error = %e, "a socket option could not be set on the listener; accepted connections go without it");
+        }
     }
 }
 
@@ -383,18 +391,23 @@ where
 mod tests {
     use super::*;
 
-    /// The user timeout reaches the accepted socket (a half-open SSE peer is dropped after it).
+    /// Every option set on the listener reaches the sockets it accepts: no-delay, keepalive with
+    /// its three timers, and the user timeout (a half-open SSE peer is dropped after it).
     #[tokio::test]
-    async fn accepted_sockets_get_the_user_timeout() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        configure_socket(&accepted, Some(Duration::from_millis(75_000)));
-        assert_eq!(socket2::SockRef::from(&accepted).tcp_user_timeout().unwrap(), Some(Duration::from_millis(75_000)));
-        assert!(socket2::SockRef::from(&accepted).tcp_nodelay().unwrap());
-        let (_client, accepted) = (TcpStream::connect(listener.local_addr().unwrap()).await.unwrap(), listener.accept().await.unwrap().0);
-        configure_socket(&accepted, None);
-        assert_eq!(socket2::SockRef::from(&accepted).tcp_user_timeout().unwrap(), None, "the kernel's default");
+    async fn accepted_sockets_inherit_the_listeners_options() {
+        for user_timeout in [Some(Duration::from_millis(75_000)), None] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            configure_listener(&listener, user_timeout);
+            let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (accepted, _) = listener.accept().await.unwrap();
+            let socket = socket2::SockRef::from(&accepted);
+            assert!(socket.tcp_nodelay().unwrap());
+            assert!(socket.keepalive().unwrap());
+            assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(60));
+            assert_eq!(socket.tcp_keepalive_interval().unwrap(), Duration::from_secs(10));
+            assert_eq!(socket.tcp_keepalive_retries().unwrap(), 6);
+            assert_eq!(socket.tcp_user_timeout().unwrap(), user_timeout, "None: the kernel's default");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The HTTP edge: one `router(state)` shared by the binary and the tests. Each REST resource has
-//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws`, Server-Sent
+//! its own file; errors map to status and code in `error`; the WebSocket lives in `ws` (its
+//! handshake), `ws_connection` and `ws_codec` (its frames), Server-Sent
 //! Events in `sse`; every
 //! accepted connection drains before it closes (`lingering`).
 
@@ -32,6 +33,8 @@ pub(crate) mod sse;
 pub(crate) mod tls;
 pub(crate) mod topics;
 pub(crate) mod ws;
+pub(crate) mod ws_codec;
+pub(crate) mod ws_connection;
 
 use std::sync::Arc;
 

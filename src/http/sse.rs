@@ -37,6 +37,7 @@ use crate::core::protocol::{close_code, ErrorCode, ResumeOffset, ServerFrame};
 use crate::core::resume_token::Holder;
 use crate::core::session::{run_session, Inbound, Outbound};
 use crate::core::session_registry::{SessionInfo, Transport};
+use crate::core::transport::Duplex;
 
 /// POSTed batches a session may have queued (each waits for its answer); one more is refused
 /// with 429 at once instead of holding a connection until the session gets to it.
@@ -166,7 +167,7 @@ fn start(
     let dispatcher = app.dispatcher.clone();
     app.dispatcher.tasks.spawn(async move {
         let _listed = listed;
-        run_session(dispatcher, registration, access, Box::pin(inbound), Box::pin(outbound), None).await;
+        run_session(dispatcher, registration, access, Duplex { inbound: Box::pin(inbound), outbound: Box::pin(outbound) }, None).await;
     });
 
     let writer = StreamWriter {

@@ -1,27 +1,26 @@
-//! `GET /ws?client_id=ID`: the handshake checks, then adapts the axum WebSocket to the
-//! transport-free session task in `core::session`.
+//! `GET /ws?client_id=ID`: the handshake and its checks, then the upgraded socket
+//! (`ws_connection`) handed to the transport-free session task in `core::session`.
 
 use std::collections::HashMap;
-use std::future::ready;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Query, State};
-use axum::http::HeaderMap;
+use axum::extract::{ConnectInfo, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
+use hyper_util::rt::TokioIo;
 
 use super::activity::Activity;
 use super::auth::{log_refused_credentials, session_access, session_token};
 use super::error::ApiError;
 use super::lingering::PeerAddr;
+use super::ws_connection::WebSocketConnection;
 use super::AppState;
-use crate::core::access::Access;
 use crate::core::protocol::{close_code, ErrorCode, ServerFrame};
-use crate::core::session::{run_session, Inbound, Outbound, WriteProgress};
-use crate::core::session_registry::{Registration, Transport};
+use crate::core::session::{run_session, Outbound, WriteProgress};
+use crate::core::session_registry::Transport;
 
 #[utoipa::path(
     get,
@@ -42,8 +41,12 @@ pub async fn upgrade(
     activity: Option<Extension<Arc<Activity>>>,
     headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-    ws: WebSocketUpgrade,
+    request: Request,
 ) -> Response {
+    let handshake = match Handshake::of(request) {
+        Ok(handshake) => handshake,
+        Err(refused) => return *refused,
+    };
     let Query(query) = match query {
         Ok(query) => query,
         Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
@@ -54,6 +57,8 @@ pub async fn upgrade(
     };
     let token = query.get("token").map(String::as_str);
     app.token_keys.prepare(session_token(token, &headers)).await;
+    let max_frame = app.config.limits.max_frame_bytes;
+    let read_size = app.config.limits.ws_read_buffer_bytes;
     // Refused credentials are said inside the socket: a browser cannot read the status of a
     // refused handshake, and a page would see a bad token as an outage and retry it forever.
     // The session never starts (PROTOCOL.md: an `error` frame, then 1008, a final close).
@@ -62,9 +67,9 @@ pub async fn upgrade(
         Err(e) => {
             log_refused_credentials(&client_id, remote, &e);
             let tasks = app.dispatcher.tasks.clone();
-            return ws.on_upgrade(move |socket| async move {
+            return handshake.accept(move |socket| async move {
                 let _running = tasks.token();
-                refuse(socket, e.code, e.message, close_code::POLICY).await
+                refuse(WebSocketConnection::new(socket, max_frame, read_size), e.code, e.message, close_code::POLICY).await
             });
         }
     };
@@ -72,16 +77,16 @@ pub async fn upgrade(
         return draining(&app.config);
     }
     let remote = Some(remote);
-    let max_frame = app.config.limits.max_frame_bytes;
-    ws.max_message_size(max_frame).max_frame_size(max_frame).read_buffer_size(app.config.limits.ws_read_buffer_bytes).on_upgrade(move |socket| async move {
+    handshake.accept(move |socket| async move {
+        let socket = WebSocketConnection::new(socket, max_frame, read_size);
         match app.dispatcher.register(client_id, remote, Transport::WebSocket) {
             // A task of its own, counted by the shutdown drain until the session ends: the
-            // upgrade task (axum's future around this one) then ends at once instead of living
+            // upgrade task (the future around this one) then ends at once instead of living
             // as long as the session (README "Where the memory goes").
             Ok(registration) => {
                 let tasks = app.dispatcher.tasks.clone();
                 let progress = activity.map(|Extension(a)| a as Arc<dyn WriteProgress>);
-                tasks.spawn(serve_socket(app, registration, access, socket, progress));
+                tasks.spawn(run_session(app.dispatcher.clone(), registration, access, socket, progress));
             }
             Err(e) => {
                 let _running = app.dispatcher.tasks.token();
@@ -91,69 +96,96 @@ pub async fn upgrade(
     })
 }
 
+/// The socket a WebSocket runs on once upgraded.
+type UpgradedSocket = TokioIo<hyper::upgrade::Upgraded>;
+
+/// A request to upgrade to a WebSocket (RFC 6455 section 4.2.1), checked.
+struct Handshake {
+    accept_key: String,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+}
+
+impl Handshake {
+    fn of(mut request: Request) -> Result<Self, Box<Response>> {
+        if request.method() != Method::GET {
+            return Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, ErrorCode::BadRequest, "a WebSocket handshake is a GET").into_response().into());
+        }
+        let headers = request.headers();
+        let has_token = |name: header::HeaderName, token: &str| {
+            headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|t| t.trim().eq_ignore_ascii_case(token))
+        };
+        if request.version() < Version::HTTP_11 || !has_token(header::CONNECTION, "upgrade") || !has_token(header::UPGRADE, "websocket") {
+            return Err(ApiError::bad_request("not a WebSocket handshake: HTTP/1.1 with Connection: upgrade and Upgrade: websocket").into_response().into());
+        }
+        if headers.get(header::SEC_WEBSOCKET_VERSION).is_none_or(|v| v.as_bytes() != b"13") {
+            // RFC 6455 section 4.4: the versions this server speaks, in the refusal.
+            let mut response = ApiError::bad_request("Sec-WebSocket-Version must be 13").into_response();
+            response.headers_mut().insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+            return Err(Box::new(response));
+        }
+        let mut keys = headers.get_all(header::SEC_WEBSOCKET_KEY).iter();
+        let key = match (keys.next(), keys.next()) {
+            (Some(key), None) if is_handshake_key(key.as_bytes()) => key.as_bytes(),
+            _ => return Err(ApiError::bad_request("Sec-WebSocket-Key must be one base64 value of 16 bytes").into_response().into()),
+        };
+        let accept_key = accept_key(key);
+        let Some(on_upgrade) = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+            return Err(ApiError::bad_request("this connection cannot be upgraded").into_response().into());
+        };
+        Ok(Self { accept_key, on_upgrade })
+    }
+
+    /// The 101 answer; `serve` gets the socket once hyper has written it, in a task counted by
+    /// nothing (it ends as soon as `serve` has handed the socket on).
+    fn accept<F, Fut>(self, serve: F) -> Response
+    where
+        F: FnOnce(UpgradedSocket) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let Handshake { accept_key, on_upgrade } = self;
+        tokio::spawn(async move {
+            match on_upgrade.await {
+                Ok(upgraded) => serve(TokioIo::new(upgraded)).await,
+                Err(e) => tracing::debug!(error = %e, "WebSocket upgrade failed"),
+            }
+        });
+        let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if let Ok(value) = HeaderValue::from_str(&accept_key) {
+            headers.insert(header::SEC_WEBSOCKET_ACCEPT, value);
+        }
+        response
+    }
+}
+
+/// A client's `Sec-WebSocket-Key`: base64 of 16 bytes (RFC 6455 section 4.1).
+fn is_handshake_key(key: &[u8]) -> bool {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(key).is_ok_and(|bytes| bytes.len() == 16)
+}
+
+/// `Sec-WebSocket-Accept`: base64 of the SHA-1 of the client's key and RFC 6455's GUID.
+fn accept_key(key: &[u8]) -> String {
+    use base64::Engine;
+    let mut context = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    context.update(key);
+    context.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64::engine::general_purpose::STANDARD.encode(context.finish())
+}
+
 /// An `error` frame that says why, then the close: 1013 "try again later" for a full instance,
 /// 1008 for credentials refused (final: the client must not reconnect by itself).
-async fn refuse(mut socket: WebSocket, code: ErrorCode, message: String, close: u16) {
+async fn refuse(mut socket: WebSocketConnection<UpgradedSocket>, code: ErrorCode, message: String, close: u16) {
     let frame = ServerFrame::Error { code, message, req: None }.to_json();
-    let _ = socket.send(Message::Text(frame.into())).await;
     let reason = match (close, code) {
         (close_code::POLICY, _) => code.as_str(),
         (_, ErrorCode::LimitExceeded) => "session limit reached",
         _ => "try again later",
     };
-    let _ = socket.send(Message::Close(Some(CloseFrame { code: close, reason: reason.into() }))).await;
-}
-
-enum Received {
-    Frame(Inbound),
-    End,
-}
-
-fn receive(message: Result<Message, axum::Error>) -> Received {
-    match message {
-        Ok(Message::Text(text)) => Received::Frame(Inbound::Text(text.as_str().to_owned())),
-        Ok(Message::Binary(_)) => Received::Frame(Inbound::Binary),
-        // tungstenite answers pings itself; both are signs of life for the dead-peer check.
-        Ok(Message::Ping(_) | Message::Pong(_)) => Received::Frame(Inbound::Alive),
-        Ok(Message::Close(_)) => Received::End,
-        Err(e) if is_too_large(&e) => Received::Frame(Inbound::TooLarge),
-        Err(_) => Received::End,
-    }
-}
-
-/// Feeds a real WebSocket to a session. Not an `async fn`: the session's task is then
-/// `run_session`'s future alone; an async wrapper would keep its own arguments (the whole
-/// `AppState`, the socket's moved-out place) beside it for the session's whole life.
-fn serve_socket(
-    app: AppState,
-    registration: Registration,
-    access: Access,
-    socket: WebSocket,
-    progress: Option<Arc<dyn WriteProgress>>,
-) -> impl std::future::Future<Output = ()> + Send {
-    let (sink, stream) = socket.split();
-    let inbound = stream.map(receive).take_while(|r| ready(!matches!(r, Received::End))).filter_map(|r| {
-        ready(match r {
-            Received::Frame(frame) => Some(frame),
-            Received::End => None,
-        })
-    });
-    let outbound = sink.with(|frame: Outbound| {
-        ready(Ok::<_, axum::Error>(match frame {
-            Outbound::Text(text) => Message::Text(text.into()),
-            Outbound::Shared(event) => Message::Text(event.text.into()),
-            Outbound::Close(code, reason) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
-            // Only a group's hub sends `SharedGone`, and no socket carries a hub.
-            Outbound::Ping | Outbound::SharedGone(..) => Message::Ping(Default::default()),
-        }))
-    });
-    run_session(app.dispatcher.clone(), registration, access, Box::pin(inbound), Box::pin(outbound), progress)
-}
-
-/// tungstenite reports a frame over the limit as a capacity error ("Space limit exceeded").
-fn is_too_large(e: &axum::Error) -> bool {
-    let text = e.to_string();
-    text.contains("Space limit exceeded") || text.contains("too long") || text.contains("too big")
+    let _ = socket.feed(Outbound::Text(frame)).await;
+    let _ = socket.send(Outbound::Close(close, reason.to_string())).await;
 }
 
 /// The answer to a new session while the instance drains: 503 `unavailable`, with `Retry-After`
@@ -170,4 +202,16 @@ pub fn draining(config: &crate::config::Config) -> Response {
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_accept_key_is_rfc_6455s_example() {
+        assert_eq!(super::accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert!(super::is_handshake_key(b"dGhlIHNhbXBsZSBub25jZQ=="));
+        for key in [&b""[..], b"short", b"dGhlIHNhbXBsZSBub25jZQ", b"dGhlIHNhbXBsZSBub25jZSE=", b"not base64!!not base64!!"] {
+            assert!(!super::is_handshake_key(key), "{key:?}");
+        }
+    }
 }

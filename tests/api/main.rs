@@ -49,3 +49,4 @@ mod support;
 mod takeover;
 mod telemetry;
 mod tls;
+mod websocket_frames;

@@ -21,6 +21,7 @@ use crate::core::protocol::{close_code, ErrorCode, FrameError, GroupJoin, Resume
 use crate::core::resume_token::{Holder, Refusal};
 use crate::core::session_control::GroupMessage;
 use crate::core::session_registry::Transport;
+use crate::core::transport::Duplex;
 use crate::core::transport::{Inbound, Outbound};
 use crate::core::FastMap;
 
@@ -88,7 +89,7 @@ impl HubStarter for SessionHubs<'_> {
             tx.send(frame).map_err(|_| ())?;
             Ok::<_, ()>(tx)
         });
-        d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Box::pin(frames_in), Box::pin(frames_out), None));
+        d.tasks.spawn(run_session(d.clone(), registration, Access::default(), Duplex { inbound: Box::pin(frames_in), outbound: Box::pin(frames_out) }, None));
         Ok(HubEnds { inbound, outbound, window, cap: d.settings().group_max_in_flight })
     }
 

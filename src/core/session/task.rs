@@ -2,8 +2,8 @@
 //! control messages, its two timers, the gateway's shutdown) that hands each to the session's
 //! methods and writes what they queued with one flush. The session's logic is in those methods
 //! (`Session::on_text`, `on_fed`, `on_control`, `on_housekeeping`, `on_timers`), which hold no I/O:
-//! they queue `Outbound` frames. Generic over a `Stream` of `Inbound` and a `Sink` of `Outbound`,
-//! so it holds no HTTP types; `http::ws` and `http::sse` adapt their sockets to it.
+//! they queue `Outbound` frames. Generic over a transport that is a `Stream` of `Inbound` and a
+//! `Sink` of `Outbound` (`core::transport`), so it holds no HTTP types; `http::ws` and `http::sse` adapt their sockets to it.
 
 use super::*;
 /// How long since the connection under a session last took bytes from it (`http::connections`
@@ -16,16 +16,9 @@ pub trait WriteProgress: Send + Sync {
 /// Runs a session until the client leaves, it is closed, or the gateway shuts down.
 /// `progress`: the socket's write progress, where it has one of its own (a WebSocket): a write
 /// that waits is then also ended as a dead peer's (`flush_blocked`).
-pub async fn run_session<I, O>(
-    d: Arc<Dispatcher>,
-    registration: Registration,
-    access: Access,
-    mut inbound: I,
-    mut outbound: O,
-    progress: Option<Arc<dyn WriteProgress>>,
-) where
-    I: Stream<Item = Inbound> + Unpin,
-    O: Sink<Outbound> + Unpin,
+pub async fn run_session<T>(d: Arc<Dispatcher>, registration: Registration, access: Access, mut transport: T, progress: Option<Arc<dyn WriteProgress>>)
+where
+    T: Stream<Item = Inbound> + Sink<Outbound> + Unpin,
 {
     let Registration { info, control, client } = registration;
     let (feed_tx, mut feed_rx) = mpsc::channel(FEED_BATCHES_QUEUED);
@@ -100,7 +93,7 @@ pub async fn run_session<I, O>(
     tokio::pin!(redelivery_timer);
     loop {
         let flushed = {
-            let flushing = flush(&mut outbound, &mut s.out);
+            let flushing = flush(&mut transport, &mut s.out);
             tokio::pin!(flushing);
             // Most flushes finish at once; only a blocked socket needs a deadline.
             match (&mut flushing).now_or_never() {
@@ -154,7 +147,7 @@ pub async fn run_session<I, O>(
                 Some(message) => s.on_control(message),
                 None => Step::Continue,
             },
-            frame = inbound.next() => {
+            frame = transport.next() => {
                 s.last_heard = Instant::now();
                 let mut step = s.on_inbound(frame).await;
                 // Frames already read are handled together: their acks become one write request.
@@ -162,7 +155,7 @@ pub async fn run_session<I, O>(
                     if !matches!(step, Step::Continue) {
                         break;
                     }
-                    match inbound.next().now_or_never() {
+                    match transport.next().now_or_never() {
                         Some(frame) => step = s.on_inbound(frame).await,
                         None => break,
                     }
@@ -216,13 +209,15 @@ pub async fn run_session<I, O>(
                 }
                 s.out.push(Outbound::Close(code, why.to_string()));
                 // A peer that stopped reading must not keep the session (and its topics) alive.
-                let _ = tokio::time::timeout(limit, flush(&mut outbound, &mut s.out)).await;
+                let _ = tokio::time::timeout(limit, flush(&mut transport, &mut s.out)).await;
                 reason = why;
                 ended = SessionEnd::Closed(code);
                 break;
             }
         }
     }
+    // What the transport still holds (the echo of a client's close, a pong) gets one more try.
+    let _ = transport.flush().now_or_never();
     // A group's hub is no client's session (`ackgate_sessions{transport="group"}` counts it).
     if !s.is_hub() {
         d.metrics.session_ended(ended);
