@@ -565,8 +565,14 @@ pub async fn idle_sessions(cli: &Cli, sessions: usize) -> anyhow::Result<Summary
     drop(progress);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = gateway.rss_bytes();
-    let listed = http.get("/admin/sessions").await?;
-    let live = listed["sessions"].as_array().map_or(0, |s| s.len());
+    // Every page of the listing (1,000 sessions a page by default).
+    let mut live = 0;
+    let mut page = http.get("/admin/sessions?limit=10000").await?;
+    loop {
+        live += page["sessions"].as_array().map_or(0, |s| s.len());
+        let Some(next) = page["next"].as_str() else { break };
+        page = http.get(&format!("/admin/sessions?limit=10000&after={next}")).await?;
+    }
     summary.add("sessions_live", live);
     if live < sessions {
         summary.problem(format!("only {live} of {sessions} sessions are live"));

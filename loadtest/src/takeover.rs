@@ -536,7 +536,7 @@ pub async fn run(cli: &Cli, instances: usize) -> anyhow::Result<Summary> {
 async fn sessions_per_instance(http: &reqwest::Client, urls: &[String], token: &Option<String>) -> Vec<usize> {
     let mut counts = Vec::new();
     for url in urls {
-        let answer = authorized(http.get(format!("{url}/admin/sessions")), token).timeout(Duration::from_secs(2)).send().await;
+        let answer = authorized(http.get(format!("{url}/admin/sessions?limit=10000")), token).timeout(Duration::from_secs(2)).send().await;
         let body = match answer {
             Ok(a) => a.json::<Value>().await.unwrap_or_default(),
             Err(_) => Value::Null,
