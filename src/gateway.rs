@@ -244,6 +244,8 @@ impl Gateway {
         let (writer, writer_thread) =
             OffsetWriter::start(store.clone(), backend.clone(), WRITE_QUEUE, inline_when_idle, Duration::from_millis(config.offsets.plain_ack_linger_ms));
         let listener = TcpListener::bind(&config.server.listen).await.with_context(|| format!("binding {}", config.server.listen))?;
+        // Before anything slow: a connection accepted before the options are set would go without.
+        crate::http::connections::configure_listener(&listener, unacknowledged_timeout(&config));
         let local_addr = listener.local_addr()?;
         let instance = match config.server.instance_id.as_str() {
             "" => format!("{}:{}", host_name(), local_addr.port()),
@@ -387,7 +389,6 @@ impl Gateway {
             idle_timeout: Duration::from_millis(config.server.idle_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(config.server.tls_handshake_timeout_ms),
             linger,
-            unacknowledged_timeout: unacknowledged_timeout(&config),
             trusted_proxies: Arc::new(crate::http::forwarded::TrustedProxies::new(&config.server.trusted_proxies)),
         };
         tracing::info!(

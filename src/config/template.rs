@@ -70,6 +70,9 @@ fn bounds(key: &str) -> Option<String> {
     if config.periods_ms().iter().any(|(k, _)| *k == key) {
         parts.push(format!("at most {MAX_PERIOD_MS} (31 days)"));
     }
+    if key == "limits.ws_read_buffer_bytes" {
+        parts.push(format!("at most {}", crate::config::MAX_WS_READ_BYTES));
+    }
     if config.retentions_secs().iter().any(|(k, _)| *k == key) {
         parts.push(format!("at most {MAX_RETENTION_SECS} (100 years)"));
     }

@@ -15,8 +15,19 @@ pub const FRAMES_OUT: [&str; 13] =
 const EVENT_FRAME: usize = 3;
 
 /// Why sessions end, counted by `ackgate_sessions_ended_total{reason}` (`SessionEnd::label`).
-pub const SESSION_ENDS: [&str; 10] =
-    ["client_left", "dead_peer", "write_failed", "slow_client", "shutdown", "reconnect", "taken_over", "operator", "frame_too_large", "token_expired"];
+pub const SESSION_ENDS: [&str; 11] = [
+    "client_left",
+    "dead_peer",
+    "write_failed",
+    "slow_client",
+    "shutdown",
+    "reconnect",
+    "taken_over",
+    "operator",
+    "frame_too_large",
+    "protocol_error",
+    "token_expired",
+];
 
 /// How a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +57,7 @@ impl SessionEnd {
             SessionEnd::Closed(close_code::TAKEN_OVER) => "taken_over",
             SessionEnd::Closed(close_code::OPERATOR) => "operator",
             SessionEnd::Closed(close_code::TOO_BIG) => "frame_too_large",
+            SessionEnd::Closed(close_code::PROTOCOL_ERROR | close_code::INVALID_DATA) => "protocol_error",
             SessionEnd::Closed(close_code::TOKEN_EXPIRED) => "token_expired",
             // 1001, and any code a session loop does not send (1008 and 1013 refuse a session
             // before it starts).
@@ -380,7 +392,7 @@ impl Metrics {
         );
         describe_counter!(
             SESSIONS_ENDED,
-            "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), reconnect (1012: a drain, a truncated log, a stopped shared subscription), taken_over (4001), operator (4002), frame_too_large (1009), token_expired (4004)"
+            "Sessions ended, by reason: client_left, dead_peer, write_failed, slow_client (4003), shutdown (1001), reconnect (1012: a drain, a truncated log, a stopped shared subscription), taken_over (4001), operator (4002), frame_too_large (1009), protocol_error (1002, 1007), token_expired (4004)"
         );
         describe_gauge!(BUILD_INFO, "Always 1; the label version names this build");
         describe_gauge!(DATA_DIR_FREE, "Bytes free to this process on the file system of storage.data_dir (RocksDB, the embedded log), read at scrape");

@@ -93,7 +93,8 @@ pub mod close_code {
     pub const TOKEN_EXPIRED: u16 = 4004;
 
     /// Every code (docs/protocol.md lists the same; a test checks).
-    pub const ALL: [u16; 11] = [GOING_AWAY, PROTOCOL_ERROR, INVALID_DATA, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOKEN_EXPIRED];
+    pub const ALL: [u16; 11] =
+        [GOING_AWAY, PROTOCOL_ERROR, INVALID_DATA, POLICY, TOO_BIG, DRAINING, TRY_AGAIN_LATER, TAKEN_OVER, OPERATOR, SLOW_CLIENT, TOKEN_EXPIRED];
 }
 
 /// A failure tied to one client frame: the code, a message for humans, and the frame's `req`.

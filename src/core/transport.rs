@@ -10,6 +10,9 @@ pub enum Inbound {
     Binary,
     /// A frame over `limits.max_frame_bytes`.
     TooLarge,
+    /// The client broke the transport's protocol (a WebSocket's framing: close 1002, or 1007 for
+    /// text that is not UTF-8): the session closes with this code and reason.
+    Broken(u16, &'static str),
     /// A sign of life that is not a frame of the protocol (a WebSocket pong or ping).
     Alive,
     /// Frames sent together by a transport that answers them itself (a Server-Sent Events

@@ -52,9 +52,6 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub linger: Linger,
-    /// Sent data unacknowledged this long (a peer gone without a FIN) makes the kernel drop the
-    /// connection (TCP_USER_TIMEOUT); `None` = the kernel's retransmission limit (~15 minutes).
-    pub unacknowledged_timeout: Option<Duration>,
     /// `server.trusted_proxies`: a connection from one of them is counted per IP by the client
     /// each request names, not by the proxy's address.
     pub trusted_proxies: Arc<TrustedProxies>,
@@ -110,7 +107,6 @@ pub async fn serve(
 ) {
     let connections = TaskTracker::new();
     let (refused_log, accept_log) = (Throttled::new(), Throttled::new());
-    configure_listener(&listener, limits.unacknowledged_timeout);
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
@@ -191,9 +187,12 @@ fn refuse(mut tcp: TcpStream, refusal: Refusal, counts: &Arc<ConnectionCounts>) 
 /// decides when unanswered keepalive probes end an idle connection (WebSockets are pinged and
 /// find a dead peer within `server.ws_pong_timeout_ms` anyway).
 ///
-/// Set once on the listening socket: Linux copies all of them to each socket it accepts (the
-/// test below checks that), which saves six system calls per connection in a reconnect storm.
-fn configure_listener(listener: &TcpListener, unacknowledged_timeout: Option<Duration>) {
+/// Set once on the listening socket, right after it is bound (`Gateway::build`, before anything
+/// slow): Linux copies all of them to each socket it accepts from then on (the test below checks
+/// that), which saves six system calls per connection in a reconnect storm.
+/// `unacknowledged_timeout`: sent data unacknowledged this long (a peer gone without a FIN) makes
+/// the kernel drop the connection (TCP_USER_TIMEOUT); `None`: the kernel's limit (~15 minutes).
+pub fn configure_listener(listener: &TcpListener, unacknowledged_timeout: Option<Duration>) {
     let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
     let socket = socket2::SockRef::from(listener);
     let set = [

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::SinkExt;
 use hyper_util::rt::TokioIo;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::activity::Activity;
 use super::auth::{log_refused_credentials, session_access, session_token};
@@ -66,9 +67,7 @@ pub async fn upgrade(
         Ok(access) => access,
         Err(e) => {
             log_refused_credentials(&client_id, remote, &e);
-            let tasks = app.dispatcher.tasks.clone();
-            return handshake.accept(move |socket| async move {
-                let _running = tasks.token();
+            return handshake.accept(app.dispatcher.tasks.token(), move |socket| async move {
                 refuse(WebSocketConnection::new(socket, max_frame, read_size), e.code, e.message, close_code::POLICY).await
             });
         }
@@ -77,7 +76,7 @@ pub async fn upgrade(
         return draining(&app.config);
     }
     let remote = Some(remote);
-    handshake.accept(move |socket| async move {
+    handshake.accept(app.dispatcher.tasks.token(), move |socket| async move {
         let socket = WebSocketConnection::new(socket, max_frame, read_size);
         match app.dispatcher.register(client_id, remote, Transport::WebSocket) {
             // A task of its own, counted by the shutdown drain until the session ends: the
@@ -88,10 +87,7 @@ pub async fn upgrade(
                 let progress = activity.map(|Extension(a)| a as Arc<dyn WriteProgress>);
                 tasks.spawn(run_session(app.dispatcher.clone(), registration, access, socket, progress));
             }
-            Err(e) => {
-                let _running = app.dispatcher.tasks.token();
-                refuse(socket, e.code, e.message, close_code::TRY_AGAIN_LATER).await
-            }
+            Err(e) => refuse(socket, e.code, e.message, close_code::TRY_AGAIN_LATER).await,
         }
     })
 }
@@ -135,15 +131,17 @@ impl Handshake {
         Ok(Self { accept_key, on_upgrade })
     }
 
-    /// The 101 answer; `serve` gets the socket once hyper has written it, in a task counted by
-    /// nothing (it ends as soon as `serve` has handed the socket on).
-    fn accept<F, Fut>(self, serve: F) -> Response
+    /// The 101 answer; `serve` gets the socket once hyper has written it, in a task that holds
+    /// `running` (a token of the gateway's tasks: its shutdown waits for the upgrade and for what
+    /// `serve` does with the socket, a refusal or handing it to a session task of its own).
+    fn accept<F, Fut>(self, running: TaskTrackerToken, serve: F) -> Response
     where
         F: FnOnce(UpgradedSocket) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,
     {
         let Handshake { accept_key, on_upgrade } = self;
         tokio::spawn(async move {
+            let _running = running;
             match on_upgrade.await {
                 Ok(upgraded) => serve(TokioIo::new(upgraded)).await,
                 Err(e) => tracing::debug!(error = %e, "WebSocket upgrade failed"),

@@ -51,7 +51,8 @@ enum Reading {
     Open,
     /// The client closed, broke the protocol, or the socket ended: the stream is over.
     Ended,
-    /// A message over the limit: the session closes with 1009; nothing more is read meanwhile.
+    /// A message over the limit, or a frame that broke the protocol: the session closes with
+    /// 1009 (or 1002, 1007); nothing more is read meanwhile.
     Stopped,
 }
 
@@ -171,16 +172,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Stream for WebSocketConnection<IO> {
             match this.reading {
                 Reading::Open => {}
                 Reading::Ended => return Poll::Ready(None),
-                // `run_session` closes the connection after `TooLarge` and never polls again;
-                // nothing needs to wake it.
+                // `run_session` closes the connection after `TooLarge` and `Broken` and never
+                // polls again; nothing needs to wake it.
                 Reading::Stopped => return Poll::Pending,
             }
+            if this.queued_bytes() >= ANSWERS_AHEAD_BYTES {
+                // The socket refuses our answers (`push_answers` registered the wake-up): nothing
+                // more is decoded or read until it takes them.
+                return Poll::Pending;
+            }
             let Some(message) = this.decode_unread() else {
-                if this.queued_bytes() >= ANSWERS_AHEAD_BYTES {
-                    // The socket refuses our answers (`push_answers` registered the wake-up):
-                    // nothing more is read until it takes them.
-                    return Poll::Pending;
-                }
                 if !ready!(this.poll_read_more(cx)) {
                     this.reading = Reading::Ended;
                 }
@@ -208,12 +209,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Stream for WebSocketConnection<IO> {
                     this.reading = Reading::Ended;
                     return Poll::Ready(None);
                 }
+                // The session closes with the code (and logs and counts why).
                 Message::Invalid(code, reason) => {
-                    tracing::debug!(code, reason, "WebSocket protocol error");
-                    this.answer(cx, |out| ws_codec::encode_close(out, code, reason));
-                    this.close_sent = true;
-                    this.reading = Reading::Ended;
-                    return Poll::Ready(None);
+                    this.reading = Reading::Stopped;
+                    Inbound::Broken(code, reason)
                 }
             }));
         }
@@ -240,7 +239,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Sink<Outbound> for WebSocketConnection<
             Outbound::Shared(event) => ws_codec::encode(out, ws_codec::OP_TEXT, event.text.as_bytes()),
             Outbound::Ping => ws_codec::encode(out, ws_codec::OP_PING, b""),
             // Only a group's hub sends `SharedGone`, and no socket carries a hub.
-            Outbound::SharedGone(..) => debug_assert!(false, "SharedGone on a WebSocket"),
+            Outbound::SharedGone(..) => {}
             Outbound::Close(code, reason) => {
                 ws_codec::encode_close(out, code, &reason);
                 self.close_sent = true;

@@ -70,6 +70,8 @@ impl RawSocket {
     /// `welcome`.
     async fn connect(addr: std::net::SocketAddr, client_id: &str) -> Self {
         let mut tcp = TcpStream::connect(addr).await.unwrap();
+        // Byte-sized writes leave as byte-sized segments.
+        tcp.set_nodelay(true).unwrap();
         let request = format!(
             "GET /ws?client_id={client_id} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
         );
@@ -250,11 +252,15 @@ async fn protocol_errors_close_with_1002_and_text_that_is_not_utf8_with_1007() {
         ("text that is not UTF-8", masked(true, TEXT, &[b'"', 0xFF, b'"']), 1007),
         ("fragments that are not UTF-8 together", [masked(false, TEXT, &[0xE2, 0x9C]), masked(true, CONTINUATION, b"x")].concat(), 1007),
     ];
+    let broken = cases.len() as f64;
     for (name, bytes, code) in cases {
         let mut ws = RawSocket::connect(gw.addr(), "breaker").await;
         ws.send(&bytes).await;
         assert_eq!(ws.close_code().await, Some(code), "{name}");
     }
+    let ended = r#"ackgate_sessions_ended_total{reason="protocol_error"}"#;
+    // At least: the metrics of every gateway in this test process are one registry.
+    wait_for("every broken session is counted", async || metric(&gw.base, ended).await >= broken).await;
     gw.stop().await;
 }
 
@@ -292,38 +298,69 @@ async fn a_request_that_is_no_websocket_handshake_gets_400() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     let url = format!("{}/ws?client_id=plain", gw.base);
-    let cases: [&[(&str, &str)]; 4] = [
-        &[],
-        &[("Connection", "keep-alive"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13"), ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")],
-        &[("Connection", "upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "8"), ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")],
-        &[("Connection", "upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")],
+    let upgrade = [("Connection", "upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")];
+    let key = ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        vec![],
+        vec![("Connection", "keep-alive"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13"), key],
+        vec![("Connection", "upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "8"), key],
+        upgrade.to_vec(),
+        [&upgrade[..], &[("Sec-WebSocket-Key", "c2hvcnQ=")]].concat(),
+        [&upgrade[..], &[("Sec-WebSocket-Key", "not base64 at all!")]].concat(),
+        [&upgrade[..], &[key, ("Sec-WebSocket-Key", "AAAAAAAAAAAAAAAAAAAAAA==")]].concat(),
     ];
     for headers in cases {
         let mut request = http().get(&url);
-        for (name, value) in headers {
+        for (name, value) in &headers {
             request = request.header(*name, *value);
         }
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), 400, "{headers:?}");
+        let wrong_version = headers.contains(&("Sec-WebSocket-Version", "8"));
+        assert_eq!(response.headers().get("sec-websocket-version").is_some(), wrong_version, "the versions it speaks: {headers:?}");
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "bad_request", "{headers:?}");
     }
+    // A HEAD (which axum routes with GET) is no handshake either.
+    let mut head = http().head(&url);
+    for (name, value) in [&upgrade[..], &[key]].concat() {
+        head = head.header(name, value);
+    }
+    assert_eq!(head.send().await.unwrap().status(), 405);
     gw.stop().await;
 }
 
-/// A client that sends pings and nothing else, and reads nothing meanwhile, still gets every pong
-/// once it reads: the gateway writes them from its reading side.
+/// A client that pings and never reads cannot make the gateway queue pongs without end: once the
+/// socket refuses them, the gateway stops reading, so the client's own writes stop. When it reads
+/// again, every pong comes, in order, with its ping's payload.
 #[tokio::test]
-async fn pings_alone_are_answered_in_order() {
+async fn a_client_that_pings_and_never_reads_is_stopped_and_then_answered_in_order() {
     let (_dir, data) = temp_dir();
     let gw = InProcess::start(test_config(&data)).await;
     let mut ws = RawSocket::connect(gw.addr(), "pinger").await;
-    for i in 0..50u8 {
-        ws.send(&masked(true, PING, &[i; 3])).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    for i in 0..50u8 {
-        assert_eq!(ws.next().await, ServerFrame::Pong(vec![i; 3]));
+    // 120-byte payloads (126-byte frames); unbounded, 1 GiB of them would be read and answered.
+    let mut sent: u64 = 0;
+    let stopped = loop {
+        let mut payload = [0u8; 120];
+        payload[..8].copy_from_slice(&sent.to_be_bytes());
+        let frame = masked(true, PING, &payload);
+        match tokio::time::timeout(Duration::from_secs(2), ws.tcp.write_all(&frame)).await {
+            Ok(written) => written.unwrap(),
+            // The gateway read nothing more for 2 s: stopped.
+            Err(_) => break true,
+        }
+        sent += 1;
+        if sent * 126 > 1 << 30 {
+            break false;
+        }
+    };
+    assert!(stopped, "the gateway kept reading pings whose pongs nobody took ({sent} pings)");
+    // The last frame may be cut: its pong may never come. Every one before it does, in order.
+    for expected in 0..sent {
+        match ws.next().await {
+            ServerFrame::Pong(payload) => assert_eq!(payload[..8], expected.to_be_bytes(), "pong {expected} of {sent}"),
+            other => panic!("pong {expected} of {sent}: {other:?}"),
+        }
     }
     gw.stop().await;
 }

@@ -222,6 +222,7 @@ impl Session {
                 Step::Continue
             }
             Some(Inbound::TooLarge) => Step::Close(close_code::TOO_BIG, "frame too large"),
+            Some(Inbound::Broken(code, why)) => Step::Close(code, why),
             Some(Inbound::Alive) => Step::Continue,
             Some(Inbound::Frames { texts, answer }) => Box::pin(self.on_frames(texts, answer)).await,
             None => Step::End,
