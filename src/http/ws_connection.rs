@@ -3,11 +3,10 @@
 //! framing. One object for both directions, so no lock is shared between a read half and a write
 //! half: the session task reads and writes it in turns.
 //!
-//! Between reads and between writes it holds no buffer: bytes read are kept only while a frame
-//! is still incomplete, and encoded frames only until the socket has taken them (a read goes
-//! into a buffer on the stack first). Pongs and the
-//! answer to a client's close are written by the reading side as soon as it decodes their
-//! cause, also while the session has nothing of its own to send.
+//! Between reads and between writes it holds no buffer: a read goes into a buffer on the stack,
+//! bytes read are kept only while a frame is still incomplete, and encoded frames only until the
+//! socket has taken them. Pongs and the answer to a client's close are written by the reading
+//! side as soon as it decodes their cause, also while the session has nothing of its own to send.
 
 use std::io;
 use std::pin::Pin;
@@ -49,7 +48,7 @@ pub struct WebSocketConnection<IO> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reading {
     Open,
-    /// The client closed, broke the protocol, or the socket ended: the stream is over.
+    /// The client closed, or the socket ended or failed: the stream is over.
     Ended,
     /// A message over the limit, or a frame that broke the protocol: the session closes with
     /// 1009 (or 1002, 1007); nothing more is read meanwhile.

@@ -3,7 +3,8 @@
 //! methods and writes what they queued with one flush. The session's logic is in those methods
 //! (`Session::on_text`, `on_fed`, `on_control`, `on_housekeeping`, `on_timers`), which hold no I/O:
 //! they queue `Outbound` frames. Generic over a transport that is a `Stream` of `Inbound` and a
-//! `Sink` of `Outbound` (`core::transport`), so it holds no HTTP types; `http::ws` and `http::sse` adapt their sockets to it.
+//! `Sink` of `Outbound` (`core::transport`), so it holds no HTTP types; `http::ws` and
+//! `http::sse` adapt their sockets to it.
 
 use super::*;
 /// How long since the connection under a session last took bytes from it (`http::connections`
