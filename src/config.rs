@@ -235,7 +235,20 @@ pub struct EmbeddedConfig {
     /// that could create a topic by publishing to it creates it by a first subscribe too (no resume
     /// token, a name never deleted here), so a page may subscribe before anything is published.
     pub auto_create_topics: AutoCreateTopics,
+    /// Memory of the log's RocksDB: the memtable (write buffer) of each column family, in bytes.
+    /// Published events wait in it until it is full and flushed to a file; a second one fills
+    /// while the first flushes, so the events take up to twice this. A larger one flushes less
+    /// often (fewer files to compact) at the price of memory. Takes effect at the next start.
+    pub memtable_bytes: u64,
+    /// Memory of the log's RocksDB: the cache of the file blocks that reads of events no longer
+    /// in memory decompressed (one cache for the log), in bytes. Reads of the log are mostly
+    /// sequential, each block read once. Takes effect at the next start.
+    pub block_cache_bytes: u64,
 }
+
+/// The bounds of `embedded.memtable_bytes` and `embedded.block_cache_bytes`.
+pub const MIN_LOG_MEMORY_BYTES: u64 = 1 << 20;
+pub const MAX_LOG_MEMORY_BYTES: u64 = 1 << 36;
 
 impl Default for EmbeddedConfig {
     fn default() -> Self {
@@ -245,6 +258,8 @@ impl Default for EmbeddedConfig {
             retention_bytes_per_partition: 1 << 30,
             retention_check_interval_ms: 60_000,
             auto_create_topics: AutoCreateTopics::Auto,
+            memtable_bytes: 8 << 20,
+            block_cache_bytes: 2 << 20,
         }
     }
 }
@@ -405,7 +420,8 @@ pub struct DeliveryConfig {
     /// takes no writes this long is dropped; 0 = never.
     pub slow_client_timeout_ms: u64,
     /// Events each partition reader keeps in memory for its subscribers (a slower subscriber
-    /// reads the log directly instead of holding the others back).
+    /// reads the log directly instead of holding the others back). Each costs about 160 bytes
+    /// with a 100-byte payload, per partition that has subscribers on this instance.
     pub reader_buffer_events: usize,
     /// ...and at most this many payload bytes (64 MiB; the newest event always stays): with large
     /// events the byte bound is the one that holds.
@@ -450,7 +466,7 @@ impl Default for DeliveryConfig {
             max_attempts: 16,
             reset_policy: ResetPolicy::Earliest,
             slow_client_timeout_ms: 300_000,
-            reader_buffer_events: 10_000,
+            reader_buffer_events: 2_500,
             reader_buffer_bytes: 64 << 20,
             fetch_batch: 256,
             progress_interval_ms: 5000,
@@ -719,6 +735,11 @@ pub const MAX_RETENTION_SECS: u64 = 100 * 365 * 86_400;
 /// The bounds `validate` checks for many keys at once, by key: the configuration template writes
 /// each next to its key, so they are stated where they are enforced.
 impl Config {
+    /// The RocksDB memory bounds of the embedded log.
+    fn log_memory_bytes(&self) -> [(&'static str, u64); 2] {
+        [("embedded.memtable_bytes", self.embedded.memtable_bytes), ("embedded.block_cache_bytes", self.embedded.block_cache_bytes)]
+    }
+
     /// Counts and periods that must be at least 1.
     fn counts_at_least_one(&self) -> Vec<(&'static str, u64)> {
         vec![
@@ -1051,6 +1072,11 @@ impl Config {
                 problems.push(format!("{key} must be at most {MAX_RETENTION_SECS} (100 years; 0 = never expire), got {value}"));
             }
         }
+        for (key, value) in self.log_memory_bytes() {
+            if !(MIN_LOG_MEMORY_BYTES..=MAX_LOG_MEMORY_BYTES).contains(&value) {
+                problems.push(format!("{key} must be at least {MIN_LOG_MEMORY_BYTES} (1 MiB) and at most {MAX_LOG_MEMORY_BYTES} (64 GiB), got {value}"));
+            }
+        }
         if self.embedded.default_partitions > 10_000 {
             problems.push("embedded.default_partitions must be at most 10000".into());
         }
@@ -1102,6 +1128,26 @@ mod tests {
         let too_long = load("[storage]\ngroup_commit_max_wait_us = 1000001\n", &[]).unwrap_err().to_string();
         assert!(too_long.contains("storage.group_commit_max_wait_us is at most 1000000"), "{too_long}");
         assert_eq!(load("[storage]\ngroup_commit_max_wait_us = 0\n", &[]).unwrap().storage.group_commit_max_wait_us, 0);
+    }
+
+    /// The log's RocksDB memory bounds refuse 0, a value below RocksDB's useful floor, and the
+    /// absurd (2^63, 2^64-1), naming the key; the bounds themselves load.
+    #[test]
+    fn the_logs_memory_bounds_refuse_absurd_sizes() {
+        for key in ["memtable_bytes", "block_cache_bytes"] {
+            for absurd in ["0", "1048575", "68719476737", "9223372036854775808", "18446744073709551615"] {
+                let refused = load(&format!("[embedded]\n{key} = {absurd}\n"), &[]).map(|_| ()).unwrap_err().to_string();
+                // TOML's integers end at 2^63-1: beyond, the parse error quotes the line.
+                assert!(refused.contains(key), "{key} = {absurd}: {refused}");
+            }
+            let negative = load(&format!("[embedded]\n{key} = -1\n"), &[]).map(|_| ()).unwrap_err().to_string();
+            assert!(negative.contains(key), "{negative}");
+            for fine in [MIN_LOG_MEMORY_BYTES, MAX_LOG_MEMORY_BYTES] {
+                assert!(load(&format!("[embedded]\n{key} = {fine}\n"), &[]).is_ok(), "{key} = {fine}");
+            }
+        }
+        let by_env = load("", &[("ACKGATE_EMBEDDED__MEMTABLE_BYTES", "0")]).map(|_| ()).unwrap_err().to_string();
+        assert!(by_env.contains("embedded.memtable_bytes must be at least 1048576"), "{by_env}");
     }
 
     #[test]

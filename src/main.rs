@@ -16,6 +16,42 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's defaults kept one busy client's freed memory resident: on Linux it commits its arena
+/// up front, so a purge of freed pages only marks them reusable (`MADV_FREE`), which the kernel
+/// reclaims under memory pressure alone; and it purges a second after a free (ten for an arena).
+/// One client's 200,000 events peaked at 153 MiB of RSS and stayed there; with the arena committed
+/// as it is used (a purge then returns the pages, `MADV_DONTNEED`) and purges 100 ms after a free,
+/// they peaked at 91 MiB and fell back (docs/performance.md, "Memory of one busy client"). These
+/// are defaults: `MIMALLOC_ARENA_EAGER_COMMIT` and `MIMALLOC_PURGE_DELAY` in the environment win.
+#[cfg(all(not(feature = "system-allocator"), target_os = "linux"))]
+mod allocator_defaults {
+    use std::os::raw::{c_int, c_long};
+
+    /// Indices into `mi_option_e` of mimalloc 3.3 (libmimalloc-sys 0.1.49, pinned by Cargo.lock;
+    /// `tests::the_allocator_option_indices_are_of_the_pinned_mimalloc` trips on another version).
+    const ARENA_EAGER_COMMIT: c_int = 4;
+    const PURGE_DELAY: c_int = 15;
+
+    extern "C" {
+        /// Sets an option's value unless the environment set it.
+        fn mi_option_set_default(option: c_int, value: c_long);
+    }
+
+    extern "C" fn set() {
+        // SAFETY: plain stores into mimalloc's static option table, valid indices (above).
+        unsafe {
+            mi_option_set_default(ARENA_EAGER_COMMIT, 0);
+            mi_option_set_default(PURGE_DELAY, 100);
+        }
+    }
+
+    /// Runs before `main` and before the Rust runtime's first allocation: an arena's commit is
+    /// chosen when the arena is reserved, at the first allocation.
+    #[used]
+    #[link_section = ".init_array"]
+    static SET_BEFORE_THE_FIRST_ALLOCATION: extern "C" fn() = set;
+}
+
 #[derive(Parser)]
 #[command(version, about = "HTTP/WebSocket gateway: acknowledged push delivery from a durable log")]
 struct Cli {
@@ -200,5 +236,19 @@ async fn main() -> std::process::ExitCode {
             tracing::error!("stopped with an error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `allocator_defaults` names mimalloc's options by index; another mimalloc may number them
+    /// differently, and a wrong index would set some other option without a word.
+    #[test]
+    fn the_allocator_option_indices_are_of_the_pinned_mimalloc() {
+        let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap();
+        assert!(
+            lock.contains("name = \"libmimalloc-sys\"\nversion = \"0.1.49\"\n"),
+            "libmimalloc-sys changed: check ARENA_EAGER_COMMIT and PURGE_DELAY in src/main.rs against its mimalloc.h, then this version"
+        );
     }
 }

@@ -82,6 +82,8 @@ impl Backend {
             durable: config.storage.durability == crate::config::Durability::Power,
             group_commit_max_wait: std::time::Duration::from_micros(config.storage.group_commit_max_wait_us),
             max_topics: config.limits.max_topics,
+            memtable_bytes: usize::try_from(config.embedded.memtable_bytes).unwrap_or(usize::MAX),
+            block_cache_bytes: usize::try_from(config.embedded.block_cache_bytes).unwrap_or(usize::MAX),
         };
         let log = EmbeddedLog::open(data_dir, settings, clock).with_context(|| format!("opening the embedded log in {}", data_dir.display()))?;
         Ok(Self::Embedded(Arc::new(log)))

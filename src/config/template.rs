@@ -73,6 +73,9 @@ fn bounds(key: &str) -> Option<String> {
     if key == "limits.ws_read_buffer_bytes" {
         parts.push(format!("at most {}", crate::config::MAX_WS_READ_BYTES));
     }
+    if config.log_memory_bytes().iter().any(|(k, _)| *k == key) {
+        parts.push(format!("at least {} (1 MiB), at most {} (64 GiB)", crate::config::MIN_LOG_MEMORY_BYTES, crate::config::MAX_LOG_MEMORY_BYTES));
+    }
     if config.retentions_secs().iter().any(|(k, _)| *k == key) {
         parts.push(format!("at most {MAX_RETENTION_SECS} (100 years)"));
     }
@@ -210,11 +213,12 @@ mod tests {
     fn every_bound_names_a_key() {
         let defaults = defaults();
         let config = Config::default();
-        for (key, _) in config.counts_at_least_one().into_iter().chain(config.periods_ms()).chain(config.retentions_secs()) {
+        for (key, _) in config.counts_at_least_one().into_iter().chain(config.periods_ms()).chain(config.retentions_secs()).chain(config.log_memory_bytes()) {
             let (section, field) = key.split_once('.').unwrap();
             assert!(defaults.get(section).and_then(|s| s.get(field)).is_some(), "{key} is not a key");
         }
         assert_eq!(bounds("delivery.ack_timeout_ms").unwrap(), "Bounds: at least 1, at most 2678400000 (31 days).");
+        assert_eq!(bounds("embedded.memtable_bytes").unwrap(), "Bounds: at least 1048576 (1 MiB), at most 68719476736 (64 GiB).");
         assert_eq!(bounds("delivery.reset_policy"), None);
     }
 

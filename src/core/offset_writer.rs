@@ -508,6 +508,8 @@ mod tests {
             durable: false,
             group_commit_max_wait: std::time::Duration::ZERO,
             max_topics: 10_000,
+            memtable_bytes: 1 << 20,
+            block_cache_bytes: 1 << 20,
         };
         Arc::new(EmbeddedLog::open(dir, settings, Arc::new(SystemClock)).unwrap())
     }

@@ -678,6 +678,8 @@ pub fn plain_embedded_log(dir: &Path) -> Arc<ackgate::backend::embedded::Embedde
         durable: false,
         group_commit_max_wait: Duration::ZERO,
         max_topics: 10_000,
+        memtable_bytes: 1 << 20,
+        block_cache_bytes: 1 << 20,
     };
     Arc::new(ackgate::backend::embedded::EmbeddedLog::open(dir, settings, Arc::new(ackgate::core::clock::ManualClock::new(1))).unwrap())
 }

@@ -16,6 +16,8 @@ fn settings() -> EmbeddedLogSettings {
         durable: false,
         group_commit_max_wait: std::time::Duration::ZERO,
         max_topics: 10_000,
+        memtable_bytes: 1 << 20,
+        block_cache_bytes: 1 << 20,
     }
 }
 
@@ -160,6 +162,38 @@ async fn a_publish_that_may_not_create_never_brings_a_deleted_topic_back() {
     assert!(matches!(log.publish_existing(&t, vec![event(Some(0), None, 1)]).await, Err(BackendError::UnknownTopic(_))));
     assert_eq!(log.partitions(&t).await.unwrap(), None);
     assert_eq!(log.publish(&t, vec![event(Some(0), None, 2)]).await.unwrap(), vec![(0, 0)], "auto-create still creates");
+}
+
+/// The log's RocksDB memory is bounded by `embedded.memtable_bytes` and `block_cache_bytes`: 8 MiB
+/// of published events leave at most two memtables' worth in memory (RocksDB's default memtable,
+/// 64 MiB, held them all: this failed before the bound), and every event still reads back, from
+/// the flushed files, after a reopen too.
+#[tokio::test]
+async fn the_memtables_and_block_cache_stay_within_their_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let bounded = EmbeddedLogSettings { default_partitions: 1, memtable_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..settings() };
+    let big = |n: u32| NewEvent { payload: format!("\"{n:01000}\"").into_bytes(), ..event(Some(0), None, n) };
+    let t = topic("t");
+    {
+        let log = EmbeddedLog::open(dir.path(), bounded.clone(), Arc::new(ManualClock::new(1))).unwrap();
+        for batch in 0..16u32 {
+            log.publish(&t, (batch * 500..(batch + 1) * 500).map(big).collect()).await.unwrap();
+        }
+        let cf = log.cf(CF_EVENTS).unwrap();
+        let in_memtables = log.db.property_int_value_cf(&cf, "rocksdb.size-all-mem-tables").unwrap().unwrap();
+        assert!(in_memtables <= 3 << 20, "{in_memtables} bytes of 8 MiB published stay in memtables");
+        assert_eq!(log.db.property_int_value_cf(&cf, "rocksdb.block-cache-capacity").unwrap(), Some(1 << 20));
+    }
+    let log = EmbeddedLog::open(dir.path(), bounded, Arc::new(ManualClock::new(1))).unwrap();
+    let mut next = 0u64;
+    while next < 8_000 {
+        let events = log.poll(&tp("t", 0), ReadFrom::Offset(next), 1_000, Duration::ZERO).await.unwrap();
+        for e in &events {
+            assert_eq!((e.offset, e.payload.as_slice()), (next, big(next as u32).payload.as_slice()));
+            next += 1;
+        }
+        assert!(!events.is_empty(), "offset {next} is missing");
+    }
 }
 
 /// Overwrites the stored event at `offset` with bytes that do not decode.
