@@ -19,10 +19,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// mimalloc's defaults kept one busy client's freed memory resident: on Linux it commits its arena
 /// up front, so a purge of freed pages only marks them reusable (`MADV_FREE`), which the kernel
 /// reclaims under memory pressure alone; and it purges a second after a free (ten for an arena).
-/// One client's 200,000 events peaked at 153 MiB of RSS and stayed there; with the arena committed
-/// as it is used (a purge then returns the pages, `MADV_DONTNEED`) and purges 100 ms after a free,
-/// they peaked at 91 MiB and fell back (docs/performance.md, "Memory of one busy client"). These
-/// are defaults: `MIMALLOC_ARENA_EAGER_COMMIT` and `MIMALLOC_PURGE_DELAY` in the environment win.
+/// One client's 200,000 events peaked at 149 MiB of RSS and stayed near it; with the arena
+/// committed as it is used (a purge then returns the pages, `MADV_DONTNEED`) and purges 100 ms
+/// after a free, they peaked at 89 MiB and fell back (docs/performance.md, "Memory of one busy
+/// client, bounded"). These are defaults: `MIMALLOC_ARENA_EAGER_COMMIT` and
+/// `MIMALLOC_PURGE_DELAY` in the environment win.
 #[cfg(all(not(feature = "system-allocator"), target_os = "linux"))]
 mod allocator_defaults {
     use std::os::raw::{c_int, c_long};
