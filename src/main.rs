@@ -16,26 +16,26 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's defaults kept one busy client's freed memory resident: on Linux it commits its arena
-/// up front, so a purge of freed pages only marks them reusable (`MADV_FREE`), which the kernel
-/// reclaims under memory pressure alone; and it purges a second after a free (ten for an arena).
-/// One client's 200,000 events peaked at 149 MiB of RSS and stayed near it; with the arena
-/// committed as it is used (a purge then returns the pages, `MADV_DONTNEED`) and purges 100 ms
-/// after a free, they peaked at 89 MiB and fell back (docs/performance.md, "Memory of one busy
-/// client, bounded"). These are defaults: `MIMALLOC_ARENA_EAGER_COMMIT` and
-/// `MIMALLOC_PURGE_DELAY` in the environment win.
+/// mimalloc's defaults kept one busy client's freed memory resident. With its arena committed up
+/// front (its default on Linux), one client's 200,000 events peaked at 149 MiB of RSS and left
+/// 117 MiB a second later; with the arena committed as it is used, 90 and 87 MiB; and with freed
+/// pages purged after 100 ms (mimalloc's default: 1 s), 89 and 75 MiB (docs/performance.md,
+/// "Memory of one busy client, bounded": measured, not traced in mimalloc's source). These are
+/// defaults: `MIMALLOC_ARENA_EAGER_COMMIT` and `MIMALLOC_PURGE_DELAY` in the environment win.
 #[cfg(all(not(feature = "system-allocator"), target_os = "linux"))]
 mod allocator_defaults {
     use std::os::raw::{c_int, c_long};
 
     /// Indices into `mi_option_e` of mimalloc 3.3 (libmimalloc-sys 0.1.49, pinned by Cargo.lock;
     /// `tests::the_allocator_option_indices_are_of_the_pinned_mimalloc` trips on another version).
-    const ARENA_EAGER_COMMIT: c_int = 4;
-    const PURGE_DELAY: c_int = 15;
+    pub(super) const ARENA_EAGER_COMMIT: c_int = 4;
+    pub(super) const PURGE_DELAY: c_int = 15;
 
     extern "C" {
         /// Sets an option's value unless the environment set it.
         fn mi_option_set_default(option: c_int, value: c_long);
+        #[cfg(test)]
+        pub(super) fn mi_option_get(option: c_int) -> c_long;
     }
 
     extern "C" fn set() {
@@ -251,5 +251,19 @@ mod tests {
             lock.contains("name = \"libmimalloc-sys\"\nversion = \"0.1.49\"\n"),
             "libmimalloc-sys changed: check ARENA_EAGER_COMMIT and PURGE_DELAY in src/main.rs against its mimalloc.h, then this version"
         );
+    }
+
+    /// The constructor ran before this test (the test binary links it as the gateway does), and
+    /// the values are mimalloc's: unless the environment sets them for this run.
+    #[cfg(all(not(feature = "system-allocator"), target_os = "linux"))]
+    #[test]
+    fn the_allocator_defaults_are_set_before_main() {
+        use super::allocator_defaults::{mi_option_get, ARENA_EAGER_COMMIT, PURGE_DELAY};
+        for (option, env, value) in [(ARENA_EAGER_COMMIT, "MIMALLOC_ARENA_EAGER_COMMIT", 0), (PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 100)] {
+            if std::env::var_os(env).is_none() {
+                // SAFETY: reads mimalloc's option table; a valid index.
+                assert_eq!(unsafe { mi_option_get(option) }, value, "{env}");
+            }
+        }
     }
 }

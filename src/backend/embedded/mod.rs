@@ -124,7 +124,7 @@ fn partition_prefix(topic: &TopicName, partition: u32) -> Vec<u8> {
 
 /// The column families with the log's memory bounds. RocksDB's defaults are a 64 MiB memtable per
 /// column family (a second one fills while the first flushes) and a 32 MiB block cache per
-/// database: one client's 200,000 events of 100 bytes stayed in the events' memtable whole (36 MB of
+/// column family: one client's 200,000 events of 100 bytes stayed in the events' memtable whole (36 MB of
 /// a 55 MB heap), and with a smaller memtable the blocks its reads decompressed filled the cache
 /// instead (25 MB) (docs/performance.md, "Memory of one busy client").
 fn column_families(settings: &EmbeddedLogSettings) -> [ColumnFamilyDescriptor; 3] {
