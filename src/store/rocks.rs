@@ -137,7 +137,7 @@ pub struct RocksOffsetStore {
     redrives: AtomicUsize,
 }
 
-/// Memtable size of the offsets column family (RocksDB's default is 64 MiB). Every ack writes a
+/// Memtable size of each column family, chosen for the offsets one (RocksDB's default is 64 MiB). Every ack writes a
 /// new version of one small record, so a large memtable is hundreds of thousands of versions of a
 /// few thousand keys: each insert walked a skip list that deep, out of cache (issue 26: 7.6% of
 /// the gateway's samples in a 5,000-client broadcast, 1.4% at 4 MiB), and the memtables held
@@ -145,10 +145,41 @@ pub struct RocksOffsetStore {
 /// small however many acks came.
 const OFFSETS_WRITE_BUFFER_BYTES: usize = 4 << 20;
 
-fn offsets_cf_options() -> Options {
-    let mut opts = Options::default();
-    opts.set_write_buffer_size(OFFSETS_WRITE_BUFFER_BYTES);
-    opts
+/// All memtables of the database together (RocksDB flushes the largest column family beyond it).
+/// With RocksDB's defaults each of the eleven column families could hold two 64 MiB memtables, and
+/// a store remembering many publishes or dead letters filled them before anything flushed.
+const DB_WRITE_BUFFERS_BYTES: usize = 16 << 20;
+
+/// One block cache for the database: RocksDB's default is 32 MiB per column family. Reads here
+/// are an offset or a page of records, on subscribes and admin routes.
+const BLOCK_CACHE_BYTES: usize = 8 << 20;
+
+/// Every column family with `OFFSETS_WRITE_BUFFER_BYTES` memtables and the one block cache.
+fn column_families() -> Vec<ColumnFamilyDescriptor> {
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_block_cache(&cache);
+    [
+        CF_OFFSETS,
+        CF_BY_CLIENT,
+        CF_DEAD_LETTERS,
+        CF_DEAD_LETTERS_BY_CLIENT,
+        CF_TOPIC_GENERATIONS,
+        CF_PUBLISHES,
+        CF_GAPS,
+        CF_REDRIVES,
+        CF_LOG_EPOCHS,
+        CF_TOPIC_INCARNATIONS,
+        CF_FENCES,
+    ]
+    .into_iter()
+    .map(|name| {
+        let mut opts = Options::default();
+        opts.set_write_buffer_size(OFFSETS_WRITE_BUFFER_BYTES);
+        opts.set_block_based_table_factory(&table);
+        ColumnFamilyDescriptor::new(name, opts)
+    })
+    .collect()
 }
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
@@ -161,20 +192,8 @@ impl RocksOffsetStore {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         refuse_corruption(&mut opts);
-        let cfs = [
-            CF_OFFSETS,
-            CF_BY_CLIENT,
-            CF_DEAD_LETTERS,
-            CF_DEAD_LETTERS_BY_CLIENT,
-            CF_TOPIC_GENERATIONS,
-            CF_PUBLISHES,
-            CF_GAPS,
-            CF_REDRIVES,
-            CF_LOG_EPOCHS,
-            CF_TOPIC_INCARNATIONS,
-            CF_FENCES,
-        ]
-        .map(|n| ColumnFamilyDescriptor::new(n, if n == CF_OFFSETS { offsets_cf_options() } else { Options::default() }));
+        opts.set_db_write_buffer_size(DB_WRITE_BUFFERS_BYTES);
+        let cfs = column_families();
         let dir = data_dir.join("offsets");
         refuse_if_marked_damaged(&dir).map_err(StoreError::Io)?;
         // RocksDB makes the directory without syncing its entry in data_dir.
@@ -1182,4 +1201,36 @@ fn decode_log_epoch(value: &[u8]) -> Option<LogEpoch> {
     let epoch = u32::from_be_bytes(value.get(..4)?.try_into().ok()?);
     let log_end = u64::from_be_bytes(value.get(4..12)?.try_into().ok()?);
     Some(LogEpoch { epoch, log_end })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database's memory is bounded whatever is written: 24 MiB of remembered publishes leave
+    /// at most two 4 MiB memtables of them (RocksDB's default memtable, 64 MiB, held them all),
+    /// the cache is the one of 8 MiB, and every record reads back after a reopen.
+    #[test]
+    fn the_memtables_and_block_cache_stay_within_their_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let topic = TopicName::parse("t").unwrap();
+        let key = |n: u32| IdempotencyKey::parse(format!("k:{n}").as_bytes()).unwrap();
+        let publish = |n: u32| RememberedPublish { digest: [n as u8; 32], offsets: (0..100).map(|p| (p, u64::from(n))).collect(), expires_at: u64::MAX };
+        let records = 24 * 1024 * 1024 / publish(0).encode().len() as u32;
+        {
+            let store = RocksOffsetStore::open(dir.path(), false).unwrap();
+            for n in 0..records {
+                store.remember_publish(&topic, &key(n), &publish(n)).unwrap();
+            }
+            let cf = store.cf(CF_PUBLISHES).unwrap();
+            let in_memtables = store.db.property_int_value_cf(&cf, "rocksdb.size-all-mem-tables").unwrap().unwrap();
+            assert!(in_memtables <= 10 << 20, "{in_memtables} bytes of 24 MiB stay in memtables");
+            assert_eq!(store.db.property_int_value_cf(&cf, "rocksdb.block-cache-capacity").unwrap(), Some(BLOCK_CACHE_BYTES as u64));
+        }
+        let store = RocksOffsetStore::open(dir.path(), false).unwrap();
+        assert_eq!(store.remembered_publishes(), records as usize);
+        for n in [0, records / 2, records - 1] {
+            assert_eq!(store.remembered_publish(&topic, &key(n)).unwrap().unwrap().digest, [n as u8; 32]);
+        }
+    }
 }
