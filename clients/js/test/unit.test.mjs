@@ -70,7 +70,14 @@ function fakeGateway() {
   return { WebSocket: FakeWebSocket, sockets, socket: () => sockets.at(-1) };
 }
 
-const tick = (ms = 0) => new Promise((resolve) => setTimeout(resolve, ms));
+// Waits `ms`, then for every zero-delay timer set before: on a loaded machine the `ms` timer may
+// fire first, when the client's own setTimeout(0) (a store's notification, a close) was set by the
+// microtasks that ran just after it. Node runs timers of one delay in the order they were set, so
+// a setTimeout(0) set now runs after those (the react test failed once in CI without it).
+const tick = async (ms = 0) => {
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  await new Promise((resolve) => setTimeout(resolve, 0));
+};
 
 const event = (topic, offset, extra = {}) => ({
   type: "event",
