@@ -154,33 +154,37 @@ const DB_WRITE_BUFFERS_BYTES: usize = 16 << 20;
 /// are an offset or a page of records, on subscribes and admin routes.
 const BLOCK_CACHE_BYTES: usize = 8 << 20;
 
-/// Every column family with `OFFSETS_WRITE_BUFFER_BYTES` memtables and the one block cache.
-fn column_families() -> Vec<ColumnFamilyDescriptor> {
-    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+/// Column families `names` of one database, each with memtables of `memtable_bytes`, all reading
+/// through one block cache of `block_cache_bytes` (the offsets store's and the embedded log's).
+pub fn bounded_column_families(names: &[&str], memtable_bytes: usize, block_cache_bytes: usize) -> Vec<ColumnFamilyDescriptor> {
+    let cache = rocksdb::Cache::new_lru_cache(block_cache_bytes);
     let mut table = rocksdb::BlockBasedOptions::default();
     table.set_block_cache(&cache);
-    [
-        CF_OFFSETS,
-        CF_BY_CLIENT,
-        CF_DEAD_LETTERS,
-        CF_DEAD_LETTERS_BY_CLIENT,
-        CF_TOPIC_GENERATIONS,
-        CF_PUBLISHES,
-        CF_GAPS,
-        CF_REDRIVES,
-        CF_LOG_EPOCHS,
-        CF_TOPIC_INCARNATIONS,
-        CF_FENCES,
-    ]
-    .into_iter()
-    .map(|name| {
-        let mut opts = Options::default();
-        opts.set_write_buffer_size(OFFSETS_WRITE_BUFFER_BYTES);
-        opts.set_block_based_table_factory(&table);
-        ColumnFamilyDescriptor::new(name, opts)
-    })
-    .collect()
+    names
+        .iter()
+        .map(|name| {
+            let mut opts = Options::default();
+            opts.set_write_buffer_size(memtable_bytes);
+            opts.set_block_based_table_factory(&table);
+            ColumnFamilyDescriptor::new(*name, opts)
+        })
+        .collect()
 }
+
+/// Every column family of the offsets store.
+const COLUMN_FAMILIES: [&str; 11] = [
+    CF_OFFSETS,
+    CF_BY_CLIENT,
+    CF_DEAD_LETTERS,
+    CF_DEAD_LETTERS_BY_CLIENT,
+    CF_TOPIC_GENERATIONS,
+    CF_PUBLISHES,
+    CF_GAPS,
+    CF_REDRIVES,
+    CF_LOG_EPOCHS,
+    CF_TOPIC_INCARNATIONS,
+    CF_FENCES,
+];
 
 fn io_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(e.to_string())
@@ -193,7 +197,7 @@ impl RocksOffsetStore {
         opts.create_missing_column_families(true);
         refuse_corruption(&mut opts);
         opts.set_db_write_buffer_size(DB_WRITE_BUFFERS_BYTES);
-        let cfs = column_families();
+        let cfs = bounded_column_families(&COLUMN_FAMILIES, OFFSETS_WRITE_BUFFER_BYTES, BLOCK_CACHE_BYTES);
         let dir = data_dir.join("offsets");
         refuse_if_marked_damaged(&dir).map_err(StoreError::Io)?;
         // RocksDB makes the directory without syncing its entry in data_dir.

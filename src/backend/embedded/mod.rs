@@ -127,16 +127,8 @@ fn partition_prefix(topic: &TopicName, partition: u32) -> Vec<u8> {
 /// column family: one client's 200,000 events of 100 bytes stayed in the events' memtable whole (36 MB of
 /// a 55 MB heap), and with a smaller memtable the blocks its reads decompressed filled the cache
 /// instead (25 MB) (docs/performance.md, "Memory of one busy client").
-fn column_families(settings: &EmbeddedLogSettings) -> [ColumnFamilyDescriptor; 3] {
-    let cache = rocksdb::Cache::new_lru_cache(settings.block_cache_bytes);
-    let mut table = rocksdb::BlockBasedOptions::default();
-    table.set_block_cache(&cache);
-    [CF_TOPICS, CF_EVENTS, CF_ENDS].map(|name| {
-        let mut opts = Options::default();
-        opts.set_write_buffer_size(settings.memtable_bytes);
-        opts.set_block_based_table_factory(&table);
-        ColumnFamilyDescriptor::new(name, opts)
-    })
+fn column_families(settings: &EmbeddedLogSettings) -> Vec<ColumnFamilyDescriptor> {
+    crate::store::rocks::bounded_column_families(&[CF_TOPICS, CF_EVENTS, CF_ENDS], settings.memtable_bytes, settings.block_cache_bytes)
 }
 
 impl EmbeddedLog {
